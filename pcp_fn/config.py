@@ -1,0 +1,192 @@
+"""Static PCP configuration, the capacities it derives, and graph buckets.
+
+Everything here is plain Python: hashable, comparable, free to branch on. It is
+the *static* half of every pytree in the package, so ``torch.compile``,
+``torch.export`` and ``graph.capture`` specialise on it.
+
+Capacities (DualChunkSwap layout, ``P = pcp_size``, ``R = max_num_reqs``,
+``T = max_num_tokens``)::
+
+    L = T                     if P == 1   (no split, no padding)
+    L = T + min(R, T)         if P >  1   (local tokens per rank)
+    G = P * L                             (rows of the all-gathered buffer)
+
+Why ``L`` holds every batch: a request with ``n >= 1`` scheduled tokens puts
+``n`` tokens on each rank when it is a decode (replicated) and
+``2 * ceil(n / 2P) <= n + 1`` when it is a prefill (padded to ``2P``, two chunks
+per rank); a request with ``n = 0`` puts none. Summed over at most ``R``
+requests that carry at most ``T`` tokens, and at most ``min(R, T)`` of them
+non-empty, the local count is ``<= T + min(R, T)``. The bound is reached
+(``R`` one-token prefills give ``2R`` local tokens when ``T = R``).
+
+Buckets: a :class:`Bucket` is a pair (requests, local tokens per rank). The
+config carries the allowed sizes for each (defaults: powers of two, then the
+capacity); :func:`pcp_fn.make_batch` picks the smallest pair that holds a batch,
+and every output shape derives from ``(config, bucket)`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+
+def _powers_of_two_then(cap: int) -> tuple[int, ...]:
+    sizes = []
+    size = 1
+    while size < cap:
+        sizes.append(size)
+        size *= 2
+    sizes.append(cap)
+    return tuple(sizes)
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _normalise_buckets(name: str, sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
+    if sizes is None:
+        return _powers_of_two_then(cap)
+    out = sorted(set(int(s) for s in sizes))
+    for s in out:
+        if s < 1:
+            raise ValueError(f"{name} must hold positive sizes, got {s}")
+        if s > cap:
+            raise ValueError(f"{name} size {s} exceeds the capacity {cap}")
+    # The capacity is always a bucket: only a batch beyond it is an error.
+    if not out or out[-1] != cap:
+        out.append(cap)
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+    """A graph bucket: request rows ``[num_reqs]`` and local token rows ``[num_tokens]``.
+
+    The gathered buffer of a bucket has ``pcp_size * num_tokens`` rows.
+    """
+
+    num_reqs: int
+    num_tokens: int
+
+    def __post_init__(self) -> None:
+        _check_int("Bucket.num_reqs", self.num_reqs, 1)
+        _check_int("Bucket.num_tokens", self.num_tokens, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class PCPConfig:
+    """Static configuration of one PCP rank (``pcp_rank`` of ``pcp_size``).
+
+    Args:
+        pcp_size: ``P``, prefill context-parallel ranks.
+        pcp_rank: this rank, ``0 <= pcp_rank < P``. It can also be given as a
+            0-d tensor to :func:`pcp_fn.init_state` (rank as data).
+        max_num_reqs: ``R``, requests per step.
+        max_num_tokens: ``T``, scheduled tokens per step (all requests).
+        dcp_size, dcp_rank: decode context parallelism (KV split only).
+        num_spec_tokens: speculative tokens per request; a request with context
+            and at most ``1 + num_spec_tokens`` scheduled tokens whose prompt is
+            done is a decode.
+        cp_kv_cache_interleave_size: tokens per KV interleave block.
+        hybrid_attn: linear-split layout for hybrid-attention models.
+        pad_slot_id: slot written for rows that are padding.
+        request_buckets, token_buckets: allowed bucket sizes (requests; local
+            tokens per rank). Default: powers of two, then the capacity.
+        pd_decode_recompute: PD-disaggregated decode with the recompute
+            scheduler: ``num_computed == num_prompt - 1`` also counts as done.
+    """
+
+    pcp_size: int
+    pcp_rank: int
+    max_num_reqs: int
+    max_num_tokens: int
+    dcp_size: int = dataclasses.field(default=1, kw_only=True)
+    dcp_rank: int = dataclasses.field(default=0, kw_only=True)
+    num_spec_tokens: int = dataclasses.field(default=0, kw_only=True)
+    cp_kv_cache_interleave_size: int = dataclasses.field(default=1, kw_only=True)
+    hybrid_attn: bool = dataclasses.field(default=False, kw_only=True)
+    pad_slot_id: int = dataclasses.field(default=-1, kw_only=True)
+    request_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
+    token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
+    pd_decode_recompute: bool = dataclasses.field(default=False, kw_only=True)
+
+    def __post_init__(self) -> None:
+        _check_int("pcp_size", self.pcp_size, 1)
+        _check_int("pcp_rank", self.pcp_rank, 0)
+        if self.pcp_rank >= self.pcp_size:
+            raise ValueError(f"pcp_rank must be < pcp_size={self.pcp_size}, got {self.pcp_rank}")
+        _check_int("max_num_reqs", self.max_num_reqs, 1)
+        _check_int("max_num_tokens", self.max_num_tokens, 1)
+        _check_int("dcp_size", self.dcp_size, 1)
+        _check_int("dcp_rank", self.dcp_rank, 0)
+        if self.dcp_rank >= self.dcp_size:
+            raise ValueError(f"dcp_rank must be < dcp_size={self.dcp_size}, got {self.dcp_rank}")
+        _check_int("num_spec_tokens", self.num_spec_tokens, 0)
+        _check_int("cp_kv_cache_interleave_size", self.cp_kv_cache_interleave_size, 1)
+        _check_int("pad_slot_id", self.pad_slot_id, -(2**31))
+        for flag in ("hybrid_attn", "pd_decode_recompute"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        # Frozen: normalise the bucket lists in place once, so equal configs hash equal.
+        object.__setattr__(
+            self,
+            "request_buckets",
+            _normalise_buckets("request_buckets", self.request_buckets, self.max_num_reqs),
+        )
+        object.__setattr__(
+            self,
+            "token_buckets",
+            _normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
+        )
+
+    # -- derived ------------------------------------------------------------
+    @property
+    def decode_threshold(self) -> int:
+        """Most scheduled tokens a decode request may have: ``1 + num_spec_tokens``."""
+        return 1 + self.num_spec_tokens
+
+    @property
+    def pad_multiple(self) -> int:
+        """Prefills are padded to a multiple of this: ``2P`` (``1`` when ``P == 1``)."""
+        return 2 * self.pcp_size if self.pcp_size > 1 else 1
+
+    @property
+    def max_local_tokens(self) -> int:
+        """``L``: local tokens per rank that any valid batch fits in (module docstring)."""
+        if self.pcp_size == 1:
+            return self.max_num_tokens
+        return self.max_num_tokens + min(self.max_num_reqs, self.max_num_tokens)
+
+    @property
+    def max_gathered_tokens(self) -> int:
+        """``G = P * L``: rows of the all-gathered buffer."""
+        return self.pcp_size * self.max_local_tokens
+
+    L = max_local_tokens
+    G = max_gathered_tokens
+
+    @property
+    def capacity(self) -> Bucket:
+        """The largest bucket ``(R, L)``."""
+        return Bucket(self.max_num_reqs, self.max_local_tokens)
+
+    def bucket_for(self, num_reqs: int, num_local_tokens: int) -> Bucket:
+        """Smallest configured bucket holding ``num_reqs`` requests and ``num_local_tokens``."""
+        if num_reqs > self.max_num_reqs:
+            raise ValueError(f"{num_reqs} requests exceed max_num_reqs={self.max_num_reqs}")
+        if num_local_tokens > self.max_local_tokens:
+            raise ValueError(
+                f"{num_local_tokens} local tokens exceed the local capacity L={self.max_local_tokens}"
+            )
+        reqs = next(s for s in self.request_buckets if s >= num_reqs)
+        toks = next(s for s in self.token_buckets if s >= num_local_tokens)
+        return Bucket(reqs, toks)
+
+    def buckets(self) -> list[Bucket]:
+        """Every configured bucket (for capturing up front)."""
+        return [Bucket(r, t) for r in self.request_buckets for t in self.token_buckets]

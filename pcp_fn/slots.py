@@ -1,0 +1,35 @@
+"""Paged-KV slot mapping for the gathered, padded token order."""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import state_geometry, unpad_source
+from .ragged import masked_gather
+from .state import PCPState
+
+
+def padded_slot_mapping(
+    state: PCPState, slot_mapping: torch.Tensor, num_tokens: int | None = None
+) -> tuple[PCPState, torch.Tensor]:
+    """Spread the scheduler-order slot mapping over the padded gathered rows.
+
+    Seed ``get_padded_slot_mapping``: a ``[P * num_tokens]`` buffer filled with
+    ``pad_slot_id`` whose real rows (``unpad_mask``) take ``slot_mapping`` in
+    order. Decode rows are token-strided: decode token ``t``'s slot is at row
+    ``t * P``. ``P = 2``, tokens ``[1, 5, 8]``, slots ``s0 .. s13``::
+
+        [s0, -1, s1, s2, s3, s4, s5, -1, -1, -1, s6, ..., s13]
+
+    Args:
+        slot_mapping: ``[S]`` slots of the batch's tokens in scheduler order
+            (the first ``sum(num_scheduled)`` entries are read; any ``S >= 1``).
+        num_tokens: static local rows per rank of the output (the bucket's
+            ``L_b``, the seed's ``num_tokens_padded``); default ``L``.
+
+    Returns ``[P * num_tokens]`` in ``slot_mapping``'s dtype.
+    """
+    cfg = state.config
+    rows = cfg.pcp_size * (cfg.max_local_tokens if num_tokens is None else num_tokens)
+    mask, token = unpad_source(state_geometry(state), cfg.pcp_size, rows)
+    return state, masked_gather(slot_mapping, token, mask, cfg.pad_slot_id)
