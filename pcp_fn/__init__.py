@@ -5,6 +5,7 @@ tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. See README.md.
 """
 
+from . import graph, ranks
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
 from .layout import TokenLayout, update_tokens
@@ -13,6 +14,7 @@ from .restore import restore_hidden_states
 from .seqlens import cp_local_seq_lens
 from .slots import padded_slot_mapping
 from .state import PCPState, init_state
+from .step import StepOutputs, step
 from .sync import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
 
 __all__ = [
@@ -21,16 +23,20 @@ __all__ = [
     "PCPConfig",
     "PCPState",
     "SchedulerBatch",
+    "StepOutputs",
     "TokenLayout",
     "assert_no_host_syncs",
     "count_aten_ops",
     "cp_local_seq_lens",
     "get_logits_indices",
+    "graph",
     "init_state",
     "make_batch",
     "no_host_syncs",
     "padded_slot_mapping",
+    "ranks",
     "restore_hidden_states",
+    "step",
     "update_tokens",
 ]
 

@@ -76,11 +76,15 @@ def classify_decodes(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
     return (computed > 0) & (batch.num_scheduled <= config.decode_threshold) & done
 
 
-def local_positions(geo: RequestGeometry, rank: int | torch.Tensor, P: int, num_rows: int) -> torch.Tensor:
-    """``[num_rows]`` int64 position (offset inside its request) of each local row.
+def local_rows(
+    geo: RequestGeometry, rank: int | torch.Tensor, P: int, num_rows: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Request, position and validity of each of this rank's ``num_rows`` local rows.
 
-    Decodes: ``0 .. n-1``. Prefills: head chunk ``rank*c + j``, then tail chunk
-    ``(2P-1-rank)*c + j``. Padding rows: 0.
+    Position is the offset inside the request's scheduled tokens. Decodes:
+    ``0 .. n-1``. Prefills: head chunk ``rank*c + j``, then tail chunk
+    ``(2P-1-rank)*c + j``. Padding rows: request 0, position 0, valid False.
+    Returns ``(request [num_rows] int64, position [num_rows] int64, valid [num_rows] bool)``.
     """
     idx = ragged_index(geo.local, num_rows)
     c = geo.chunk[idx.segment]
@@ -88,35 +92,23 @@ def local_positions(geo: RequestGeometry, rank: int | torch.Tensor, P: int, num_
     head = torch.where(geo.replicated[idx.segment], u, rank * c + u)
     tail = (2 * P - 1 - rank) * c + (u - c)
     pos = torch.where(u < c, head, tail)
-    return torch.where(idx.valid, pos, 0)
+    return torch.where(idx.valid, idx.segment, 0), torch.where(idx.valid, pos, 0), idx.valid
 
 
-def _padded_rows(geo: RequestGeometry, P: int, num_rows: int):
+def unpad_source(geo: RequestGeometry, P: int, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each row of the gathered, padded order: is it a real token, and which one.
+
+    Returns ``(unpad_mask [num_rows] bool, token [num_rows] int64)``. Prefill
+    rows are real below ``n``; decode rows are real every ``P``-th row
+    (token-strided, as in the seed), so decode token ``t`` sits at row ``t*P``.
+    ``token`` is the scheduler-order index of a real row (what compacting the
+    mask would count), in closed form: decode row ``o`` is the request's token
+    ``o // P``.
+    """
     idx = ragged_index(geo.num_padded, num_rows)
     i, o = idx.segment, idx.offset
     rep = geo.replicated[i]
     mask = idx.valid & torch.where(rep, o % P == 0, o < geo.num_scheduled[i])
-    return idx, rep, mask
-
-
-def unpad_mask(geo: RequestGeometry, P: int, num_rows: int) -> torch.Tensor:
-    """``[num_rows]`` bool over the gathered, padded order: True on real tokens.
-
-    Prefill rows are real below ``n``; decode rows are real every ``P``-th row
-    (token-strided, as in the seed), so decode token ``t`` sits at row ``t*P``.
-    """
-    return _padded_rows(geo, P, num_rows)[2]
-
-
-def unpad_source(geo: RequestGeometry, P: int, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each gathered padded row: is it real, and which scheduler-order token is it.
-
-    Returns ``(mask [num_rows] bool, token [num_rows] int64)``; ``token`` is the
-    running index of real rows (what compacting ``mask`` would give), written in
-    closed form: decode row ``o`` of a request is its token ``o // P``.
-    """
-    idx, rep, mask = _padded_rows(geo, P, num_rows)
-    i, o = idx.segment, idx.offset
     token = offsets(geo.num_scheduled)[i] + torch.where(rep, o // P, o)
     return mask, token
 
@@ -150,6 +142,8 @@ class TokenLayout:
             (seed ``update_tokens_for_pcp(...)[0]``); 0 past ``num_reqs``.
         positions: ``[L_b]`` int64 offset of each local token inside its
             request's scheduled tokens (seed ``[1]``); 0 on padding rows.
+        request_index: ``[L_b]`` int64 request of each local token (the
+            runner's ``req_indices``); 0 on padding rows.
         num_tokens: 0-d int64 local tokens on this rank (``sum(pcp_tokens)``).
         num_pads: ``[R_b]`` int64 pads per request (seed ``num_pcp_pads``).
         is_decode: ``[R_b]`` bool decode requests (a prefix).
@@ -161,6 +155,7 @@ class TokenLayout:
 
     pcp_tokens: torch.Tensor
     positions: torch.Tensor
+    request_index: torch.Tensor
     num_tokens: torch.Tensor
     num_pads: torch.Tensor
     is_decode: torch.Tensor
@@ -174,29 +169,33 @@ def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
     return F.pad(x, (0, rows - x.shape[0]))
 
 
-def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, TokenLayout]:
-    """Split the batch's tokens across ranks (seed ``init_batch_info`` + ``update_tokens_for_pcp``).
+class _Update(NamedTuple):
+    state: PCPState
+    layout: TokenLayout
+    geometry: RequestGeometry  # [R_b] rows
+    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real padded row
+    local_valid: torch.Tensor  # [L_b] real local rows
 
-    Reads only ``state.config`` and ``state.rank`` from the incoming state, so
-    the result does not depend on earlier steps. Example, ``P = 2``, tokens
-    ``[1, 5, 8]`` (request 0 a decode): rank 0 gets ``pcp_tokens [1, 4, 4]`` and
-    positions ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``; rank 1 ``[0, 2, 3, 4, 5, 2, 3, 4, 5]``.
-    """
+
+def _update(state: PCPState, batch: SchedulerBatch) -> _Update:
     cfg = state.config
     if cfg.hybrid_attn:
         raise NotImplementedError("update_tokens: the hybrid-attention layout is not implemented yet")
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     is_decode = classify_decodes(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+    request, positions, valid = local_rows(geo, state.pcp_rank, P, Lb)
+    mask, token = unpad_source(geo, P, P * Lb)
     layout = TokenLayout(
         pcp_tokens=geo.local.to(torch.int32),
-        positions=local_positions(geo, state.pcp_rank, P, Lb),
+        positions=positions,
+        request_index=request,
         num_tokens=geo.local.sum(),
         num_pads=geo.num_padded - geo.num_scheduled,
         is_decode=is_decode,
         num_decode_reqs=is_decode.sum(),
         num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
-        unpad_mask=unpad_mask(geo, P, P * Lb),
+        unpad_mask=mask,
         restore_index=restore_index(geo, P, Lb),
     )
     R = cfg.max_num_reqs
@@ -207,7 +206,19 @@ def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, Tok
         num_scheduled=_to_capacity(batch.num_scheduled, R),
         is_decode=_to_capacity(is_decode, R),
     )
-    return new_state, layout
+    return _Update(new_state, layout, geo, token, valid)
+
+
+def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, TokenLayout]:
+    """Split the batch's tokens across ranks (seed ``init_batch_info`` + ``update_tokens_for_pcp``).
+
+    Reads only ``state.config`` and ``state.rank`` from the incoming state, so
+    the result does not depend on earlier steps. Example, ``P = 2``, tokens
+    ``[1, 5, 8]`` (request 0 a decode): rank 0 gets ``pcp_tokens [1, 4, 4]`` and
+    positions ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``; rank 1 ``[0, 2, 3, 4, 5, 2, 3, 4, 5]``.
+    """
+    up = _update(state, batch)
+    return up.state, up.layout
 
 
 def state_geometry(state: PCPState) -> RequestGeometry:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from .layout import state_geometry
+from .layout import RequestGeometry, state_geometry
 from .ragged import offsets
 from .state import PCPState
+
+
+def logits_from_geometry(geo: RequestGeometry, num_reqs: torch.Tensor, rows: int) -> torch.Tensor:
+    """``[rows]`` int64: last real token of each request in the padded order, 0 past ``num_reqs``."""
+    last = (offsets(geo.num_padded)[:-1] + geo.num_scheduled - 1).clamp(min=0)
+    real = torch.arange(last.shape[0], device=last.device) < num_reqs
+    return torch.where(real, last, 0)[:rows]
 
 
 def get_logits_indices(state: PCPState, num_reqs: int | None = None) -> tuple[PCPState, torch.Tensor]:
@@ -14,15 +21,12 @@ def get_logits_indices(state: PCPState, num_reqs: int | None = None) -> tuple[PC
 
     Seed ``get_logits_indices``: ``cumsum(pcp_tokens) * P - num_pads - 1``, i.e.
     the last real token of each request in the padded order (rank 0's copy for
-    a decode). ``P = 2``, tokens ``[1, 5, 8]`` -> ``[0, 5, 17]``.
+    a decode). ``P = 2``, tokens ``[1, 5, 8]`` -> ``[0, 6, 17]``.
 
     Args:
         num_reqs: static output length (the bucket's request rows); default
             ``max_num_reqs``. Rows past the batch's requests hold 0, and a
             request with no scheduled token (nothing to sample) is clamped to 0.
     """
-    geo = state_geometry(state)
     rows = state.config.max_num_reqs if num_reqs is None else num_reqs
-    last = (offsets(geo.num_padded)[:-1] + geo.num_scheduled - 1).clamp(min=0)
-    real = torch.arange(last.shape[0], device=last.device) < state.num_reqs
-    return state, torch.where(real, last, 0)[:rows]
+    return state, logits_from_geometry(state_geometry(state), state.num_reqs, rows)

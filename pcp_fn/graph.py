@@ -1,0 +1,246 @@
+"""Capture a PCP function once per bucket and replay it: CUDA graphs, Ascend ACL graphs, or compile.
+
+    captured = pcp_fn.graph.capture(pcp_fn.step, state, batch, slot_mapping)
+    state, out = captured(state, next_batch, next_slot_mapping)   # replay
+
+Backends, chosen from the device of the example's tensors:
+
+- ``cuda``: ``torch.cuda.CUDAGraph``. Every tensor leaf of the arguments gets a
+  static buffer; a call ``copy_``\\ s the new leaves into them and replays.
+- ``npu``: ``torch.npu.NPUGraph`` from ``torch_npu`` (imported only then), the
+  same way.
+- anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
+  one compiled graph per bucket (``backend="inductor"`` unless told).
+
+One graph per *signature*: the tree structure of the arguments (configs and
+buckets are static parts of it) plus every tensor leaf's shape and dtype. A
+call with a new signature captures a new graph on first use (``grow=True``) or
+raises :class:`CaptureError` (``grow=False``: only what was captured up front,
+with :meth:`Captured.capture`, is served). A batch whose bucket exceeds the
+capacities of the state's config, or a state of another config, always raises
+:class:`CaptureError`; the captured callable stays usable afterwards.
+
+Output rule (graph backends): a replay returns the graph's own output tensors.
+They stay valid until the next replay *of the same graph* (the same bucket),
+which overwrites them in place; each graph has its own memory pool, so a
+replay of another bucket leaves them alone. Clone what must outlive that. On
+the compile backend every call returns fresh tensors.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .batch import SchedulerBatch
+from .state import PCPState
+
+
+class CaptureError(ValueError):
+    """Arguments that the captured graphs cannot serve."""
+
+
+def _device_of(leaves: list[Any]) -> torch.device:
+    devices = {x.device for x in leaves if isinstance(x, torch.Tensor)}
+    if len(devices) != 1:
+        raise CaptureError(
+            f"capture needs every tensor argument on one device, got {sorted(map(str, devices))}"
+        )
+    return devices.pop()
+
+
+def _signature(spec: pytree.TreeSpec, leaves: list[Any]) -> tuple[Any, ...]:
+    metas = tuple(
+        ("T", tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else ("V", x) for x in leaves
+    )
+    return (spec, metas)
+
+
+def _check_fits(args: tuple[Any, ...], configs: list[Any]) -> None:
+    """Every state has the captured config; every batch fits that config's capacity."""
+    nodes = pytree.tree_flatten(args, is_leaf=lambda x: isinstance(x, (PCPState, SchedulerBatch)))[0]
+    states = [x.config for x in nodes if isinstance(x, PCPState)]
+    if states != configs:
+        raise CaptureError(
+            f"the arguments' PCP configs {states} differ from the captured ones {configs}; "
+            "capture again for another config"
+        )
+    for batch in (x for x in nodes if isinstance(x, SchedulerBatch)):
+        for cfg in configs:
+            if batch.bucket.num_reqs > cfg.max_num_reqs or batch.bucket.num_tokens > cfg.max_local_tokens:
+                raise CaptureError(
+                    f"batch bucket {batch.bucket} exceeds the captured capacity "
+                    f"(max_num_reqs={cfg.max_num_reqs}, local tokens L={cfg.max_local_tokens})"
+                )
+
+
+def _fresh_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A trampoline with its own code object, so Dynamo keeps a separate cache per graph
+    (and never hits its recompile limit however many buckets are served)."""
+
+    def trampoline(*args: Any) -> Any:
+        return fn(*args)
+
+    return types.FunctionType(
+        trampoline.__code__.replace(), trampoline.__globals__, "pcp_fn_graph", None, trampoline.__closure__
+    )
+
+
+class _CompiledGraph:
+    def __init__(self, fn: Callable[..., Any], backend: str, args: tuple[Any, ...]) -> None:
+        self._fn = torch.compile(_fresh_code(fn), fullgraph=True, dynamic=False, backend=backend)
+        self._fn(*args)  # compile now: capture up front means no compile later
+
+    def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
+        return self._fn(*args)
+
+
+class _DeviceGraph:
+    """A CUDA or NPU graph with static input buffers for every tensor leaf."""
+
+    def __init__(
+        self, fn: Callable[..., Any], device: torch.device, args: tuple[Any, ...], warmup: int
+    ) -> None:
+        if device.type == "npu":
+            import torch_npu  # noqa: F401  (registers torch.npu)
+
+            mod, graph_cls = torch.npu, torch.npu.NPUGraph
+        else:
+            mod, graph_cls = torch.cuda, torch.cuda.CUDAGraph
+        leaves, spec = pytree.tree_flatten(args)
+        self._static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+        static_args = pytree.tree_unflatten(self._static, spec)
+        side = mod.Stream(device=device)
+        side.wait_stream(mod.current_stream(device))
+        with mod.stream(side):
+            for _ in range(warmup):  # lazy initialisation happens outside the capture
+                fn(*static_args)
+        mod.current_stream(device).wait_stream(side)
+        self._graph = graph_cls()
+        with mod.graph(self._graph):
+            self._out = fn(*static_args)
+
+    def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
+        for dst, src in zip(self._static, leaves):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src)
+        self._graph.replay()
+        return self._out
+
+
+class Captured:
+    """A callable with ``fn``'s signature that replays one captured graph per signature."""
+
+    def __init__(
+        self, fn: Callable[..., Any], *, grow: bool = True, backend: str = "inductor", warmup: int = 2
+    ) -> None:
+        self.fn = fn
+        self.grow = grow
+        self.backend = backend
+        self.warmup = warmup
+        self._graphs: dict[tuple[Any, ...], Any] = {}
+        self._configs: list[Any] | None = None
+        self._device: torch.device | None = None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    @property
+    def kind(self) -> str:
+        """``"cuda-graph"``, ``"npu-graph"`` or ``"compile"`` (set by the first capture)."""
+        if self._device is None:
+            return "unset"
+        return {"cuda": "cuda-graph", "npu": "npu-graph"}.get(self._device.type, "compile")
+
+    def _lookup(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], tuple[Any, ...]]:
+        leaves, spec = pytree.tree_flatten(args)
+        device = _device_of(leaves)
+        nodes = pytree.tree_flatten(args, is_leaf=lambda x: isinstance(x, PCPState))[0]
+        configs = [x.config for x in nodes if isinstance(x, PCPState)]
+        if self._configs is None:
+            self._configs, self._device = configs, device
+        _check_fits(args, self._configs)
+        if device != self._device:
+            raise CaptureError(f"arguments are on {device}, the graphs on {self._device}")
+        sig = _signature(spec, leaves)
+        return self._graphs.get(sig), leaves, sig
+
+    def capture(self, *args: Any) -> None:
+        """Capture the graph for ``args``' signature now (no-op when it exists)."""
+        graph, _, sig = self._lookup(args)
+        if graph is None:
+            self._graphs[sig] = self._build(args)
+
+    def _build(self, args: tuple[Any, ...]) -> Any:
+        assert self._device is not None
+        if self._device.type in ("cuda", "npu"):
+            return _DeviceGraph(self.fn, self._device, args, self.warmup)
+        return _CompiledGraph(self.fn, self.backend, args)
+
+    def __call__(self, *args: Any) -> Any:
+        graph, leaves, sig = self._lookup(args)
+        if graph is None:
+            if not self.grow:
+                raise CaptureError(
+                    f"no graph was captured for these arguments ({_describe(args)}); "
+                    f"{len(self._graphs)} captured up front and grow=False"
+                )
+            graph = self._graphs[sig] = self._build(args)
+        return graph(args, leaves)
+
+
+def _describe(args: tuple[Any, ...]) -> str:
+    nodes = pytree.tree_flatten(args, is_leaf=lambda x: isinstance(x, SchedulerBatch))[0]
+    buckets = [x.bucket for x in nodes if isinstance(x, SchedulerBatch)]
+    return f"bucket {buckets[0]}" if len(buckets) == 1 else "a new signature"
+
+
+def capture(
+    fn: Callable[..., Any],
+    *example_args: Any,
+    grow: bool = True,
+    backend: str = "inductor",
+    warmup: int = 2,
+) -> Captured:
+    """Capture ``fn(*example_args)`` into a graph now and return the replaying callable.
+
+    Args:
+        grow: capture new buckets on first use (default) or raise
+            :class:`CaptureError` for anything not captured up front.
+        backend: ``torch.compile`` backend of the compile path (CPU).
+        warmup: eager runs before a CUDA/NPU capture.
+    """
+    captured = Captured(fn, grow=grow, backend=backend, warmup=warmup)
+    captured.capture(*example_args)
+    return captured
+
+
+class _AsModule(torch.nn.Module):
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+def export(fn: Callable[..., Any], *example_args: Any) -> torch.export.ExportedProgram:
+    """``torch.export`` of ``fn`` for the example's bucket, with every shape static.
+
+    Raises :class:`CaptureError` if the program has any symbolic (data-dependent
+    or dynamic) size, which would mean an op read a value to decide a shape.
+    """
+    ep = torch.export.export(_AsModule(fn), tuple(example_args), strict=False)
+    symbolic = [
+        f"{node.name}: {tuple(val.shape)}"
+        for node in ep.graph.nodes
+        for val in pytree.tree_leaves(node.meta.get("val"))
+        if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape)
+    ]
+    if symbolic or ep.range_constraints:
+        raise CaptureError(f"exported program has symbolic shapes: {symbolic or ep.range_constraints}")
+    return ep

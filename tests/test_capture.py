@@ -1,0 +1,248 @@
+"""Capturability: fullgraph tracing, meta tensors, the sync detector, fixed shapes, op counts,
+export, vmap over ranks, and graph.capture (CPU compile path here, CUDA when present)."""
+
+import dataclasses
+import random
+
+import pytest
+import torch
+from helpers import to_device, tree_equal, tree_meta
+
+import pcp_fn
+from pcp_fn import Bucket, PCPConfig, graph, init_state, make_batch
+
+CFG = PCPConfig(4, 1, 8, 96, num_spec_tokens=1)
+SLOTS = torch.arange(1000, 1000 + CFG.max_num_tokens, dtype=torch.int32)
+
+# four compositions: decode-only, mixed, prefill-only, empty-but-one
+COMPOSITIONS = {
+    "decode-only": ([1, 2, 1, 1], [9, 40, 7, 3], [9, 30, 7, 3]),
+    "mixed": ([2, 1, 33, 5, 17], [50, 8, 0, 12, 0], [40, 8, 33, 30, 17]),
+    "prefill-only": ([21, 7, 40], [0, 16, 0], [21, 30, 40]),
+    "empty-but-one": ([0, 0, 0, 9, 0], [0, 0, 0, 0, 0], [0, 0, 0, 9, 0]),
+}
+
+
+def _batch(name, bucket=None):
+    return make_batch(CFG, *COMPOSITIONS[name], bucket=bucket)
+
+
+def _ops(state, batch):
+    """Every op with example arguments for this batch's bucket."""
+    updated, _ = pcp_fn.update_tokens(state, batch)
+    Lb = batch.bucket.num_tokens
+    gathered = torch.randn(CFG.pcp_size * Lb, 8)
+    return [
+        (pcp_fn.update_tokens, (state, batch)),
+        (pcp_fn.get_logits_indices, (updated, batch.bucket.num_reqs)),
+        (pcp_fn.padded_slot_mapping, (updated, SLOTS, Lb)),
+        (pcp_fn.restore_hidden_states, (updated, gathered)),
+        (pcp_fn.step, (state, batch, SLOTS)),
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Dynamo caches per code object; each test starts from a clean cache
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(COMPOSITIONS))
+def test_every_op_traces_fullgraph_and_matches_eager(name):
+    batch = _batch(name)
+    for fn, args in _ops(init_state(CFG), batch):
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend="eager")
+        assert tree_equal(compiled(*args), fn(*args)), fn.__name__
+
+
+def test_every_op_runs_on_meta_tensors():
+    batch = _batch("mixed")
+    for fn, args in _ops(init_state(CFG), batch):
+        meta_args = to_device(args, "meta")
+        out = fn(*meta_args)
+        ref = fn(*args)
+        assert tree_meta(out) == tree_meta(ref), fn.__name__
+        for leaf in torch.utils._pytree.tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                assert leaf.device.type == "meta"
+
+
+def test_every_op_passes_the_sync_detector():
+    for name in COMPOSITIONS:
+        for fn, args in _ops(init_state(CFG), _batch(name)):
+            pcp_fn.assert_no_host_syncs(fn, *args)
+
+
+def test_shapes_depend_only_on_config_and_bucket():
+    bucket = Bucket(8, 32)
+    metas = {}
+    for name in COMPOSITIONS:
+        batch = _batch(name, bucket=bucket)
+        metas[name] = [tree_meta(fn(*args)) for fn, args in _ops(init_state(CFG), batch)]
+    first = next(iter(metas.values()))
+    assert all(m == first for m in metas.values())
+    # and the state's own shapes never change, whatever the bucket
+    s0 = init_state(CFG)
+    for name in COMPOSITIONS:
+        s1, _ = pcp_fn.update_tokens(s0, _batch(name))
+        assert tree_meta(s1) == tree_meta(s0)
+
+
+def test_op_count_is_the_same_for_every_composition():
+    counts = {
+        name: pcp_fn.count_aten_ops(pcp_fn.step, init_state(CFG), _batch(name), SLOTS)
+        for name in COMPOSITIONS
+    }
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_inductor_compiled_step_equals_eager_bit_for_bit():
+    compiled = torch.compile(pcp_fn.step, fullgraph=True, dynamic=False)
+    bucket = Bucket(8, 32)
+    for name in COMPOSITIONS:
+        batch = _batch(name, bucket=bucket)
+        assert tree_equal(compiled(init_state(CFG), batch, SLOTS), pcp_fn.step(init_state(CFG), batch, SLOTS))
+
+
+def test_export_has_no_symbolic_shapes_and_equals_eager():
+    bucket = Bucket(8, 32)
+    state = init_state(CFG)
+    ep = graph.export(pcp_fn.step, state, _batch("mixed", bucket), SLOTS)
+    module = ep.module()
+    for name in COMPOSITIONS:
+        batch = _batch(name, bucket)
+        assert tree_equal(module(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+
+
+def test_vmap_over_ranks_equals_the_loop_over_ranks():
+    batch = _batch("mixed")
+    state = init_state(CFG, rank=0)
+
+    def per_rank(rank):
+        return pcp_fn.step(dataclasses.replace(state, rank=rank), batch, SLOTS)[1]
+
+    mapped = torch.func.vmap(per_rank)(torch.arange(CFG.pcp_size))
+    for r in range(CFG.pcp_size):
+        static = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS)[1]
+        one = torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped)
+        assert tree_equal(one, static)
+    assert torch.equal(
+        pcp_fn.ranks.all_ranks(pcp_fn.step, state, batch, SLOTS)[1].positions, mapped.positions
+    )
+
+
+def test_rank_as_data_traces_one_graph_for_every_rank():
+    frames = []
+
+    def backend(gm, example_inputs):
+        frames.append(gm)
+        return gm
+
+    compiled = torch.compile(pcp_fn.step, fullgraph=True, dynamic=False, backend=backend)
+    batch = _batch("mixed")
+    for r in range(CFG.pcp_size):
+        out = compiled(init_state(CFG, rank=r), batch, SLOTS)
+        ref = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS)
+        assert tree_equal(out[1], ref[1])
+    assert len(frames) == 1
+
+
+def _random_batch(rng, name=None):
+    kind = name or rng.choice(["decode-only", "mixed", "prefill-only", "empty-but-one"])
+    n_dec = rng.randint(1, 8) if kind == "decode-only" else rng.randint(1, 4) if kind == "mixed" else 0
+    n_pre = rng.randint(1, 8 - n_dec) if kind in ("mixed", "prefill-only") else 0
+    sched, comp, prompt = [], [], []
+    for _ in range(n_dec):
+        sched.append(rng.randint(1, 2))
+        comp.append(rng.randint(1, 300))
+        prompt.append(rng.randint(0, comp[-1]))
+    budget = CFG.max_num_tokens - sum(sched)
+    for _ in range(n_pre):
+        n = rng.randint(1, max(1, budget // max(1, n_pre)))
+        budget -= n
+        sched.append(n)
+        comp.append(0)
+        prompt.append(n)
+    if kind == "empty-but-one":
+        k = rng.randint(1, 8)
+        sched, comp, prompt = [0] * k, [0] * k, [0] * k
+        sched[rng.randrange(k)] = rng.randint(1, CFG.max_num_tokens)
+        prompt = list(sched)
+    return make_batch(CFG, sched, comp, prompt)
+
+
+def test_capture_replays_50_random_batches_bit_for_bit():
+    rng = random.Random(7)
+    state = init_state(CFG)
+    batches = [_random_batch(rng) for _ in range(50)]
+    captured = graph.capture(pcp_fn.step, state, batches[0], SLOTS, backend="eager")
+    for batch in batches:
+        assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+    assert len(captured) == len({b.bucket for b in batches})  # one graph per bucket
+
+
+def test_capture_with_inductor_in_one_bucket():
+    rng = random.Random(11)
+    bucket = CFG.capacity
+    state = init_state(CFG)
+    example = make_batch(CFG, [], [], [], bucket=bucket)
+    captured = graph.capture(pcp_fn.step, state, example, SLOTS)
+    assert captured.kind == "compile"
+    for _ in range(20):
+        b = _random_batch(rng)
+        b = make_batch(
+            CFG,
+            b.num_scheduled[: int(b.num_reqs)],
+            b.num_computed[: int(b.num_reqs)],
+            b.num_prompt[: int(b.num_reqs)],
+            bucket=bucket,
+        )
+        assert tree_equal(captured(state, b, SLOTS), pcp_fn.step(state, b, SLOTS))
+    assert len(captured) == 1
+
+
+def test_capture_errors_leave_the_callable_usable():
+    state = init_state(CFG)
+    small = Bucket(8, 32)
+    captured = graph.capture(pcp_fn.step, state, _batch("mixed", small), SLOTS, grow=False, backend="eager")
+    # a bucket that was not captured up front
+    with pytest.raises(graph.CaptureError, match="no graph was captured"):
+        captured(state, _batch("mixed", Bucket(8, 64)), SLOTS)
+    # a batch made for a larger config exceeds the captured capacity
+    big = dataclasses.replace(CFG, max_num_reqs=64, max_num_tokens=4096)
+    big_batch = make_batch(big, [3000], [0], [3000])
+    with pytest.raises(graph.CaptureError, match="exceeds the captured capacity"):
+        captured(state, big_batch, SLOTS)
+    # a state of another config
+    with pytest.raises(graph.CaptureError, match="differ from the captured"):
+        captured(init_state(big), _batch("mixed", small), SLOTS)
+    batch = _batch("decode-only", small)
+    assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+    captured.capture(state, _batch("mixed", Bucket(8, 64)), SLOTS)  # up front, explicitly
+    batch = _batch("prefill-only", Bucket(8, 64))
+    assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_cuda_graph_replay_equals_eager_without_syncs():
+    dev = torch.device("cuda")
+    rng = random.Random(3)
+    state = init_state(CFG, dev)
+    slots = SLOTS.to(dev)
+    batches = [to_device(_random_batch(rng), dev) for _ in range(50)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        captured = graph.capture(pcp_fn.step, state, batches[0], slots)
+        assert captured.kind == "cuda-graph"
+        for b in batches:
+            got = captured(state, b, slots)
+            torch.cuda.set_sync_debug_mode(0)
+            assert tree_equal(got, pcp_fn.step(state, b, slots))
+            torch.cuda.set_sync_debug_mode("error")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

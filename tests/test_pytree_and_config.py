@@ -1,0 +1,73 @@
+"""PCPState / SchedulerBatch / outputs are pytrees; configs are hashable static data."""
+
+import dataclasses
+import pickle
+
+import torch
+import torch.utils._pytree as pytree
+from helpers import tree_equal
+
+import pcp_fn
+from pcp_fn import Bucket, PCPConfig, init_state, make_batch
+
+
+def test_state_flattens_and_unflattens():
+    cfg = PCPConfig(4, 3, 16, 512)
+    for state in (init_state(cfg), init_state(cfg, rank=2)):
+        leaves, spec = pytree.tree_flatten(state)
+        back = pytree.tree_unflatten(leaves, spec)
+        assert isinstance(back, pcp_fn.PCPState) and back.config is cfg
+        assert tree_equal(back, state)
+        assert all(x is None or x.dim() == 0 or x.shape[0] == 16 for x in leaves)
+
+
+def test_config_rides_in_the_structure_and_leaves_are_tensors():
+    cfg = PCPConfig(2, 0, 4, 32)
+    leaves, spec = pytree.tree_flatten(init_state(cfg))
+    assert all(x is None or isinstance(x, torch.Tensor) for x in leaves)
+    other = pytree.tree_flatten(init_state(dataclasses.replace(cfg, pcp_rank=1)))[1]
+    assert spec != other  # a different static config is a different structure
+
+
+def test_replace_makes_the_next_state():
+    state = init_state(PCPConfig(2, 0, 4, 32))
+    nxt = dataclasses.replace(state, num_reqs=torch.tensor(3))
+    assert int(state.num_reqs) == 0 and int(nxt.num_reqs) == 3
+    try:
+        state.num_reqs = torch.tensor(1)
+        raise AssertionError("frozen")
+    except dataclasses.FrozenInstanceError:
+        pass
+
+
+def test_outputs_are_pytrees():
+    cfg = PCPConfig(2, 1, 4, 32)
+    batch = make_batch(cfg, [1, 5, 8], [7, 0, 0], [3, 5, 8])
+    state, out = pcp_fn.step(init_state(cfg), batch, torch.arange(14))
+    for tree in (batch, out, out.layout):
+        leaves, spec = pytree.tree_flatten(tree)
+        assert tree_equal(pytree.tree_unflatten(leaves, spec), tree)
+    assert pytree.tree_flatten(batch)[1] != pytree.tree_flatten(make_batch(cfg, [30], [0], [30]))[1]
+
+
+def test_config_is_hashable_and_derives_capacities():
+    cfg = PCPConfig(8, 0, 256, 8192)
+    assert hash(cfg) == hash(PCPConfig(8, 0, 256, 8192))
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert cfg.max_local_tokens == cfg.L == 8192 + 256
+    assert cfg.max_gathered_tokens == cfg.G == 8 * (8192 + 256)
+    assert cfg.request_buckets == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    assert cfg.token_buckets[-2:] == (8192, 8448) and cfg.token_buckets[0] == 1
+    assert cfg.decode_threshold == 1 and cfg.pad_multiple == 16
+    one = PCPConfig(1, 0, 4, 100, num_spec_tokens=2)
+    assert one.L == 100 and one.G == 100 and one.pad_multiple == 1 and one.decode_threshold == 3
+    custom = PCPConfig(2, 0, 8, 64, request_buckets=[4, 2], token_buckets=(16, 40))
+    assert custom.request_buckets == (2, 4, 8) and custom.token_buckets == (16, 40, 72)
+
+
+def test_buckets_pick_the_smallest_that_holds():
+    cfg = PCPConfig(4, 0, 256, 8192)
+    assert make_batch(cfg, [1] * 256, [500] * 256, [100] * 256).bucket == Bucket(256, 256)
+    b = make_batch(cfg, [1] * 64 + [2048, 1000], [500] * 64 + [0, 0], [100] * 64 + [2048, 1000])
+    assert b.bucket == Bucket(128, 1024)  # 64 + 512 + 250 = 826 local tokens
+    assert len(cfg.buckets()) == len(cfg.request_buckets) * len(cfg.token_buckets)

@@ -1,0 +1,41 @@
+"""The package's sync detector catches what a graph cannot capture, and nothing else."""
+
+import pytest
+import torch
+
+from pcp_fn import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
+
+x = torch.arange(6)
+mask = x > 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: x.sum().item(),
+        lambda: int(x.max()),
+        lambda: bool(x.any()),
+        lambda: torch.nonzero(x),
+        lambda: x[mask],
+        lambda: torch.masked_select(x, mask),
+        lambda: torch.unique(x),
+        lambda: torch.repeat_interleave(x, x),
+        lambda: torch.bincount(x),
+        lambda: torch.equal(x, x),
+        lambda: x.clone().index_put_((mask,), torch.tensor(0)),
+    ],
+)
+def test_detector_raises(bad):
+    with pytest.raises(HostSyncError):
+        with no_host_syncs():
+            bad()
+
+
+def test_detector_allows_fixed_shape_work():
+    def good():
+        y = torch.repeat_interleave(x, x, output_size=15)
+        z = torch.where(mask, x, 0)
+        return torch.searchsorted(torch.cumsum(x, 0), z) + y[:6]
+
+    assert assert_no_host_syncs(good).shape == (6,)
+    assert count_aten_ops(good) >= 4
