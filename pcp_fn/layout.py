@@ -37,18 +37,21 @@ import torch.nn.functional as F
 from .batch import SchedulerBatch
 from .config import PCPConfig
 from .pytree import pytree_dataclass
-from .ragged import offsets, ragged_index
+from .ragged import expand_runs, offsets
 from .state import PCPState
 
 
 class RequestGeometry(NamedTuple):
-    """Per-request sizes of the layout; all ``[n]`` int64 except ``replicated``."""
+    """Per-request sizes of the layout; ``[n]`` int64 (``*_start``: ``[n + 1]``), ``replicated`` bool."""
 
     num_scheduled: torch.Tensor  # tokens before the split
-    replicated: torch.Tensor  # bool: every rank holds the whole request (decodes; all when P == 1)
+    replicated: torch.Tensor  # every rank holds the whole request (decodes; all when P == 1)
     num_padded: torch.Tensor  # rows in the gathered, padded order: n*P (replicated) or ceil(n/2P)*2P
     local: torch.Tensor  # rows on each rank: num_padded // P  (the seed's pcp_tokens)
     chunk: torch.Tensor  # rows per chunk: n (replicated) or local // 2
+    token_start: torch.Tensor  # first scheduler-order token of each request, then the total
+    padded_start: torch.Tensor  # first padded-order row of each request, then the total
+    local_start: torch.Tensor  # first local row of each request, then the total
 
 
 def request_geometry(
@@ -61,7 +64,8 @@ def request_geometry(
     num_padded = torch.where(replicated, n * P, (n + m - 1) // m * m)
     local = num_padded // P
     chunk = torch.where(replicated, n, local // 2)
-    return RequestGeometry(n, replicated, num_padded, local, chunk)
+    starts = offsets(torch.stack([n, num_padded, local]))  # one scan for the three
+    return RequestGeometry(n, replicated, num_padded, local, chunk, starts[0], starts[1], starts[2])
 
 
 def classify_decodes(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
@@ -76,61 +80,81 @@ def classify_decodes(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
     return (computed > 0) & (batch.num_scheduled <= config.decode_threshold) & done
 
 
-def local_rows(
-    geo: RequestGeometry, rank: int | torch.Tensor, P: int, num_rows: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Request, position and validity of each of this rank's ``num_rows`` local rows.
+class LocalRows(NamedTuple):
+    """This rank's ``num_rows`` local rows."""
 
-    Position is the offset inside the request's scheduled tokens. Decodes:
-    ``0 .. n-1``. Prefills: head chunk ``rank*c + j``, then tail chunk
-    ``(2P-1-rank)*c + j``. Padding rows: request 0, position 0, valid False.
-    Returns ``(request [num_rows] int64, position [num_rows] int64, valid [num_rows] bool)``.
+    request: torch.Tensor  # int64 request of the row (0 on padding rows)
+    position: torch.Tensor  # int64 offset inside the request's scheduled tokens (0 on padding rows)
+    valid: torch.Tensor  # bool, False on the padding tail
+
+
+def local_rows(geo: RequestGeometry, rank: int | torch.Tensor, P: int, num_rows: int) -> LocalRows:
+    """Request and position of each of ``rank``'s local rows.
+
+    A request's local rows are two runs: the head (the whole request for a
+    decode) and the tail. Inside a run the position grows with the row, so it
+    is ``row + shift`` with one shift per run: head rows read chunk ``rank``
+    (``rank*c + j``), tail rows chunk ``2P-1-rank`` (``(2P-1-rank)*c + j``), a
+    decode's rows ``0 .. n-1``. ``rank`` may be an int or a 0-d tensor.
     """
-    idx = ragged_index(geo.local, num_rows)
-    c = geo.chunk[idx.segment]
-    u = idx.offset
-    head = torch.where(geo.replicated[idx.segment], u, rank * c + u)
-    tail = (2 * P - 1 - rank) * c + (u - c)
-    pos = torch.where(u < c, head, tail)
-    return torch.where(idx.valid, idx.segment, 0), torch.where(idx.valid, pos, 0), idx.valid
+    rep, n, c = geo.replicated, geo.num_scheduled, geo.chunk
+    start = geo.local_start
+    head = torch.where(rep, n, c)
+    head_shift = torch.where(rep, 0, rank * c) - start[:-1]
+    tail_shift = (2 * P - 1 - rank) * c - (start[:-1] + head)
+    ids = torch.arange(n.shape[-1], dtype=torch.int64, device=n.device)
+    interleave = lambda a, b: torch.stack([a, b], dim=-1).flatten(-2)  # noqa: E731  [head0, tail0, head1, ...]
+    values = torch.stack([interleave(head_shift, tail_shift), interleave(ids, ids)])
+    shift, request = expand_runs(interleave(start[:-1], start[:-1] + head), values, num_rows)
+    row = torch.arange(num_rows, dtype=torch.int64, device=n.device)
+    valid = row < start[-1]
+    return LocalRows(torch.where(valid, request, 0), torch.where(valid, row + shift, 0), valid)
 
 
-def unpad_source(geo: RequestGeometry, P: int, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row of the gathered, padded order: is it a real token, and which one.
+class GatheredOrder(NamedTuple):
+    """Maps over the ``P * L_b`` rows of the gathered, padded request order."""
 
-    Returns ``(unpad_mask [num_rows] bool, token [num_rows] int64)``. Prefill
-    rows are real below ``n``; decode rows are real every ``P``-th row
-    (token-strided, as in the seed), so decode token ``t`` sits at row ``t*P``.
-    ``token`` is the scheduler-order index of a real row (what compacting the
-    mask would count), in closed form: decode row ``o`` is the request's token
-    ``o // P``.
+    restore_index: torch.Tensor  # int64 gathered row of each padded-order row (0 past the end)
+    unpad_mask: torch.Tensor  # bool: the row is a real token (decode region token-strided)
+    token: torch.Tensor  # int64 scheduler-order index of a real row (0 elsewhere)
+
+
+def gathered_order(geo: RequestGeometry, P: int, rows_per_rank: int) -> GatheredOrder:
+    """Restore index, unpad mask and token of every padded-order row.
+
+    A request's padded rows are ``2P`` chunks (runs) laid end to end; chunk
+    ``k`` comes whole from one rank's local buffer: a replicated request's
+    chunk ``k < P`` is rank ``k``'s copy (chunks ``>= P`` are empty); a split
+    request's chunk ``k < P`` is rank ``k``'s head, chunk ``k >= P`` rank
+    ``2P-1-k``'s tail. Rank ``r``'s local row ``l`` is gathered row
+    ``r * rows_per_rank + l``, so inside a chunk ``restore = row + shift``.
+    Real rows: a prefill's first ``n`` rows; in the decode region (the first
+    ``P * num_decode_tokens`` rows, decodes come first) every ``P``-th row,
+    decode token ``t`` at row ``t * P`` (the seed's token-strided convention).
     """
-    idx = ragged_index(geo.num_padded, num_rows)
-    i, o = idx.segment, idx.offset
-    rep = geo.replicated[i]
-    mask = idx.valid & torch.where(rep, o % P == 0, o < geo.num_scheduled[i])
-    token = offsets(geo.num_scheduled)[i] + torch.where(rep, o // P, o)
-    return mask, token
-
-
-def restore_index(geo: RequestGeometry, P: int, rows_per_rank: int) -> torch.Tensor:
-    """``[P * rows_per_rank]`` int64: gathered row of each padded-order row.
-
-    The gathered buffer is the ranks' local buffers stacked rank-major, so local
-    row ``l`` of rank ``r`` is row ``r * rows_per_rank + l``. Row ``o`` of a
-    request falls in chunk ``k = o // c``: a replicated request's chunk ``k`` is
-    rank ``k``'s copy; a split request's chunk ``k < P`` is rank ``k``'s head,
-    chunk ``k >= P`` is rank ``2P-1-k``'s tail (local rows after the head).
-    Padding rows: 0.
-    """
-    idx = ragged_index(geo.num_padded, P * rows_per_rank)
-    i, o = idx.segment, idx.offset
-    c = geo.chunk[i].clamp(min=1)
-    k, j = o // c, o % c
-    head = geo.replicated[i] | (k < P)
+    size = P * rows_per_rank
+    rep, n, c = geo.replicated[:, None], geo.num_scheduled[:, None], geo.chunk[:, None]
+    padded_start = geo.padded_start
+    ps = padded_start[:-1, None]
+    k = torch.arange(2 * P, dtype=torch.int64, device=n.device)
+    head = rep | (k < P)
+    chunk_start = ps + torch.where(rep, k.clamp(max=P) * n, k * c)
     rank = torch.where(head, k, 2 * P - 1 - k)
-    local = offsets(geo.local)[i] + torch.where(head, j, c + j)
-    return torch.where(idx.valid, rank * rows_per_rank + local, 0)
+    gathered_start = rank * rows_per_rank + geo.local_start[:-1, None] + torch.where(head, 0, c)
+    token_shift = geo.token_start[:-1, None] - ps
+    values = torch.stack(torch.broadcast_tensors(gathered_start - chunk_start, token_shift, ps + n))
+    shift, token_shift, real_end = expand_runs(chunk_start.flatten(), values.flatten(-2), size)
+
+    row = torch.arange(size, dtype=torch.int64, device=n.device)
+    valid = row < padded_start[-1]
+    decode_region = row < P * torch.where(geo.replicated, geo.num_scheduled, 0).sum()
+    mask = valid & torch.where(decode_region, row % P == 0, row < real_end)
+    token = torch.where(decode_region, row // P, row + token_shift)
+    return GatheredOrder(
+        restore_index=torch.where(valid, row + shift, 0),
+        unpad_mask=mask,
+        token=torch.where(mask, token, 0),
+    )
 
 
 @pytree_dataclass
@@ -148,7 +172,12 @@ class TokenLayout:
         num_pads: ``[R_b]`` int64 pads per request (seed ``num_pcp_pads``).
         is_decode: ``[R_b]`` bool decode requests (a prefix).
         num_decode_reqs, num_decode_tokens: 0-d int64.
-        unpad_mask: ``[P*L_b]`` bool real rows of the padded gathered order.
+        unpad_mask: ``[P*L_b]`` bool real rows of the padded gathered order
+            (seed ``pcp_unpad_mask``). Its decode region is token-strided, the
+            seed's convention for the KV slot mapping: decode token ``t`` is
+            row ``t*P``. That row is the restored copy of the same token only
+            when decodes have one token each; with speculative tokens, read
+            decode hidden states through ``restore_index``/logits indices.
         restore_index: ``[P*L_b]`` int64 gathered row of each padded-order row
             (seed ``pcp_allgather_restore_idx``); 0 past ``P * num_tokens``.
     """
@@ -184,19 +213,19 @@ def _update(state: PCPState, batch: SchedulerBatch) -> _Update:
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     is_decode = classify_decodes(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    request, positions, valid = local_rows(geo, state.pcp_rank, P, Lb)
-    mask, token = unpad_source(geo, P, P * Lb)
+    mine = local_rows(geo, state.pcp_rank, P, Lb)
+    order = gathered_order(geo, P, Lb)
     layout = TokenLayout(
         pcp_tokens=geo.local.to(torch.int32),
-        positions=positions,
-        request_index=request,
+        positions=mine.position,
+        request_index=mine.request,
         num_tokens=geo.local.sum(),
         num_pads=geo.num_padded - geo.num_scheduled,
         is_decode=is_decode,
         num_decode_reqs=is_decode.sum(),
         num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
-        unpad_mask=mask,
-        restore_index=restore_index(geo, P, Lb),
+        unpad_mask=order.unpad_mask,
+        restore_index=order.restore_index,
     )
     R = cfg.max_num_reqs
     new_state = PCPState(
@@ -206,7 +235,7 @@ def _update(state: PCPState, batch: SchedulerBatch) -> _Update:
         num_scheduled=_to_capacity(batch.num_scheduled, R),
         is_decode=_to_capacity(is_decode, R),
     )
-    return _Update(new_state, layout, geo, token, valid)
+    return _Update(new_state, layout, geo, order.token, mine.valid)
 
 
 def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, TokenLayout]:

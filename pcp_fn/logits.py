@@ -5,13 +5,12 @@ from __future__ import annotations
 import torch
 
 from .layout import RequestGeometry, state_geometry
-from .ragged import offsets
 from .state import PCPState
 
 
 def logits_from_geometry(geo: RequestGeometry, num_reqs: torch.Tensor, rows: int) -> torch.Tensor:
     """``[rows]`` int64: last real token of each request in the padded order, 0 past ``num_reqs``."""
-    last = (offsets(geo.num_padded)[:-1] + geo.num_scheduled - 1).clamp(min=0)
+    last = (geo.padded_start[:-1] + geo.num_scheduled - 1).clamp(min=0)
     real = torch.arange(last.shape[0], device=last.device) < num_reqs
     return torch.where(real, last, 0)[:rows]
 

@@ -28,10 +28,30 @@ def offsets(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(lengths, dim=-1, dtype=torch.int64), (1, 0))
 
 
+def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.Tensor:
+    """Paint ``cap`` slots with the value of the run that covers each one.
+
+    Run ``j`` covers ``[starts[j], starts[j + 1])`` (``starts [m]`` non-decreasing;
+    empty runs repeat a start). ``values`` is ``[m]`` or ``[k, m]`` (``k``
+    channels painted at once); the result is ``[cap]`` or ``[k, cap]``. Slots
+    before ``starts[0]`` get 0; the last run extends to the end. ::
+
+        starts [0, 2, 2, 5], values [7, 8, 9, 4], cap 7 -> [7, 7, 9, 9, 9, 4, 4]
+
+    A difference array: add ``values[j] - values[j-1]`` at ``starts[j]``, then a
+    prefix sum. One ``index_add`` over the runs and one ``cumsum`` over the
+    slots: no per-slot search, no per-slot gather.
+    """
+    diff = values - F.pad(values[..., :-1], (1, 0))
+    marks = torch.zeros((*values.shape[:-1], cap + 1), dtype=values.dtype, device=values.device)
+    marks = marks.index_add(-1, starts.clamp(max=cap), diff)  # starts past the end land in a trash slot
+    return marks.cumsum(-1)[..., :cap]
+
+
 class RaggedIndex(NamedTuple):
     """Per-slot view of a ragged layout; all fields ``[cap]``."""
 
-    segment: torch.Tensor  # int64 segment of each slot, clamped to ``n - 1`` on padding
+    segment: torch.Tensor  # int64 segment of each slot (the last segment's id on the padding tail)
     offset: torch.Tensor  # int64 offset of the slot inside its segment
     valid: torch.Tensor  # bool, False on the padding tail
 
@@ -41,28 +61,26 @@ def ragged_index(lengths: torch.Tensor, cap: int) -> RaggedIndex:
 
     ``lengths = [2, 0, 3]``, ``cap = 7`` -> segment ``[0, 0, 2, 2, 2, 2, 2]``,
     offset ``[0, 1, 0, 1, 2, 3, 4]``, valid ``[T, T, T, T, T, F, F]``.
-    Empty segments own no slot (``searchsorted(..., right=True)`` skips them).
+    Empty segments own no slot.
     """
     starts = offsets(lengths)
+    ids = torch.arange(lengths.shape[-1], dtype=torch.int64, device=lengths.device)
+    segment, start = expand_runs(starts[:-1], torch.stack([ids, starts[:-1]]), cap)
     slot = torch.arange(cap, dtype=torch.int64, device=lengths.device)
-    segment = torch.searchsorted(starts[1:], slot, right=True)
-    valid = slot < starts[-1]
-    segment = segment.clamp(max=max(lengths.shape[-1] - 1, 0))
-    return RaggedIndex(segment, slot - starts[segment], valid)
+    return RaggedIndex(segment, slot - start, slot < starts[-1])
 
 
-def inverse_permutation(forward: torch.Tensor, valid: torch.Tensor, size: int) -> torch.Tensor:
-    """Invert a partial permutation without sorting.
+def scatter_to(dest: torch.Tensor, valid: torch.Tensor, values: torch.Tensor, size: int) -> torch.Tensor:
+    """``out [size]`` with ``out[dest[j]] = values[j]`` where ``valid[j]``; 0 elsewhere.
 
-    ``forward [m]`` sends slot ``j`` to position ``forward[j]`` when ``valid[j]``.
-    Returns ``inverse [size]`` with ``inverse[forward[j]] = j``; positions that no
-    valid slot reaches hold 0 (an in-range index). Invalid slots are written to a
-    trash row past the end, then sliced off, so the scatter is deterministic.
+    With ``values = arange`` this inverts a (partial) permutation without
+    sorting: ``forward = [2, 0, 1]`` -> ``[1, 2, 0]``. Invalid slots are written
+    to a trash row past the end, then sliced off, so the result is
+    deterministic as long as valid destinations are distinct.
     """
-    dest = torch.where(valid, forward, size)
-    src = torch.arange(forward.shape[-1], dtype=torch.int64, device=forward.device)
-    out = torch.zeros(size + 1, dtype=torch.int64, device=forward.device)
-    return out.scatter(0, dest, src)[:size]
+    dest = torch.where(valid, dest, size).reshape(-1)
+    out = torch.zeros(size + 1, dtype=values.dtype, device=values.device)
+    return out.scatter(0, dest, values.reshape(-1))[:size]
 
 
 def masked_gather(values: torch.Tensor, index: torch.Tensor, mask: torch.Tensor, fill: int) -> torch.Tensor:

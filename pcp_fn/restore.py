@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import restore_index, state_geometry
+from .layout import gathered_order, state_geometry
 from .state import PCPState
 
 
@@ -25,5 +25,5 @@ def restore_hidden_states(state: PCPState, gathered: torch.Tensor) -> tuple[PCPS
         raise ValueError(
             f"gathered must stack {P} equal rank buffers along dim 0, got shape {tuple(gathered.shape)}"
         )
-    index = restore_index(state_geometry(state), P, gathered.shape[0] // P)
+    index = gathered_order(state_geometry(state), P, gathered.shape[0] // P).restore_index
     return state, gathered.index_select(0, index)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .layout import state_geometry, unpad_source
+from .layout import gathered_order, state_geometry
 from .ragged import masked_gather
 from .state import PCPState
 
@@ -30,6 +30,6 @@ def padded_slot_mapping(
     Returns ``[P * num_tokens]`` in ``slot_mapping``'s dtype.
     """
     cfg = state.config
-    rows = cfg.pcp_size * (cfg.max_local_tokens if num_tokens is None else num_tokens)
-    mask, token = unpad_source(state_geometry(state), cfg.pcp_size, rows)
-    return state, masked_gather(slot_mapping, token, mask, cfg.pad_slot_id)
+    rows_per_rank = cfg.max_local_tokens if num_tokens is None else num_tokens
+    order = gathered_order(state_geometry(state), cfg.pcp_size, rows_per_rank)
+    return state, masked_gather(slot_mapping, order.token, order.unpad_mask, cfg.pad_slot_id)

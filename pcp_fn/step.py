@@ -19,7 +19,7 @@ from .batch import SchedulerBatch
 from .layout import TokenLayout, _update
 from .logits import logits_from_geometry
 from .pytree import pytree_dataclass
-from .ragged import masked_gather, offsets
+from .ragged import masked_gather
 from .state import PCPState
 
 
@@ -63,7 +63,7 @@ def step(state: PCPState, batch: SchedulerBatch, slot_mapping: torch.Tensor) -> 
     out = StepOutputs(
         layout=layout,
         positions=torch.where(up.local_valid, absolute, 0),
-        query_start_loc=offsets(up.geometry.local).to(torch.int32),
+        query_start_loc=up.geometry.local_start.to(torch.int32),
         logits_indices=logits_from_geometry(up.geometry, batch.num_reqs, batch.bucket.num_reqs),
         slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, state.config.pad_slot_id),
     )
