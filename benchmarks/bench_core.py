@@ -149,8 +149,10 @@ def main():
             print(f"  seed host path (same step): {seed_us:.1f} us; compiled / seed = {ratio:.2f}")
         rows.append((name, count, result, seed_us))
     counts = {c for _, c, _, _ in rows}
-    print(f"\ncomposed-step aten op count is {'the same' if len(counts) == 1 else 'NOT the same'} "
-          f"for all batches: {sorted(counts)}")
+    print(
+        f"\ncomposed-step aten op count is {'the same' if len(counts) == 1 else 'NOT the same'} "
+        f"for all batches: {sorted(counts)}"
+    )
 
 
 if __name__ == "__main__":
