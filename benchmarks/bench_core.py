@@ -122,8 +122,11 @@ def main():
         updated, _ = pcp_fn.update_tokens(state, batch)
         ops = {
             "update_tokens": (pcp_fn.update_tokens, (state, batch)),
-            "get_logits_indices": (lambda s: pcp_fn.get_logits_indices(s, Rb), (updated,)),
-            "padded_slot_mapping": (lambda s, m: pcp_fn.padded_slot_mapping(s, m, Lb), (updated, slots)),
+            "get_logits_indices": (lambda s, Rb=Rb: pcp_fn.get_logits_indices(s, Rb), (updated,)),
+            "padded_slot_mapping": (
+                lambda s, m, Lb=Lb: pcp_fn.padded_slot_mapping(s, m, Lb),
+                (updated, slots),
+            ),
             "restore_hidden_states": (pcp_fn.restore_hidden_states, (updated, gathered)),
             "composed step": (composed, (state, batch, slots, gathered)),
             "pcp_fn.step": (pcp_fn.step, (state, batch, slots)),
