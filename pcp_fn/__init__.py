@@ -8,6 +8,7 @@ vmaps and captures into one CUDA/ACL graph. See README.md.
 from . import graph, ranks
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
+from .distributed import all_gather_and_restore, process_group_all_gather
 from .layout import TokenLayout, update_tokens
 from .logits import get_logits_indices
 from .restore import restore_hidden_states
@@ -16,6 +17,7 @@ from .slots import padded_slot_mapping
 from .state import PCPState, init_state
 from .step import StepOutputs, step
 from .sync import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
+from .trace import read_trace, replay, write_trace
 
 __all__ = [
     "Bucket",
@@ -25,6 +27,7 @@ __all__ = [
     "SchedulerBatch",
     "StepOutputs",
     "TokenLayout",
+    "all_gather_and_restore",
     "assert_no_host_syncs",
     "count_aten_ops",
     "cp_local_seq_lens",
@@ -34,10 +37,14 @@ __all__ = [
     "make_batch",
     "no_host_syncs",
     "padded_slot_mapping",
+    "process_group_all_gather",
     "ranks",
+    "read_trace",
+    "replay",
     "restore_hidden_states",
     "step",
     "update_tokens",
+    "write_trace",
 ]
 
 __version__ = "0.1.0"

@@ -1,0 +1,330 @@
+"""``pcp-fn``: simulate PCP scheduling, record traces, replay them.
+
+pcp-fn simulate                 # a synthetic workload at P=4, every rank, checked
+pcp-fn record trace.jsonl       # the same, written as a trace
+pcp-fn replay trace.jsonl       # replay through the pure step; prints the SHA-256 digest
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from . import __version__
+from .batch import make_batch
+from .config import PCPConfig
+from .engine import Runner, synthetic_requests
+from .state import init_state
+from .step import step
+from .trace import TraceError, TraceStep, replay, write_trace
+
+
+def _progress(iterable, total: int, enabled: bool, desc: str):
+    if not enabled:
+        return iterable
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the cli extra is not installed: run without a bar
+        return iterable
+    return tqdm(iterable, total=total, desc=desc, unit="step", leave=False, file=sys.stderr, disable=None)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":")) if ":" in text else (int(text), int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or LO:HI, got {text!r}") from None
+    if lo < 1 or hi < lo:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def _add_workload_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--pcp-size", "-P", type=_positive, default=4, help="PCP ranks (default 4)")
+    g.add_argument("--requests", type=_positive, default=24, help="number of requests (default 24)")
+    g.add_argument(
+        "--prompt-len", type=_range, default=(1, 2000), help="prompt length N or LO:HI (default 1:2000)"
+    )
+    g.add_argument(
+        "--output-len", type=_range, default=(1, 32), help="tokens to generate, N or LO:HI (default 1:32)"
+    )
+    g.add_argument(
+        "--arrival-every", type=_non_negative, default=2, help="mean steps between arrivals (default 2)"
+    )
+    g.add_argument("--max-num-reqs", type=_positive, default=16, help="requests per step, R (default 16)")
+    g.add_argument(
+        "--max-num-tokens", type=_positive, default=1024, help="token budget per step, T (default 1024)"
+    )
+    g.add_argument(
+        "--spec-tokens", type=_non_negative, default=0, help="speculative tokens per decode (default 0)"
+    )
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument("--max-steps", type=_positive, default=10_000, help="stop after this many steps")
+
+
+def _simulate_schedule(args: argparse.Namespace):
+    lo, hi = args.prompt_len
+    config = PCPConfig(
+        args.pcp_size, 0, args.max_num_reqs, args.max_num_tokens, num_spec_tokens=args.spec_tokens
+    )
+    requests = synthetic_requests(
+        args.requests,
+        min_prompt=lo,
+        max_prompt=hi,
+        max_new_tokens=args.output_len,
+        arrival_every=args.arrival_every,
+        seed=args.seed,
+    )
+    runner = Runner(
+        config,
+        requests,
+        seed=args.seed,
+        max_model_len=hi + args.output_len[1] + 8,
+        num_blocks=(hi + args.output_len[1] + 8) * args.requests,
+    )
+    return config, runner
+
+
+def _check_restore(config: PCPConfig, outs, batch) -> None:
+    """Every rank's local rows, encoded as (request, absolute position), must come back in order."""
+    P, Lb = config.pcp_size, batch.bucket.num_tokens
+    local = torch.full((P, Lb, 2), -1, dtype=torch.int64)
+    for r, out in enumerate(outs):
+        n = int(out.layout.num_tokens)
+        local[r, :n, 0] = out.layout.request_index[:n]
+        local[r, :n, 1] = out.positions[:n]
+    lay = outs[0].layout
+    restored = local.reshape(P * Lb, 2)[lay.restore_index]
+    sched = batch.num_scheduled.tolist()
+    comp = batch.num_computed.tolist()
+    n_reqs = int(batch.num_reqs)
+    rows = P * int(lay.num_tokens)
+    # prefill rows through the unpad mask; decode rows are rank 0's copies (first n of each request)
+    expected, got = [], []
+    start = 0
+    for i in range(n_reqs):
+        n = sched[i]
+        expected += [(i, comp[i] + j) for j in range(n)]
+        padded = n * P if bool(lay.is_decode[i]) or P == 1 else (lay.num_pads[i].item() + n)
+        got += [tuple(x) for x in restored[start : start + n].tolist()]
+        start += padded
+    if start != rows or got != expected:
+        raise AssertionError("restore did not put every token back")
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    config, runner = _simulate_schedule(args)
+    P = config.pcp_size
+    states = [
+        init_state(
+            PCPConfig(
+                P, r, config.max_num_reqs, config.max_num_tokens, num_spec_tokens=config.num_spec_tokens
+            )
+        )
+        for r in range(P)
+    ]
+    rows, eager_us, buckets = [], [], {}
+    bar = _progress(range(args.max_steps), args.max_steps, not args.no_progress, "simulate")
+    for _ in bar:
+        if runner.scheduler.idle:
+            break
+        rec = runner.step()
+        if rec is None:
+            continue
+        s = rec.sched
+        batch = make_batch(config, s.num_scheduled, s.num_computed, s.num_prompt)
+        slots = torch.arange(max(s.num_tokens, 1))
+        outs = []
+        t0 = time.perf_counter()
+        for r in range(P):
+            states[r], out = step(states[r], batch, slots)
+            outs.append(out)
+        eager_us.append((time.perf_counter() - t0) * 1e6 / P)
+        _check_restore(config, outs, batch)
+        buckets.setdefault(batch.bucket, []).append((states[0], batch, slots))
+        n = int(outs[0].layout.num_tokens)
+        # attention work of a rank: keys its real query rows see (causal: absolute position + 1)
+        work = []
+        for out in outs:
+            m = out.layout.positions[:n] < torch.as_tensor(s.num_scheduled)[out.layout.request_index[:n]]
+            work.append(int(((out.positions[:n] + 1) * m).sum()))
+        n_dec = int(outs[0].layout.num_decode_reqs)
+        dec_tokens = int(outs[0].layout.num_decode_tokens)
+        rows.append(
+            dict(
+                step=s.index,
+                dec=n_dec,
+                pre=len(s.req_ids) - n_dec,
+                tokens=s.num_tokens,
+                local=n,
+                bucket=f"{batch.bucket.num_reqs}x{batch.bucket.num_tokens}",
+                replicas=(P - 1) * dec_tokens,
+                pad=P * n - s.num_tokens - (P - 1) * dec_tokens,
+                work=work,
+            )
+        )
+    if not rows:
+        print("no steps were scheduled")
+        return 1
+    if not args.quiet:
+        print(
+            f"{'step':>5} {'dec':>4} {'pre':>4} {'tokens':>7} {'local/rank':>10} {'bucket':>10} "
+            f"{'pad rows':>8} {'attn work min..max':>20}  restore"
+        )
+        for row in rows:
+            print(
+                f"{row['step']:>5} {row['dec']:>4} {row['pre']:>4} {row['tokens']:>7} {row['local']:>10} "
+                f"{row['bucket']:>10} {row['pad']:>8} {min(row['work']):>9}..{max(row['work']):<9}  ok"
+            )
+    total_tokens = sum(r["tokens"] for r in rows)
+    total_local = sum(r["local"] for r in rows)
+    work = np.array([r["work"] for r in rows]).sum(0)
+    print(f"\nsummary: P={P}, {len(rows)} steps, {args.requests} requests, {total_tokens} scheduled tokens")
+    share = total_local / max(total_tokens, 1)
+    print(f"  tokens per rank:        {total_local} (every rank; {share:.3f} of the batch)")
+    pad = sum(r["pad"] for r in rows)
+    replicas = sum(r["replicas"] for r in rows)
+    pad_pct = 100 * pad / max(total_tokens, 1)
+    print(
+        f"  padding overhead:       {pad} prefill pad rows ({pad_pct:.1f}% of the real tokens), "
+        f"plus {replicas} replicated decode rows"
+    )
+    print(
+        f"  attention work per rank: {', '.join(str(int(w)) for w in work)} keys "
+        f"(max/min = {work.max() / max(work.min(), 1):.3f})"
+    )
+    print(f"  restore check:          every token of every step came back in order on all {P} ranks")
+    print(f"  step time, eager:       median {statistics.median(eager_us):.0f} us per rank")
+    if not args.no_compile:
+        bucket, samples = max(buckets.items(), key=lambda kv: len(kv[1]))
+        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        print(
+            f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} (inductor) ...",
+            end="",
+            flush=True,
+        )
+        compiled(*samples[0])
+        times = []
+        for args_ in samples * max(1, 50 // len(samples)):
+            t0 = time.perf_counter()
+            compiled(*args_)
+            times.append((time.perf_counter() - t0) * 1e6)
+        eager_b = []
+        for args_ in samples * max(1, 50 // len(samples)):
+            t0 = time.perf_counter()
+            step(*args_)
+            eager_b.append((time.perf_counter() - t0) * 1e6)
+        name = f"{bucket.num_reqs}x{bucket.num_tokens}"
+        print(
+            f"\r  step time, bucket {name}: eager {statistics.median(eager_b):.0f} us, "
+            f"compiled {statistics.median(times):.0f} us (median, {len(times)} calls)"
+        )
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    config, runner = _simulate_schedule(args)
+    steps = []
+    bar = _progress(range(args.max_steps), args.max_steps, not args.no_progress, "record")
+    for _ in bar:
+        if runner.scheduler.idle:
+            break
+        rec = runner.step()
+        if rec is None:
+            continue
+        s = rec.sched
+        steps.append(TraceStep(s.num_scheduled, s.num_computed, s.num_prompt, tuple(rec.slot_mapping)))
+    write_trace(args.out, config, steps)
+    print(f"wrote {len(steps)} steps to {args.out}")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    ranks = None if args.rank is None else [args.rank]
+    result = replay(args.trace, mode=args.mode, ranks=ranks, backend=args.backend)
+    print(f"{result.digest}  {args.trace} ({len(result.outputs)} steps, mode {args.mode})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pcp-fn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"pcp_fn {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sim = sub.add_parser(
+        "simulate",
+        help="run a synthetic workload on every rank and check it",
+        description="Run a synthetic scheduler (arrivals, chunked prefill, decodes) through "
+        "pcp_fn.step on every rank, check that restore puts every token back, and print a "
+        "per-step table and a summary.",
+    )
+    _add_workload_flags(sim)
+    sim.add_argument("--quiet", action="store_true", help="summary only, no per-step table")
+    sim.add_argument("--no-compile", action="store_true", help="skip the compiled timing (saves the compile)")
+    sim.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sim.set_defaults(func=cmd_simulate)
+
+    rec = sub.add_parser(
+        "record",
+        help="write a simulated schedule as a trace (JSON Lines)",
+        description="Simulate like `simulate` and write the schedule as a trace.",
+    )
+    rec.add_argument("out", help="trace file to write")
+    _add_workload_flags(rec)
+    rec.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rec.set_defaults(func=cmd_record)
+
+    rep = sub.add_parser(
+        "replay",
+        help="replay a trace through the pure step and print its digest",
+        description="Replay a trace on every rank (or one) and print the SHA-256 digest of all "
+        "outputs; equal digests mean bit-identical outputs.",
+    )
+    rep.add_argument("trace", help="trace file (JSON Lines)")
+    rep.add_argument(
+        "--mode",
+        choices=["eager", "compiled", "captured"],
+        default="eager",
+        help="how to run the step (default eager)",
+    )
+    rep.add_argument("--backend", default="inductor", help="torch.compile backend for compiled/captured")
+    rep.add_argument("--rank", type=_non_negative, default=None, help="replay one rank only (default: all)")
+    rep.set_defaults(func=cmd_replay)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (TraceError, ValueError, FileNotFoundError) as e:
+        print(f"pcp-fn {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""A small serving loop around pcp_fn: requests, a chunked-prefill scheduler, paged blocks,
+and one rank's runner. Used by the end-to-end tests, ``pcp-fn simulate`` and the examples.
+
+The scheduler follows vLLM v1's shape: running decodes first (``1 + k`` tokens
+with ``k`` draft tokens), then prompts in arrival order, chunked to fit the
+token budget; new requests join while there is room. A request samples a
+token once all its known tokens are in the cache, and leaves after
+``max_new_tokens``. Everything here is host code (it is the engine, not an op).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .batch import classify_decodes, make_batch
+from .config import PCPConfig
+from .distributed import AllGather
+from .state import PCPState, init_state
+from .step import StepOutputs, step
+
+
+@dataclasses.dataclass
+class Request:
+    req_id: int
+    prompt: list[int]
+    max_new_tokens: int
+    arrival: int = 0
+    output: list[int] = dataclasses.field(default_factory=list)
+    num_computed: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledStep:
+    """One step's schedule, in batch order (decodes first)."""
+
+    index: int
+    req_ids: tuple[int, ...]
+    num_scheduled: tuple[int, ...]
+    num_computed: tuple[int, ...]
+    num_prompt: tuple[int, ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_scheduled)
+
+
+class Scheduler:
+    """Chunked-prefill scheduler over a fixed list of requests (arrivals by step index)."""
+
+    def __init__(
+        self, config: PCPConfig, requests: Sequence[Request], token_budget: int | None = None
+    ) -> None:
+        self.config = config
+        self.pending = sorted(requests, key=lambda r: (r.arrival, r.req_id))
+        self.running: list[Request] = []
+        self.done: list[Request] = []
+        self.budget = min(token_budget or config.max_num_tokens, config.max_num_tokens)
+        self.index = 0
+
+    @property
+    def idle(self) -> bool:
+        return not self.pending and not self.running
+
+    def schedule(self) -> ScheduledStep | None:
+        while (
+            self.pending
+            and self.pending[0].arrival <= self.index
+            and len(self.running) < self.config.max_num_reqs
+        ):
+            self.running.append(self.pending.pop(0))
+        budget, picked = self.budget, []
+        for req in self.running:  # decodes first: their prompt is in the cache
+            if req.num_computed >= len(req.prompt) and budget > 0:
+                n = min(len(req.tokens) - req.num_computed, budget)
+                picked.append((req, n))
+                budget -= n
+        for req in self.running:
+            if req.num_computed < len(req.prompt) and budget > 0:
+                n = min(len(req.prompt) - req.num_computed, budget)
+                picked.append((req, n))
+                budget -= n
+        index = self.index
+        self.index += 1
+        if not picked:
+            return None
+        sched = np.array([n for _, n in picked])
+        comp = np.array([r.num_computed for r, _ in picked])
+        prompt = np.array([len(r.prompt) for r, _ in picked])
+        # the runner's order: requests pcp_fn classifies as decodes first (stable otherwise)
+        order = np.argsort(~classify_decodes(self.config, sched, comp, prompt), kind="stable")
+        picked = [picked[i] for i in order]
+        return ScheduledStep(
+            index,
+            tuple(r.req_id for r, _ in picked),
+            tuple(n for _, n in picked),
+            tuple(r.num_computed for r, _ in picked),
+            tuple(len(r.prompt) for r, _ in picked),
+        )
+
+    def advance(self, sched: ScheduledStep, sampled: Sequence[int]) -> list[Request]:
+        """Apply a step's results; returns the requests that finished."""
+        by_id = {r.req_id: r for r in self.running}
+        for req_id, n, token in zip(sched.req_ids, sched.num_scheduled, sampled):
+            req = by_id[req_id]
+            req.num_computed += n
+            if req.num_computed >= len(req.tokens):  # every known token is cached: the sample counts
+                req.output.append(int(token))
+        finished = [r for r in self.running if r.finished]
+        self.running = [r for r in self.running if not r.finished]
+        self.done += finished
+        return finished
+
+
+class BlockManager:
+    """Paged KV blocks: a free list and each request's block table."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int) -> None:
+        self.block_size = block_size
+        self.max_blocks = -(-max_model_len // block_size)
+        self.free = list(range(num_blocks))
+        self.tables: dict[int, list[int]] = {}
+
+    def ensure(self, req_id: int, num_tokens: int) -> list[int]:
+        table = self.tables.setdefault(req_id, [])
+        need = -(-num_tokens // self.block_size)
+        if need > self.max_blocks:
+            raise ValueError(f"request {req_id} needs {num_tokens} tokens; max_model_len allows fewer")
+        while len(table) < need:
+            if not self.free:
+                raise RuntimeError("out of KV cache blocks")
+            table.append(self.free.pop(0))
+        return table
+
+    def release(self, req_id: int) -> None:
+        self.free += self.tables.pop(req_id, [])
+
+    def slot(self, req_id: int, position: int) -> int:
+        table = self.tables[req_id]
+        return table[position // self.block_size] * self.block_size + position % self.block_size
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What one rank saw in one step (logits and samples in batch order, real rows only)."""
+
+    sched: ScheduledStep
+    out: StepOutputs
+    logits: torch.Tensor | None
+    sampled: list[int]
+    slot_mapping: list[int]  # KV slot of every scheduled token, scheduler order
+
+
+StepFn = Callable[[PCPState, object, torch.Tensor], tuple[PCPState, StepOutputs]]
+
+
+class Runner:
+    """One rank of a PCP engine: scheduler, blocks, and (optionally) the tiny model.
+
+    With ``model=None`` it runs the bookkeeping only and samples tokens from a
+    seeded generator. Every rank of a group runs its own ``Runner`` on the same
+    requests; they make the same decisions because everything is deterministic.
+    """
+
+    def __init__(
+        self,
+        config: PCPConfig,
+        requests: Sequence[Request],
+        *,
+        token_budget: int | None = None,
+        model: object = None,
+        all_gather: AllGather | None = None,
+        step_fn: StepFn = step,
+        device: torch.device | str = "cpu",
+        block_size: int = 4,
+        num_blocks: int = 1024,
+        max_model_len: int = 512,
+        seed: int = 0,
+    ) -> None:
+        from .tiny_model import PagedKVCache
+
+        self.config = config
+        self.device = torch.device(device)
+        self.scheduler = Scheduler(
+            config, [dataclasses.replace(r, output=list(r.output)) for r in requests], token_budget
+        )
+        self.model = model
+        if model is not None:
+            block_size, num_blocks, max_model_len = (
+                model.cfg.block_size,
+                model.cfg.num_blocks,
+                model.cfg.max_model_len,
+            )
+            self.cache = PagedKVCache(model.cfg, self.device)
+        self.blocks = BlockManager(num_blocks, block_size, max_model_len)
+        self.max_model_len = max_model_len
+        self.all_gather = all_gather
+        self.step_fn = step_fn
+        self.state = init_state(config, self.device)
+        self.rng = np.random.default_rng(seed)
+
+    def step(self) -> StepRecord | None:
+        sched = self.scheduler.schedule()
+        if sched is None:
+            return None
+        cfg, dev = self.config, self.device
+        batch = make_batch(cfg, sched.num_scheduled, sched.num_computed, sched.num_prompt, dev)
+        reqs = {r.req_id: r for r in self.scheduler.running}
+        slots = []
+        for req_id, n, c in zip(sched.req_ids, sched.num_scheduled, sched.num_computed):
+            self.blocks.ensure(req_id, c + n)
+            slots += [self.blocks.slot(req_id, p) for p in range(c, c + n)]
+        slot_mapping = torch.tensor(slots or [0], dtype=torch.int64, device=dev)
+        self.state, out = self.step_fn(self.state, batch, slot_mapping)
+        n_reqs = len(sched.req_ids)
+        logits = None
+        if self.model is not None:
+            Rb, T = batch.bucket.num_reqs, self.max_model_len
+            tokens = np.zeros((Rb, T), dtype=np.int64)
+            tables = np.zeros((Rb, self.blocks.max_blocks), dtype=np.int64)
+            for i, req_id in enumerate(sched.req_ids):
+                toks = reqs[req_id].tokens
+                tokens[i, : len(toks)] = toks
+                table = self.blocks.tables[req_id]
+                tables[i, : len(table)] = table
+            seq_lens = np.zeros(Rb, dtype=np.int64)
+            seq_lens[:n_reqs] = np.add(sched.num_computed, sched.num_scheduled)
+            host = torch.from_numpy(np.concatenate([tokens.ravel(), tables.ravel(), seq_lens])).to(dev)
+            tokens_t = host[: Rb * T].view(Rb, T)
+            tables_t = host[Rb * T : Rb * T + tables.size].view(tables.shape)
+            seq_lens_t = host[Rb * T + tables.size :]
+            input_ids = tokens_t[out.layout.request_index, out.positions.clamp(max=T - 1)]
+            all_logits = self.model.forward(
+                self.cache, out, input_ids, tables_t, seq_lens_t, cfg.pcp_size, self.all_gather
+            )
+            logits = all_logits[:n_reqs]
+            sampled = logits.argmax(-1).tolist()
+        else:
+            sampled = self.rng.integers(0, 1000, n_reqs).tolist()
+        for req in self.scheduler.advance(sched, sampled):
+            self.blocks.release(req.req_id)
+        return StepRecord(sched, out, logits, sampled, slots)
+
+    def run(self, max_steps: int = 10_000) -> list[StepRecord]:
+        records = []
+        for _ in range(max_steps):
+            if self.scheduler.idle:
+                break
+            rec = self.step()
+            if rec is not None:
+                records.append(rec)
+        return records
+
+
+def synthetic_requests(
+    num_requests: int,
+    *,
+    min_prompt: int = 1,
+    max_prompt: int = 300,
+    max_new_tokens: tuple[int, int] = (1, 12),
+    arrival_every: int = 2,
+    vocab: int = 101,
+    seed: int = 0,
+) -> list[Request]:
+    """Requests with random prompts (token ids in ``[1, vocab)``), output lengths and staggered arrivals."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(num_requests):
+        n = int(rng.integers(min_prompt, max_prompt + 1))
+        out.append(
+            Request(
+                req_id=i,
+                prompt=rng.integers(1, vocab, n).tolist(),
+                max_new_tokens=int(rng.integers(max_new_tokens[0], max_new_tokens[1] + 1)),
+                arrival=i * arrival_every // 2 + int(rng.integers(0, arrival_every + 1)),
+            )
+        )
+    return out
