@@ -8,6 +8,8 @@ vmaps and captures into one CUDA/ACL graph. See README.md.
 from . import graph, ranks
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
+from .draft_hybrid import DraftSplit, split_prefill_for_draft_hybrid
+from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
 from .layout import TokenLayout, update_tokens
 from .logits import get_logits_indices
 from .restore import restore_hidden_states
@@ -19,12 +21,15 @@ from .sync import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_s
 
 __all__ = [
     "Bucket",
+    "DraftSplit",
     "HostSyncError",
+    "HybridLayout",
     "PCPConfig",
     "PCPState",
     "SchedulerBatch",
     "StepOutputs",
     "TokenLayout",
+    "adjust_cu_num_scheduled_tokens",
     "assert_no_host_syncs",
     "count_aten_ops",
     "cp_local_seq_lens",
@@ -36,6 +41,7 @@ __all__ = [
     "padded_slot_mapping",
     "ranks",
     "restore_hidden_states",
+    "split_prefill_for_draft_hybrid",
     "step",
     "update_tokens",
 ]
