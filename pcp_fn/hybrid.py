@@ -358,7 +358,8 @@ def adjust_cu_num_scheduled_tokens(
     dec = state.is_decode[:k]
     prefill = ~dec & (torch.arange(k, device=cu.device) < state.num_reqs)
     num_dec = state.is_decode.sum()
-    base = torch.where(num_dec > 0, cu[(num_dec - 1).clamp(min=0, max=k - 1)].to(torch.int64), 0)
+    last_decode = (num_dec - 1).clamp(min=0, max=k - 1).reshape(1)
+    base = torch.where(num_dec > 0, cu.index_select(0, last_decode)[0].to(torch.int64), 0)
     adjusted = P * base + torch.cumsum(torch.where(prefill, n, 0), 0)
     return state, torch.where(prefill, adjusted, cu.to(torch.int64)).to(cu.dtype)
 
