@@ -334,6 +334,14 @@ def test_hybrid_capture_replays_every_composition(fresh_dynamo):
             assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
 
 
+def test_hybrid_step_exports_without_symbolic_shapes(fresh_dynamo):
+    state = init_state(CFG)
+    module = pcp_fn.graph.export(pcp_fn.step, state, _batch("mixed"), SLOTS).module()
+    for name in COMPOSITIONS:
+        batch = _batch(name)
+        assert tree_equal(module(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hybrid_cuda_graph_replay_equals_eager_without_syncs():
     dev = torch.device("cuda")
