@@ -8,7 +8,7 @@ keep the DualChunkSwap (DCS) layout of :mod:`pcp_fn.layout`. The index maps here
 move hidden states between the two around every FA layer. Decodes are not
 split (every rank holds all their tokens) and come first on every rank.
 
-Worked example (the seed's test), ``P = 2``, two fresh prefills ``[3, 5]``::
+Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills ``[3, 5]``::
 
     request                   0 (n=3)          1 (n=5)
     linear split              r0: t0 t1        r0: t0 t1 t2
@@ -19,7 +19,8 @@ Worked example (the seed's test), ``P = 2``, two fresh prefills ``[3, 5]``::
 
     FA input (compact order: decodes, then prefill tokens in scheduler order)
       = gathered[enter_fa_restore_idx]; gathered = all_gather of the M-row buffers:
-      [0, 1, 5, 2, 3, 4, 6, 7]          (rank 1's rows start at M = 5)
+      [0, 1, 5, 2, 3, 4, 6, 7]          (the seed's: rank 1's rows start at M = 5;
+                                         pcp_fn's at L_b, see "Fixed shapes")
     DCS padded order (requests padded to 2P = 4, 4 and 8 rows, 3 pads)
       = fa_input_with_a_zero_row[fa_padding_restore_idx]:
       [0, 1, 2, 8, 3, 4, 5, 6, 7, 8, 8, 8]   (8 = the pad row)
