@@ -9,6 +9,8 @@ from . import graph, ranks
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
 from .distributed import all_gather_and_restore, process_group_all_gather
+from .draft_hybrid import DraftSplit, split_prefill_for_draft_hybrid
+from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
 from .layout import TokenLayout, update_tokens
 from .logits import get_logits_indices
 from .restore import restore_hidden_states
@@ -21,12 +23,15 @@ from .trace import read_trace, replay, write_trace
 
 __all__ = [
     "Bucket",
+    "DraftSplit",
     "HostSyncError",
+    "HybridLayout",
     "PCPConfig",
     "PCPState",
     "SchedulerBatch",
     "StepOutputs",
     "TokenLayout",
+    "adjust_cu_num_scheduled_tokens",
     "all_gather_and_restore",
     "assert_no_host_syncs",
     "count_aten_ops",
@@ -42,6 +47,7 @@ __all__ = [
     "read_trace",
     "replay",
     "restore_hidden_states",
+    "split_prefill_for_draft_hybrid",
     "step",
     "update_tokens",
     "write_trace",

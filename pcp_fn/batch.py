@@ -89,6 +89,10 @@ def local_token_counts(config: PCPConfig, num_scheduled: np.ndarray, is_decode: 
 
     Decodes are replicated (``n``); prefills are padded to ``2P`` and each rank
     takes two chunks (``2 * ceil(n / 2P)``); with ``P == 1`` nothing changes.
+
+    The hybrid layout uses the same count: its FA layers work on these DCS
+    rows, and its linear rows (``ceil(n / P) <= 2 * ceil(n / 2P)`` per prefill
+    on the fullest rank) never need more, so one bucket holds both.
     """
     m = config.pad_multiple
     split = -(-num_scheduled // m) * m // config.pcp_size
@@ -119,8 +123,6 @@ def make_batch(
             ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
             too small. The message names the field and the limit.
     """
-    if config.hybrid_attn:
-        raise NotImplementedError("make_batch: the hybrid-attention layout is not implemented yet")
     sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
     comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
     prompt = _as_host_ints("num_prompt_tokens", num_prompt_tokens)

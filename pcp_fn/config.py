@@ -19,6 +19,16 @@ requests that carry at most ``T`` tokens, and at most ``min(R, T)`` of them
 non-empty, the local count is ``<= T + min(R, T)``. The bound is reached
 (``R`` one-token prefills give ``2R`` local tokens when ``T = R``).
 
+Hybrid layout (``hybrid_attn``): the same ``L``. Each rank has two sets of
+local rows: the DualChunkSwap rows the full-attention layers use, counted
+above (``N_dcs``), and the linear rows of the linear-attention layers, which
+every rank pads to ``M = D + sum(ceil(n / P))`` over prefills (``D`` decode
+tokens, replicated in both). Since ``ceil(n / P) <= 2 * ceil(n / 2P)`` (the
+right side is an integer ``>= n / P``), ``M <= N_dcs <= L``: one bucket of
+``N_dcs`` local rows holds both, and the gathered indices (``P * D`` decode
+rows plus the prefill tokens for the FA input, ``P * N_dcs`` DCS rows) fit
+``G``.
+
 Buckets: a :class:`Bucket` is a pair (requests, local tokens per rank). The
 config carries the allowed sizes for each (defaults: powers of two, then the
 capacity); :func:`pcp_fn.make_batch` picks the smallest pair that holds a batch,
@@ -93,7 +103,9 @@ class PCPConfig:
             and at most ``1 + num_spec_tokens`` scheduled tokens whose prompt is
             done is a decode.
         cp_kv_cache_interleave_size: tokens per KV interleave block.
-        hybrid_attn: linear-split layout for hybrid-attention models.
+        hybrid_attn: hybrid-attention models (linear + full attention, e.g.
+            qwen3-next): linear split for the local rows, DualChunkSwap for
+            the full-attention layers (:mod:`pcp_fn.hybrid`).
         pad_slot_id: slot written for rows that are padding.
         request_buckets, token_buckets: allowed bucket sizes (requests; local
             tokens per rank). Default: powers of two, then the capacity.

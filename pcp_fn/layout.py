@@ -201,41 +201,46 @@ def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
 class _Update(NamedTuple):
     state: PCPState
     layout: TokenLayout
-    geometry: RequestGeometry  # [R_b] rows
+    geometry: RequestGeometry  # [R_b] rows (DCS)
     slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real padded row
     local_valid: torch.Tensor  # [L_b] real local rows
+    local_start: torch.Tensor  # [R_b + 1] first local row of each request, then the total
 
 
 def _update(state: PCPState, batch: SchedulerBatch) -> _Update:
     cfg = state.config
-    if cfg.hybrid_attn:
-        raise NotImplementedError("update_tokens: the hybrid-attention layout is not implemented yet")
-    P, Lb = cfg.pcp_size, batch.bucket.num_tokens
-    is_decode = classify_decodes(cfg, batch)
-    geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    mine = local_rows(geo, state.pcp_rank, P, Lb)
-    order = gathered_order(geo, P, Lb)
-    layout = TokenLayout(
-        pcp_tokens=geo.local.to(torch.int32),
-        positions=mine.position,
-        request_index=mine.request,
-        num_tokens=geo.local.sum(),
-        num_pads=geo.num_padded - geo.num_scheduled,
-        is_decode=is_decode,
-        num_decode_reqs=is_decode.sum(),
-        num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
-        unpad_mask=order.unpad_mask,
-        restore_index=order.restore_index,
-    )
     R = cfg.max_num_reqs
+    if cfg.hybrid_attn:
+        hy = _hybrid.hybrid_update(state, batch)
+        layout, geo, slot_token = hy.layout, hy.geometry, hy.slot_token
+        local_valid, local_start = hy.rows.valid, hy.split.local_start
+    else:
+        P, Lb = cfg.pcp_size, batch.bucket.num_tokens
+        is_decode = classify_decodes(cfg, batch)
+        geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+        mine = local_rows(geo, state.pcp_rank, P, Lb)
+        order = gathered_order(geo, P, Lb)
+        layout = TokenLayout(
+            pcp_tokens=geo.local.to(torch.int32),
+            positions=mine.position,
+            request_index=mine.request,
+            num_tokens=geo.local.sum(),
+            num_pads=geo.num_padded - geo.num_scheduled,
+            is_decode=is_decode,
+            num_decode_reqs=is_decode.sum(),
+            num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
+            unpad_mask=order.unpad_mask,
+            restore_index=order.restore_index,
+        )
+        slot_token, local_valid, local_start = order.token, mine.valid, geo.local_start
     new_state = PCPState(
         config=cfg,
         rank=state.rank,
         num_reqs=batch.num_reqs.to(torch.int64),
         num_scheduled=_to_capacity(batch.num_scheduled, R),
-        is_decode=_to_capacity(is_decode, R),
+        is_decode=_to_capacity(layout.is_decode, R),
     )
-    return _Update(new_state, layout, geo, order.token, mine.valid)
+    return _Update(new_state, layout, geo, slot_token, local_valid, local_start)
 
 
 def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, TokenLayout]:
@@ -245,6 +250,9 @@ def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, Tok
     the result does not depend on earlier steps. Example, ``P = 2``, tokens
     ``[1, 5, 8]`` (request 0 a decode): rank 0 gets ``pcp_tokens [1, 4, 4]`` and
     positions ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``; rank 1 ``[0, 2, 3, 4, 5, 2, 3, 4, 5]``.
+
+    With ``config.hybrid_attn`` the layout is a :class:`pcp_fn.hybrid.HybridLayout`
+    (the linear split for the local rows, plus the FA index maps).
     """
     up = _update(state, batch)
     return up.state, up.layout
@@ -253,3 +261,6 @@ def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, Tok
 def state_geometry(state: PCPState) -> RequestGeometry:
     """Geometry of the state's last update at capacity (``[R]`` rows)."""
     return request_geometry(state.config, state.num_scheduled, state.is_decode)
+
+
+from . import hybrid as _hybrid  # noqa: E402  (hybrid builds on the geometry above)

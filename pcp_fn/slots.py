@@ -28,6 +28,10 @@ def padded_slot_mapping(
             ``L_b``, the seed's ``num_tokens_padded``); default ``L``.
 
     Returns ``[P * num_tokens]`` in ``slot_mapping``'s dtype.
+
+    With ``config.hybrid_attn`` the KV cache is written in the DualChunkSwap
+    order of the FA layers, so the result is the same (the seed's hybrid
+    branch fills ``sum(num_scheduled_tokens_padded) * P`` rows by the same mask).
     """
     cfg = state.config
     rows_per_rank = cfg.max_local_tokens if num_tokens is None else num_tokens

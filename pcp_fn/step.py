@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from .batch import SchedulerBatch
+from .hybrid import hybrid_logits
 from .layout import TokenLayout, _update
 from .logits import logits_from_geometry
 from .pytree import pytree_dataclass
@@ -29,15 +30,18 @@ class StepOutputs:
 
     Fields (``R_b``, ``L_b`` from the batch's bucket, ``G_b = P * L_b``):
         layout: the :class:`TokenLayout` (per-request counts, position offsets,
-            request of each row, unpad mask, restore index).
+            request of each row, unpad mask, restore index); a
+            :class:`pcp_fn.hybrid.HybridLayout` when ``config.hybrid_attn``.
         positions: ``[L_b]`` int64 absolute positions
             (``num_computed[request] + offset``); 0 on padding rows.
         query_start_loc: ``[R_b + 1]`` int32 start of each request's local
-            rows; entries past the requests equal ``num_tokens``.
+            rows (the linear rows when hybrid); entries past the requests
+            equal ``num_tokens``.
         logits_indices: ``[R_b]`` int64 rows of the restored hidden states to
-            sample from (see :func:`pcp_fn.get_logits_indices`).
+            sample from (see :func:`pcp_fn.get_logits_indices`; the hybrid
+            form when ``config.hybrid_attn``).
         slot_mapping: ``[G_b]`` the padded KV slot mapping (see
-            :func:`pcp_fn.padded_slot_mapping`).
+            :func:`pcp_fn.padded_slot_mapping`; the DCS one in both layouts).
     """
 
     layout: TokenLayout
@@ -57,14 +61,20 @@ def step(state: PCPState, batch: SchedulerBatch, slot_mapping: torch.Tensor) -> 
             (computed from the pre-split positions; ``S >= 1``, extra entries
             ignored).
     """
+    cfg = state.config
     up = _update(state, batch)
     layout = up.layout
     absolute = batch.num_computed.to(torch.int64)[layout.request_index] + layout.positions
+    Rb = batch.bucket.num_reqs
+    if cfg.hybrid_attn:
+        logits = hybrid_logits(batch.num_scheduled, layout.is_decode, batch.num_reqs, cfg.pcp_size, Rb)
+    else:
+        logits = logits_from_geometry(up.geometry, batch.num_reqs, Rb)
     out = StepOutputs(
         layout=layout,
         positions=torch.where(up.local_valid, absolute, 0),
-        query_start_loc=up.geometry.local_start.to(torch.int32),
-        logits_indices=logits_from_geometry(up.geometry, batch.num_reqs, batch.bucket.num_reqs),
+        query_start_loc=up.local_start.to(torch.int32),
+        logits_indices=logits,
         slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, state.config.pad_slot_id),
     )
     return up.state, out

@@ -1,0 +1,117 @@
+"""The hybrid layout's prefill split for the draft model.
+
+Seed ``_split_spec_decode_pcp_prefill_input_hybrid``.
+
+For the first MTP draft pass each rank takes a *linear* slice of every prefill
+request's input ids and target hidden states: the request is padded with zeros
+to a multiple of ``2P`` and rank ``r`` takes rows ``[r*k, (r+1)*k)`` with
+``k = padded / P``. ``P = 2``, rank 1, prefills ``[3, 5]`` with ids
+``[a b c | d e f g h]``::
+
+    padded      [a b c 0]  [d e f g h 0 0 0]
+    rank 1      [c 0]      [h 0 0 0]           input_ids [c, 0, h, 0, 0, 0]
+    seq_lens    [2, 4]     cu_num_tokens [0, 2, 6]   max_query_len 4
+
+The padding zeros inside a rank's slice are real output rows (the seed keeps
+them); rows past ``num_tokens`` are zero too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .pytree import pytree_dataclass
+from .ragged import expand_runs, masked_gather, offsets
+from .state import PCPState
+
+
+@pytree_dataclass
+class DraftSplit:
+    """This rank's draft-model prefill inputs (``K`` requests, ``num_rows`` rows).
+
+    Fields:
+        num_tokens: 0-d int64 rows of this rank (``sum(seq_lens)``).
+        input_ids: ``[num_rows]`` ids (input dtype); zero past ``num_tokens``.
+        hidden_states: ``[num_rows, ...]`` (input dtype); zero past ``num_tokens``.
+        max_query_len: 0-d int64 ``max(seq_lens)`` (0 for no request).
+        seq_lens: ``[K]`` int32 rows of each request (``padded / P``, 0 for an
+            empty request).
+        cu_num_tokens: ``[K + 1]`` int64 exclusive cumsum of ``seq_lens``.
+    """
+
+    num_tokens: torch.Tensor
+    input_ids: torch.Tensor
+    hidden_states: torch.Tensor
+    max_query_len: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_num_tokens: torch.Tensor
+
+
+def split_prefill_for_draft_hybrid(
+    state: PCPState,
+    prefill_lens: torch.Tensor,
+    input_ids: torch.Tensor,
+    hidden_states: torch.Tensor,
+    num_rows: int | None = None,
+) -> tuple[PCPState, DraftSplit]:
+    """Linear-split the prefills' draft inputs for this rank.
+
+    Seed ``_split_spec_decode_pcp_prefill_input_hybrid``; see the module docstring
+    for a worked example.
+
+    Args:
+        prefill_lens: ``[K]`` scheduled tokens of each prefill request, in
+            order (the seed's ``req_scheduled_tokens`` values); trailing
+            zeros are empty requests that take no row.
+        input_ids: ``[S]`` the prefills' ids back to back (``S >= 1``; the
+            first ``sum(prefill_lens)`` are read).
+        hidden_states: ``[S2, ...]`` their target hidden states in the same
+            order (for the hybrid layout: the restored rows after the decodes).
+        num_rows: static output rows; default ``max_local_tokens`` (``L``),
+            which holds any ``K <= max_num_reqs`` requests of at most
+            ``max_num_tokens`` tokens (``2 * ceil(n / 2P) <= n + 1`` each).
+
+    ``P = 1`` pads nothing (the identity), like the rest of the package; the
+    seed would pad to 2 there but never runs its PCP path at ``P = 1``.
+    """
+    cfg = state.config
+    if prefill_lens.dim() != 1:
+        raise ValueError(
+            f"prefill_lens must be 1-D (one entry per request), got shape {tuple(prefill_lens.shape)}"
+        )
+    if input_ids.dim() != 1 or input_ids.shape[0] < 1:
+        raise ValueError(f"input_ids must be 1-D with at least one entry, got shape {tuple(input_ids.shape)}")
+    if hidden_states.dim() < 1 or hidden_states.shape[0] < 1:
+        raise ValueError(f"hidden_states must have at least one row, got shape {tuple(hidden_states.shape)}")
+    rows = cfg.max_local_tokens if num_rows is None else num_rows
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+        raise ValueError(f"num_rows must be a positive int, got {rows!r}")
+    P, m = cfg.pcp_size, cfg.pad_multiple
+    n = prefill_lens.to(torch.int64)
+    per_rank = (n + m - 1) // m * m // P
+    take_from = state.pcp_rank * per_rank  # first padded row of this rank's slice
+    token_start, out_start = offsets(n), offsets(per_rank)
+    # inside a request's run, output row o reads token o + shift while it is a real (not pad) token
+    shift, real_end = expand_runs(
+        out_start[:-1],
+        torch.stack([token_start[:-1] + take_from - out_start[:-1], out_start[:-1] + n - take_from]),
+        rows,
+    )
+    o = torch.arange(rows, dtype=torch.int64, device=n.device)
+    real = (o < real_end) & (o < out_start[-1])
+    src = o + shift
+    ids = masked_gather(input_ids, src, real, 0)
+    safe = src.clamp(0, hidden_states.shape[0] - 1)
+    keep = real.reshape(-1, *([1] * (hidden_states.dim() - 1)))
+    hidden = torch.where(
+        keep, hidden_states[safe], torch.zeros((), dtype=hidden_states.dtype, device=n.device)
+    )
+    max_len = per_rank.amax() if per_rank.shape[0] else torch.zeros((), dtype=torch.int64, device=n.device)
+    return state, DraftSplit(
+        num_tokens=out_start[-1],
+        input_ids=ids,
+        hidden_states=hidden,
+        max_query_len=max_len,
+        seq_lens=per_rank.to(torch.int32),
+        cu_num_tokens=out_start,
+    )
