@@ -216,23 +216,23 @@ def make_batch(
     sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
     comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
     plen = _as_host_ints("prefill_len", prefill_len)
-    pf = comp < plen if is_prefilling is None else _as_host_bools("is_prefilling", is_prefilling)
-    mapping = (
-        np.arange(sched.size, dtype=np.int64)
-        if idx_mapping is None
-        else _as_host_ints("idx_mapping", idx_mapping)
-    )
+    pf = None if is_prefilling is None else _as_host_bools("is_prefilling", is_prefilling)
+    mapping = None if idx_mapping is None else _as_host_ints("idx_mapping", idx_mapping)
     sizes = {
         "num_scheduled_tokens": sched.size,
         "num_computed_tokens": comp.size,
         "prefill_len": plen.size,
-        "is_prefilling": pf.size,
-        "idx_mapping": mapping.size,
+        "is_prefilling": sched.size if pf is None else pf.size,
+        "idx_mapping": sched.size if mapping is None else mapping.size,
     }
     if len(set(sizes.values())) != 1:
         raise ValueError(
             "per-request arrays differ in length: " + ", ".join(f"{k} has {v}" for k, v in sizes.items())
         )
+    if pf is None:
+        pf = comp < plen
+    if mapping is None:
+        mapping = np.arange(sched.size, dtype=np.int64)
     num_reqs = sched.size
     R, T = config.max_num_reqs, config.max_num_tokens
     if num_reqs > R:

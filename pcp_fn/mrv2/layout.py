@@ -96,6 +96,14 @@ class MRV2State:
         return self.layout
 
 
+def rank_row(table: torch.Tensor, rank: int | torch.Tensor) -> torch.Tensor:
+    """``table[rank]`` for a static rank or a 0-d tensor one, without reading the tensor
+    (indexing by a 0-d tensor would call ``.item()``)."""
+    if isinstance(rank, int):
+        return table[rank]
+    return table.index_select(0, rank.reshape(1)).squeeze(0)
+
+
 def init_state(
     config: MRV2Config,
     device: torch.device | str | None = None,

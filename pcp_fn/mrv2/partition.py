@@ -28,7 +28,7 @@ from ..ragged import offsets, scatter_to
 from ..seqlens import cp_local_seq_lens
 from .batch import GlobalBatch
 from .config import MRV2Config
-from .layout import MRV2State, Segments, build
+from .layout import MRV2State, Segments, build, rank_row
 
 
 @pytree_dataclass
@@ -109,7 +109,7 @@ def expand_moe_padding(config: MRV2Config, is_padding: torch.Tensor) -> torch.Te
 
 
 def _rank_row(seg: Segments, rank: int | torch.Tensor) -> Segments:
-    return Segments(*(t[rank] for t in seg))
+    return Segments(*(rank_row(t, rank) for t in seg))
 
 
 def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2State, LocalBatch]:
@@ -131,8 +131,8 @@ def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2St
     dev = lay.per_rank_num_tokens.device
 
     # token rows: gather the global arrays, zero the padding
-    gather_idx = lay.padded_gather_idx.view(P, Lp)[rank]
-    num_tokens = lay.per_rank_num_tokens[rank]
+    gather_idx = rank_row(lay.padded_gather_idx.view(P, Lp), rank)
+    num_tokens = rank_row(lay.per_rank_num_tokens, rank)
     is_padding = torch.arange(Lp, device=dev) >= num_tokens
     input_ids = torch.where(is_padding, 0, global_batch.input_ids[gather_idx])
     positions = torch.where(is_padding, 0, global_batch.positions[gather_idx])

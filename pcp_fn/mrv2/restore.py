@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from ..pytree import pytree_dataclass
-from .layout import MRV2State
+from .layout import MRV2State, rank_row
 from .partition import LocalBatch
 
 
@@ -86,7 +86,7 @@ def prepare_draft_prefill(
     """
     layout = state.require_layout("prepare_draft_prefill")
     P, Lp = state.config.pcp_size, layout.padded_num_tokens
-    rows = layout.padded_gather_idx.view(P, Lp)[state.pcp_rank]
+    rows = rank_row(layout.padded_gather_idx.view(P, Lp), state.pcp_rank)
     ids = input_ids.index_select(0, rows).to(local_batch.input_ids.dtype)
     return state, dataclasses.replace(local_batch, input_ids=ids)
 
