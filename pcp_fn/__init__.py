@@ -5,11 +5,12 @@ tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. See README.md.
 """
 
-from . import graph, ranks
+from . import graph, mrv2, ranks
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
 from .layout import TokenLayout, update_tokens
 from .logits import get_logits_indices
+from .mrv2 import MRV2Config
 from .restore import restore_hidden_states
 from .seqlens import cp_local_seq_lens
 from .slots import padded_slot_mapping
@@ -20,6 +21,7 @@ from .sync import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_s
 __all__ = [
     "Bucket",
     "HostSyncError",
+    "MRV2Config",
     "PCPConfig",
     "PCPState",
     "SchedulerBatch",
@@ -32,6 +34,7 @@ __all__ = [
     "graph",
     "init_state",
     "make_batch",
+    "mrv2",
     "no_host_syncs",
     "padded_slot_mapping",
     "ranks",
