@@ -602,6 +602,16 @@ def test_mixed_batch_captured_and_replayed_with_other_compositions(fresh_dynamo)
     assert len(captured) == 1  # one bucket, one graph, whatever the composition
 
 
+def test_export_has_no_symbolic_shapes_and_equals_eager(fresh_dynamo):
+    cfg = dataclasses.replace(CFG, dcp_size=2, moe_gathers_tokens=True)
+    state = init_state(cfg, rank=2)
+    slots = torch.arange(2 * CFG.max_num_tokens, dtype=torch.int64).view(2, -1)
+    module = graph.export(_step, state, _batch("mixed", cfg), slots).module()
+    for name in COMPOSITIONS:
+        batch = _batch(name, cfg)
+        assert tree_equal(module(state, batch, slots), _step(state, batch, slots))
+
+
 def test_inductor_compiled_partition_equals_eager(fresh_dynamo):
     compiled = torch.compile(_step, fullgraph=True, dynamic=False)
     state = init_state(CFG, rank=3)
