@@ -15,8 +15,6 @@ the arrays to the device. Per-token work all happens on the device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -123,7 +121,10 @@ def check_bucket(config: MRV2Config, bucket: Bucket, num_local_tokens: int, num_
             a rank without tokens keeps one placeholder row, like the seed).
 
     A mixed prefill + decode batch is allowed in every bucket that holds it
-    (the seed only lets decode-only batches into FULL graphs).
+    (the seed only lets decode-only batches into FULL graphs). ``P = 2``, three
+    replicated one-token decodes (3 tokens and 3 rows on each rank):
+    ``Bucket(4, 2)`` raises "... smaller than the largest rank-local batch: 2 < 3";
+    ``Bucket(2, 4)`` raises "... request capacity must cover the rank-local batch".
     """
     if not isinstance(bucket, Bucket):
         raise ValueError(f"bucket must be a pcp_fn.Bucket, got {type(bucket).__name__}")
@@ -276,18 +277,3 @@ def make_batch(
         input_ids=ids,
         positions=pos,
     )
-
-
-def host_view(batch: GlobalBatch) -> dict[str, Sequence[int]]:
-    """The real rows of a batch as Python lists (host side, for logs and tests)."""
-    n = int(batch.num_reqs)
-    total = int(batch.num_scheduled[:n].sum())
-    return {
-        "num_scheduled": batch.num_scheduled[:n].tolist(),
-        "num_computed": batch.num_computed[:n].tolist(),
-        "prefill_len": batch.prefill_len[:n].tolist(),
-        "is_prefilling": batch.is_prefilling[:n].tolist(),
-        "idx_mapping": batch.idx_mapping[:n].tolist(),
-        "input_ids": batch.input_ids[:total].tolist(),
-        "positions": batch.positions[:total].tolist(),
-    }

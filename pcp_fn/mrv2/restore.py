@@ -78,11 +78,11 @@ def prepare_draft_prefill(
 ) -> tuple[MRV2State, LocalBatch]:
     """The local batch with the drafter's ids ``input_ids[local gather index]``.
 
-    Seed ``prepare_draft_prefill``. ``input_ids`` is in global token order (``[T']``, covering the tokens).
-    Like the seed, every one of the ``Lp`` rows is gathered, so padding rows
-    take ``input_ids[0]`` (the seed does not zero them here). ``P = 2``,
-    rank 1 of a 7-token prefill (rows ``[2, 3, 4, 5]``), ids ``[10 .. 16]`` ->
-    ``[12, 13, 14, 15]``.
+    Seed ``prepare_draft_prefill``. ``input_ids`` is in global token order
+    (``[T']``, covering the tokens). Like the seed, every one of the ``Lp``
+    rows is gathered, so padding rows take ``input_ids[0]`` (the seed does not
+    zero them here). ``P = 2``, rank 1 of a 7-token prefill (rows
+    ``[2, 3, 4, 5]``), ids ``[10 .. 16]`` -> ``[12, 13, 14, 15]``.
     """
     layout = state.require_layout("prepare_draft_prefill")
     P, Lp = state.config.pcp_size, layout.padded_num_tokens
