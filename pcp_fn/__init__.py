@@ -5,7 +5,7 @@ tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. See README.md.
 """
 
-from . import graph, ranks
+from . import graph, mrv2, ranks
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
 from .distributed import all_gather_and_restore, process_group_all_gather
@@ -13,6 +13,7 @@ from .draft_hybrid import DraftSplit, split_prefill_for_draft_hybrid
 from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
 from .layout import TokenLayout, update_tokens
 from .logits import get_logits_indices
+from .mrv2 import MRV2Config
 from .restore import restore_hidden_states
 from .seqlens import cp_local_seq_lens
 from .slots import padded_slot_mapping
@@ -26,6 +27,7 @@ __all__ = [
     "DraftSplit",
     "HostSyncError",
     "HybridLayout",
+    "MRV2Config",
     "PCPConfig",
     "PCPState",
     "SchedulerBatch",
@@ -40,6 +42,7 @@ __all__ = [
     "graph",
     "init_state",
     "make_batch",
+    "mrv2",
     "no_host_syncs",
     "padded_slot_mapping",
     "process_group_all_gather",

@@ -1,0 +1,134 @@
+"""MRV2 layout timings on the DESIGN.md reference batches: ``build_layout`` and ``partition_batch``.
+
+    python benchmarks/bench_mrv2.py [--iters 200] [--no-compile] [--shard]
+
+For each batch (R=256, T=8192, rank 0; decodes have 500 computed tokens and a
+100-token prompt, prefills start from 0):
+
+    A  P=4  256 decodes of 1 token
+    B  P=4  64 decodes + fresh prefills of 2048 and 1000 tokens
+    C  P=8  255 decodes + one fresh 4096-token prefill
+
+in the smallest bucket that holds it, it prints the median microseconds of
+``build_layout`` and of ``partition_batch`` (which builds the layout and the
+local batch), eager and inductor-compiled on the CPU, on one thread, and the
+number of aten ops each dispatches. The op count is checked against a batch
+of another composition (prefills only) in the same bucket: it must not
+change. When seed 001 is found (``tools/check_mrv2_against_seed.py``), the
+seed's host ``partition_batch`` is timed for the same step too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import types
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from pcp_fn import count_aten_ops, mrv2  # noqa: E402
+
+R, T = 256, 8192
+
+
+def reference_batches():
+    dec = lambda k: ([1] * k, [500] * k, [100] * k)  # noqa: E731
+    a = dec(256)
+    b = dec(64)
+    b = (b[0] + [2048, 1000], b[1] + [0, 0], b[2] + [2048, 1000])
+    c = dec(255)
+    c = (c[0] + [4096], c[1] + [0], c[2] + [4096])
+    return {"A": (4, a), "B": (4, b), "C": (8, c)}
+
+
+def median_us(fn, iters, warmup=5):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e3
+
+
+def other_composition(cfg, bucket):
+    """Prefills only, in the same bucket: the op count must not change."""
+    sched = [max(1, bucket.num_tokens // 2)]
+    return mrv2.make_batch(cfg, sched, [0], sched, bucket=bucket)
+
+
+def seed_partition(P, shard, sched, comp, plen, bucket, iters):
+    """Median us of the seed's host partition_batch, or None without the seed."""
+    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    sys.argv = sys.argv[:1]
+    try:
+        import check_mrv2_against_seed as seed
+    except (ImportError, FileNotFoundError):
+        return None
+    total = sum(sched)
+    first = np.cumsum([0, *sched]).tolist()
+    prefilling = [c < p for c, p in zip(comp, plen)]
+    case = dict(
+        sched=sched,
+        computed=comp,
+        prefill_len=plen,
+        prefilling=prefilling,
+        idx_mapping=list(range(len(sched))),
+        input_ids=[0] * total,
+        positions=[c + t for c, n in zip(comp, sched) for t in range(n)],
+        first=first,
+    )
+    mgr = seed.PCPManager(P, 0, torch.device("cpu"), shard, max_num_reqs=R, max_num_tokens=T)
+    gb = seed.seed_global_batch(case, total)
+    desc = types.SimpleNamespace(
+        cg_mode=seed.CUDAGraphMode.PIECEWISE, num_tokens=bucket.num_tokens, num_reqs=None
+    )
+    return median_us(lambda: mgr.partition_batch(gb, desc), iters)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
+    ap.add_argument("--shard", action="store_true", help="shard decodes round-robin instead of replicating")
+    ap.add_argument("--no-seed", action="store_true", help="do not time the seed's host path")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch._dynamo.config.recompile_limit = 64
+    for name, (P, (sched, comp, plen)) in reference_batches().items():
+        cfg = mrv2.MRV2Config(P, 0, R, T, shard_decode_requests=args.shard)
+        state = mrv2.init_state(cfg)
+        batch = mrv2.make_batch(cfg, sched, comp, plen)
+        bucket = batch.bucket
+        print(f"\nbatch {name}: P={P}, {len(sched)} requests, bucket {bucket}, G={P * bucket.num_tokens}")
+        print(f"  {'op':18s} {'eager us':>10s} {'compiled us':>12s} {'aten ops':>9s}")
+        ops = {"build_layout": mrv2.build_layout, "partition_batch": mrv2.partition_batch}
+        for op, fn in ops.items():
+            eager = median_us(lambda fn=fn, s=state, b=batch: fn(s, b), args.iters)
+            compiled = float("nan")
+            if not args.no_compile:
+                cfn = torch.compile(fn, fullgraph=True, dynamic=False)
+                cfn(state, batch)
+                compiled = median_us(lambda cfn=cfn, s=state, b=batch: cfn(s, b), args.iters)
+            count = count_aten_ops(fn, state, batch)
+            other = count_aten_ops(fn, state, other_composition(cfg, bucket))
+            assert count == other, f"{op}: {count} aten ops, {other} for another composition"
+            print(f"  {op:18s} {eager:10.1f} {compiled:12.1f} {count:9d}")
+        seed_us = (
+            None if args.no_seed else seed_partition(P, args.shard, sched, comp, plen, bucket, args.iters)
+        )
+        if seed_us is not None:
+            print(f"  {'seed host partition':18s} {seed_us:10.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The vLLM model-runner-V2 PCP layout (``v1/worker/gpu/pcp_manager.py``) as pure, fixed-shape functions.
+
+    cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=256, max_num_tokens=8192)
+    state = init_state(cfg)                                   # no layout yet
+    batch = make_batch(cfg, num_scheduled, num_computed, prefill_len,
+                       input_ids=ids, positions=pos)          # host: validates, picks the bucket
+    state, local = partition_batch(state, batch)              # layout + this rank's LocalBatch
+    state, slots = gathered_slot_mappings(state, global_slots)      # [K, P*Lp]
+    state, hidden = restore_hidden_states(state, all_gathered)      # [T, H], global order
+
+Unlike the DualChunkSwap layout (``pcp_fn.update_tokens``), prefills are not
+padded (chunks are cut at the request's end), decodes are replicated or sharded,
+every rank orders its rows decodes first, and the gathered buffer is mapped by
+``padded_gather_idx`` / ``hidden_restore_idx`` with a KV write mask.
+"""
+
+from .batch import GlobalBatch, check_bucket, make_batch, num_tokens_for_dispatch, rank_counts
+from .config import MRV2Config
+from .layout import MRV2Layout, MRV2State, build_layout, init_state
+from .partition import LocalBatch, expand_moe_padding, partition_batch
+from .restore import (
+    DraftHiddenStates,
+    SamplingInputs,
+    gathered_slot_mappings,
+    prepare_draft_prefill,
+    restore_draft_prefill,
+    restore_for_sampling,
+    restore_hidden_states,
+)
+
+__all__ = [
+    "DraftHiddenStates",
+    "GlobalBatch",
+    "LocalBatch",
+    "MRV2Config",
+    "MRV2Layout",
+    "MRV2State",
+    "SamplingInputs",
+    "build_layout",
+    "check_bucket",
+    "expand_moe_padding",
+    "gathered_slot_mappings",
+    "init_state",
+    "make_batch",
+    "num_tokens_for_dispatch",
+    "partition_batch",
+    "prepare_draft_prefill",
+    "rank_counts",
+    "restore_draft_prefill",
+    "restore_for_sampling",
+    "restore_hidden_states",
+]
