@@ -156,7 +156,7 @@ class StepRecord:
     """What one rank saw in one step (logits and samples in batch order, real rows only)."""
 
     sched: ScheduledStep
-    out: StepOutputs
+    out: object  # StepOutputs (dcs) or mrv2.LocalBatch
     logits: torch.Tensor | None
     sampled: list[int]
     slot_mapping: list[int]  # KV slot of every scheduled token, scheduler order
@@ -167,6 +167,10 @@ StepFn = Callable[[PCPState, object, torch.Tensor], tuple[PCPState, StepOutputs]
 
 class Runner:
     """One rank of a PCP engine: scheduler, blocks, and (optionally) the tiny model.
+
+    ``layout="dcs"`` runs :func:`pcp_fn.step` (DualChunkSwap), ``layout="mrv2"``
+    :func:`pcp_fn.mrv2.partition_batch`; ``step_fn`` replaces either (a compiled
+    or captured one, say).
 
     With ``model=None`` it runs the bookkeeping only and samples tokens from a
     seeded generator. Every rank of a group runs its own ``Runner`` on the same
@@ -181,7 +185,8 @@ class Runner:
         token_budget: int | None = None,
         model: object = None,
         all_gather: AllGather | None = None,
-        step_fn: StepFn = step,
+        layout: str = "dcs",
+        step_fn: Callable[..., object] | None = None,
         device: torch.device | str = "cpu",
         block_size: int = 4,
         num_blocks: int = 1024,
@@ -206,45 +211,107 @@ class Runner:
         self.blocks = BlockManager(num_blocks, block_size, max_model_len)
         self.max_model_len = max_model_len
         self.all_gather = all_gather
-        self.step_fn = step_fn
-        self.state = init_state(config, self.device)
+        if layout not in ("dcs", "mrv2"):
+            raise ValueError(f"layout must be 'dcs' or 'mrv2', got {layout!r}")
+        self.layout = layout
+        if layout == "dcs":
+            self.step_fn = step_fn or step
+            self.state = init_state(config, self.device)
+        else:
+            from . import mrv2
+
+            self.step_fn = step_fn or mrv2.partition_batch
+            self.mrv2_config = mrv2.MRV2Config(
+                config.pcp_size, config.pcp_rank, config.max_num_reqs, config.max_num_tokens
+            )
+            self.mrv2_state = mrv2.init_state(self.mrv2_config, self.device)
         self.rng = np.random.default_rng(seed)
+
+    def _model_inputs(
+        self, sched: ScheduledStep, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token table ``[rows, max_model_len]``, block tables and sequence lengths, in one copy."""
+        reqs = {r.req_id: r for r in self.scheduler.running}
+        T = self.max_model_len
+        tokens = np.zeros((rows, T), dtype=np.int64)
+        tables = np.zeros((rows, self.blocks.max_blocks), dtype=np.int64)
+        for i, req_id in enumerate(sched.req_ids):
+            toks = reqs[req_id].tokens
+            tokens[i, : len(toks)] = toks
+            table = self.blocks.tables[req_id]
+            tables[i, : len(table)] = table
+        seq_lens = np.zeros(rows, dtype=np.int64)
+        seq_lens[: len(sched.req_ids)] = np.add(sched.num_computed, sched.num_scheduled)
+        host = torch.from_numpy(np.concatenate([tokens.ravel(), tables.ravel(), seq_lens])).to(self.device)
+        return (
+            host[: rows * T].view(rows, T),
+            host[rows * T : rows * T + tables.size].view(tables.shape),
+            host[rows * T + tables.size :],
+        )
+
+    def _dcs(self, sched: ScheduledStep, slot_mapping: torch.Tensor):
+        from .tiny_model import dcs_wiring
+
+        batch = make_batch(
+            self.config, sched.num_scheduled, sched.num_computed, sched.num_prompt, self.device
+        )
+        self.state, out = self.step_fn(self.state, batch, slot_mapping)
+        if self.model is None:
+            return out, None, batch.bucket.num_reqs
+        tokens, tables, seq_lens = self._model_inputs(sched, batch.bucket.num_reqs)
+        input_ids = tokens[out.layout.request_index, out.positions.clamp(max=self.max_model_len - 1)]
+        wiring = dcs_wiring(out, input_ids, self.config.pcp_size, self.cache.trash)
+        return out, (wiring, tables, seq_lens), batch.bucket.num_reqs
+
+    def _mrv2(self, sched: ScheduledStep, slot_mapping: torch.Tensor):
+        from . import mrv2
+        from .tiny_model import mrv2_wiring
+
+        reqs = {r.req_id: r for r in self.scheduler.running}
+        ids = [
+            t
+            for rid, n, c in zip(sched.req_ids, sched.num_scheduled, sched.num_computed)
+            for t in reqs[rid].tokens[c : c + n]
+        ]
+        batch = mrv2.make_batch(
+            self.mrv2_config,
+            sched.num_scheduled,
+            sched.num_computed,
+            sched.num_prompt,
+            input_ids=ids,
+            device=self.device,
+        )
+        # partition_batch reads only config and rank: start every step from the base state
+        state, local = self.step_fn(self.mrv2_state, batch)
+        if self.model is None:
+            return local, None, len(sched.req_ids)
+        T, rows = self.config.max_num_tokens, len(sched.req_ids)
+        total = sched.num_tokens
+        request_of_token = np.zeros(T, dtype=np.int64)
+        request_of_token[:total] = np.repeat(np.arange(rows), sched.num_scheduled)
+        global_slots = np.zeros(T, dtype=np.int64)
+        global_slots[:total] = slot_mapping.cpu().numpy()[:total]
+        last = np.cumsum(sched.num_scheduled) - 1
+        host = torch.from_numpy(np.concatenate([request_of_token, global_slots, last])).to(self.device)
+        _, tables, seq_lens = self._model_inputs(sched, rows)
+        wiring = mrv2_wiring(state, local, host[T : 2 * T], host[:T], host[2 * T :], self.cache.trash)
+        return local, (wiring, tables, seq_lens), rows
 
     def step(self) -> StepRecord | None:
         sched = self.scheduler.schedule()
         if sched is None:
             return None
-        cfg, dev = self.config, self.device
-        batch = make_batch(cfg, sched.num_scheduled, sched.num_computed, sched.num_prompt, dev)
-        reqs = {r.req_id: r for r in self.scheduler.running}
         slots = []
         for req_id, n, c in zip(sched.req_ids, sched.num_scheduled, sched.num_computed):
             self.blocks.ensure(req_id, c + n)
             slots += [self.blocks.slot(req_id, p) for p in range(c, c + n)]
-        slot_mapping = torch.tensor(slots or [0], dtype=torch.int64, device=dev)
-        self.state, out = self.step_fn(self.state, batch, slot_mapping)
+        slot_mapping = torch.tensor(slots or [0], dtype=torch.int64, device=self.device)
+        out, model_inputs, _ = (self._dcs if self.layout == "dcs" else self._mrv2)(sched, slot_mapping)
         n_reqs = len(sched.req_ids)
         logits = None
-        if self.model is not None:
-            Rb, T = batch.bucket.num_reqs, self.max_model_len
-            tokens = np.zeros((Rb, T), dtype=np.int64)
-            tables = np.zeros((Rb, self.blocks.max_blocks), dtype=np.int64)
-            for i, req_id in enumerate(sched.req_ids):
-                toks = reqs[req_id].tokens
-                tokens[i, : len(toks)] = toks
-                table = self.blocks.tables[req_id]
-                tables[i, : len(table)] = table
-            seq_lens = np.zeros(Rb, dtype=np.int64)
-            seq_lens[:n_reqs] = np.add(sched.num_computed, sched.num_scheduled)
-            host = torch.from_numpy(np.concatenate([tokens.ravel(), tables.ravel(), seq_lens])).to(dev)
-            tokens_t = host[: Rb * T].view(Rb, T)
-            tables_t = host[Rb * T : Rb * T + tables.size].view(tables.shape)
-            seq_lens_t = host[Rb * T + tables.size :]
-            input_ids = tokens_t[out.layout.request_index, out.positions.clamp(max=T - 1)]
-            all_logits = self.model.forward(
-                self.cache, out, input_ids, tables_t, seq_lens_t, cfg.pcp_size, self.all_gather
-            )
-            logits = all_logits[:n_reqs]
+        if model_inputs is not None:
+            wiring, tables, seq_lens = model_inputs
+            logits = self.model.forward(self.cache, wiring, tables, seq_lens, self.all_gather)[:n_reqs]
             sampled = logits.argmax(-1).tolist()
         else:
             sampled = self.rng.integers(0, 1000, n_reqs).tolist()

@@ -3,15 +3,18 @@
 Two layers, a few heads, float64, random weights from a fixed seed, rotary
 positions and a real paged KV cache. One rank's forward (``TinyModel.forward``):
 
-1. embed this rank's local tokens (``StepOutputs.positions`` are absolute);
-2. per layer: compute q, k, v of the local rows; all-gather k and v, restore
-   the padded request order; write K/V into the paged cache through the padded
-   slot mapping (decode rows come from the *local* buffer, compacted with the
-   slot mapping's stride ``P``: decode token ``t``'s slot is row ``t * P``;
-   prefill rows come from the restored buffer); attend the local queries
-   causally against the cache;
-3. all-gather the final hidden states, restore, take the rows at
-   ``logits_indices`` and project to the vocabulary.
+1. embed this rank's local tokens at their absolute positions;
+2. per layer: compute q, k, v of the local rows; all-gather k and v and write
+   them into the paged cache through the layout's slot mapping; attend the
+   local queries causally against the cache;
+3. all-gather the final hidden states, restore the request order, take the
+   sampling rows and project to the vocabulary.
+
+The layout-specific part is a :class:`Wiring`: :func:`dcs_wiring` for the
+DualChunkSwap step (:func:`pcp_fn.step`: decode K/V from the local rows,
+compacted with the slot mapping's stride ``P``, decode token ``t``'s slot at
+row ``t * P``; prefill K/V from the restored rows), :func:`mrv2_wiring` for
+the MRV2 layout (:mod:`pcp_fn.mrv2`).
 
 Every rank keeps the whole KV cache (each writes every token's K/V), which
 keeps the model small; the attention over the cache is what PCP splits.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -75,6 +80,69 @@ class PagedKVCache:
         self.trash = cfg.num_slots
 
 
+class Wiring(NamedTuple):
+    """How one rank's local rows meet the layout in one step (:func:`dcs_wiring`, :func:`mrv2_wiring`)."""
+
+    input_ids: torch.Tensor  # [L] token of each local row
+    positions: torch.Tensor  # [L] absolute position of each local row
+    request: torch.Tensor  # [L] batch row of each local row (block tables, sequence lengths)
+    kv_dest: torch.Tensor  # [M] cache slot of each row that kv_rows returns (the trash slot: no write)
+    kv_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (local, all-gathered) -> [M, ...]
+    sample_rows: Callable[[torch.Tensor], torch.Tensor]  # all-gathered hidden -> [R_b, ...] to sample
+
+
+def dcs_wiring(out: StepOutputs, input_ids: torch.Tensor, pcp_size: int, trash: int) -> Wiring:
+    """DualChunkSwap (:func:`pcp_fn.step`): decode K/V from the local rows, compacted with the slot
+    mapping's stride ``P`` (decode token ``t``'s slot is padded row ``t * P``); prefill K/V from the
+    restored rows; sampling rows at ``logits_indices`` of the restored hidden states."""
+    P, lay = pcp_size, out.layout
+    L = input_ids.shape[0]
+    rows = torch.arange(L, device=input_ids.device)
+    local_dest = torch.where(rows < lay.num_decode_tokens, out.slot_mapping[rows * P], -1)
+    padded = torch.arange(P * L, device=input_ids.device)
+    gathered_dest = torch.where(padded >= lay.num_decode_tokens * P, out.slot_mapping, -1)
+    dest = torch.cat([local_dest, gathered_dest]).to(torch.int64)
+    restore = lay.restore_index
+    return Wiring(
+        input_ids=input_ids,
+        positions=out.positions,
+        request=lay.request_index,
+        kv_dest=torch.where(dest < 0, trash, dest),
+        kv_rows=lambda local, gathered: torch.cat([local, gathered[restore]]),
+        sample_rows=lambda gathered: gathered[restore][out.logits_indices],
+    )
+
+
+def mrv2_wiring(
+    state: object,
+    local: object,
+    global_slots: torch.Tensor,
+    request_of_token: torch.Tensor,
+    last_token: torch.Tensor,
+    trash: int,
+) -> Wiring:
+    """The MRV2 layout (:mod:`pcp_fn.mrv2`): every gathered row with a slot writes the cache
+    (replicated rows only from rank 0), sampling reads the restored global order.
+
+    Args:
+        state, local: from :func:`pcp_fn.mrv2.partition_batch`.
+        global_slots: ``[T]`` cache slot of each global token; ``request_of_token``: ``[T]`` its
+            batch row; ``last_token``: ``[R_b]`` each request's last global token.
+    """
+    from .mrv2 import gathered_slot_mappings, restore_hidden_states
+
+    _, slots = gathered_slot_mappings(state, global_slots.unsqueeze(0))
+    slots = slots[0].to(torch.int64)
+    return Wiring(
+        input_ids=local.input_ids.to(torch.int64),
+        positions=local.positions,
+        request=request_of_token[local.gather_idx],
+        kv_dest=torch.where(slots == state.config.pad_slot_id, trash, slots),
+        kv_rows=lambda local_rows, gathered: gathered,
+        sample_rows=lambda gathered: restore_hidden_states(state, gathered)[1][last_token],
+    )
+
+
 class TinyModel:
     def __init__(self, cfg: TinyConfig, device: torch.device | str = "cpu") -> None:
         self.cfg = cfg
@@ -94,38 +162,23 @@ class TinyModel:
     def forward(
         self,
         cache: PagedKVCache,
-        out: StepOutputs,
-        input_ids: torch.Tensor,
+        wiring: Wiring,
         block_tables: torch.Tensor,
         seq_lens: torch.Tensor,
-        pcp_size: int,
         all_gather: AllGather,
     ) -> torch.Tensor:
-        """One rank's forward; returns logits ``[R_b, vocab]`` at ``out.logits_indices``.
+        """One rank's forward; returns logits ``[R_b, vocab]`` at the wiring's sampling rows.
 
         Args:
-            out: this rank's :func:`pcp_fn.step` outputs.
-            input_ids: ``[L_b]`` token of each local row (any value on padding rows).
+            wiring: this step's :class:`Wiring` (the layout's index maps).
             block_tables: ``[R_b, max_blocks]`` cache blocks of each request (batch order).
             seq_lens: ``[R_b]`` tokens of each request once this step is in the cache.
-            all_gather: this rank's collective (``[L_b, ...] -> [P * L_b, ...]``).
+            all_gather: this rank's collective (``[L, ...] -> [P * L, ...]``).
         """
-        cfg, P = self.cfg, pcp_size
-        lay = out.layout
-        L = input_ids.shape[0]
+        cfg = self.cfg
+        L = wiring.input_ids.shape[0]
         B, H, d = cfg.block_size, cfg.heads, cfg.head_dim
-        pos, req = out.positions, lay.request_index
-        restore = lay.restore_index
-
-        # cache destinations: decode K/V from the local rows (slot of decode token t at padded row t*P),
-        # prefill K/V from the restored rows; anything else goes to the trash slot
-        rows = torch.arange(L, device=pos.device)
-        decode_slot = out.slot_mapping[rows * P]
-        local_dest = torch.where(rows < lay.num_decode_tokens, decode_slot, -1)
-        padded = torch.arange(P * L, device=pos.device)
-        gathered_dest = torch.where(padded >= lay.num_decode_tokens * P, out.slot_mapping, -1)
-        dest = torch.cat([local_dest, gathered_dest]).to(torch.int64)
-        dest = torch.where(dest < 0, cache.trash, dest)
+        pos, req = wiring.positions, wiring.request
 
         # the keys a local query may see: its request's cache slots at positions < seq_len and <= its own
         t = torch.arange(cfg.max_model_len, device=pos.device)
@@ -133,21 +186,18 @@ class TinyModel:
         visible = (t <= pos[:, None]) & (t < seq_lens[req][:, None])
         visible = visible | (t == 0)  # padding rows of an empty bucket still see one key: no NaN
 
-        h = self.embed[input_ids]
+        h = self.embed[wiring.input_ids]
         for i, w in enumerate(self.layers):
             x = _rms(h)
             q = _rotary((x @ w["wq"]).view(L, H, d), pos)
             k = _rotary((x @ w["wk"]).view(L, H, d), pos)
             v = (x @ w["wv"]).view(L, H, d)
-            k_all = torch.cat([k, all_gather(k)[restore]])
-            v_all = torch.cat([v, all_gather(v)[restore]])
-            cache.k[i].index_copy_(0, dest, k_all)
-            cache.v[i].index_copy_(0, dest, v_all)
+            cache.k[i].index_copy_(0, wiring.kv_dest, wiring.kv_rows(k, all_gather(k)))
+            cache.v[i].index_copy_(0, wiring.kv_dest, wiring.kv_rows(v, all_gather(v)))
             keys, values = cache.k[i][key_slots], cache.v[i][key_slots]  # [L, T, H, d]
             scores = torch.einsum("lhd,lthd->lht", q, keys) / math.sqrt(d)
             scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
             att = torch.softmax(scores, dim=-1)
             h = h + torch.einsum("lht,lthd->lhd", att, values).reshape(L, H * d) @ w["wo"]
             h = h + torch.relu(_rms(h) @ w["w1"]) @ w["w2"]
-        restored = all_gather(h)[restore]
-        return _rms(restored[out.logits_indices]) @ self.lm_head
+        return _rms(wiring.sample_rows(all_gather(h))) @ self.lm_head

@@ -21,15 +21,16 @@ def workload():
     return synthetic_requests(**WORKLOAD)
 
 
-def run_rank(P, rank, all_gather, step_fn=pcp_fn.step, model=None):
+def run_rank(P, rank, all_gather, step_fn=None, model=None, layout="dcs"):
     cfg = pcp_fn.PCPConfig(P, rank, MAX_REQS, BUDGET)
     runner = Runner(
-        cfg, workload(), model=model or TinyModel(TinyConfig()), all_gather=all_gather, step_fn=step_fn
+        cfg, workload(), model=model or TinyModel(TinyConfig()), all_gather=all_gather, step_fn=step_fn,
+        layout=layout,
     )
     return runner.run()
 
 
-def run_threads(P, step_fn=pcp_fn.step):
+def run_threads(P, step_fn=None, layout="dcs"):
     """All P ranks in one process, one thread each."""
     gather = ThreadedAllGather(P)
     results = [None] * P
@@ -37,7 +38,7 @@ def run_threads(P, step_fn=pcp_fn.step):
 
     def worker(r):
         try:
-            results[r] = run_rank(P, r, gather.for_rank(r), step_fn)
+            results[r] = run_rank(P, r, gather.for_rank(r), step_fn, layout=layout)
         except BaseException as e:  # surface thread failures
             errors.append(e)
             gather._barrier.abort()
@@ -65,18 +66,18 @@ def compare(records, reference, tol=1e-9):
     return worst
 
 
-def gloo_worker(rank, world_size, init_file, compiled, result_dir):
+def gloo_worker(rank, world_size, init_file, compiled, result_dir, layout="dcs"):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         gather = process_group_all_gather()
-        step_fn = pcp_fn.step
+        step_fn = None
         if compiled:
             step_fn = torch.compile(pcp_fn.step, fullgraph=True, dynamic=False, backend="eager")
             torch._dynamo.config.recompile_limit = 64
-        records = run_rank(world_size, rank, gather, step_fn)
+        records = run_rank(world_size, rank, gather, step_fn, layout=layout)
         reference = run_rank(1, 0, lambda t: t)
         worst = compare(records, reference)
         if compiled:

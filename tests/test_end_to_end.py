@@ -36,11 +36,21 @@ def test_threaded_ranks_equal_the_unsplit_model(P, reference):
         compare(records, reference)
 
 
-def _spawn(P, compiled, tmp_path):
+@pytest.mark.parametrize("P", [2, 3, 4])
+def test_threaded_mrv2_ranks_equal_the_unsplit_model(P, reference):
+    for records in run_threads(P, layout="mrv2"):
+        compare(records, reference)
+
+
+def test_mrv2_at_p1_is_the_unsplit_model(reference):
+    compare(run_rank(1, 0, lambda t: t, layout="mrv2"), reference)
+
+
+def _spawn(P, compiled, tmp_path, layout="dcs"):
     init = tmp_path / "init"
     mp.start_processes(
         e2e_worker.gloo_worker,
-        args=(P, str(init), compiled, str(tmp_path)),
+        args=(P, str(init), compiled, str(tmp_path), layout),
         nprocs=P,
         join=True,
         start_method="spawn",
@@ -56,3 +66,7 @@ def test_gloo_processes_p2_compiled_step_and_traced_all_gather(tmp_path):
 
 def test_gloo_processes_p4(tmp_path):
     _spawn(4, False, tmp_path)
+
+
+def test_gloo_processes_mrv2_p2(tmp_path):
+    _spawn(2, False, tmp_path, layout="mrv2")
