@@ -130,20 +130,95 @@ class AttentionMetadata:
     tail_actual_seq_lengths_kv: torch.Tensor | None = None
 
 
-def _ranges(lengths: torch.Tensor, firsts: torch.Tensor, cap: int) -> torch.Tensor:
-    """``[k, cap]``: run ``i`` (``lengths[i]`` slots) counts up from ``firsts[:, i]``; 0 past the end.
+# The index tensors, in buffer order. Each is one or two ranges per prefill request, all of
+# them linear in (c_before, c, total) with coefficients linear in the rank h (t = 2P-1-h).
+_INDEX_NAMES = (
+    "q_head_idx",
+    "q_tail_idx",
+    "kv_with_q_head_nomask_idx",
+    "kv_with_q_head_mask_idx",
+    "kv_with_q_tail_nomask_idx",
+    "kv_with_q_tail_mask_idx",
+    "kv_tail_proj_idx",
+    "kv_with_q_head_attn_idx_in_tail",
+    "kv_with_q_tail_attn_idx_in_tail",
+    "q_full_idx",
+)
 
-    ``lengths [2, 0, 3]``, ``firsts [[5, 9, 0]]``, ``cap 6`` -> ``[[5, 6, 0, 1, 2, 0]]``
-    (the seed's ``extend(range(first, first + length))`` per request).
+
+def _range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[list[int]]]]:
+    """Capacities (in chunk rows ``C_b``) and the run tables ``A + B*h`` of every index tensor.
+
+    Request ``i`` of tensor ``k`` is three runs ``e = 0, 1, 2`` (``b = c_before[i]``,
+    ``c = c[i]``). Run ``e`` starts at local slot ``sb*b + sc*c`` and holds
+    ``slot + hb*b + hc*c + ht*total``; ``(sb, sc, hb, hc, ht)`` are rows of the
+    tables, each entry ``A + B*h``. A plain range (length ``m*c``, first value
+    ``a*b + beta*c``) is runs 0 and 1 at ``m*b`` with shift ``(a-m)*b + beta*c``.
+    Run 2 starts at the request's end and closes it (its values are made
+    negative, i.e. padding, unless the next request starts there too).
     """
-    starts = offsets(lengths)
-    slot = torch.arange(cap, dtype=torch.int64, device=lengths.device)
-    values = expand_runs(starts[:-1], firsts - starts[:-1], cap) + slot
-    return torch.where(slot < starts[-1], values, 0).to(torch.int32)
+    T = 2 * P - 1  # t = T - h; every coefficient below is written as (A, B) for A + B*h
+    one, zero, h, t, t1, h1 = (1, 0), (0, 0), (0, 1), (T, -1), (T + 1, -1), (1, 1)
+    q, kv = (2, 0), (2 * P, 0)  # q_off = 2*b, kv_off = 2P*b
+
+    def sub(a, b):
+        return (a[0] - b[0], a[1] - b[1])
+
+    def plain(m, a, beta):  # one range per request: length m*c, first value a*b + beta*c
+        shift_b = sub(a, m)
+        return [[m, m, m], [zero, zero, m], [shift_b, shift_b, zero], [beta, beta, zero], [zero, zero, zero]]
+
+    rows = [
+        plain(one, q, zero),  # q_head: rows [q_off, q_off + c)
+        plain(one, q, one),  # q_tail: [q_off + c, q_off + 2c)
+        plain(h, kv, zero),  # kv head nomask: chunks before h
+        plain(one, kv, h),  # kv head mask: chunk h
+        plain(t, kv, zero),  # kv tail nomask: chunks before t
+        plain(one, kv, t),  # kv tail mask: chunk t
+        plain(t1, kv, zero),  # tail projection: chunks 0..t
+        plain(h1, t1, zero),  # head attn in tail: first (h+1)*c rows of the request's projection
+        plain(t1, t1, zero),  # tail attn in tail: all (t+1)*c of them
+        # q_full = argsort(q_head ++ q_tail): head row q_off + j <- slot b + j, tail row
+        # q_off + c + j <- slot total + b + j
+        [[q, q, q], [zero, one, q], [(-1, 0), (-1, 0), zero], [zero, (-1, 0), zero], [zero, one, zero]],
+    ]
+    caps = [1, 1, P - 1, 1, 2 * P - 1, 1, 2 * P, P, 2 * P, 2]
+    A = [[[e[0] for e in coef] for coef in row] for row in rows]
+    B = [[[e[1] for e in coef] for coef in row] for row in rows]
+    return caps, A, B
 
 
-def _padded(index: torch.Tensor, length: torch.Tensor) -> PaddedIndex:
-    return PaddedIndex(index=index, length=length.to(torch.int64))
+def _index_tensors(P: int, Cb: int, c: torch.Tensor, h: torch.Tensor) -> dict[str, PaddedIndex]:
+    """Every index tensor, painted into one ``[sum(caps)]`` buffer by ONE ``expand_runs``.
+
+    The tensors lie end to end (tensor ``k`` at ``base[k]``), so the runs of all
+    requests of all tensors are non-decreasing; a closing run with negative
+    values turns each tensor's tail into padding (clamped to 0).
+    """
+    caps_c, A, B = _range_tables(P)
+    caps = [k * Cb for k in caps_c]
+    size = sum(caps)
+    device = c.device
+    coef = torch.tensor(A, dtype=torch.int64, device=device) + h * torch.tensor(
+        B, dtype=torch.int64, device=device
+    )
+    sb, sc, hb, hc, ht = coef.unbind(1)  # each [10, 3]
+    c_start = offsets(c)
+    b, total = c_start[:-1, None], c_start[-1]  # [n, 1], 0-d
+    base = torch.tensor([sum(caps[:k]) for k in range(len(caps))], dtype=torch.int64, device=device)[
+        :, None, None
+    ]
+    starts = sb[:, None] * b + sc[:, None] * c[:, None] + base  # [10, n, 3]
+    shifts = hb[:, None] * b + hc[:, None] * c[:, None] + ht[:, None] * total - base
+    closing = torch.arange(3, device=device) == 2
+    shifts = torch.where(closing, -(size + 1) - base, shifts)
+    slot = torch.arange(size, dtype=torch.int64, device=device)
+    painted = (slot + expand_runs(starts.flatten(), shifts.flatten(), size)).clamp(min=0).to(torch.int32)
+    lengths = sc[:, 2] * total  # each tensor ends where its last request closes
+    return {
+        name: PaddedIndex(index=x, length=lengths[k])
+        for k, (name, x) in enumerate(zip(_INDEX_NAMES, painted.split(caps)))
+    }
 
 
 def attention_metadata(
@@ -199,57 +274,25 @@ def attention_metadata(
     if P == 1:
         return state, meta
 
-    h = state.pcp_rank
-    t = 2 * P - 1 - h
-    Cb = Lb // 2
     # Decodes take no part: give them empty chunks, and every offset starts at the first prefill.
     c = torch.where(geo.replicated, 0, geo.local // 2)
-    q_off = 2 * offsets(c)[:-1]
-    kv_off = P * q_off
-    total = c.sum()
+    h = torch.ones((), dtype=torch.int64, device=c.device) * state.pcp_rank
+    index = _index_tensors(P, Lb // 2, c, h)
 
-    # Four index tensors share one run layout: c rows per request.
-    q_head, q_tail, kv_head_mask, kv_tail_mask = _ranges(
-        c, torch.stack([q_off, q_off + c, kv_off + h * c, kv_off + t * c]), Cb
-    )
-    # Tail projection: the K/V rows the tail chunk sees; the "in tail" indices address it.
-    tail_proj, tail_in_tail = _ranges(
-        (t + 1) * c, torch.stack([kv_off, (t + 1) * offsets(c)[:-1]]), 2 * P * Cb
-    )
-    head_in_tail = _ranges((h + 1) * c, ((t + 1) * offsets(c)[:-1])[None], P * Cb)[0]
-    head_nomask = _ranges(h * c, kv_off[None], (P - 1) * Cb)[0]
-    tail_nomask = _ranges(t * c, kv_off[None], (2 * P - 1) * Cb)[0]
-    # q_full_idx = argsort(q_head ++ q_tail): local row p of request i at head offset j comes
-    # from slot c_before + j, at tail offset j from slot total + c_before + j. Two runs per
-    # request (head, tail), each "row + shift".
-    c_before = offsets(c)[:-1]
-    interleave = lambda a, b: torch.stack(torch.broadcast_tensors(a, b), dim=-1).flatten(-2)  # noqa: E731
-    shift = expand_runs(
-        interleave(q_off, q_off + c), interleave(c_before - q_off, total + c_before - q_off - c), 2 * Cb
-    )
-    row = torch.arange(2 * Cb, dtype=torch.int64, device=c.device)
-    q_full = torch.where(row < 2 * total, row + shift, 0).to(torch.int32)
-
-    # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j).
+    # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); cumulative
+    # sums of c, h*c, t*c, (h+1)*c, (t+1)*c.
     req = num_decode_reqs + torch.arange(Rb, dtype=torch.int64, device=c.device)
     cum = torch.cumsum(c, 0)[req.clamp(max=Rb - 1)]  # past the end: the total (empty requests)
-    as_i32 = lambda x: x.to(torch.int32)  # noqa: E731
+    scale = torch.tensor([1, 0, 2 * P - 1, 1, 2 * P], dtype=torch.int64, device=c.device)
+    scale = scale + h * torch.tensor([0, 1, -1, 1, -1], dtype=torch.int64, device=c.device)
+    sums = (scale[:, None] * cum).to(torch.int32)
     return state, dataclasses.replace(
         meta,
-        q_head_idx=_padded(q_head, total),
-        q_tail_idx=_padded(q_tail, total),
-        q_full_idx=_padded(q_full, 2 * total),
-        kv_with_q_head_nomask_idx=_padded(head_nomask, h * total),
-        kv_with_q_head_mask_idx=_padded(kv_head_mask, total),
-        kv_with_q_tail_nomask_idx=_padded(tail_nomask, t * total),
-        kv_with_q_tail_mask_idx=_padded(kv_tail_mask, total),
-        kv_tail_proj_idx=_padded(tail_proj, (t + 1) * total),
-        kv_with_q_head_attn_idx_in_tail=_padded(head_in_tail, (h + 1) * total),
-        kv_with_q_tail_attn_idx_in_tail=_padded(tail_in_tail, (t + 1) * total),
-        attn_chunk_seqlens=as_i32(masked_gather(c, req, req < Rb, 0)),
-        attn_mask_seqlens=as_i32(cum),
-        head_attn_nomask_seqlens=as_i32(h * cum),
-        tail_attn_nomask_seqlens=as_i32(t * cum),
-        head_actual_seq_lengths_kv=as_i32((h + 1) * cum),
-        tail_actual_seq_lengths_kv=as_i32((t + 1) * cum),
+        **index,
+        attn_chunk_seqlens=masked_gather(c, req, req < Rb, 0).to(torch.int32),
+        attn_mask_seqlens=sums[0],
+        head_attn_nomask_seqlens=sums[1],
+        tail_attn_nomask_seqlens=sums[2],
+        head_actual_seq_lengths_kv=sums[3],
+        tail_actual_seq_lengths_kv=sums[4],
     )
