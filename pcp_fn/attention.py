@@ -18,9 +18,27 @@ prefill of 8 tokens (``local_len = 4``, ``c = 2``, ``h = 0``, ``t = 3``)::
     kv_with_q_head_attn_idx_in_tail [0, 1]   kv_with_q_tail_attn_idx_in_tail [0..7]
     q_full_idx [0, 1, 2, 3] (argsort of head ++ tail: back to the local query order)
 
-Every index tensor is a run of consecutive integers per request, so the whole
-metadata is a handful of index kernels: one ``expand_runs`` per run layout
-(``pcp_fn.ragged``), one cumulative sum for the per-request lengths.
+Every index tensor is one or two runs of consecutive integers per request, so
+the whole metadata is a handful of index kernels: ONE ``expand_runs``
+(``pcp_fn.ragged``) paints all ten index tensors laid end to end in one buffer,
+one scan of the chunk sizes gives every offset and per-request length. The
+seed builds the same lists with Python loops over every token.
+
+Differences from the seed (all forced by fixed shapes or by the device):
+
+- index tensors are padded to a static capacity (:class:`PaddedIndex`: the
+  seed's tensor is ``index[:length]``, the rest 0);
+- the per-request lengths the seed returns as Python lists
+  (``attn_mask_seqlens``... via ``.tolist()``) are ``[R_b]`` int32 device
+  tensors, padded past the prefills with the running total (empty requests);
+- ``pcp_allgather_restore_idx`` is the layout's, addressing fixed ``[L_b]``
+  rank buffers (``rank * L_b + row``; the seed's ``rank * num_tokens + row``,
+  identical when the bucket is exact);
+- at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in the seed,
+  whose ``pcp_unpad_mask`` is then empty; here it is the identity layout's;
+- names drop the seed's ``_tensor`` / ``_cpu`` suffixes;
+- the hybrid-attention fields and the speculative-decode ``dcp_mtp_attn_mask``
+  are not built here (see :class:`AttentionMetadata`).
 """
 
 from __future__ import annotations
