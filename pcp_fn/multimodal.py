@@ -149,6 +149,11 @@ def remap_mrope_positions(
             f"positions {tuple(positions.shape)} and request_index {tuple(request_index.shape)} must be "
             "equal 1-D shapes"
         )
+    if tables.length.shape != num_prompt.shape:
+        raise ValueError(
+            f"tables hold {tables.length.shape[0]} request rows but num_prompt has "
+            f"{tuple(num_prompt.shape)}; pack the tables with num_rows = the batch's request rows"
+        )
     M = tables.positions.shape[2]
     x = positions.to(torch.int64)
     req = request_index.to(torch.int64)

@@ -354,6 +354,13 @@ def test_gather_prompt_embeds_rejects_an_output_of_the_wrong_width_or_dtype():
         mm.gather_prompt_embeds(packed, pos, req, n, torch.zeros(5, 4, dtype=torch.float16))
 
 
+def test_remap_mrope_positions_rejects_tables_packed_for_another_bucket():
+    packed = mm.pack_mrope_tables([None], [None], 2, 4)
+    x = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"tables hold 2 request rows but num_prompt has \(4,\)"):
+        mm.remap_mrope_positions(packed, torch.zeros(4, dtype=torch.int32), x, x, torch.tensor(3))
+
+
 def test_gather_mm_embeddings_rejects_an_encoder_cache_miss():
     feature = SimpleNamespace(identifier="x", mm_position=SimpleNamespace(offset=0, length=2, is_embed=None))
     reqs = {"r": SimpleNamespace(mm_features=[feature])}
