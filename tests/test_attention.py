@@ -1,6 +1,7 @@
 """attention_metadata: golden vectors, the slow oracle (hypothesis), capturability, fixed shapes."""
 
 import dataclasses
+import random
 
 import pytest
 import torch
@@ -340,3 +341,53 @@ def test_does_not_touch_its_inputs():
     before = (torch.utils._pytree.tree_map(lambda x: x.clone(), batch), state.num_scheduled.clone())
     attention_metadata(state, batch)
     assert tree_equal(batch, before[0]) and torch.equal(state.num_scheduled, before[1])
+
+
+def _random_batch(rng):
+    n_dec = rng.randint(0, 4)
+    sched = [rng.randint(1, 2) for _ in range(n_dec)]
+    comp = [rng.randint(1, 300) for _ in range(n_dec)]
+    prompt = [rng.randint(0, c) for c in comp]
+    budget = CFG.max_num_tokens - sum(sched)
+    for _ in range(rng.randint(0 if n_dec else 1, 8 - n_dec)):
+        n = rng.randint(0, max(0, budget // 3))
+        budget -= n
+        sched.append(n)
+        comp.append(rng.choice([0, rng.randint(1, 50)]))
+        prompt.append(comp[-1] + n + rng.randint(0, 3))
+    return make_batch(CFG, sched, comp, prompt)
+
+
+def test_export_has_no_symbolic_shapes_and_replays_other_compositions():
+    state = init_state(CFG)
+    module = pcp_fn.graph.export(attention_metadata, state, _batch("mixed")).module()
+    for name in COMPOSITIONS:
+        assert tree_equal(module(state, _batch(name)), attention_metadata(state, _batch(name))), name
+
+
+def test_graph_capture_replays_random_batches():
+    rng = random.Random(5)
+    state = init_state(CFG, rank=2)
+    batches = [_random_batch(rng) for _ in range(30)]
+    captured = pcp_fn.graph.capture(attention_metadata, state, batches[0], backend="eager")
+    for b in batches:
+        assert tree_equal(captured(state, b), attention_metadata(state, b))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_replay_equals_eager_without_syncs():
+    dev = torch.device("cuda")
+    rng = random.Random(9)
+    state = init_state(CFG, dev)
+    batches = [to_device(_random_batch(rng), dev) for _ in range(30)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        captured = pcp_fn.graph.capture(attention_metadata, state, batches[0])
+        assert captured.kind == "cuda-graph"
+        for b in batches:
+            got = captured(state, b)
+            torch.cuda.set_sync_debug_mode(0)
+            assert tree_equal(got, attention_metadata(state, b))
+            torch.cuda.set_sync_debug_mode("error")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -368,3 +368,17 @@ def test_gather_mm_embeddings_rejects_an_encoder_cache_miss():
         mm.gather_mm_embeddings(["r"], reqs, np.array([0, 1]), np.array([2]), 0, {})
     with pytest.raises(ValueError, match=r"1 entries for 2 requests"):
         mm.gather_mm_embeddings(["r", "s"], reqs, np.array([0, 1]), np.array([2]), 0, {})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_ops_on_cuda_equal_cpu_without_syncs():
+    for name in COMPOSITIONS:
+        for fn, args in _device_args(name):
+            expected = fn(*args)
+            cuda_args = to_device(args, "cuda")
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                got = fn(*cuda_args)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            assert torch.equal(got.cpu(), expected), (fn.__name__, name)
