@@ -5,7 +5,8 @@ tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. See README.md.
 """
 
-from . import graph, mrv2, ranks
+from . import graph, mrv2, multimodal, ranks
+from .attention import AttentionMetadata, PaddedIndex, attention_metadata
 from .batch import SchedulerBatch, make_batch
 from .config import Bucket, PCPConfig
 from .distributed import all_gather_and_restore, process_group_all_gather
@@ -14,6 +15,14 @@ from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
 from .layout import TokenLayout, update_tokens
 from .logits import get_logits_indices
 from .mrv2 import MRV2Config
+from .multimodal import (
+    MRopeTables,
+    PromptEmbeds,
+    gather_prompt_embeds,
+    pack_mrope_tables,
+    pack_prompt_embeds,
+    remap_mrope_positions,
+)
 from .restore import restore_hidden_states
 from .seqlens import cp_local_seq_lens
 from .slots import padded_slot_mapping
@@ -23,31 +32,41 @@ from .sync import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_s
 from .trace import read_trace, replay, write_trace
 
 __all__ = [
+    "AttentionMetadata",
     "Bucket",
     "DraftSplit",
     "HostSyncError",
     "HybridLayout",
     "MRV2Config",
+    "MRopeTables",
     "PCPConfig",
     "PCPState",
+    "PaddedIndex",
+    "PromptEmbeds",
     "SchedulerBatch",
     "StepOutputs",
     "TokenLayout",
     "adjust_cu_num_scheduled_tokens",
     "all_gather_and_restore",
     "assert_no_host_syncs",
+    "attention_metadata",
     "count_aten_ops",
     "cp_local_seq_lens",
+    "gather_prompt_embeds",
     "get_logits_indices",
     "graph",
     "init_state",
     "make_batch",
     "mrv2",
+    "multimodal",
     "no_host_syncs",
+    "pack_mrope_tables",
+    "pack_prompt_embeds",
     "padded_slot_mapping",
     "process_group_all_gather",
     "ranks",
     "read_trace",
+    "remap_mrope_positions",
     "replay",
     "restore_hidden_states",
     "split_prefill_for_draft_hybrid",

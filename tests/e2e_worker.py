@@ -24,7 +24,11 @@ def workload():
 def run_rank(P, rank, all_gather, step_fn=None, model=None, layout="dcs"):
     cfg = pcp_fn.PCPConfig(P, rank, MAX_REQS, BUDGET)
     runner = Runner(
-        cfg, workload(), model=model or TinyModel(TinyConfig()), all_gather=all_gather, step_fn=step_fn,
+        cfg,
+        workload(),
+        model=model or TinyModel(TinyConfig()),
+        all_gather=all_gather,
+        step_fn=step_fn,
         layout=layout,
     )
     return runner.run()

@@ -1,0 +1,131 @@
+"""attention_metadata timings against the seed's host generate_pcp_metadata.
+
+    python benchmarks/bench_attention.py [--iters 200] [--no-compile] [--seed PATH]
+
+Batches (rank 0, max_num_reqs R = 256):
+
+    a  P=4, T=8192   64 decodes (500 computed, 100-token prompt) + fresh prefills of 2048 and 1000
+    b  P=8, T=16384  one fresh 16384-token prefill
+
+For each it prints the median microseconds of ``pcp_fn.attention_metadata``
+eager and inductor-compiled on the CPU (one thread), the aten op count, and,
+when the seed file is found (``--seed``, ``$PCP_FN_SEED`` or ``../shared/seeds``),
+the median of the seed's host ``generate_pcp_metadata`` for the same step
+(after ``init_batch_info`` + ``update_tokens_for_pcp``, as the runner calls it)
+with the compiled / seed ratio. Issue 5's targets: compiled <= 0.1x the seed
+for (a), <= 0.05x for (b).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import pcp_fn  # noqa: E402
+
+R = 256
+TARGETS = {"a": 0.1, "b": 0.05}
+
+
+def batches():
+    dec = 64
+    a = ([1] * dec + [2048, 1000], [500] * dec + [0, 0], [100] * dec + [2048, 1000])
+    b = ([16384], [0], [16384])
+    return {"a": (4, 8192, a), "b": (8, 16384, b)}
+
+
+def median_us(fn, iters, warmup=3):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e3
+
+
+def seed_generate_pcp_metadata(P, T, sched, comp, prompt, iters, seed_path):
+    """Median us of the seed's generate_pcp_metadata, or None without the seed file."""
+    if seed_path:
+        os.environ["PCP_FN_SEED"] = seed_path
+    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+    try:
+        import seed_loader
+    except ImportError:
+        return None
+    if seed_loader.seed_path() is None:
+        return None
+
+    class _Metadata:  # stand-in for vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+
+    seed_loader._module("vllm_ascend.attention")
+    seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+    m = seed_loader.make_manager(P, 0, R, T)
+    sched = np.asarray(sched, np.int32)
+    comp = np.asarray(comp, np.int32)
+    prompt = np.asarray(prompt, np.int32)
+    n = sched.size
+    m.init_batch_info(sched, n, comp, prompt)
+    arange = np.arange(T * P + 2 * P * R, dtype=np.int64)
+    local, _ = m.update_tokens_for_pcp(sched.copy(), arange)
+    local = np.asarray(local, np.int32).copy()  # the runner's num_scheduled_tokens after the split
+    query_lens = torch.from_numpy(local)
+    input_batch = SimpleNamespace(num_computed_tokens_cpu=comp)
+    block_table = torch.zeros((n, 1), dtype=torch.int32)
+    total = int(local.sum())
+
+    def run():
+        m.generate_pcp_metadata(total, query_lens, input_batch, local, block_table, n, n)
+
+    return median_us(run, iters)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
+    ap.add_argument("--seed", default=None, help="path of seed 000 (the host path to compare with)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    for name, (P, T, (sched, comp, prompt)) in batches().items():
+        cfg = pcp_fn.PCPConfig(P, 0, R, T)
+        state = pcp_fn.init_state(cfg)
+        batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
+        eager = median_us(
+            lambda state=state, batch=batch: pcp_fn.attention_metadata(state, batch), args.iters
+        )
+        compiled = float("nan")
+        if not args.no_compile:
+            torch._dynamo.reset()
+            fn = torch.compile(pcp_fn.attention_metadata, fullgraph=True, dynamic=False)
+            fn(state, batch)
+            compiled = median_us(lambda fn=fn, state=state, batch=batch: fn(state, batch), args.iters)
+        ops = pcp_fn.count_aten_ops(pcp_fn.attention_metadata, state, batch)
+        print(f"\nbatch {name}: P={P}, T={T}, {len(sched)} requests, bucket {batch.bucket}")
+        print(
+            f"  attention_metadata   eager {eager:10.1f} us   compiled {compiled:10.1f} us   aten ops {ops}"
+        )
+        seed_us = seed_generate_pcp_metadata(P, T, sched, comp, prompt, args.iters, args.seed)
+        if seed_us is not None:
+            ratio = compiled / seed_us
+            print(
+                f"  seed generate_pcp_metadata {seed_us:10.1f} us; compiled / seed = {ratio:.3f} "
+                f"(target <= {TARGETS[name]})"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,316 @@
+"""Attention index metadata: the seed's ``generate_pcp_metadata`` as one fixed-shape op.
+
+For a prefill split DualChunkSwap-style, rank ``r`` holds two query chunks of
+each prefill request: the head chunk ``h = r`` and the tail chunk
+``t = 2P-1-r``. After the K/V all-gather every rank holds the request's whole
+padded K/V (``2P`` chunks of ``c = local_len // 2`` rows). Causal attention of a
+query chunk ``k`` then splits into the K/V rows strictly before chunk ``k``
+(no mask needed) and chunk ``k`` itself (causal mask). The metadata lists those
+rows, request after request, in the prefill part of the batch (decodes are
+skipped: offsets start at the first prefill). ``P = 2``, rank 0, one fresh
+prefill of 8 tokens (``local_len = 4``, ``c = 2``, ``h = 0``, ``t = 3``)::
+
+    local query rows        0 1 | 2 3          q_head_idx [0, 1]   q_tail_idx [2, 3]
+    gathered K/V chunks     [0 1|2 3|4 5|6 7]
+    head: nomask []         mask [0, 1]
+    tail: nomask [0..5]     mask [6, 7]
+    kv_tail_proj_idx [0..7] (every K/V row the tail chunk attends to)
+    kv_with_q_head_attn_idx_in_tail [0, 1]   kv_with_q_tail_attn_idx_in_tail [0..7]
+    q_full_idx [0, 1, 2, 3] (argsort of head ++ tail: back to the local query order)
+
+Every index tensor is one or two runs of consecutive integers per request, so
+the whole metadata is a handful of index kernels: ONE ``expand_runs``
+(``pcp_fn.ragged``) paints all ten index tensors laid end to end in one buffer,
+one scan of the chunk sizes gives every offset and per-request length. The
+seed builds the same lists with Python loops over every token.
+
+Differences from the seed (all forced by fixed shapes or by the device):
+
+- index tensors are padded to a static capacity (:class:`PaddedIndex`: the
+  seed's tensor is ``index[:length]``, the rest 0);
+- the per-request lengths the seed returns as Python lists
+  (``attn_mask_seqlens``... via ``.tolist()``) are ``[R_b]`` int32 device
+  tensors, padded past the prefills with the running total (empty requests);
+- ``pcp_allgather_restore_idx`` is the layout's, addressing fixed ``[L_b]``
+  rank buffers (``rank * L_b + row``; the seed's ``rank * num_tokens + row``,
+  identical when the bucket is exact);
+- at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in the seed,
+  whose ``pcp_unpad_mask`` is then empty; here it is the identity layout's;
+- names drop the seed's ``_tensor`` / ``_cpu`` suffixes;
+- the hybrid-attention fields and the speculative-decode ``dcp_mtp_attn_mask``
+  are not built here (see :class:`AttentionMetadata`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .batch import SchedulerBatch
+from .layout import classify_decodes, gathered_order, request_geometry
+from .pytree import pytree_dataclass
+from .ragged import expand_runs, masked_gather, offsets
+from .seqlens import cp_local_seq_lens
+from .state import PCPState
+
+
+@pytree_dataclass
+class PaddedIndex:
+    """An index tensor padded to a static capacity, with its real length.
+
+    Fields:
+        index: ``[cap]`` int32; ``index[:length]`` is the seed's tensor, the
+            rest is 0 (an in-range row whenever the indexed tensor is non-empty).
+        length: 0-d int64, the seed tensor's ``numel()``.
+    """
+
+    index: torch.Tensor
+    length: torch.Tensor
+
+
+@pytree_dataclass
+class AttentionMetadata:
+    """Per-step PCP attention metadata of one rank (seed ``AscendPrefillContextParallelMetadata``).
+
+    Shapes derive from ``(config, bucket)`` only: ``R_b`` request rows, ``L_b``
+    local token rows, ``C_b = L_b // 2`` chunk rows. ``None`` fields are absent
+    statically (``P == 1``).
+
+    Always present:
+        num_computed_tokens_of_pcp_dcp: ``[R_b, P, D]`` int32, context tokens
+            held by each (pcp, dcp) rank; context = computed + scheduled for a
+            decode (or ``decode_seq_lens``), computed for a prefill; 0 past
+            ``num_reqs``.
+        num_actual_tokens_pcp_padded: 0-d int64, ``P * num_tokens``.
+        pcp_unpad_mask: ``[P*L_b]`` bool, the layout's unpad mask (False past
+            ``P * num_tokens``).
+        pcp_allgather_restore_idx: ``[P*L_b]`` int64, the layout's restore
+            index (addresses fixed ``[L_b]`` rank buffers; see README).
+        query_lens_pcp_full: ``[R_b]`` int32 scheduled tokens before the split.
+        max_query_len_pcp_full: 0-d int32, their max.
+        num_decode_reqs, num_prefill_reqs: 0-d int64; ``num_prefill_reqs`` is
+            the length of every per-request vector below.
+
+    ``P > 1`` only, index tensors (:class:`PaddedIndex`, int32, into the
+    prefill part: local query rows from the first prefill token, gathered K/V
+    rows from the first prefill's padded K/V), with capacities
+    (rank-independent, so every rank has the same shapes):
+        q_head_idx, q_tail_idx: ``[C_b]``.
+        q_full_idx: ``[2*C_b]``.
+        kv_with_q_head_nomask_idx: ``[(P-1)*C_b]``; kv_with_q_head_mask_idx: ``[C_b]``.
+        kv_with_q_tail_nomask_idx: ``[(2P-1)*C_b]``; kv_with_q_tail_mask_idx: ``[C_b]``.
+        kv_tail_proj_idx, kv_with_q_tail_attn_idx_in_tail: ``[2P*C_b]``.
+        kv_with_q_head_attn_idx_in_tail: ``[P*C_b]``.
+    (The real lengths are ``C``, ``2C``, ``h*C``, ``t*C``, ``(t+1)*C`` and
+    ``(h+1)*C`` with ``C = sum of c <= C_b`` because ``2C <= L_b``.)
+
+    ``P > 1`` only, per-request vectors ``[R_b]`` int32, entry ``j`` for the
+    ``j``-th prefill request (the seed's lists, which skip decodes):
+        attn_chunk_seqlens: ``c``; 0 past ``num_prefill_reqs``.
+        attn_mask_seqlens, head_attn_nomask_seqlens, tail_attn_nomask_seqlens,
+        head_actual_seq_lengths_kv, tail_actual_seq_lengths_kv: inclusive
+            cumulative sums of ``c``, ``h*c``, ``t*c``, ``(h+1)*c``,
+            ``(t+1)*c``; past ``num_prefill_reqs`` they repeat the total (empty
+            requests).
+
+    Not here: the hybrid-attention fields (``pcp_exit_fa_scatter_idx``,
+    ``pcp_fa_query_idx``, ``pcp_enter_fa_restore_idx``,
+    ``pcp_fa_padding_restore_idx``, ``max_num_tokens_across_pcp``,
+    ``pcp_padded_tokens_fla``, ``total_num_scheduled_tokens``) belong to the
+    hybrid layout; the speculative-decode ``dcp_mtp_attn_mask`` is not part of
+    this op.
+    """
+
+    num_computed_tokens_of_pcp_dcp: torch.Tensor
+    num_actual_tokens_pcp_padded: torch.Tensor
+    pcp_unpad_mask: torch.Tensor
+    pcp_allgather_restore_idx: torch.Tensor
+    query_lens_pcp_full: torch.Tensor
+    max_query_len_pcp_full: torch.Tensor
+    num_decode_reqs: torch.Tensor
+    num_prefill_reqs: torch.Tensor
+    q_head_idx: PaddedIndex | None = None
+    q_tail_idx: PaddedIndex | None = None
+    q_full_idx: PaddedIndex | None = None
+    kv_with_q_head_nomask_idx: PaddedIndex | None = None
+    kv_with_q_head_mask_idx: PaddedIndex | None = None
+    kv_with_q_tail_nomask_idx: PaddedIndex | None = None
+    kv_with_q_tail_mask_idx: PaddedIndex | None = None
+    kv_tail_proj_idx: PaddedIndex | None = None
+    kv_with_q_head_attn_idx_in_tail: PaddedIndex | None = None
+    kv_with_q_tail_attn_idx_in_tail: PaddedIndex | None = None
+    attn_chunk_seqlens: torch.Tensor | None = None
+    attn_mask_seqlens: torch.Tensor | None = None
+    head_attn_nomask_seqlens: torch.Tensor | None = None
+    tail_attn_nomask_seqlens: torch.Tensor | None = None
+    head_actual_seq_lengths_kv: torch.Tensor | None = None
+    tail_actual_seq_lengths_kv: torch.Tensor | None = None
+
+
+# The index tensors, in buffer order. Each is one or two ranges per prefill request, all of
+# them linear in (c_before, c, total) with coefficients linear in the rank h (t = 2P-1-h).
+_INDEX_NAMES = (
+    "q_head_idx",
+    "q_tail_idx",
+    "kv_with_q_head_nomask_idx",
+    "kv_with_q_head_mask_idx",
+    "kv_with_q_tail_nomask_idx",
+    "kv_with_q_tail_mask_idx",
+    "kv_tail_proj_idx",
+    "kv_with_q_head_attn_idx_in_tail",
+    "kv_with_q_tail_attn_idx_in_tail",
+    "q_full_idx",
+)
+
+
+def _range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[list[int]]]]:
+    """Capacities (in chunk rows ``C_b``) and the run tables ``A + B*h`` of every index tensor.
+
+    Request ``i`` of tensor ``k`` is three runs ``e = 0, 1, 2`` (``b = c_before[i]``,
+    ``c = c[i]``). Run ``e`` starts at local slot ``sb*b + sc*c`` and holds
+    ``slot + hb*b + hc*c + ht*total``; ``(sb, sc, hb, hc, ht)`` are rows of the
+    tables, each entry ``A + B*h``. A plain range (length ``m*c``, first value
+    ``a*b + beta*c``) is runs 0 and 1 at ``m*b`` with shift ``(a-m)*b + beta*c``.
+    Run 2 starts at the request's end and closes it (its values are made
+    negative, i.e. padding, unless the next request starts there too).
+    """
+    T = 2 * P - 1  # t = T - h; every coefficient below is written as (A, B) for A + B*h
+    one, zero, h, t, t1, h1 = (1, 0), (0, 0), (0, 1), (T, -1), (T + 1, -1), (1, 1)
+    q, kv = (2, 0), (2 * P, 0)  # q_off = 2*b, kv_off = 2P*b
+
+    def sub(a, b):
+        return (a[0] - b[0], a[1] - b[1])
+
+    def plain(m, a, beta):  # one range per request: length m*c, first value a*b + beta*c
+        shift_b = sub(a, m)
+        return [[m, m, m], [zero, zero, m], [shift_b, shift_b, zero], [beta, beta, zero], [zero, zero, zero]]
+
+    rows = [
+        plain(one, q, zero),  # q_head: rows [q_off, q_off + c)
+        plain(one, q, one),  # q_tail: [q_off + c, q_off + 2c)
+        plain(h, kv, zero),  # kv head nomask: chunks before h
+        plain(one, kv, h),  # kv head mask: chunk h
+        plain(t, kv, zero),  # kv tail nomask: chunks before t
+        plain(one, kv, t),  # kv tail mask: chunk t
+        plain(t1, kv, zero),  # tail projection: chunks 0..t
+        plain(h1, t1, zero),  # head attn in tail: first (h+1)*c rows of the request's projection
+        plain(t1, t1, zero),  # tail attn in tail: all (t+1)*c of them
+        # q_full = argsort(q_head ++ q_tail): head row q_off + j <- slot b + j, tail row
+        # q_off + c + j <- slot total + b + j
+        [[q, q, q], [zero, one, q], [(-1, 0), (-1, 0), zero], [zero, (-1, 0), zero], [zero, one, zero]],
+    ]
+    caps = [1, 1, P - 1, 1, 2 * P - 1, 1, 2 * P, P, 2 * P, 2]
+    A = [[[e[0] for e in coef] for coef in row] for row in rows]
+    B = [[[e[1] for e in coef] for coef in row] for row in rows]
+    return caps, A, B
+
+
+def _index_tensors(P: int, Cb: int, c: torch.Tensor, h: torch.Tensor) -> dict[str, PaddedIndex]:
+    """Every index tensor, painted into one ``[sum(caps)]`` buffer by ONE ``expand_runs``.
+
+    The tensors lie end to end (tensor ``k`` at ``base[k]``), so the runs of all
+    requests of all tensors are non-decreasing; a closing run with negative
+    values turns each tensor's tail into padding (clamped to 0).
+    """
+    caps_c, A, B = _range_tables(P)
+    caps = [k * Cb for k in caps_c]
+    size = sum(caps)
+    device = c.device
+    coef = torch.tensor(A, dtype=torch.int64, device=device) + h * torch.tensor(
+        B, dtype=torch.int64, device=device
+    )
+    sb, sc, hb, hc, ht = coef.unbind(1)  # each [10, 3]
+    c_start = offsets(c)
+    b, total = c_start[:-1, None], c_start[-1]  # [n, 1], 0-d
+    base = torch.tensor([sum(caps[:k]) for k in range(len(caps))], dtype=torch.int64, device=device)[
+        :, None, None
+    ]
+    starts = sb[:, None] * b + sc[:, None] * c[:, None] + base  # [10, n, 3]
+    shifts = hb[:, None] * b + hc[:, None] * c[:, None] + ht[:, None] * total - base
+    closing = torch.arange(3, device=device) == 2
+    shifts = torch.where(closing, -(size + 1) - base, shifts)
+    slot = torch.arange(size, dtype=torch.int64, device=device)
+    painted = (slot + expand_runs(starts.flatten(), shifts.flatten(), size)).clamp(min=0).to(torch.int32)
+    lengths = sc[:, 2] * total  # each tensor ends where its last request closes
+    return {
+        name: PaddedIndex(index=x, length=lengths[k])
+        for k, (name, x) in enumerate(zip(_INDEX_NAMES, painted.split(caps)))
+    }
+
+
+def attention_metadata(
+    state: PCPState,
+    batch: SchedulerBatch,
+    *,
+    decode_seq_lens: torch.Tensor | None = None,
+) -> tuple[PCPState, AttentionMetadata]:
+    """The rank's attention index metadata for ``batch`` (seed ``generate_pcp_metadata``).
+
+    Reads only ``state.config`` and ``state.rank``; the state passes through
+    unchanged. On the real rows every field equals the seed's for the same
+    step (the runner passes the post-split local query lengths, which this op
+    derives from the batch itself).
+
+    Args:
+        decode_seq_lens: ``[R_b]`` optional context lengths of the decodes (the
+            seed's ``fixed_decode_seq_lens_cpu`` under async speculative
+            decoding); default ``num_computed + num_scheduled``.
+
+    Example, ``P = 4``, rank 3, fresh prefills ``[8, 12]`` (local lengths
+    ``[2, 4]``, ``c = [1, 2]``, ``h = 3``, ``t = 4``)::
+
+        q_head_idx        [0, 2, 3]            q_tail_idx [1, 4, 5]
+        q_full_idx        [0, 3, 1, 2, 4, 5]
+        kv_tail_proj_idx  [0..4] ++ [8..17]    (range(kv_off, kv_off + c*(t+1)), kv_off = 0, 8)
+        kv_with_q_head_attn_idx_in_tail  [0..3] ++ [5..12]
+        head_actual_seq_lengths_kv [4, 12]     tail_actual_seq_lengths_kv [5, 15]
+    """
+    cfg = state.config
+    if cfg.hybrid_attn:
+        raise NotImplementedError("attention_metadata: the hybrid-attention layout is not implemented yet")
+    P, D = cfg.pcp_size, cfg.dcp_size
+    Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
+    is_decode = classify_decodes(cfg, batch)
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+    order = gathered_order(geo, P, Lb)
+
+    computed = batch.num_computed
+    decode_context = computed + batch.num_scheduled if decode_seq_lens is None else decode_seq_lens
+    context = torch.where(is_decode, decode_context.to(computed.dtype), computed)
+    num_decode_reqs = is_decode.sum()
+    meta = AttentionMetadata(
+        num_computed_tokens_of_pcp_dcp=cp_local_seq_lens(context, P, D, cfg.cp_kv_cache_interleave_size),
+        num_actual_tokens_pcp_padded=P * geo.local.sum(),
+        pcp_unpad_mask=order.unpad_mask,
+        pcp_allgather_restore_idx=order.restore_index,
+        query_lens_pcp_full=batch.num_scheduled,
+        max_query_len_pcp_full=batch.num_scheduled.max(),
+        num_decode_reqs=num_decode_reqs,
+        num_prefill_reqs=batch.num_reqs.to(torch.int64) - num_decode_reqs,
+    )
+    if P == 1:
+        return state, meta
+
+    # Decodes take no part: give them empty chunks, and every offset starts at the first prefill.
+    c = torch.where(geo.replicated, 0, geo.local // 2)
+    h = torch.ones((), dtype=torch.int64, device=c.device) * state.pcp_rank
+    index = _index_tensors(P, Lb // 2, c, h)
+
+    # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); cumulative
+    # sums of c, h*c, t*c, (h+1)*c, (t+1)*c.
+    req = num_decode_reqs + torch.arange(Rb, dtype=torch.int64, device=c.device)
+    cum = torch.cumsum(c, 0)[req.clamp(max=Rb - 1)]  # past the end: the total (empty requests)
+    scale = torch.tensor([1, 0, 2 * P - 1, 1, 2 * P], dtype=torch.int64, device=c.device)
+    scale = scale + h * torch.tensor([0, 1, -1, 1, -1], dtype=torch.int64, device=c.device)
+    sums = (scale[:, None] * cum).to(torch.int32)
+    return state, dataclasses.replace(
+        meta,
+        **index,
+        attn_chunk_seqlens=masked_gather(c, req, req < Rb, 0).to(torch.int32),
+        attn_mask_seqlens=sums[0],
+        head_attn_nomask_seqlens=sums[1],
+        tail_attn_nomask_seqlens=sums[2],
+        head_actual_seq_lengths_kv=sums[3],
+        tail_actual_seq_lengths_kv=sums[4],
+    )
