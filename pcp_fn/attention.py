@@ -206,26 +206,42 @@ def _range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[l
     return caps, A, B
 
 
-def _index_tensors(P: int, Cb: int, c: torch.Tensor, h: torch.Tensor) -> dict[str, PaddedIndex]:
+def attention_constants(P: int) -> dict[str, list]:
+    """The static tables of :func:`attention_metadata` for ``P`` ranks, as nested lists.
+
+    :func:`pcp_fn.init_state` puts them on the device once (``state.constants``),
+    so the op itself never copies host data to the device.
+    """
+    if P == 1:
+        return {}
+    caps_c, A, B = _range_tables(P)
+    return {
+        "attn_coef_a": A,  # [10, 5, 3]
+        "attn_coef_b": B,
+        "attn_caps": caps_c,  # [10] capacities in chunk rows
+        "attn_sums_a": [1, 0, 2 * P - 1, 1, 2 * P],  # [5] cumulative-length scales, A + B*h
+        "attn_sums_b": [0, 1, -1, 1, -1],
+    }
+
+
+def _index_tensors(
+    P: int, Cb: int, c: torch.Tensor, h: torch.Tensor, constants: dict[str, torch.Tensor]
+) -> dict[str, PaddedIndex]:
     """Every index tensor, painted into one ``[sum(caps)]`` buffer by ONE ``expand_runs``.
 
     The tensors lie end to end (tensor ``k`` at ``base[k]``), so the runs of all
     requests of all tensors are non-decreasing; a closing run with negative
     values turns each tensor's tail into padding (clamped to 0).
     """
-    caps_c, A, B = _range_tables(P)
+    caps_c = _range_tables(P)[0]
     caps = [k * Cb for k in caps_c]
     size = sum(caps)
     device = c.device
-    coef = torch.tensor(A, dtype=torch.int64, device=device) + h * torch.tensor(
-        B, dtype=torch.int64, device=device
-    )
+    coef = constants["attn_coef_a"] + h * constants["attn_coef_b"]
     sb, sc, hb, hc, ht = coef.unbind(1)  # each [10, 3]
     c_start = offsets(c)
     b, total = c_start[:-1, None], c_start[-1]  # [n, 1], 0-d
-    base = torch.tensor([sum(caps[:k]) for k in range(len(caps))], dtype=torch.int64, device=device)[
-        :, None, None
-    ]
+    base = (offsets(constants["attn_caps"])[:-1] * Cb)[:, None, None]
     starts = sb[:, None] * b + sc[:, None] * c[:, None] + base  # [10, n, 3]
     shifts = hb[:, None] * b + hc[:, None] * c[:, None] + ht[:, None] * total - base
     closing = torch.arange(3, device=device) == 2
@@ -295,14 +311,13 @@ def attention_metadata(
     # Decodes take no part: give them empty chunks, and every offset starts at the first prefill.
     c = torch.where(geo.replicated, 0, geo.local // 2)
     h = torch.ones((), dtype=torch.int64, device=c.device) * state.pcp_rank
-    index = _index_tensors(P, Lb // 2, c, h)
+    index = _index_tensors(P, Lb // 2, c, h, state.constants)
 
     # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); cumulative
     # sums of c, h*c, t*c, (h+1)*c, (t+1)*c.
     req = num_decode_reqs + torch.arange(Rb, dtype=torch.int64, device=c.device)
     cum = torch.cumsum(c, 0)[req.clamp(max=Rb - 1)]  # past the end: the total (empty requests)
-    scale = torch.tensor([1, 0, 2 * P - 1, 1, 2 * P], dtype=torch.int64, device=c.device)
-    scale = scale + h * torch.tensor([0, 1, -1, 1, -1], dtype=torch.int64, device=c.device)
+    scale = state.constants["attn_sums_a"] + h * state.constants["attn_sums_b"]
     sums = (scale[:, None] * cum).to(torch.int32)
     return state, dataclasses.replace(
         meta,

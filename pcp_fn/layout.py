@@ -239,6 +239,7 @@ def _update(state: PCPState, batch: SchedulerBatch) -> _Update:
         num_reqs=batch.num_reqs.to(torch.int64),
         num_scheduled=_to_capacity(batch.num_scheduled, R),
         is_decode=_to_capacity(layout.is_decode, R),
+        constants=state.constants,
     )
     return _Update(new_state, layout, geo, slot_token, local_valid, local_start)
 

@@ -31,6 +31,10 @@ class PCPState:
         num_reqs: 0-d int64, requests of the last update.
         num_scheduled: ``[R]`` int32, scheduled tokens per request before the split.
         is_decode: ``[R]`` bool, decode requests of the last update (a prefix).
+        constants: small int64 tables that depend on the config only (the
+            attention index coefficients), made on the device once here so
+            that no op copies host data to the device (a synchronous,
+            uncapturable copy inside a CUDA graph).
     """
 
     config: PCPConfig = static_field()
@@ -38,6 +42,7 @@ class PCPState:
     num_reqs: torch.Tensor
     num_scheduled: torch.Tensor
     is_decode: torch.Tensor
+    constants: dict[str, torch.Tensor]
 
     @property
     def pcp_rank(self) -> int | torch.Tensor:
@@ -70,10 +75,16 @@ def init_state(
         rank_leaf = torch.as_tensor(rank, dtype=torch.int64).to(device)
         if rank_leaf.dim() != 0:
             raise ValueError(f"rank must be a 0-d tensor or an int, got shape {tuple(rank_leaf.shape)}")
+    from .attention import attention_constants  # the only tables so far
+
     return PCPState(
         config=config,
         rank=rank_leaf,
         num_reqs=torch.zeros((), dtype=torch.int64, device=device),
         num_scheduled=torch.zeros(R, dtype=torch.int32, device=device),
         is_decode=torch.zeros(R, dtype=torch.bool, device=device),
+        constants={
+            name: torch.tensor(values, dtype=torch.int64, device=device)
+            for name, values in attention_constants(config.pcp_size).items()
+        },
     )

@@ -9,10 +9,15 @@ data-dependent shape:
 - ``nonzero``, ``argwhere``, ``masked_select``, every ``unique`` variant,
   ``bincount`` and ``repeat_interleave`` without ``output_size``, and
   ``index`` / ``index_put`` with a boolean mask (they call ``nonzero`` inside);
-- any copy that lands on the CPU from another device.
+- any copy that lands on the CPU from another device, and any copy of host
+  memory to another device.
 
-``.tolist()`` and ``.numpy()`` on a CPU tensor do not dispatch, so this mode
-cannot see them; run the function on ``meta`` tensors as well, where they fail.
+A ``TorchFunctionMode`` beside it catches, at the Python API, what never
+reaches the dispatcher on a CPU tensor: ``.tolist()``, ``.numpy()``, and
+tensors built from host data (``torch.tensor``, ``torch.as_tensor``,
+``torch.from_numpy``): on a GPU that is a synchronous host-to-device copy,
+which a CUDA graph cannot capture, even for a constant. Keep constants in the
+state (``init_state`` makes them once) or derive them with ``arange``.
 
     with no_host_syncs():
         state, layout = update_tokens(state, batch)
@@ -25,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 R = TypeVar("R")
@@ -76,20 +82,17 @@ def _why(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None
         args[1] if len(args) > 1 else None
     ):
         return "assigns through a boolean mask (data-dependent shape)"
-    if name in ("_to_copy", "to"):
-        src = _device_of(args[0])
-        dst = kwargs.get("device")
-        if (
-            src is not None
-            and src.type not in ("cpu", "meta")
-            and dst is not None
-            and torch.device(dst).type == "cpu"
-        ):
-            return "copies a device tensor to the CPU"
-    if name in ("copy_", "copy"):
-        dst, src = _device_of(args[0]), _device_of(args[1]) if len(args) > 1 else None
-        if dst is not None and src is not None and dst.type == "cpu" and src.type not in ("cpu", "meta"):
-            return "copies a device tensor to the CPU"
+    if name in ("_to_copy", "to", "copy_", "copy"):
+        if name in ("_to_copy", "to"):
+            src, dst = _device_of(args[0]), kwargs.get("device")
+            dst = torch.device(dst) if dst is not None else src
+        else:
+            dst, src = _device_of(args[0]), _device_of(args[1]) if len(args) > 1 else None
+        if src is not None and dst is not None:
+            if dst.type == "cpu" and src.type not in ("cpu", "meta"):
+                return "copies a device tensor to the CPU"
+            if src.type == "cpu" and dst.type not in ("cpu", "meta"):
+                return "copies host memory to the device (synchronous; not capturable in a graph)"
     return None
 
 
@@ -102,10 +105,32 @@ class _Detector(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+_HOST_DATA = {
+    torch.tensor: "builds a tensor from host data (a host-to-device copy on a GPU)",
+    torch.as_tensor: "builds a tensor from host data (a host-to-device copy on a GPU)",
+    torch.from_numpy: "builds a tensor from a numpy array (host data)",
+    torch.Tensor.tolist: "reads a tensor into a Python list",
+    torch.Tensor.numpy: "reads a tensor into a numpy array",
+    torch.Tensor.item: "reads a device value on the host",
+    torch.Tensor.__bool__: "reads a device value on the host (if t:, bool(t))",
+    torch.Tensor.__int__: "reads a device value on the host (int(t))",
+    torch.Tensor.__float__: "reads a device value on the host (float(t))",
+    torch.Tensor.__index__: "reads a device value on the host (a tensor used as a Python int)",
+}
+
+
+class _HostDataDetector(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        why = _HOST_DATA.get(func)
+        if why is not None:
+            raise HostSyncError(f"{getattr(func, '__qualname__', func)} {why}; not allowed inside a PCP op")
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def no_host_syncs() -> Iterator[None]:
     """Context manager: raise :class:`HostSyncError` on any host sync inside."""
-    with _Detector():
+    with _HostDataDetector(), _Detector():
         yield
 
 

@@ -18,7 +18,15 @@ def test_state_flattens_and_unflattens():
         back = pytree.tree_unflatten(leaves, spec)
         assert isinstance(back, pcp_fn.PCPState) and back.config is cfg
         assert tree_equal(back, state)
-        assert all(x is None or x.dim() == 0 or x.shape[0] == 16 for x in leaves)
+        per_request = pytree.tree_leaves(dataclasses.replace(state, constants={}))
+        assert all(x is None or x.dim() == 0 or x.shape[0] == 16 for x in per_request)
+        assert sorted(state.constants) == [
+            "attn_caps",
+            "attn_coef_a",
+            "attn_coef_b",
+            "attn_sums_a",
+            "attn_sums_b",
+        ]
 
 
 def test_config_rides_in_the_structure_and_leaves_are_tensors():

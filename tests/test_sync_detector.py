@@ -39,3 +39,20 @@ def test_detector_allows_fixed_shape_work():
 
     assert assert_no_host_syncs(good).shape == (6,)
     assert count_aten_ops(good) >= 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: torch.tensor([1, 2], device=x.device),
+        lambda: torch.as_tensor([1, 2], device=x.device),
+        lambda: x.tolist(),
+        lambda: x.numpy(),
+        lambda: range(x[1]),
+        lambda: [0, 1][x[0]],
+    ],
+)
+def test_detector_raises_on_host_data(bad):
+    with pytest.raises(HostSyncError):
+        with no_host_syncs():
+            bad()
