@@ -203,9 +203,13 @@ def mtp_attention_mask(
     q = torch.arange(T, device=h.device)
     _, seen = my_cp_lens(state, h[:, None] + q + 1)  # [R_b, T] local keys query q sees
     _, held = my_cp_lens(state, h + n)  # [R_b] local keys of the request
-    k = torch.arange(num_cols, device=h.device)
+    # blocked keys of a row form one interval [seen, held); an inactive row gets the empty one.
+    # Two compares and one AND over the [R_b, thr, num_cols] mask (int32: half the traffic).
     row = decode[:, None] & (q < n[:, None]) & (seen >= 1)
-    mask = row[:, :, None] & (k >= seen[:, :, None]) & (k < held[:, None, None])
+    lo = torch.where(row, seen, num_cols).to(torch.int32)[:, :, None]
+    hi = held.to(torch.int32)[:, None, None]
+    k = torch.arange(num_cols, dtype=torch.int32, device=h.device)
+    mask = (k >= lo) & (k < hi)
     num_decode = decode.sum()
     return state, MTPAttentionMask(
         mask=mask, num_rows=torch.where(num_decode > 0, num_decode, state.num_reqs)
