@@ -752,6 +752,26 @@ def test_spec_step_traces_one_graph_with_the_rank_as_data(fresh_dynamo):
     assert len(frames) == 1
 
 
+def test_spec_step_exports_without_symbolic_shapes():
+    fn = functools.partial(pcp_fn.spec_step, slot_fn=slot_of)
+    state = init_state(CFG)
+    module = graph.export(fn, state, _spec_batch("mixed")[0], SLOTS, _spec_batch("mixed")[1], TABLE).module()
+    for name in COMPOSITIONS:
+        batch, spec = _spec_batch(name)
+        assert tree_equal(module(state, batch, SLOTS, spec, TABLE), fn(state, batch, SLOTS, spec, TABLE)), (
+            name
+        )
+
+
+def test_spec_step_vmaps_over_ranks():
+    fn = functools.partial(pcp_fn.spec_step, slot_fn=slot_of)
+    batch, spec = _spec_batch("decode-only")
+    _, mapped = pcp_fn.ranks.all_ranks(fn, init_state(CFG, rank=0), batch, SLOTS, spec, TABLE)
+    for r in range(CFG.pcp_size):
+        ref = fn(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS, spec, TABLE)[1]
+        assert tree_equal(pytree.tree_map(lambda x, r=r: x[r], mapped), ref), r
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -203,13 +203,19 @@ def mtp_attention_mask(
     q = torch.arange(T, device=h.device)
     _, seen = my_cp_lens(state, h[:, None] + q + 1)  # [R_b, T] local keys query q sees
     _, held = my_cp_lens(state, h + n)  # [R_b] local keys of the request
-    # blocked keys of a row form one interval [seen, held); an inactive row gets the empty one.
-    # Two compares and one AND over the [R_b, thr, num_cols] mask (int32: half the traffic).
+    # The blocked keys of query q form one interval [seen, held) of at most n - 1 - q < thr keys
+    # (the request's local keys among its later spec tokens). So the mask is all zeros but
+    # R_b * thr * (thr - 1) entries: write those by index into a zero buffer (a trash slot takes
+    # the rest) instead of comparing every one of the R_b * thr * num_cols entries.
     row = decode[:, None] & (q < n[:, None]) & (seen >= 1)
-    lo = torch.where(row, seen, num_cols).to(torch.int32)[:, :, None]
-    hi = held.to(torch.int32)[:, None, None]
-    k = torch.arange(num_cols, dtype=torch.int32, device=h.device)
-    mask = (k >= lo) & (k < hi)
+    j = torch.arange(max(T - 1, 0), device=h.device)
+    col = seen[:, :, None] + j  # [R_b, thr, thr - 1]
+    hit = row[:, :, None] & (col < held[:, None, None]) & (col < num_cols)
+    cell = (torch.arange(Rb * T, device=h.device).reshape(Rb, T, 1) * num_cols + col).reshape(-1)
+    size = Rb * T * num_cols
+    flat = torch.zeros(size + 1, dtype=torch.int8, device=h.device)
+    flat = flat.index_fill(0, torch.where(hit.reshape(-1), cell, size), 1)
+    mask = flat[:size].view(torch.bool).reshape(Rb, T, num_cols)
     num_decode = decode.sum()
     return state, MTPAttentionMask(
         mask=mask, num_rows=torch.where(num_decode > 0, num_decode, state.num_reqs)
