@@ -4,7 +4,8 @@ Development only (needs the seed files; see seed_loader.py). Run:
 
     python tools/check_spec_against_seed.py [num_examples]
 
-For every random batch (P in {1, 2, 4}, DCP in {1, 2}, 1-3 spec tokens,
+For every random batch (P in {1, 2, 4}, DCP in {1, 2, 4}, interleave 1 or
+128 (the seed's MTP mask ignores the interleave: compared at 1 only), 1-3 spec tokens,
 decodes first, then fresh prefills; every rank) it runs the seed's
 ``PCPManager`` methods (seed 000) and the runner's
 ``_calc_spec_decode_metadata`` (seed 002, extracted from the file and bound
@@ -167,7 +168,8 @@ CALC = _load_calc_spec_decode_metadata()
 @st.composite
 def batches(draw):
     P = draw(st.sampled_from([1, 2, 4]))
-    dcp = draw(st.sampled_from([1, 2]))
+    dcp = draw(st.sampled_from([1, 2, 4]))
+    interleave = draw(st.sampled_from([1, 1, 128]))
     spec = draw(st.integers(1, 3))
     decode_only = draw(st.booleans())
     nd = draw(st.integers(1 if decode_only else 0, 6))
@@ -188,7 +190,7 @@ def batches(draw):
         drafts.append(0)
     R = len(sched) + draw(st.integers(0, 3))
     T = sum(sched) + draw(st.integers(0, 20))
-    return P, dcp, spec, R, T, sched, comp, prompt, drafts
+    return P, dcp, interleave, spec, R, T, sched, comp, prompt, drafts
 
 
 def _table(R, sched, comp, rng):
@@ -578,17 +580,34 @@ def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
 @settings(max_examples=int(sys.argv[1]) if len(sys.argv) > 1 else 200, deadline=None)
 @given(batches(), st.integers(0, 2**31 - 1))
 def check(b, seed):
-    P, dcp, spec, R, T, sched, comp, prompt, drafts = b
+    P, dcp, interleave, spec, R, T, sched, comp, prompt, drafts = b
     rng = np.random.default_rng(seed)
     n = len(sched)
     table = _table(R, sched, comp, rng)
     for rank in range(P):
         for dcp_rank in range(dcp):
-            cfg = PCPConfig(P, rank, R, T, num_spec_tokens=spec, dcp_size=dcp, dcp_rank=dcp_rank)
+            cfg = PCPConfig(
+                P,
+                rank,
+                R,
+                T,
+                num_spec_tokens=spec,
+                dcp_size=dcp,
+                dcp_rank=dcp_rank,
+                cp_kv_cache_interleave_size=interleave,
+            )
             batch, sp = pcp_fn.make_spec_batch(cfg, sched, comp, prompt, drafts, token_ids=table)
             state, _ = pcp_fn.update_tokens(init_state(cfg), batch)
             m = seed_loader.make_manager(
-                P, rank, R, T, num_spec_tokens=spec, dcp=dcp, dcp_rank=dcp_rank, max_model_len=MAX_MODEL_LEN
+                P,
+                rank,
+                R,
+                T,
+                num_spec_tokens=spec,
+                dcp=dcp,
+                dcp_rank=dcp_rank,
+                interleave=interleave,
+                max_model_len=MAX_MODEL_LEN,
             )
             sched_np = np.asarray(sched, dtype=np.int32)
             m.init_batch_info(
