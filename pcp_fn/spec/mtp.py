@@ -188,8 +188,8 @@ def mtp_attention_mask(
 
     Args:
         num_computed_tokens: ``[R_b]`` history of each request (``batch.num_computed``).
-        num_cols: static width (the seed's is ``max_model_len``; a request's
-            local KV never exceeds ``max_model_len``).
+        num_cols: static width (the seed's is ``max_model_len``, which a
+            request's local KV never exceeds); keys past it are dropped.
     """
     cfg = state.config
     bucket = bucket_of(state, bucket)
