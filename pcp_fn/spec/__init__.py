@@ -1,0 +1,99 @@
+"""Speculative-decode (MTP) preparation under PCP as pure, fixed-shape functions.
+
+The seeds prepare the MTP drafter's inputs on the host (vllm-ascend
+``PCPManager``'s spec-decode methods and the runner's
+``_calc_spec_decode_metadata``); here every piece is an op on fixed-shape
+device buffers with its length beside it:
+
+=================================  ===================================================
+seed                               pcp_fn
+=================================  ===================================================
+``_calc_spec_decode_metadata``     :func:`spec_decode_indices`
+``generate_pcp_mtp_input``         :func:`full_input_ids`
+``_update_input_ids_pcp_full_ids`` :func:`repair_full_input_ids`
+``get_spec_decode_decode_hidden``  :func:`decode_hidden_states`
+``_split_spec_decode_pcp_prefill`` :func:`split_prefill_for_draft`
+``prepare_spec_decode_first_pass`` :func:`first_pass_inputs`
+``_get_spec_decode_mtp_slot_in..`` :func:`mtp_slot_inputs`
+``prepare_spec_decode_mtp_draft..`` :func:`mtp_drafting_inputs`
+``generate_mtp_attention_mask..``  :func:`mtp_attention_mask`
+``mask_spec_decode_restore_idx..`` :func:`mask_restore_index_for_graph`
+``update_spec_decode_drafting_cp`` :func:`drafting_cp_seq_lens`
+``rebuild_async_spec_decode_in..`` :func:`rebuild_spec_positions` (device branch)
+=================================  ===================================================
+
+:func:`make_spec_batch` is the host boundary (draft counts, token table
+width); :func:`spec_step` composes :func:`pcp_fn.step` with the pre-forward
+spec inputs into one capturable function. Capacities: :mod:`.inputs`.
+"""
+
+from .draft import (
+    DraftSplit,
+    FirstPassInputs,
+    decode_hidden_states,
+    first_pass_inputs,
+    split_prefill_for_draft,
+)
+from .full import (
+    FullInputs,
+    MTPLayout,
+    RebuiltPositions,
+    full_input_ids,
+    rebuild_spec_positions,
+    repair_full_input_ids,
+)
+from .indices import SpecDecodeIndices, spec_decode_indices
+from .inputs import (
+    SpecInputs,
+    draft_rows,
+    full_rows,
+    make_spec_batch,
+    mtp_rows,
+    sampled_rows,
+)
+from .mtp import (
+    DraftingSeqLens,
+    MTPAttentionMask,
+    MTPDraftingInputs,
+    MTPSlotInputs,
+    drafting_cp_seq_lens,
+    mask_restore_index_for_graph,
+    mtp_attention_mask,
+    mtp_drafting_inputs,
+    mtp_slot_inputs,
+)
+from .step import PrevStep, SpecStepOutputs, spec_step
+
+__all__ = [
+    "DraftSplit",
+    "DraftingSeqLens",
+    "FirstPassInputs",
+    "FullInputs",
+    "MTPAttentionMask",
+    "MTPDraftingInputs",
+    "MTPLayout",
+    "MTPSlotInputs",
+    "PrevStep",
+    "RebuiltPositions",
+    "SpecDecodeIndices",
+    "SpecInputs",
+    "SpecStepOutputs",
+    "decode_hidden_states",
+    "draft_rows",
+    "drafting_cp_seq_lens",
+    "first_pass_inputs",
+    "full_input_ids",
+    "full_rows",
+    "make_spec_batch",
+    "mask_restore_index_for_graph",
+    "mtp_attention_mask",
+    "mtp_drafting_inputs",
+    "mtp_rows",
+    "mtp_slot_inputs",
+    "rebuild_spec_positions",
+    "repair_full_input_ids",
+    "sampled_rows",
+    "spec_decode_indices",
+    "spec_step",
+    "split_prefill_for_draft",
+]

@@ -1,0 +1,183 @@
+"""Spec-decode inputs at the host boundary, and the capacities of every spec-decode buffer.
+
+``make_spec_batch`` is ``make_batch`` plus the per-request draft counts: it
+validates them (and, given the token table, that the table is wide enough),
+and moves everything to the device in one copy. Inside the ops nothing reads a
+value; each buffer has a static capacity derived from ``(config, bucket)``:
+
+==================  =================================  ==========================================
+name                rows                               why it holds every batch
+==================  =================================  ==========================================
+``full_rows``       ``F_b = min(T, P * L_b)``          scheduler-order tokens: a request puts
+                                                       ``n <= P * local`` rows in the gathered
+                                                       buffer, so ``sum(n) <= P * L_b``; and
+                                                       ``sum(n) <= T``
+``sampled_rows``    ``S_b = R_b * (1 + k)``            ``1 + drafts <= 1 + k`` rows per request
+``draft_rows``      ``D_b = R_b * k``                  ``drafts <= k`` per request
+``mtp_rows``        ``M_b = F_b + R_b * (k - 1)``      each request's tokens plus ``k - 1`` MTP
+                                                       extras (only when ``k >= 2``)
+==================  =================================  ==========================================
+
+(``k = num_spec_tokens``, ``R_b``/``L_b`` the bucket's request/local-token rows,
+``P = pcp_size``, ``T = max_num_tokens``.) At ``P = 1``, ``F_b = L_b``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..batch import SchedulerBatch, _as_host_ints, make_batch
+from ..config import Bucket, PCPConfig
+from ..pytree import pytree_dataclass
+
+ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
+
+
+def full_rows(config: PCPConfig, bucket: Bucket) -> int:
+    """``F_b``: scheduler-order (pre-split) token rows, ``min(T, P * L_b)``."""
+    return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
+
+
+def sampled_rows(config: PCPConfig, bucket: Bucket) -> int:
+    """``S_b``: sampled-token rows (draft tokens plus one bonus per request), ``R_b * (1 + k)``."""
+    return bucket.num_reqs * (1 + config.num_spec_tokens)
+
+
+def draft_rows(config: PCPConfig, bucket: Bucket) -> int:
+    """``D_b``: draft-token rows, ``R_b * k``."""
+    return bucket.num_reqs * config.num_spec_tokens
+
+
+def mtp_extra_tokens(config: PCPConfig) -> int:
+    """MTP slots each request gets past its scheduled tokens: ``decode_threshold - 2`` (``k - 1``), >= 0."""
+    return max(config.decode_threshold - 2, 0)
+
+
+def mtp_rows(config: PCPConfig, bucket: Bucket) -> int:
+    """``M_b``: MTP draft-slot rows, ``F_b + R_b * (k - 1)``."""
+    return full_rows(config, bucket) + bucket.num_reqs * mtp_extra_tokens(config)
+
+
+@pytree_dataclass
+class SpecInputs:
+    """The scheduler's spec-decode inputs of one step, padded to the bucket's ``R_b`` rows.
+
+    Fields:
+        num_draft_tokens: ``[R_b]`` int32 draft tokens of each request (the
+            runner's ``num_draft_tokens``: ``len(scheduled_spec_decode_tokens)``);
+            0 past ``num_reqs``.
+    """
+
+    num_draft_tokens: torch.Tensor
+
+
+def check_num_draft_tokens(config: PCPConfig, num_scheduled: np.ndarray, drafts: np.ndarray) -> None:
+    """Host check: ``0 <= drafts[i] <= num_spec_tokens`` and ``drafts[i] <= num_scheduled[i] - 1``."""
+    if drafts.size != num_scheduled.size:
+        raise ValueError(
+            f"num_draft_tokens has {drafts.size} entries but the batch has {num_scheduled.size} requests"
+        )
+    over = np.flatnonzero(drafts > config.num_spec_tokens)
+    if over.size:
+        i = int(over[0])
+        raise ValueError(
+            f"num_draft_tokens[{i}] = {drafts[i]} exceeds num_spec_tokens={config.num_spec_tokens}"
+        )
+    short = np.flatnonzero(drafts > np.maximum(num_scheduled - 1, 0))
+    if short.size:
+        i = int(short[0])
+        raise ValueError(
+            f"num_draft_tokens[{i}] = {drafts[i]} needs at least {drafts[i] + 1} scheduled tokens "
+            f"(the drafts plus one), but num_scheduled_tokens[{i}] = {num_scheduled[i]}"
+        )
+
+
+def check_token_table(
+    shape: Sequence[int], num_scheduled: np.ndarray, num_computed: np.ndarray, name: str = "token_ids"
+) -> None:
+    """Host check: a ``[rows, width]`` token table has a row per request and a column per position read.
+
+    Request ``i`` reads columns ``num_computed[i] .. num_computed[i] + num_scheduled[i] - 1``.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be a [num_rows, max_model_len] table, got shape {shape}")
+    rows, width = shape
+    if num_scheduled.size > rows:
+        raise ValueError(f"{name} has {rows} rows but the batch has {num_scheduled.size} requests")
+    ends = num_computed + num_scheduled
+    wide = np.flatnonzero((num_scheduled > 0) & (ends > width))
+    if wide.size:
+        i = int(wide[0])
+        raise ValueError(
+            f"{name} is too narrow: it has {width} columns but request {i} reads position {ends[i] - 1} "
+            f"(num_computed_tokens={num_computed[i]} + num_scheduled_tokens={num_scheduled[i]} - 1)"
+        )
+
+
+def make_spec_batch(
+    config: PCPConfig,
+    num_scheduled_tokens: ArrayLike,
+    num_computed_tokens: ArrayLike,
+    num_prompt_tokens: ArrayLike,
+    num_draft_tokens: ArrayLike,
+    device: torch.device | str | None = None,
+    *,
+    token_ids: torch.Tensor | Sequence[int] | None = None,
+    bucket: Bucket | None = None,
+) -> tuple[SchedulerBatch, SpecInputs]:
+    """``make_batch`` plus the draft counts, validated, in one host-to-device copy.
+
+    Args:
+        num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, bucket:
+            as for :func:`pcp_fn.make_batch`.
+        num_draft_tokens: draft tokens per request (``0 .. num_spec_tokens``,
+            and at most ``num_scheduled - 1``).
+        token_ids: the ``[rows, max_model_len]`` token table the spec ops will
+            read, or just its shape; only the shape is looked at.
+
+    Raises:
+        ValueError: everything ``make_batch`` rejects; a draft count above
+            ``num_spec_tokens`` or not leaving one scheduled token for the
+            bonus; a token table with fewer rows than requests or too narrow
+            for ``num_computed + num_scheduled``.
+
+    Example (``P = 2``, one spec token)::
+
+        batch, spec = make_spec_batch(cfg, [2, 2, 8], [6, 8, 0], [6, 8, 8], [1, 1, 0])
+        spec.num_draft_tokens      # [1, 1, 0, 0]  (bucket of 4 requests)
+    """
+    host = make_batch(config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, bucket=bucket)
+    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
+    drafts = _as_host_ints("num_draft_tokens", num_draft_tokens)
+    check_num_draft_tokens(config, sched, drafts)
+    if token_ids is not None:
+        shape = token_ids.shape if isinstance(token_ids, torch.Tensor) else token_ids
+        check_token_table(shape, sched, comp)
+
+    Rb = host.bucket.num_reqs
+    padded = np.zeros(Rb, dtype=np.int32)
+    padded[: drafts.size] = drafts
+    # one buffer, one copy: the batch's [3*Rb + 1] then the drafts [Rb]
+    packed = torch.cat(
+        [
+            host.num_scheduled,
+            host.num_computed,
+            host.num_prompt,
+            host.num_reqs.reshape(1),
+            torch.from_numpy(padded),
+        ]
+    )
+    dev = packed.to(torch.device(device) if device is not None else "cpu")
+    batch = SchedulerBatch(
+        bucket=host.bucket,
+        num_reqs=dev[3 * Rb],
+        num_scheduled=dev[0:Rb],
+        num_computed=dev[Rb : 2 * Rb],
+        num_prompt=dev[2 * Rb : 3 * Rb],
+    )
+    return batch, SpecInputs(num_draft_tokens=dev[3 * Rb + 1 :])

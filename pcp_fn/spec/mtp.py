@@ -1,0 +1,271 @@
+"""MTP drafting steps under context parallelism: slots, attention mask, sequence lengths, graph padding.
+
+Context parallelism (``C = pcp * dcp`` ranks) deals each request's KV out
+round-robin in blocks of ``I = cp_kv_cache_interleave_size`` tokens, so a
+rank holds ``local_len(n)`` of a request's first ``n`` tokens
+(:func:`pcp_fn.cp_local_seq_lens`). Every function here reads that, the
+state's layout and the MTP slot layout of :func:`pcp_fn.spec.full_input_ids`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import Bucket
+from ..pytree import pytree_dataclass
+from ..state import PCPState
+from ._shared import bucket_of, check_rows, geometry, my_cp_lens
+
+
+@pytree_dataclass
+class MTPSlotInputs:
+    """Fields:
+    slot_indices: ``[R_b * P]`` int64 entries of ``slot_mapping`` holding the
+        KV slot of each request's last accepted token, one per PCP rank
+        (request ``i``'s at ``i*P .. i*P + P-1``); 0 past ``num_reqs``.
+    slot_mapping: the padded MTP slot mapping (``MTPLayout.slot_mapping``).
+    """
+
+    slot_indices: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+def mtp_slot_inputs(
+    state: PCPState,
+    token_indices_to_sample: torch.Tensor,
+    mtp_slot_mapping: torch.Tensor,
+    *,
+    num_reqs: torch.Tensor | int | None = None,
+    num_speculative_tokens: int | None = None,
+    bucket: Bucket | None = None,
+) -> tuple[PCPState, MTPSlotInputs]:
+    """Where each draft request's next MTP token writes its KV (seed ``_get_spec_decode_mtp_slot_inputs``).
+
+    Request ``i``'s MTP rows start at ``query_start[i] + i * (k - 1)``; its
+    last accepted token is offset ``accepted - 1`` (``accepted = query_len -
+    rejected``, ``rejected = query_end - token_indices_to_sample - 1``); the
+    slot mapping is token-strided by ``P``::
+
+        slot_indices[i*P + r] = (query_start[i] + i*(k-1) + accepted[i] - 1) * P + r
+
+    ``P = 2``, ``k = 2``, decodes of 3 tokens, ``token_indices_to_sample
+    [1, 5]`` (two and three accepted): ``[2, 3, 12, 13]``.
+
+    Args:
+        token_indices_to_sample: ``[R_b]`` scheduler-order index of each
+            request's last accepted token (the drafter's ``prepare_inputs_padded``).
+        mtp_slot_mapping: ``[M_b * P]`` from :func:`full_input_ids`.
+        num_reqs: requests that draft (default: the batch's).
+        num_speculative_tokens: ``k`` (default ``config.num_spec_tokens``).
+    """
+    cfg = state.config
+    bucket = bucket_of(state, bucket)
+    Rb, P = bucket.num_reqs, cfg.pcp_size
+    check_rows("token_indices_to_sample", token_indices_to_sample, Rb)
+    k = cfg.num_spec_tokens if num_speculative_tokens is None else num_speculative_tokens
+    geo, _ = geometry(state, bucket)
+    starts, ends = geo.token_start[:-1], geo.token_start[1:]
+    rejected = ends - token_indices_to_sample.to(torch.int64) - 1
+    accepted = geo.num_scheduled - rejected
+    i = torch.arange(Rb, device=starts.device)
+    base = starts * P + i * (k - 1) * P + (accepted - 1) * P
+    used = state.num_reqs if num_reqs is None else num_reqs
+    base = torch.where(i < used, base, 0)
+    rank = torch.arange(P, device=starts.device)
+    slot_indices = torch.where((i < used)[:, None], base[:, None] + rank, 0).reshape(Rb * P)
+    return state, MTPSlotInputs(slot_indices=slot_indices, slot_mapping=mtp_slot_mapping)
+
+
+@pytree_dataclass
+class MTPDraftingInputs:
+    """Seed ``PCPSpecDecodeMTPInputs`` (the seed returns ``None`` where ``active`` is False).
+
+    Fields:
+        active: 0-d bool: a decode-only batch (or a DCP prefill batch at ``P = 1``).
+        num_reqs: 0-d int64 requests with slot indices (the decodes, or all for a DCP prefill).
+        seq_lens: ``[R_b]`` the drafter's sequence lengths, as given.
+        slot_indices, slot_mapping: :class:`MTPSlotInputs`.
+    """
+
+    active: torch.Tensor
+    num_reqs: torch.Tensor
+    seq_lens: torch.Tensor
+    slot_indices: torch.Tensor
+    slot_mapping: torch.Tensor
+
+
+def mtp_drafting_inputs(
+    state: PCPState,
+    token_indices_to_sample: torch.Tensor,
+    seq_lens: torch.Tensor,
+    mtp_slot_mapping: torch.Tensor,
+    *,
+    is_prefill_batch: torch.Tensor | bool | None = None,
+    num_speculative_tokens: int | None = None,
+    bucket: Bucket | None = None,
+) -> tuple[PCPState, MTPDraftingInputs | None]:
+    """MTP drafting metadata (seed ``prepare_spec_decode_mtp_drafting_inputs``).
+
+    ``None`` (static) when ``k <= 1``. Otherwise ``active`` says whether the
+    seed would build it: a batch of decodes only, or a prefill batch under
+    DCP alone (``P = 1``, ``dcp > 1``: then every request gets slot indices).
+    ``P = 2``, ``k = 2``, two decodes of 3 tokens: ``active True``,
+    ``num_reqs 2``, slot indices as in :func:`mtp_slot_inputs`.
+
+    Args:
+        seq_lens: ``[R_b]`` the drafter's attention ``seq_lens``.
+        is_prefill_batch: the runner's flag; default: the batch has a
+            request that is not a decode.
+    """
+    cfg = state.config
+    k = cfg.num_spec_tokens if num_speculative_tokens is None else num_speculative_tokens
+    if k <= 1:
+        return state, None
+    bucket = bucket_of(state, bucket)
+    Rb = bucket.num_reqs
+    check_rows("seq_lens", seq_lens, Rb)
+    geo, real = geometry(state, bucket)
+    num_decode = (state.is_decode[:Rb] & real).sum()
+    prefill = num_decode < state.num_reqs if is_prefill_batch is None else torch.as_tensor(is_prefill_batch)
+    decode_only = (num_decode > 0) & ~prefill
+    dcp_prefill = prefill & (cfg.pcp_size == 1 and cfg.dcp_size > 1)
+    num_reqs = torch.where(dcp_prefill, state.num_reqs, num_decode)
+    _, slots = mtp_slot_inputs(
+        state,
+        token_indices_to_sample,
+        mtp_slot_mapping,
+        num_reqs=num_reqs,
+        num_speculative_tokens=k,
+        bucket=bucket,
+    )
+    out = MTPDraftingInputs(
+        active=decode_only | dcp_prefill,
+        num_reqs=num_reqs,
+        seq_lens=seq_lens,
+        slot_indices=slots.slot_indices,
+        slot_mapping=slots.slot_mapping,
+    )
+    return state, out
+
+
+@pytree_dataclass
+class MTPAttentionMask:
+    """Fields:
+    mask: ``[R_b, decode_threshold, num_cols]`` bool, True where attention is
+        blocked; rows of requests that are not decodes all False.
+    num_rows: 0-d int64 rows the runner exposes (seed ``mask_n``: the
+        decodes, or all requests when there is none).
+    """
+
+    mask: torch.Tensor
+    num_rows: torch.Tensor
+
+
+def mtp_attention_mask(
+    state: PCPState,
+    num_computed_tokens: torch.Tensor,
+    num_cols: int,
+    *,
+    bucket: Bucket | None = None,
+) -> tuple[PCPState, MTPAttentionMask]:
+    """Causal mask of each decode's spec queries over this rank's local KV (True = blocked).
+
+    Seed ``generate_mtp_attention_mask_for_decode``, interleave-aware: query
+    ``q`` of a decode with history ``h`` and ``n`` scheduled tokens sees local
+    KV index ``k`` iff ``k <= local_len(h + q + 1) - 1``, where
+    ``local_len(x) = x // I // C * I + clip(x - (x // I // C * I) * C - c * I, 0, I)``
+    counts this rank's (``c``) tokens among the first ``x``. Entries outside the
+    request's queries (``q >= n``) and local KV (``k >= local_len(h + n)``) are
+    False, and so is a query that sees no local key at all (the seed's
+    ``k_upper >= 0`` guard). For ``I = 1`` this is the seed's formula; for
+    ``I > 1`` the corrected one (the seed's ignores the interleave).
+
+    ``C = 2`` (rank 0), ``I = 1``, ``h = 5``, ``n = 3``: local KV holds
+    tokens 0, 2, 4, 6 (``k < 4``); query 0 (token 5) sees ``k <= 2``, query 1
+    (token 6) all, query 2 (token 7) all::
+
+        [[F, F, F, T, ...], [F, F, F, F, ...], [F, F, F, F, ...]]
+
+    Args:
+        num_computed_tokens: ``[R_b]`` history of each request (``batch.num_computed``).
+        num_cols: static width (the seed's is ``max_model_len``, which a
+            request's local KV never exceeds); keys past it are dropped.
+    """
+    cfg = state.config
+    bucket = bucket_of(state, bucket)
+    Rb, T = bucket.num_reqs, cfg.decode_threshold
+    check_rows("num_computed_tokens", num_computed_tokens, Rb)
+    if isinstance(num_cols, bool) or not isinstance(num_cols, int) or num_cols < 1:
+        raise ValueError(f"num_cols must be a positive int, got {num_cols!r}")
+    geo, real = geometry(state, bucket)
+    decode = state.is_decode[:Rb] & real
+    h, n = num_computed_tokens.to(torch.int64), geo.num_scheduled
+    q = torch.arange(T, device=h.device)
+    _, seen = my_cp_lens(state, h[:, None] + q + 1)  # [R_b, T] local keys query q sees
+    _, held = my_cp_lens(state, h + n)  # [R_b] local keys of the request
+    # The blocked keys of query q form one interval [seen, held) of at most n - 1 - q < thr keys
+    # (the request's local keys among its later spec tokens). So the mask is all zeros but
+    # R_b * thr * (thr - 1) entries: write those by index into a zero buffer (a trash slot takes
+    # the rest) instead of comparing every one of the R_b * thr * num_cols entries.
+    row = decode[:, None] & (q < n[:, None]) & (seen >= 1)
+    j = torch.arange(max(T - 1, 0), device=h.device)
+    col = seen[:, :, None] + j  # [R_b, thr, thr - 1]
+    hit = row[:, :, None] & (col < held[:, None, None]) & (col < num_cols)
+    cell = (torch.arange(Rb * T, device=h.device).reshape(Rb, T, 1) * num_cols + col).reshape(-1)
+    size = Rb * T * num_cols
+    flat = torch.zeros(size + 1, dtype=torch.int8, device=h.device)
+    flat = flat.index_fill(0, torch.where(hit.reshape(-1), cell, size), 1)
+    mask = flat[:size].view(torch.bool).reshape(Rb, T, num_cols)
+    num_decode = decode.sum()
+    return state, MTPAttentionMask(
+        mask=mask, num_rows=torch.where(num_decode > 0, num_decode, state.num_reqs)
+    )
+
+
+def mask_restore_index_for_graph(
+    state: PCPState, restore_index: torch.Tensor
+) -> tuple[PCPState, torch.Tensor]:
+    """Zero the restore-index rows a padded draft batch never uses.
+
+    Seed ``mask_spec_decode_restore_idx_for_graph``.
+
+    A graph-padded draft batch gives every request ``decode_threshold`` tokens
+    replicated on ``P`` ranks: ``P * thr`` rows per request, of which only the
+    first ``thr`` (rank 0's copy) are read. Row ``j`` is kept iff
+    ``j % (P * thr) < thr``. ``P = 2``, ``thr = 2``: ``[0, 1, 2, 3, 4, 5, 6, 7]
+    -> [0, 1, 0, 0, 4, 5, 0, 0]``. Returns a new tensor (the seed writes its
+    buffer in place).
+    """
+    cfg = state.config
+    row = torch.arange(restore_index.shape[0], device=restore_index.device)
+    drop = row % (cfg.pcp_size * cfg.decode_threshold) >= cfg.decode_threshold
+    return state, torch.where(drop, torch.zeros_like(restore_index), restore_index)
+
+
+@pytree_dataclass
+class DraftingSeqLens:
+    """Fields:
+    cp_seq_len: ``[N]`` this rank's KV length of each request (seed ``cp_seq_len``).
+    num_computed_tokens_of_pcp_dcp: ``[N, P, dcp]`` every rank's (the seed's
+        non-MLA metadata).
+    """
+
+    cp_seq_len: torch.Tensor
+    num_computed_tokens_of_pcp_dcp: torch.Tensor
+
+
+def drafting_cp_seq_lens(
+    state: PCPState, seq_lens: torch.Tensor, draft_index: int | torch.Tensor
+) -> tuple[PCPState, DraftingSeqLens]:
+    """Per-rank KV lengths at draft step ``draft_index`` (seed ``update_spec_decode_drafting_cp_metadata``).
+
+    Draft step ``d`` has written ``d + 1`` more tokens: ``cp_local_seq_lens(seq_lens
+    + d + 1)``. ``P = 2``, ``I = 1``, ``seq_lens [5]``, ``d = 0``: ``[[3], [3]]``
+    on the two ranks; rank 1's ``cp_seq_len [3]``.
+
+    Args:
+        seq_lens: ``[N]`` the drafter's sequence lengths (any N).
+        draft_index: int or 0-d tensor.
+    """
+    lens, mine = my_cp_lens(state, seq_lens + draft_index + 1)
+    return state, DraftingSeqLens(cp_seq_len=mine, num_computed_tokens_of_pcp_dcp=lens)
