@@ -1,11 +1,15 @@
 """A small serving loop around pcp_fn: requests, a chunked-prefill scheduler, paged blocks,
 and one rank's runner. Used by the end-to-end tests, ``pcp-fn simulate`` and the examples.
 
-The scheduler follows vLLM v1's shape: running decodes first (``1 + k`` tokens
-with ``k`` draft tokens), then prompts in arrival order, chunked to fit the
-token budget; new requests join while there is room. A request samples a
-token once all its known tokens are in the cache, and leaves after
-``max_new_tokens``. Everything here is host code (it is the engine, not an op).
+The scheduler follows vLLM v1's shape: running decodes first (``1 + d`` tokens
+with ``d <= num_spec_tokens`` draft tokens), then prompts in arrival order,
+chunked to fit the token budget; new requests join while there is room. A
+request samples once all its known tokens are in the cache, and leaves after
+``max_new_tokens``. With speculative decoding a drafter proposes the next
+tokens of every decoding request; the target verifies them greedily (accepted
+drafts, then one corrected or bonus token) and the KV of rejected drafts is
+dropped by rolling ``num_computed`` back. Everything here is host code (it is
+the engine, not an op).
 """
 
 from __future__ import annotations
@@ -31,10 +35,16 @@ class Request:
     arrival: int = 0
     output: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0
+    drafts: list[int] = dataclasses.field(default_factory=list)  # proposed, not yet verified
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def decoding(self) -> bool:
+        """Every known token but the last is in the cache (the next step is a decode)."""
+        return self.num_computed >= len(self.prompt) and self.num_computed == len(self.tokens) - 1
 
     @property
     def finished(self) -> bool:
@@ -50,10 +60,15 @@ class ScheduledStep:
     num_scheduled: tuple[int, ...]
     num_computed: tuple[int, ...]
     num_prompt: tuple[int, ...]
+    num_drafts: tuple[int, ...] = ()  # draft tokens at the end of each request's scheduled tokens
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_scheduled)
+
+    @property
+    def drafts(self) -> tuple[int, ...]:
+        return self.num_drafts or (0,) * len(self.req_ids)
 
 
 class Scheduler:
@@ -83,7 +98,7 @@ class Scheduler:
         budget, picked = self.budget, []
         for req in self.running:  # decodes first: their prompt is in the cache
             if req.num_computed >= len(req.prompt) and budget > 0:
-                n = min(len(req.tokens) - req.num_computed, budget)
+                n = min(len(req.tokens) - req.num_computed + len(req.drafts), budget)
                 picked.append((req, n))
                 budget -= n
         for req in self.running:
@@ -107,16 +122,23 @@ class Scheduler:
             tuple(n for _, n in picked),
             tuple(r.num_computed for r, _ in picked),
             tuple(len(r.prompt) for r, _ in picked),
+            # the budget may cut a decode's drafts short
+            tuple(max(0, min(len(r.drafts), n - (len(r.tokens) - r.num_computed))) for r, n in picked),
         )
 
-    def advance(self, sched: ScheduledStep, sampled: Sequence[int]) -> list[Request]:
-        """Apply a step's results; returns the requests that finished."""
+    def advance(self, sched: ScheduledStep, sampled: Sequence[Sequence[int]]) -> list[Request]:
+        """Apply a step's results: ``sampled[i]`` is request ``i``'s accepted drafts plus its new
+        token (or anything, for a prompt chunk that does not finish the prompt). Returns the
+        requests that finished."""
         by_id = {r.req_id: r for r in self.running}
-        for req_id, n, token in zip(sched.req_ids, sched.num_scheduled, sampled):
+        for req_id, n, d, tokens in zip(sched.req_ids, sched.num_scheduled, sched.drafts, sampled):
             req = by_id[req_id]
-            req.num_computed += n
+            req.num_computed += n - d
             if req.num_computed >= len(req.tokens):  # every known token is cached: the sample counts
-                req.output.append(int(token))
+                accepted = len(tokens) - 1  # drafts whose KV stays; the rest is rolled back
+                req.num_computed += accepted
+                req.output += [int(t) for t in tokens][: req.max_new_tokens - len(req.output)]
+            req.drafts = []
         finished = [r for r in self.running if r.finished]
         self.running = [r for r in self.running if not r.finished]
         self.done += finished
@@ -158,7 +180,7 @@ class StepRecord:
     sched: ScheduledStep
     out: object  # StepOutputs (dcs) or mrv2.LocalBatch
     logits: torch.Tensor | None
-    sampled: list[int]
+    sampled: list[list[int]]  # per request: accepted drafts, then the new token
     slot_mapping: list[int]  # KV slot of every scheduled token, scheduler order
 
 
@@ -172,9 +194,12 @@ class Runner:
     :func:`pcp_fn.mrv2.partition_batch`; ``step_fn`` replaces either (a compiled
     or captured one, say).
 
-    With ``model=None`` it runs the bookkeeping only and samples tokens from a
-    seeded generator. Every rank of a group runs its own ``Runner`` on the same
-    requests; they make the same decisions because everything is deterministic.
+    With ``model=None`` it runs the bookkeeping only and samples tokens (and
+    drafts) from a seeded generator. With ``config.num_spec_tokens > 0`` the
+    ``drafter`` (a :class:`pcp_fn.tiny_model.TinyModel`, unsplit and unpaged)
+    proposes drafts, verified through :func:`pcp_fn.spec.spec_decode_indices`.
+    Every rank of a group runs its own ``Runner`` on the same requests; they
+    make the same decisions because everything is deterministic.
     """
 
     def __init__(
@@ -184,6 +209,7 @@ class Runner:
         *,
         token_budget: int | None = None,
         model: object = None,
+        drafter: object = None,
         all_gather: AllGather | None = None,
         layout: str = "dcs",
         step_fn: Callable[..., object] | None = None,
@@ -201,6 +227,7 @@ class Runner:
             config, [dataclasses.replace(r, output=list(r.output)) for r in requests], token_budget
         )
         self.model = model
+        self.drafter = drafter
         if model is not None:
             block_size, num_blocks, max_model_len = (
                 model.cfg.block_size,
@@ -236,7 +263,7 @@ class Runner:
         tokens = np.zeros((rows, T), dtype=np.int64)
         tables = np.zeros((rows, self.blocks.max_blocks), dtype=np.int64)
         for i, req_id in enumerate(sched.req_ids):
-            toks = reqs[req_id].tokens
+            toks = (reqs[req_id].tokens + reqs[req_id].drafts)[:T]
             tokens[i, : len(toks)] = toks
             table = self.blocks.tables[req_id]
             tables[i, : len(table)] = table
@@ -260,7 +287,17 @@ class Runner:
             return out, None, batch.bucket.num_reqs
         tokens, tables, seq_lens = self._model_inputs(sched, batch.bucket.num_reqs)
         input_ids = tokens[out.layout.request_index, out.positions.clamp(max=self.max_model_len - 1)]
-        wiring = dcs_wiring(out, input_ids, self.config.pcp_size, self.cache.trash)
+        rows = None
+        if self.config.num_spec_tokens:
+            # the rows to verify drafts on: spec_decode_indices (the runner's _calc_spec_decode_metadata)
+            from .spec import spec_decode_indices
+
+            drafts = np.zeros(batch.bucket.num_reqs, dtype=np.int32)
+            drafts[: len(sched.req_ids)] = sched.drafts
+            num_drafts = torch.from_numpy(drafts).to(self.device)
+            _, idx = spec_decode_indices(self.state, num_drafts, input_ids, bucket=batch.bucket)
+            rows = idx.logits_indices
+        wiring = dcs_wiring(out, input_ids, self.config.pcp_size, self.cache.trash, rows)
         return out, (wiring, tables, seq_lens), batch.bucket.num_reqs
 
     def _mrv2(self, sched: ScheduledStep, slot_mapping: torch.Tensor):
@@ -271,7 +308,7 @@ class Runner:
         ids = [
             t
             for rid, n, c in zip(sched.req_ids, sched.num_scheduled, sched.num_computed)
-            for t in reqs[rid].tokens[c : c + n]
+            for t in (reqs[rid].tokens + reqs[rid].drafts)[c : c + n]
         ]
         batch = mrv2.make_batch(
             self.mrv2_config,
@@ -291,7 +328,11 @@ class Runner:
         request_of_token[:total] = np.repeat(np.arange(rows), sched.num_scheduled)
         global_slots = np.zeros(T, dtype=np.int64)
         global_slots[:total] = slot_mapping.cpu().numpy()[:total]
-        last = np.cumsum(sched.num_scheduled) - 1
+        # sample each request's last drafts + 1 global tokens (just the last without drafts)
+        end = np.cumsum(sched.num_scheduled)
+        last = np.concatenate(
+            [np.arange(e - d - 1, e) for e, d in zip(end, sched.drafts)] or [np.zeros(0, np.int64)]
+        ).astype(np.int64)
         host = torch.from_numpy(np.concatenate([request_of_token, global_slots, last])).to(self.device)
         _, tables, seq_lens = self._model_inputs(sched, rows)
         wiring = mrv2_wiring(state, local, host[T : 2 * T], host[:T], host[2 * T :], self.cache.trash)
@@ -307,17 +348,45 @@ class Runner:
             slots += [self.blocks.slot(req_id, p) for p in range(c, c + n)]
         slot_mapping = torch.tensor(slots or [0], dtype=torch.int64, device=self.device)
         out, model_inputs, _ = (self._dcs if self.layout == "dcs" else self._mrv2)(sched, slot_mapping)
-        n_reqs = len(sched.req_ids)
+        reqs = {r.req_id: r for r in self.scheduler.running}
+        num_sampled = sum(d + 1 for d in sched.drafts)
         logits = None
         if model_inputs is not None:
             wiring, tables, seq_lens = model_inputs
-            logits = self.model.forward(self.cache, wiring, tables, seq_lens, self.all_gather)[:n_reqs]
-            sampled = logits.argmax(-1).tolist()
+            logits = self.model.forward(self.cache, wiring, tables, seq_lens, self.all_gather)[:num_sampled]
+            target = logits.argmax(-1).tolist()
         else:
-            sampled = self.rng.integers(0, 1000, n_reqs).tolist()
+            target = self.rng.integers(0, 1000, num_sampled).tolist()
+        sampled, start = [], 0
+        for req_id, d in zip(sched.req_ids, sched.drafts):
+            drafts = reqs[req_id].drafts[:d]
+            accepted = 0  # greedy verification: keep drafts while the target agrees
+            while accepted < d and target[start + accepted] == drafts[accepted]:
+                accepted += 1
+            sampled.append(drafts[:accepted] + [target[start + accepted]])
+            start += d + 1
         for req in self.scheduler.advance(sched, sampled):
             self.blocks.release(req.req_id)
+        self._propose_drafts()
         return StepRecord(sched, out, logits, sampled, slots)
+
+    def _propose_drafts(self) -> None:
+        """The drafter's greedy continuation (``num_spec_tokens`` tokens) of every decoding request."""
+        k = self.config.num_spec_tokens
+        if not k:
+            return
+        for req in self.scheduler.running:
+            if not req.decoding:
+                continue
+            room = self.max_model_len - len(req.tokens)
+            tokens = list(req.tokens)
+            for _ in range(max(0, min(k, room))):
+                if self.drafter is None:
+                    tokens.append(int(self.rng.integers(0, 1000)))
+                else:
+                    seq = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+                    tokens.append(int(self.drafter.dense_logits(seq)[-1].argmax()))
+            req.drafts = tokens[len(req.tokens) :]
 
     def run(self, max_steps: int = 10_000) -> list[StepRecord]:
         records = []

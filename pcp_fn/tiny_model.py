@@ -91,10 +91,17 @@ class Wiring(NamedTuple):
     sample_rows: Callable[[torch.Tensor], torch.Tensor]  # all-gathered hidden -> [R_b, ...] to sample
 
 
-def dcs_wiring(out: StepOutputs, input_ids: torch.Tensor, pcp_size: int, trash: int) -> Wiring:
+def dcs_wiring(
+    out: StepOutputs,
+    input_ids: torch.Tensor,
+    pcp_size: int,
+    trash: int,
+    logits_indices: torch.Tensor | None = None,
+) -> Wiring:
     """DualChunkSwap (:func:`pcp_fn.step`): decode K/V from the local rows, compacted with the slot
     mapping's stride ``P`` (decode token ``t``'s slot is padded row ``t * P``); prefill K/V from the
-    restored rows; sampling rows at ``logits_indices`` of the restored hidden states."""
+    restored rows; sampling rows at ``logits_indices`` of the restored hidden states (default
+    ``out.logits_indices``; spec decode passes ``spec_decode_indices(...).logits_indices``)."""
     P, lay = pcp_size, out.layout
     L = input_ids.shape[0]
     rows = torch.arange(L, device=input_ids.device)
@@ -109,7 +116,9 @@ def dcs_wiring(out: StepOutputs, input_ids: torch.Tensor, pcp_size: int, trash: 
         request=lay.request_index,
         kv_dest=torch.where(dest < 0, trash, dest),
         kv_rows=lambda local, gathered: torch.cat([local, gathered[restore]]),
-        sample_rows=lambda gathered: gathered[restore][out.logits_indices],
+        sample_rows=lambda gathered: gathered[restore][
+            out.logits_indices if logits_indices is None else logits_indices
+        ],
     )
 
 
@@ -127,7 +136,8 @@ def mrv2_wiring(
     Args:
         state, local: from :func:`pcp_fn.mrv2.partition_batch`.
         global_slots: ``[T]`` cache slot of each global token; ``request_of_token``: ``[T]`` its
-            batch row; ``last_token``: ``[R_b]`` each request's last global token.
+            batch row; ``last_token``: ``[S]`` the global tokens to sample (each request's last;
+            its last ``drafts + 1`` under spec decode).
     """
     from .mrv2 import gathered_slot_mappings, restore_hidden_states
 
@@ -201,3 +211,33 @@ class TinyModel:
             h = h + torch.einsum("lht,lthd->lhd", att, values).reshape(L, H * d) @ w["wo"]
             h = h + torch.relu(_rms(h) @ w["w1"]) @ w["w2"]
         return _rms(wiring.sample_rows(all_gather(h))) @ self.lm_head
+
+    def dense_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[n] -> [n, vocab]``: the unsplit, unpaged forward of one sequence (causal attention
+        over the tokens themselves). The reference the paged PCP forward must reproduce, and the
+        drafter's forward."""
+        cfg = self.cfg
+        n, H, d = tokens.shape[0], cfg.heads, cfg.head_dim
+        pos = torch.arange(n, device=tokens.device)
+        causal = pos[None, :] <= pos[:, None]  # [query, key]
+        h = self.embed[tokens]
+        for w in self.layers:
+            x = _rms(h)
+            q = _rotary((x @ w["wq"]).view(n, H, d), pos)
+            k = _rotary((x @ w["wk"]).view(n, H, d), pos)
+            v = (x @ w["wv"]).view(n, H, d)
+            scores = torch.einsum("qhd,khd->qhk", q, k) / math.sqrt(d)
+            att = torch.softmax(scores.masked_fill(~causal[:, None, :], float("-inf")), dim=-1)
+            h = h + torch.einsum("qhk,khd->qhd", att, v).reshape(n, H * d) @ w["wo"]
+            h = h + torch.relu(_rms(h) @ w["w1"]) @ w["w2"]
+        return _rms(h) @ self.lm_head
+
+    def perturbed(self, scale: float, seed: int = 1) -> TinyModel:
+        """A copy whose output head is nudged by noise: a drafter that agrees with this model
+        often but not always (so speculative decoding both accepts and rejects)."""
+        other = TinyModel.__new__(TinyModel)
+        other.cfg, other.embed, other.layers = self.cfg, self.embed, self.layers
+        g = torch.Generator().manual_seed(seed)
+        noise = torch.randn(self.lm_head.shape, generator=g, dtype=DTYPE).to(self.lm_head.device)
+        other.lm_head = self.lm_head + scale * noise * self.lm_head.std()
+        return other

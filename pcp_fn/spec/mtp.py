@@ -126,7 +126,12 @@ def mtp_drafting_inputs(
     check_rows("seq_lens", seq_lens, Rb)
     geo, real = geometry(state, bucket)
     num_decode = (state.is_decode[:Rb] & real).sum()
-    prefill = num_decode < state.num_reqs if is_prefill_batch is None else torch.as_tensor(is_prefill_batch)
+    if is_prefill_batch is None:
+        prefill = num_decode < state.num_reqs
+    elif isinstance(is_prefill_batch, bool):  # a static flag: a fill kernel, no host-to-device copy
+        prefill = torch.full((), is_prefill_batch, dtype=torch.bool, device=num_decode.device)
+    else:
+        prefill = is_prefill_batch.to(torch.bool)
     decode_only = (num_decode > 0) & ~prefill
     dcp_prefill = prefill & (cfg.pcp_size == 1 and cfg.dcp_size > 1)
     num_reqs = torch.where(dcp_prefill, state.num_reqs, num_decode)
