@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -31,9 +29,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from _common import R, median_us  # noqa: E402
+
 import pcp_fn  # noqa: E402
 
-R = 256
 TARGETS = {"a": 0.1, "b": 0.05}
 
 
@@ -42,17 +41,6 @@ def batches():
     a = ([1] * dec + [2048, 1000], [500] * dec + [0, 0], [100] * dec + [2048, 1000])
     b = ([16384], [0], [16384])
     return {"a": (4, 8192, a), "b": (8, 16384, b)}
-
-
-def median_us(fn, iters, warmup=3):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples) / 1e3
 
 
 def seed_generate_pcp_metadata(P, T, sched, comp, prompt, iters, seed_path):

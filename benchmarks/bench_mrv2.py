@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import types
 
 import numpy as np
@@ -33,30 +31,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from _common import R, T, median_us, reference_batches  # noqa: E402
+
 from pcp_fn import count_aten_ops, mrv2  # noqa: E402
-
-R, T = 256, 8192
-
-
-def reference_batches():
-    dec = lambda k: ([1] * k, [500] * k, [100] * k)  # noqa: E731
-    a = dec(256)
-    b = dec(64)
-    b = (b[0] + [2048, 1000], b[1] + [0, 0], b[2] + [2048, 1000])
-    c = dec(255)
-    c = (c[0] + [4096], c[1] + [0], c[2] + [4096])
-    return {"A": (4, a), "B": (4, b), "C": (8, c)}
-
-
-def median_us(fn, iters, warmup=5):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples) / 1e3
 
 
 def other_composition(cfg, bucket):

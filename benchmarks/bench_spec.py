@@ -26,30 +26,19 @@ import argparse
 import functools
 import os
 import random
-import statistics
 import sys
-import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
+from _common import median_us  # noqa: E402
+
 import pcp_fn  # noqa: E402
 from pcp_fn.spec import PrevStep, full_rows, mtp_rows, sampled_rows  # noqa: E402
 
 P, R, T, H, K, BLOCK = 4, 256, 8192, 128, 2, 128
-
-
-def median_us(fn, iters, warmup=5):
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iters):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples) / 1e3
 
 
 def paged_slots(block_table: torch.Tensor, request: torch.Tensor, position: torch.Tensor) -> torch.Tensor:

@@ -106,6 +106,16 @@ def _simulate_schedule(args: argparse.Namespace):
     return config, runner
 
 
+def _schedule(args: argparse.Namespace, runner: Runner, desc: str):
+    """The simulated steps, with a progress bar on long runs."""
+    for _ in _progress(range(args.max_steps), args.max_steps, not args.no_progress, desc):
+        if runner.scheduler.idle:
+            return
+        rec = runner.step()
+        if rec is not None:
+            yield rec
+
+
 def _check_restore(config: PCPConfig, outs, batch) -> None:
     """Every rank's local rows, encoded as (request, absolute position), must come back in order."""
     P, Lb = config.pcp_size, batch.bucket.num_tokens
@@ -145,13 +155,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for r in range(P)
     ]
     rows, eager_us, buckets = [], [], {}
-    bar = _progress(range(args.max_steps), args.max_steps, not args.no_progress, "simulate")
-    for _ in bar:
-        if runner.scheduler.idle:
-            break
-        rec = runner.step()
-        if rec is None:
-            continue
+    for rec in _schedule(args, runner, "simulate"):
         s = rec.sched
         batch = make_batch(config, s.num_scheduled, s.num_computed, s.num_prompt)
         slots = torch.arange(max(s.num_tokens, 1))
@@ -245,16 +249,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 def cmd_record(args: argparse.Namespace) -> int:
     config, runner = _simulate_schedule(args)
-    steps = []
-    bar = _progress(range(args.max_steps), args.max_steps, not args.no_progress, "record")
-    for _ in bar:
-        if runner.scheduler.idle:
-            break
-        rec = runner.step()
-        if rec is None:
-            continue
-        s = rec.sched
-        steps.append(TraceStep(s.num_scheduled, s.num_computed, s.num_prompt, tuple(rec.slot_mapping)))
+    steps = [
+        TraceStep(r.sched.num_scheduled, r.sched.num_computed, r.sched.num_prompt, tuple(r.slot_mapping))
+        for r in _schedule(args, runner, "record")
+    ]
     write_trace(args.out, config, steps)
     print(f"wrote {len(steps)} steps to {args.out}")
     return 0

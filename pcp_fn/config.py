@@ -58,6 +58,28 @@ def _check_int(name: str, value: object, minimum: int) -> None:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
+def _check_common(cfg: object, ints: dict[str, int], flags: tuple[str, ...]) -> None:
+    """Validate the fields both layouts' configs share: ranks within their sizes, ``ints``
+    (name -> minimum) and boolean ``flags``."""
+    for name, minimum in ints.items():
+        _check_int(name, getattr(cfg, name), minimum)
+    for size, rank in (("pcp_size", "pcp_rank"), ("dcp_size", "dcp_rank")):
+        if getattr(cfg, rank) >= getattr(cfg, size):
+            raise ValueError(f"{rank} must be < {size}={getattr(cfg, size)}, got {getattr(cfg, rank)}")
+    for flag in flags:
+        if not isinstance(getattr(cfg, flag), bool):
+            raise ValueError(f"{flag} must be a bool, got {getattr(cfg, flag)!r}")
+
+
+def _smallest_bucket(
+    request_buckets: tuple[int, ...], token_buckets: tuple[int, ...], reqs: int, tokens: int
+):
+    """The smallest configured ``Bucket`` holding ``reqs`` and ``tokens`` (both within capacity)."""
+    return Bucket(
+        next(s for s in request_buckets if s >= reqs), next(s for s in token_buckets if s >= tokens)
+    )
+
+
 def _normalise_buckets(name: str, sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
     if sizes is None:
         return _powers_of_two_then(cap)
@@ -71,6 +93,12 @@ def _normalise_buckets(name: str, sizes: Iterable[int] | None, cap: int) -> tupl
     if not out or out[-1] != cap:
         out.append(cap)
     return tuple(out)
+
+
+# integer fields every layout's config has, with their minimum
+SHARED_INTS = dict(
+    pcp_size=1, pcp_rank=0, max_num_reqs=1, max_num_tokens=1, dcp_size=1, dcp_rank=0, pad_slot_id=-(2**31)
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,22 +156,11 @@ class PCPConfig:
     pd_decode_recompute: bool = dataclasses.field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
-        _check_int("pcp_size", self.pcp_size, 1)
-        _check_int("pcp_rank", self.pcp_rank, 0)
-        if self.pcp_rank >= self.pcp_size:
-            raise ValueError(f"pcp_rank must be < pcp_size={self.pcp_size}, got {self.pcp_rank}")
-        _check_int("max_num_reqs", self.max_num_reqs, 1)
-        _check_int("max_num_tokens", self.max_num_tokens, 1)
-        _check_int("dcp_size", self.dcp_size, 1)
-        _check_int("dcp_rank", self.dcp_rank, 0)
-        if self.dcp_rank >= self.dcp_size:
-            raise ValueError(f"dcp_rank must be < dcp_size={self.dcp_size}, got {self.dcp_rank}")
-        _check_int("num_spec_tokens", self.num_spec_tokens, 0)
-        _check_int("cp_kv_cache_interleave_size", self.cp_kv_cache_interleave_size, 1)
-        _check_int("pad_slot_id", self.pad_slot_id, -(2**31))
-        for flag in ("hybrid_attn", "pd_decode_recompute"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        _check_common(
+            self,
+            dict(SHARED_INTS, num_spec_tokens=0, cp_kv_cache_interleave_size=1),
+            ("hybrid_attn", "pd_decode_recompute"),
+        )
         # Frozen: normalise the bucket lists in place once, so equal configs hash equal.
         object.__setattr__(
             self,
@@ -195,9 +212,7 @@ class PCPConfig:
             raise ValueError(
                 f"{num_local_tokens} local tokens exceed the local capacity L={self.max_local_tokens}"
             )
-        reqs = next(s for s in self.request_buckets if s >= num_reqs)
-        toks = next(s for s in self.token_buckets if s >= num_local_tokens)
-        return Bucket(reqs, toks)
+        return _smallest_bucket(self.request_buckets, self.token_buckets, num_reqs, num_local_tokens)
 
     def buckets(self) -> list[Bucket]:
         """Every configured bucket (for capturing up front)."""

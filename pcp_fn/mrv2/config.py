@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import Bucket, _check_int, _normalise_buckets
+from ..config import SHARED_INTS, Bucket, _check_common, _normalise_buckets, _smallest_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,21 +76,9 @@ class MRV2Config:
     token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        _check_int("pcp_size", self.pcp_size, 1)
-        _check_int("pcp_rank", self.pcp_rank, 0)
-        if self.pcp_rank >= self.pcp_size:
-            raise ValueError(f"pcp_rank must be < pcp_size={self.pcp_size}, got {self.pcp_rank}")
-        _check_int("max_num_reqs", self.max_num_reqs, 1)
-        _check_int("max_num_tokens", self.max_num_tokens, 1)
-        _check_int("dcp_size", self.dcp_size, 1)
-        _check_int("dcp_rank", self.dcp_rank, 0)
-        if self.dcp_rank >= self.dcp_size:
-            raise ValueError(f"dcp_rank must be < dcp_size={self.dcp_size}, got {self.dcp_rank}")
-        _check_int("cp_interleave", self.cp_interleave, 1)
-        _check_int("pad_slot_id", self.pad_slot_id, -(2**31))
-        for flag in ("shard_decode_requests", "moe_gathers_tokens"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
+        _check_common(
+            self, dict(SHARED_INTS, cp_interleave=1), ("shard_decode_requests", "moe_gathers_tokens")
+        )
         if self.shard_decode_requests and self.dcp_size > 1:
             raise ValueError(
                 f"shard_decode_requests requires dcp_size == 1, got dcp_size={self.dcp_size}: "
@@ -140,9 +128,7 @@ class MRV2Config:
                 f"{num_local_tokens} local tokens exceed the local token capacity "
                 f"max_num_tokens = {self.max_local_tokens}"
             )
-        reqs = next(s for s in self.request_buckets if s >= num_local_reqs)
-        toks = next(s for s in self.token_buckets if s >= num_local_tokens)
-        return Bucket(reqs, toks)
+        return _smallest_bucket(self.request_buckets, self.token_buckets, num_local_reqs, num_local_tokens)
 
     def buckets(self) -> list[Bucket]:
         """Every configured bucket (for capturing up front)."""

@@ -1,0 +1,41 @@
+"""What every benchmark shares: the DESIGN.md §7 reference batches and the timer."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))  # the repository's pcp_fn, installed or not
+
+R, T, H = 256, 8192, 128  # max_num_reqs, max_num_tokens, hidden size
+
+
+def reference_batches() -> dict[str, tuple[int, tuple[list[int], list[int], list[int]]]]:
+    """``name -> (P, (num_scheduled, num_computed, num_prompt))``: decodes have 500 computed
+    tokens and a 100-token prompt, prefills start from 0."""
+
+    def decodes(k: int) -> tuple[list[int], list[int], list[int]]:
+        return [1] * k, [500] * k, [100] * k
+
+    a = decodes(256)
+    b = decodes(64)
+    b = (b[0] + [2048, 1000], b[1] + [0, 0], b[2] + [2048, 1000])
+    c = decodes(255)
+    c = (c[0] + [4096], c[1] + [0], c[2] + [4096])
+    return {"A": (4, a), "B": (4, b), "C": (8, c)}
+
+
+def median_us(fn: Callable[[], object], iters: int, warmup: int = 10) -> float:
+    """Median wall time of ``fn()`` in microseconds over ``iters`` calls, after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples) / 1e3
