@@ -36,8 +36,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .batch import SchedulerBatch
-from .state import PCPState
+from .config import Bucket
 
 
 class CaptureError(ValueError):
@@ -60,21 +59,40 @@ def _signature(spec: pytree.TreeSpec, leaves: list[Any]) -> tuple[Any, ...]:
     return (spec, metas)
 
 
+def _is_state(x: Any) -> bool:
+    """A layout state (``PCPState``, ``mrv2.MRV2State``): a static config with a capacity."""
+    return hasattr(x, "config") and hasattr(getattr(x, "config", None), "capacity")
+
+
+def _is_batch(x: Any) -> bool:
+    """A batch (``SchedulerBatch``, ``mrv2.GlobalBatch``): it carries its bucket."""
+    return isinstance(getattr(x, "bucket", None), Bucket) and not _is_state(x)
+
+
+def _nodes(args: tuple[Any, ...]) -> list[Any]:
+    return pytree.tree_flatten(args, is_leaf=lambda x: _is_state(x) or _is_batch(x))[0]
+
+
+def _configs(args: tuple[Any, ...]) -> list[Any]:
+    return [x.config for x in _nodes(args) if _is_state(x)]
+
+
 def _check_fits(args: tuple[Any, ...], configs: list[Any]) -> None:
     """Every state has the captured config; every batch fits that config's capacity."""
-    nodes = pytree.tree_flatten(args, is_leaf=lambda x: isinstance(x, (PCPState, SchedulerBatch)))[0]
-    states = [x.config for x in nodes if isinstance(x, PCPState)]
+    nodes = _nodes(args)
+    states = [x.config for x in nodes if _is_state(x)]
     if states != configs:
         raise CaptureError(
-            f"the arguments' PCP configs {states} differ from the captured ones {configs}; "
+            f"the arguments' configs {states} differ from the captured ones {configs}; "
             "capture again for another config"
         )
-    for batch in (x for x in nodes if isinstance(x, SchedulerBatch)):
+    for batch in (x for x in nodes if _is_batch(x)):
         for cfg in configs:
-            if batch.bucket.num_reqs > cfg.max_num_reqs or batch.bucket.num_tokens > cfg.max_local_tokens:
+            cap = cfg.capacity
+            if batch.bucket.num_reqs > cap.num_reqs or batch.bucket.num_tokens > cap.num_tokens:
                 raise CaptureError(
-                    f"batch bucket {batch.bucket} exceeds the captured capacity "
-                    f"(max_num_reqs={cfg.max_num_reqs}, local tokens L={cfg.max_local_tokens})"
+                    f"batch bucket {batch.bucket} exceeds the captured capacity {cap} "
+                    "(request rows, local tokens per rank)"
                 )
 
 
@@ -159,8 +177,7 @@ class Captured:
     def _lookup(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], tuple[Any, ...]]:
         leaves, spec = pytree.tree_flatten(args)
         device = _device_of(leaves)
-        nodes = pytree.tree_flatten(args, is_leaf=lambda x: isinstance(x, PCPState))[0]
-        configs = [x.config for x in nodes if isinstance(x, PCPState)]
+        configs = _configs(args)
         if self._configs is None:
             self._configs, self._device = configs, device
         _check_fits(args, self._configs)
@@ -194,8 +211,7 @@ class Captured:
 
 
 def _describe(args: tuple[Any, ...]) -> str:
-    nodes = pytree.tree_flatten(args, is_leaf=lambda x: isinstance(x, SchedulerBatch))[0]
-    buckets = [x.bucket for x in nodes if isinstance(x, SchedulerBatch)]
+    buckets = [x.bucket for x in _nodes(args) if _is_batch(x)]
     return f"bucket {buckets[0]}" if len(buckets) == 1 else "a new signature"
 
 

@@ -246,3 +246,22 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
             torch.cuda.set_sync_debug_mode("error")
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_capture_checks_mrv2_batches_too():
+    from pcp_fn import mrv2
+
+    cfg = mrv2.MRV2Config(2, 0, 4, 64)
+    state = mrv2.init_state(cfg)
+    example = mrv2.make_batch(cfg, [1, 20], [9, 0], [9, 20])
+
+    def local_batch(s, b):
+        return mrv2.partition_batch(s, b)[1]
+
+    captured = graph.capture(local_batch, state, example, backend="eager")
+    big = mrv2.MRV2Config(2, 0, 64, 4096)
+    with pytest.raises(graph.CaptureError, match="exceeds the captured capacity"):
+        captured(state, mrv2.make_batch(big, [3000], [0], [3000]))
+    later = mrv2.make_batch(cfg, [2, 19], [11, 0], [11, 19], bucket=example.bucket)
+    assert tree_equal(captured(state, later), local_batch(state, later))
+    assert len(captured) == 1
