@@ -37,8 +37,9 @@ Differences from the seed (all forced by fixed shapes or by the device):
 - at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in the seed,
   whose ``pcp_unpad_mask`` is then empty; here it is the identity layout's;
 - names drop the seed's ``_tensor`` / ``_cpu`` suffixes;
-- the hybrid-attention fields and the speculative-decode ``dcp_mtp_attn_mask``
-  are not built here (see :class:`AttentionMetadata`).
+- the hybrid-attention fields live in the step's ``HybridLayout`` and the
+  speculative-decode ``dcp_mtp_attn_mask`` in ``pcp_fn.spec`` (see
+  :class:`AttentionMetadata`).
 """
 
 from __future__ import annotations
@@ -114,12 +115,16 @@ class AttentionMetadata:
             ``(t+1)*c``; past ``num_prefill_reqs`` they repeat the total (empty
             requests).
 
-    Not here: the hybrid-attention fields (``pcp_exit_fa_scatter_idx``,
-    ``pcp_fa_query_idx``, ``pcp_enter_fa_restore_idx``,
-    ``pcp_fa_padding_restore_idx``, ``max_num_tokens_across_pcp``,
-    ``pcp_padded_tokens_fla``, ``total_num_scheduled_tokens``) belong to the
-    hybrid layout; the speculative-decode ``dcp_mtp_attn_mask`` is not part of
-    this op.
+    With ``config.hybrid_attn`` every field here is the DualChunkSwap one the
+    full-attention layers use, as in the seed; the seed's hybrid fields
+    (``pcp_exit_fa_scatter_idx``, ``pcp_fa_query_idx``,
+    ``pcp_enter_fa_restore_idx``, ``pcp_fa_padding_restore_idx``,
+    ``max_num_tokens_across_pcp``, ``total_num_scheduled_tokens``,
+    ``pcp_padded_tokens_fla``) are the :class:`pcp_fn.HybridLayout` that
+    ``update_tokens`` returns for the same step.
+
+    The speculative-decode ``dcp_mtp_attn_mask`` is
+    :func:`pcp_fn.spec.mtp_attention_mask`.
     """
 
     num_computed_tokens_of_pcp_dcp: torch.Tensor
@@ -283,8 +288,6 @@ def attention_metadata(
         head_actual_seq_lengths_kv [4, 12]     tail_actual_seq_lengths_kv [5, 15]
     """
     cfg = state.config
-    if cfg.hybrid_attn:
-        raise NotImplementedError("attention_metadata: the hybrid-attention layout is not implemented yet")
     P, D = cfg.pcp_size, cfg.dcp_size
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     is_decode = classify_decodes(cfg, batch)

@@ -224,9 +224,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bucket, samples = max(buckets.items(), key=lambda kv: len(kv[1]))
         compiled = torch.compile(step, fullgraph=True, dynamic=False)
         print(
-            f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} (inductor) ...",
-            end="",
-            flush=True,
+            f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} (inductor) ...", flush=True
         )
         compiled(*samples[0])
         times = []
@@ -241,7 +239,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             eager_b.append((time.perf_counter() - t0) * 1e6)
         name = f"{bucket.num_reqs}x{bucket.num_tokens}"
         print(
-            f"\r  step time, bucket {name}: eager {statistics.median(eager_b):.0f} us, "
+            f"  step time, bucket {name}: eager {statistics.median(eager_b):.0f} us, "
             f"compiled {statistics.median(times):.0f} us (median, {len(times)} calls)"
         )
     return 0

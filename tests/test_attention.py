@@ -391,3 +391,17 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
             torch.cuda.set_sync_debug_mode("error")
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_hybrid_configs_get_the_dcs_metadata(P):
+    kw = dict(num_spec_tokens=1, dcp_size=2)
+    plain = pcp_fn.PCPConfig(P, 1, 8, 128, **kw)
+    hybrid = pcp_fn.PCPConfig(P, 1, 8, 128, hybrid_attn=True, **kw)
+    args = ([2, 1, 33, 17], [40, 8, 0, 5], [30, 8, 33, 40])
+    batch = pcp_fn.make_batch(plain, *args)
+    _, want = pcp_fn.attention_metadata(pcp_fn.init_state(plain), batch)
+    state = pcp_fn.init_state(hybrid)
+    _, got = pcp_fn.attention_metadata(state, pcp_fn.make_batch(hybrid, *args))
+    assert tree_equal(got, want)
+    pcp_fn.assert_no_host_syncs(pcp_fn.attention_metadata, state, pcp_fn.make_batch(hybrid, *args))
