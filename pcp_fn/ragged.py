@@ -39,12 +39,13 @@ def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.T
         starts [0, 2, 2, 5], values [7, 8, 9, 4], cap 7 -> [7, 7, 9, 9, 9, 4, 4]
 
     A difference array: add ``values[j] - values[j-1]`` at ``starts[j]``, then a
-    prefix sum. One ``index_add`` over the runs and one ``cumsum`` over the
+    prefix sum. One ``scatter_add`` over the runs and one ``cumsum`` over the
     slots: no per-slot search, no per-slot gather.
     """
     diff = values - F.pad(values[..., :-1], (1, 0))
     marks = torch.zeros((*values.shape[:-1], cap + 1), dtype=values.dtype, device=values.device)
-    marks = marks.index_add(-1, starts.clamp(max=cap), diff)  # starts past the end land in a trash slot
+    where = starts.clamp(max=cap).expand(diff.shape)  # starts past the end land in a trash slot
+    marks = marks.scatter_add(-1, where, diff)
     return marks.cumsum(-1)[..., :cap]
 
 
