@@ -25,53 +25,15 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import seed_loader  # noqa: E402
 from oracle import oracle_step  # noqa: E402
+from seed_batches import seed_batches  # noqa: E402
 
 import pcp_fn  # noqa: E402
 
 COUNT = {"n": 0}
 
 
-@st.composite
-def batches(draw):
-    P = draw(st.sampled_from([2, 3, 4, 8]))
-    spec = draw(st.integers(0, 2))
-    R = draw(st.integers(1, 12))
-    T = draw(st.integers(8, 200))
-    nd = draw(st.integers(0, R))
-    npf = draw(st.integers(0 if nd else 1, R - nd))
-    sched, comp, prompt = [], [], []
-    budget = T
-    for _ in range(nd):
-        n = draw(st.integers(1, 1 + spec))
-        if n > budget:
-            break
-        budget -= n
-        c = draw(st.integers(1, 50))
-        sched.append(n)
-        comp.append(c)
-        prompt.append(draw(st.integers(0, c)))
-    for _ in range(npf):
-        if budget < 1:
-            break
-        n = draw(st.integers(1, min(budget, 60)))
-        budget -= n
-        kind = draw(st.sampled_from(["fresh", "chunked", "long"]))
-        if kind == "fresh":
-            c, p = 0, n + draw(st.integers(0, 5))
-        elif kind == "chunked":
-            c = draw(st.integers(1, 40))
-            p = c + n + draw(st.integers(0, 5))
-        else:  # has context but more tokens than a decode may have
-            c = draw(st.integers(1, 40))
-            p = draw(st.integers(0, c))
-            if n <= 1 + spec:
-                p = c + 1  # prompt not done -> prefill
-        sched.append(n)
-        comp.append(c)
-        prompt.append(p)
-    if not sched:
-        sched, comp, prompt = [1], [0], [1]
-    return P, spec, max(R, len(sched)), T, sched, comp, prompt
+def batches():
+    return seed_batches(max_reqs=12, max_context=50)
 
 
 @settings(max_examples=int(sys.argv[1]) if len(sys.argv) > 1 else 300, deadline=None)

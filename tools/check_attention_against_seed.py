@@ -32,6 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import seed_loader  # noqa: E402
+from seed_batches import seed_batches  # noqa: E402
 
 import pcp_fn  # noqa: E402
 from pcp_fn import multimodal as mm  # noqa: E402
@@ -74,49 +75,14 @@ PER_REQUEST = [
 
 @st.composite
 def batches(draw):
-    P = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    P, spec, R, T, sched, comp, prompt = draw(
+        seed_batches(pcp_sizes=(1, 2, 3, 4, 8), max_reqs=10, max_context=300)
+    )
     D = draw(st.sampled_from([1, 2]))
     if P * D == 1:
         D = 2  # the seed builds no metadata without context parallelism
     interleave = draw(st.sampled_from([1, 64]))
-    spec = draw(st.integers(0, 2))
-    R = draw(st.integers(1, 10))
-    T = draw(st.integers(8, 200))
-    nd = draw(st.integers(0, R))
-    npf = draw(st.integers(0 if nd else 1, R - nd))
-    sched, comp, prompt = [], [], []
-    budget = T
-    for _ in range(nd):
-        n = draw(st.integers(1, 1 + spec))
-        if n > budget:
-            break
-        budget -= n
-        c = draw(st.integers(1, 300))
-        sched.append(n)
-        comp.append(c)
-        prompt.append(draw(st.integers(0, c)))
-    for _ in range(npf):
-        if budget < 1:
-            break
-        n = draw(st.integers(1, min(budget, 60)))
-        budget -= n
-        kind = draw(st.sampled_from(["fresh", "chunked", "long"]))
-        if kind == "fresh":
-            c, p = 0, n + draw(st.integers(0, 5))
-        elif kind == "chunked":
-            c = draw(st.integers(1, 300))
-            p = c + n + draw(st.integers(0, 5))
-        else:
-            c = draw(st.integers(1, 300))
-            p = draw(st.integers(0, c))
-            if n <= 1 + spec:
-                p = c + 1
-        sched.append(n)
-        comp.append(c)
-        prompt.append(p)
-    if not sched:
-        sched, comp, prompt = [1], [0], [1]
-    return P, D, interleave, spec, max(R, len(sched)), T, sched, comp, prompt
+    return P, D, interleave, spec, R, T, sched, comp, prompt
 
 
 def seed_metadata(m, sched, comp, prompt, num_reqs_padded):
