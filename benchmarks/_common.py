@@ -39,3 +39,16 @@ def median_us(fn: Callable[[], object], iters: int, warmup: int = 10) -> float:
         fn()
         samples.append(time.perf_counter_ns() - t0)
     return statistics.median(samples) / 1e3
+
+
+def seed_loader_or_none(seed_path: str | None):
+    """``tools/seed_loader`` when the reference file is reachable (``--seed``, ``$PCP_FN_SEED``
+    or ``../shared/seeds``), else ``None``: the benchmarks then skip the reference timings."""
+    if seed_path:
+        os.environ["PCP_FN_SEED"] = seed_path
+    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+    try:
+        import seed_loader
+    except ImportError:
+        return None
+    return seed_loader if seed_loader.seed_path() is not None else None

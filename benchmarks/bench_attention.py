@@ -29,7 +29,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import R, median_us  # noqa: E402
+from _common import R, median_us, seed_loader_or_none  # noqa: E402
 
 import pcp_fn  # noqa: E402
 
@@ -45,14 +45,8 @@ def batches():
 
 def seed_generate_pcp_metadata(P, T, sched, comp, prompt, iters, seed_path):
     """Median us of the seed's generate_pcp_metadata, or None without the seed file."""
-    if seed_path:
-        os.environ["PCP_FN_SEED"] = seed_path
-    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-    try:
-        import seed_loader
-    except ImportError:
-        return None
-    if seed_loader.seed_path() is None:
+    seed_loader = seed_loader_or_none(seed_path)
+    if seed_loader is None:
         return None
 
     class _Metadata:  # stand-in for vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata

@@ -21,12 +21,10 @@ get_padded_slot_mapping, get_restore_hidden_states) and prints the ratio.
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import numpy as np
 import torch
-from _common import HERE, H, R, T, median_us, reference_batches
+from _common import H, R, T, median_us, reference_batches, seed_loader_or_none
 
 import pcp_fn
 
@@ -41,14 +39,8 @@ def composed(state, batch, slots, gathered):
 
 
 def seed_host_path(P, sched, comp, prompt, iters, seed_path):
-    if seed_path:
-        os.environ["PCP_FN_SEED"] = seed_path
-    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
-    try:
-        import seed_loader
-    except ImportError:
-        return None
-    if seed_loader.seed_path() is None:
+    seed_loader = seed_loader_or_none(seed_path)
+    if seed_loader is None:
         return None
     m = seed_loader.make_manager(P, 0, R, T)
     sched = np.asarray(sched, np.int32)
