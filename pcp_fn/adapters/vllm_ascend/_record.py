@@ -1,0 +1,62 @@
+"""The manager's step record: everything it carries from one call to the next, frozen.
+
+vllm-ascend's ``PCPManager`` keeps its per-step state in mutable attributes
+(some reset by ``init_batch_info``, some only by ``update_tokens_for_pcp``, some
+kept across steps: the async spec-decode layout, the last MTP slot mapping).
+The adapter keeps one :class:`StepRecord` instead and replaces it
+(``dataclasses.replace``) at each call that changes it; the runner-facing
+attributes are read-only views of it. The only mutable part of the manager is
+its persistent buffers (:mod:`._buffers`), whose contents the record describes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from . import _ops
+from ._host import HostLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class FullLayout:
+    """The scheduler-order layout ``generate_pcp_mtp_input`` saw, for the async rebuild of the same step.
+
+    vllm-ascend ``async_rebuild_req_indices_full`` / ``..._cu_num_tokens_full`` / ``..._num_tokens_full``.
+    """
+
+    req_indices: np.ndarray  # [F] request of each scheduler-order token
+    cu_num_tokens: np.ndarray  # [n] inclusive cumulative tokens
+    num_tokens: int  # F
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    """What the manager knows after its last call.
+
+    Fields:
+        state: the device :class:`pcp_fn.PCPState` of the last ``init_batch_info``.
+        host: the host twin of the last ``init_batch_info`` (``None`` before the first).
+        batch: the device batch of that step (its bucket shapes every device buffer write).
+        updated: the host twin of the last ``update_tokens_for_pcp``; the attributes the
+            reference sets there (pads, ``pcp_tokens``, the hybrid counts...) read it.
+        num_actual_tokens_pcp_padded: set by ``generate_pcp_metadata`` (read by the restore).
+        cu_num_tokens_pcp_full: scheduler-order cumulative tokens of ``generate_pcp_mtp_input``.
+        async_full: the layout saved for ``rebuild_async_spec_decode_inputs``.
+        mtp_rows: rows of the MTP slot mapping last built (``None``: never built).
+        local_schedule: ``cache_local_schedule_layout``'s snapshot.
+        long_seq_metadata: the last ``generate_pcp_metadata`` result.
+    """
+
+    state: _ops.PCPState
+    host: HostLayout | None = None
+    batch: _ops.SchedulerBatch | None = None
+    updated: HostLayout | None = None
+    num_actual_tokens_pcp_padded: int = 0
+    cu_num_tokens_pcp_full: np.ndarray | None = None
+    async_full: FullLayout | None = None
+    mtp_rows: int | None = None
+    local_schedule: Any = None
+    long_seq_metadata: Any = None

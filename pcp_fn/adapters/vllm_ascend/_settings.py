@@ -1,0 +1,120 @@
+"""What the manager reads from vllm-ascend's constructor arguments and ``VllmConfig``.
+
+The 0.23 ``PCPManager`` takes a ``VllmConfig``; the adapter accepts any object
+with the same attributes (duck typing), reads them once here and never keeps
+the config's mutable parts. Attributes read:
+
+- ``speculative_config``: ``None`` or an object with ``num_speculative_tokens``;
+- ``scheduler_config.max_num_batched_tokens`` (``T``) and ``.max_num_seqs`` (``R``);
+- ``model_config.hf_config.model_type`` (hybrid attention for ``qwen3_next``,
+  ``qwen3_5``, ``qwen3_5_moe``) and ``model_config.max_model_len`` (the width of
+  the MTP attention mask; the runner has already widened it by ``2 * P * R``);
+- ``parallel_config.cp_kv_cache_interleave_size``;
+- vllm-ascend's ``is_pd_decode_recompute_scheduler_enabled(vllm_config)``, when
+  ``vllm_ascend`` is importable (otherwise ``False``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagerSettings:
+    """Static settings of one rank's manager (plain values; hashable)."""
+
+    pcp_size: int
+    pcp_rank: int
+    dcp_size: int
+    dcp_rank: int
+    max_num_reqs: int  # R
+    max_num_tokens: int  # T
+    max_buffer_num_tokens: int  # the runner's buffer size (T + 2 * P * R)
+    num_spec_tokens: int  # k (0 without a speculative config)
+    has_spec_config: bool
+    interleave: int
+    hybrid_attn: bool
+    pd_decode_recompute: bool
+    max_model_len: int
+    device: torch.device
+    use_async_scheduling: bool
+    pin_memory: bool
+    use_sparse: bool
+
+    @property
+    def decode_threshold(self) -> int:
+        """``1 + k``: the most tokens a decode request schedules."""
+        return 1 + self.num_spec_tokens
+
+    @property
+    def cp_size(self) -> int:
+        return self.pcp_size * self.dcp_size
+
+    @property
+    def graph_device(self) -> bool:
+        """A device with graph capture (CUDA graphs, Ascend ACL graphs through torch_npu)."""
+        return self.device.type in ("cuda", "npu")
+
+
+def _pd_recompute(vllm_config: Any) -> bool:
+    try:  # the real helper when vllm-ascend is installed
+        from vllm_ascend.utils import is_pd_decode_recompute_scheduler_enabled
+    except ImportError:
+        return bool(getattr(vllm_config, "pd_decode_recompute", False))
+    return bool(is_pd_decode_recompute_scheduler_enabled(vllm_config))
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def read_settings(
+    pcp_world_size: int,
+    pcp_rank: int,
+    dcp_world_size: int,
+    dcp_rank: int,
+    max_buffer_num_tokens: int,
+    max_num_reqs: int,
+    device: torch.device | str,
+    vllm_config: Any,
+    use_async_scheduling: bool,
+    pin_memory: bool,
+    use_sparse: bool,
+) -> ManagerSettings:
+    """Read the ``PCPManager`` constructor arguments; ``ValueError`` names a bad field."""
+    spec = vllm_config.speculative_config
+    sched = vllm_config.scheduler_config
+    model = vllm_config.model_config
+    R = _positive("scheduler_config.max_num_seqs", sched.max_num_seqs)
+    if max_num_reqs != R:
+        # the reference sizes some buffers by one and some by the other; they are one number
+        raise ValueError(f"max_num_reqs={max_num_reqs} differs from scheduler_config.max_num_seqs={R}")
+    return ManagerSettings(
+        pcp_size=_positive("pcp_world_size", pcp_world_size),
+        pcp_rank=_positive("pcp_rank", pcp_rank, 0),
+        dcp_size=_positive("dcp_world_size", dcp_world_size),
+        dcp_rank=_positive("dcp_rank", dcp_rank, 0),
+        max_num_reqs=R,
+        max_num_tokens=_positive("scheduler_config.max_num_batched_tokens", sched.max_num_batched_tokens),
+        max_buffer_num_tokens=_positive("max_buffer_num_tokens", max_buffer_num_tokens),
+        num_spec_tokens=int(spec.num_speculative_tokens) if spec else 0,
+        has_spec_config=bool(spec),
+        interleave=_positive(
+            "parallel_config.cp_kv_cache_interleave_size",
+            vllm_config.parallel_config.cp_kv_cache_interleave_size,
+        ),
+        hybrid_attn=model.hf_config.model_type in HYBRID_MODEL_TYPES,
+        pd_decode_recompute=_pd_recompute(vllm_config),
+        max_model_len=_positive("model_config.max_model_len", model.max_model_len),
+        device=torch.device(device),
+        use_async_scheduling=bool(use_async_scheduling),
+        pin_memory=bool(pin_memory),
+        use_sparse=bool(use_sparse),
+    )

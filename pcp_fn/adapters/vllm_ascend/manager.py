@@ -1,0 +1,566 @@
+"""``FunctionalDCSManager``: a drop-in for vllm-ascend 0.23's ``PCPManager`` (``worker/pcp_utils.py``).
+
+Same constructor, same methods and the attributes ``model_runner_v1.py`` reads;
+the layout is computed by pcp_fn instead of host numpy:
+
+- ``init_batch_info`` builds the step: the host twin (:mod:`._host`, O(R)
+  numpy on the runner's arrays) for every value the runner reads on the host,
+  and one device step (:func:`._ops.device_step`: ``update_tokens``, logits
+  indices, attention index tensors, the hybrid index maps), captured once per
+  bucket on a CUDA or Ascend device, whose outputs are copied into persistent
+  buffers (:mod:`._buffers`);
+- every later call reads the frozen step record (:mod:`._record`), those
+  buffers, or runs a small pcp_fn op (the padded slot mapping per KV cache
+  group, the MTP mask, the spec-decode and multimodal helpers).
+
+Call order (the runner's ``_prepare_inputs`` / ``_build_attention_metadata`` /
+``execute_model``): ``init_batch_info`` -> ``generate_pcp_mtp_input`` (spec
+decode) -> ``update_tokens_for_pcp`` -> ``rebuild_async_spec_decode_inputs`` ->
+``get_logits_indices`` (or the runner's spec metadata with
+``num_pcp_pads_cpu`` and ``adjust_cu_num_scheduled_tokens_for_pcp``) ->
+``get_padded_slot_mapping`` per KV cache group -> ``generate_pcp_metadata`` ->
+forward -> ``get_restore_hidden_states`` -> the proposer's helpers.
+
+Differences from the reference (see the README's table): the restore index
+and metadata index tensors are views of device buffers built by pcp_fn (the
+host ``.np`` copies are not kept); ``pcp_unpad_mask`` in the metadata is the
+device mask; the MTP attention mask is the interleave-aware one; rows a
+reference buffer leaves stale hold their true value here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import _buffers, _host, _ops
+from ._multimodal import MultimodalMethods
+from ._record import StepRecord
+from ._settings import read_settings
+from ._spec import SpecDecodeMethods
+
+
+class _LongSeqMetadata:
+    """Stand-in for vllm-ascend's ``AscendPrefillContextParallelMetadata`` when it is not importable."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def _metadata_class() -> Callable[..., Any]:
+    try:
+        from vllm_ascend.attention.utils import AscendPrefillContextParallelMetadata
+    except ImportError:
+        return _LongSeqMetadata
+    return AscendPrefillContextParallelMetadata
+
+
+def _pcp_all_gather(x: torch.Tensor) -> torch.Tensor:
+    from vllm.distributed.parallel_state import get_pcp_group
+
+    return get_pcp_group().all_gather(x, 0)
+
+
+def _host_ints(name: str, values: Any, num_reqs: int) -> np.ndarray:
+    """The first ``num_reqs`` entries of a 1-D integer array, checked (``ValueError`` names the field)."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise ValueError(f"{name} must be on the host, got a tensor on {values.device}")
+        values = values.numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+    if arr.shape[0] < num_reqs:
+        raise ValueError(f"{name} has {arr.shape[0]} entries but num_reqs is {num_reqs}")
+    return arr[:num_reqs]
+
+
+class FunctionalDCSManager(SpecDecodeMethods, MultimodalMethods):
+    """vllm-ascend 0.23 ``PCPManager`` on pcp_fn (DualChunkSwap; hybrid attention; spec decode).
+
+    Args (as ``PCPManager``'s; ``vllm_config`` is read once, see :mod:`._settings`):
+        pcp_world_size, pcp_rank, dcp_world_size, dcp_rank, max_buffer_num_tokens,
+        max_num_reqs, device, vllm_config, use_async_scheduling, pin_memory, use_sparse.
+
+    Keyword-only additions:
+        capture: capture the device step once per bucket with :func:`pcp_fn.graph.capture`
+            (``torch.npu.NPUGraph`` on an NPU, ``torch.cuda.CUDAGraph`` on CUDA,
+            ``torch.compile(backend=compile_backend)`` elsewhere). Default: on a
+            graph device (``cuda``, ``npu``) only.
+        check_syncs: run every device-path call under :func:`pcp_fn.no_host_syncs`.
+        request_buckets, token_buckets: pcp_fn bucket sizes (default powers of two).
+        all_gather: ``x -> all_gather(x, dim 0)`` over the PCP group; default
+            vLLM's ``get_pcp_group().all_gather`` (imported when first used).
+
+    Raises:
+        ValueError: a bad constructor field, or (from ``init_batch_info``) counts
+            that are not 1-D integers, negative, beyond ``max_num_reqs`` /
+            ``max_num_batched_tokens``; the message names the field and the limit.
+    """
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        dcp_world_size: int,
+        dcp_rank: int,
+        max_buffer_num_tokens: int,
+        max_num_reqs: int,
+        device: torch.device | str,
+        vllm_config: Any,
+        use_async_scheduling: bool,
+        pin_memory: bool = False,
+        use_sparse: bool = False,
+        *,
+        capture: bool | None = None,
+        compile_backend: str = "inductor",
+        check_syncs: bool = False,
+        request_buckets: tuple[int, ...] | None = None,
+        token_buckets: tuple[int, ...] | None = None,
+        all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        s = read_settings(
+            pcp_world_size,
+            pcp_rank,
+            dcp_world_size,
+            dcp_rank,
+            max_buffer_num_tokens,
+            max_num_reqs,
+            device,
+            vllm_config,
+            use_async_scheduling,
+            pin_memory,
+            use_sparse,
+        )
+        self.settings = s
+        self.config = _ops.make_config(s, request_buckets, token_buckets)
+        self.device = s.device
+        self._device = _ops.DeviceRunner(
+            capture if capture is not None else s.graph_device, compile_backend, check_syncs
+        )
+        self._buffers = _buffers.allocate(s, _ops.output_capacities(self.config), self.config.G)
+        self._cpu_state = _ops.init_state(self.config, "cpu")  # the ops reading the CPU token table
+        self._record = StepRecord(state=_ops.init_state(self.config, s.device))
+        self._all_gather = all_gather or _pcp_all_gather
+        # constants the reference exposes under these names
+        self.pcp_world_size, self.pcp_world_rank = s.pcp_size, s.pcp_rank
+        self.dcp_world_size, self.dcp_world_rank = s.dcp_size, s.dcp_rank
+        self.speculative_config = vllm_config.speculative_config
+        self.decode_threshold = s.decode_threshold
+        self.max_num_tokens, self.max_num_reqs = s.max_num_tokens, s.max_num_reqs
+        self.use_async_scheduling, self.use_sparse = s.use_async_scheduling, s.use_sparse
+        self.pcp_use_hybrid_attn = s.hybrid_attn
+        self.pd_decode_recompute_scheduler_enabled = s.pd_decode_recompute
+        self.pcp_padded_slot_mapping_list = self._buffers.padded_slot_mappings
+        self.query_lens_pcp_full = self._buffers.query_lens_pcp_full
+        self.input_ids_pcp_full = self._buffers.input_ids_pcp_full
+        self.query_start_loc_pcp_full = self._buffers.query_start_loc_pcp_full
+        self.positions_pcp_full = self._buffers.positions_pcp_full
+        self.positions_pcp_full_np = (
+            None if self.positions_pcp_full is None else self.positions_pcp_full.numpy()
+        )
+        self.dcp_mtp_attn_mask = self._buffers.dcp_mtp_attn_mask
+        step = self._buffers.step
+        self.pcp_allgather_restore_idx = _buffers.DeviceBuffer.of(step["restore"])
+        self.pcp_unpad_mask = step["unpad_mask"]
+        self.logits_indices_gpu = step["logits"]
+        self.pcp_enter_fa_restore_idx = step.get("enter")
+        self.pcp_fa_padding_restore_idx = step.get("fa_padding")
+        self.pcp_fa_query_idx = step.get("fa_query")
+        self.pcp_exit_fa_scatter_idx = _buffers.DeviceBuffer.of(step["exit"]) if "exit" in step else None
+
+    # ---------------------------------------------------------------- step record views
+    @property
+    def record(self) -> StepRecord:
+        """The frozen record of the last call (read-only)."""
+        return self._record
+
+    def _set(self, **changes: Any) -> None:
+        self._record = dataclasses.replace(self._record, **changes)
+
+    def _host(self) -> _host.HostLayout:
+        if self._record.host is None:
+            raise RuntimeError("init_batch_info must run before this call")
+        return self._record.host
+
+    @property
+    def num_graphs(self) -> int:
+        """Device graphs captured so far (one per function and bucket)."""
+        return self._device.num_graphs
+
+    @property
+    def num_reqs(self) -> int:
+        return 0 if self._record.host is None else self._record.host.num_reqs
+
+    @property
+    def num_decode_reqs(self) -> int:
+        return 0 if self._record.host is None else self._record.host.num_decode_reqs
+
+    @property
+    def num_prefill_reqs(self) -> int:
+        return 0 if self._record.host is None else self._record.host.num_prefill_reqs
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return 0 if self._record.host is None else self._record.host.num_decode_tokens
+
+    @property
+    def decode_req_mask(self) -> np.ndarray | None:
+        return None if self._record.host is None else self._record.host.is_decode.copy()
+
+    def _per_request(self, values: np.ndarray | None, dtype: type) -> np.ndarray:
+        out = np.zeros(self.max_num_reqs, dtype=dtype)
+        if values is not None:
+            out[: values.shape[0]] = values
+        return out
+
+    @property
+    def num_pcp_pads_cpu(self) -> np.ndarray:
+        """``[R]`` int64 pads per request of the last ``update_tokens_for_pcp`` (a fresh array)."""
+        u = self._record.updated
+        return self._per_request(None if u is None else u.num_pads, np.int64)
+
+    @property
+    def pcp_tokens(self) -> np.ndarray:
+        """``[R]`` int32 DualChunkSwap rows per request of the last update."""
+        u = self._record.updated
+        return self._per_request(None if u is None else u.pcp_tokens, np.int32)
+
+    @property
+    def num_scheduled_tokens_padded(self) -> np.ndarray | None:
+        """``[n]`` int32: the scheduled counts after ``init_batch_info``; the DualChunkSwap rows
+        per request after ``update_tokens_for_pcp`` (with hybrid attention the FA query lengths)."""
+        h, u = self._record.host, self._record.updated
+        if h is None:
+            return None
+        return (u.pcp_tokens if u is h else h.num_scheduled).copy()
+
+    @property
+    def pcp_tokens_padded(self) -> np.ndarray | None:
+        u = self._record.updated
+        return None if u is None or not self.pcp_use_hybrid_attn else u.pcp_tokens.copy()
+
+    @property
+    def pcp_padded_tokens_length(self) -> int:
+        """Rows of the padded gathered order of the last update (``P * N``)."""
+        u = self._record.updated
+        return 0 if u is None else self.pcp_world_size * u.num_tokens
+
+    @property
+    def total_num_sampled_tokens_pcp(self) -> int:
+        """Local tokens of the last update (with hybrid attention: the scheduled tokens)."""
+        u = self._record.updated
+        if u is None:
+            return 0
+        return int(u.num_scheduled.sum()) if self.pcp_use_hybrid_attn else u.num_tokens
+
+    def _hybrid_update(self) -> _host.HostLayout | None:
+        u = self._record.updated
+        return u if self.pcp_use_hybrid_attn and u is not None else None
+
+    @property
+    def max_num_tokens_across_pcp(self) -> int:
+        u = self._hybrid_update()
+        return 0 if u is None else u.max_tokens_across_pcp
+
+    @property
+    def pcp_padded_tokens_fla(self) -> int:
+        u = self._hybrid_update()
+        return 0 if u is None else u.padded_tokens_fla
+
+    @property
+    def total_pcp_padding_tokens_fla(self) -> int:
+        u = self._hybrid_update()
+        return 0 if u is None else u.total_padding_tokens_fla
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        u = self._hybrid_update()
+        return 0 if u is None else u.num_linear_tokens
+
+    @property
+    def num_actual_tokens_pcp_padded(self) -> int:
+        return self._record.num_actual_tokens_pcp_padded
+
+    @property
+    def long_seq_metadata(self) -> Any:
+        return self._record.long_seq_metadata
+
+    # ---------------------------------------------------------------- the step
+    def classify_decode_request_mask(
+        self,
+        num_scheduled_tokens: Any,
+        num_computed_tokens: Any,
+        num_prompt_tokens: Any,
+        decode_threshold: int,
+    ) -> np.ndarray:
+        """vllm-ascend ``classify_decode_request_mask`` (numpy)."""
+        s = dataclasses.replace(self.settings, num_spec_tokens=decode_threshold - 1)
+        return _host.classify_decodes(
+            s,
+            np.asarray(num_scheduled_tokens),
+            np.asarray(num_computed_tokens),
+            np.asarray(num_prompt_tokens),
+        )
+
+    def init_batch_info(
+        self,
+        num_scheduled_tokens: np.ndarray,
+        num_reqs: int,
+        num_computed_tokens: np.ndarray,
+        num_prompt_tokens: np.ndarray,
+    ) -> None:
+        """Start a step: the host twin, the device batch (one copy) and the device step.
+
+        The arrays are the runner's (decodes first); only their first ``num_reqs``
+        entries are read and nothing keeps a reference to them.
+        """
+        if isinstance(num_reqs, bool) or not isinstance(num_reqs, (int, np.integer)) or num_reqs < 0:
+            raise ValueError(f"num_reqs must be an int >= 0, got {num_reqs!r}")
+        if num_reqs > self.max_num_reqs:
+            raise ValueError(f"num_reqs={num_reqs} exceeds max_num_reqs={self.max_num_reqs}")
+        n = int(num_reqs)
+        sched = _host_ints("num_scheduled_tokens", num_scheduled_tokens, n)
+        computed = _host_ints("num_computed_tokens", num_computed_tokens, n)
+        prompt = _host_ints("num_prompt_tokens", num_prompt_tokens, n)
+        h = _host.host_layout(self.settings, sched, computed, prompt)
+        batch = _ops.make_batch(self.config, h, self.device)  # validates counts and capacities
+        state, out = self._device(_ops.device_step, self._record.state, batch)
+        Rb = batch.bucket.num_reqs
+        ql = self._buffers.query_lens_pcp_full
+        ql.np[:n] = h.num_scheduled
+        ql.np[n:] = 0
+        with self._device.guard():
+            for name, value in out.items():
+                self._buffers.step[name][: value.shape[0]].copy_(value)
+            ql.gpu[:Rb].copy_(batch.num_scheduled)
+            ql.gpu[Rb:].zero_()
+        self._set(state=state, host=h, batch=batch)
+
+    def update_tokens_for_pcp(
+        self, num_scheduled_tokens: np.ndarray, arange_np: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(tokens per request on this rank [n] int32, local positions)`` of the step.
+
+        DualChunkSwap: ``pcp_tokens`` and the int32 offsets of the local rows;
+        hybrid attention: the linear split's counts and int64 offsets. ``arange_np``
+        is accepted for the reference's signature and not needed.
+        """
+        h = self._host()
+        given = np.asarray(num_scheduled_tokens)
+        if given.shape != (h.num_reqs,) or not np.array_equal(given, h.num_scheduled):
+            raise ValueError(
+                "num_scheduled_tokens passed to update_tokens_for_pcp differs from init_batch_info's "
+                f"({given.tolist()} vs {h.num_scheduled.tolist()})"
+            )
+        self._set(updated=h)
+        if self.pcp_use_hybrid_attn:
+            return h.linear_tokens.copy(), _host.linear_positions(h)
+        return h.pcp_tokens.copy(), _host.dcs_positions(h)
+
+    def get_logits_indices(
+        self, cu_num_tokens: np.ndarray, num_reqs: int, tokens_original: list[int] | None = None
+    ) -> torch.Tensor:
+        """``[num_reqs]`` int64 CPU tensor of restored rows to sample (the runner pins and copies it).
+
+        The same rows are on the device in ``logits_indices_gpu`` (hybrid form with hybrid attention).
+        """
+        h = self._host()
+        hybrid_form = self.pcp_use_hybrid_attn and tokens_original is not None
+        return torch.from_numpy(_host.logits_indices(h, hybrid_form)[:num_reqs])
+
+    def adjust_cu_num_scheduled_tokens_for_pcp(
+        self, cu_num_scheduled_tokens: np.ndarray, num_pcp_pads: np.ndarray
+    ) -> np.ndarray:
+        """Hybrid-attention spec decode: cumulative tokens in the restored FA order (numpy)."""
+        return _host.adjust_cu(self._host(), cu_num_scheduled_tokens)
+
+    def initialize_slot_mapping(self) -> None:
+        """One padded slot mapping buffer per KV cache group (allocated once)."""
+        _buffers.new_padded_slot_mapping(self._buffers, self.device)
+
+    def get_padded_slot_mapping(
+        self, num_tokens: int, num_tokens_padded: int, slot_mapping: torch.Tensor, kv_cache_group_id: int
+    ) -> torch.Tensor:
+        """The group's padded slot mapping: ``[num_tokens_padded * P]`` int32 (pad rows -1), at most
+        ``max_buffer_num_tokens`` rows (the runner's size for it).
+
+        ``slot_mapping`` holds the step's slots in scheduler order (the runner
+        passes exactly ``sum(num_scheduled_tokens)``; only those are read).
+        """
+        rec = self._record
+        if rec.batch is None:
+            raise RuntimeError("init_batch_info must run before get_padded_slot_mapping")
+        if not 0 <= kv_cache_group_id < len(self._buffers.padded_slot_mappings):
+            raise ValueError(
+                f"kv_cache_group_id={kv_cache_group_id} has no buffer; "
+                f"initialize_slot_mapping ran {len(self._buffers.padded_slot_mappings)} times"
+            )
+        buf = self._buffers.padded_slot_mappings[kv_cache_group_id]
+        P, Lb = self.pcp_world_size, rec.batch.bucket.num_tokens
+        staging = self._buffers.slots_in
+        count = min(int(slot_mapping.shape[0]), staging.shape[0])
+        with self._device.guard():
+            staging[:count].copy_(slot_mapping[:count])
+        padded = self._device(_ops.device_padded_slots, rec.state, staging[: P * Lb], Lb)
+        with self._device.guard():
+            buf[: P * Lb].copy_(padded)
+            buf[P * Lb :].fill_(-1)
+        u = self._hybrid_update()
+        if u is not None and self.total_num_sampled_tokens_pcp == num_tokens_padded:
+            length = u.num_tokens * P
+        else:
+            length = num_tokens_padded * P
+        # the runner sizes this buffer max_buffer_num_tokens (T + 2PR >= every step's P * N real rows)
+        return buf[: min(length, self.settings.max_buffer_num_tokens)]
+
+    def get_restore_hidden_states(
+        self, hidden_states: torch.Tensor, num_input_tokens: int | None = None
+    ) -> torch.Tensor:
+        """All-gather the ranks' hidden states and put them in request order.
+
+        DualChunkSwap: the first ``num_input_tokens`` rows (default this step's
+        local tokens) are gathered and reordered by the restore index. Hybrid
+        attention: the linear rows, padded to ``M`` per rank, are gathered and
+        reordered into the compact full-attention input.
+        """
+        P = self.pcp_world_size
+        u = self._hybrid_update()
+        if u is None:
+            local = (
+                num_input_tokens if num_input_tokens is not None else self.num_actual_tokens_pcp_padded // P
+            )
+            gathered = self._all_gather(hidden_states[:local])
+            index = self.pcp_allgather_restore_idx.gpu[: gathered.shape[0]]
+            return torch.index_select(gathered, 0, index)
+        if num_input_tokens is not None:
+            hidden_states = hidden_states[:num_input_tokens]
+        if hidden_states.shape[0] == u.num_linear_tokens and u.padded_tokens_fla > 0:
+            hidden_states = F.pad(hidden_states, (0, 0, 0, u.padded_tokens_fla))
+        if u.max_tokens_across_pcp > 0:
+            hidden_states = hidden_states[: u.max_tokens_across_pcp]
+        gathered = self._all_gather(hidden_states.contiguous())
+        assert self.pcp_enter_fa_restore_idx is not None
+        index = self.pcp_enter_fa_restore_idx[: gathered.shape[0] - u.total_padding_tokens_fla]
+        return torch.index_select(gathered, 0, index)
+
+    def generate_pcp_metadata(
+        self,
+        total_num_scheduled_tokens: int,
+        query_lens: torch.Tensor,
+        input_batch: Any,
+        num_scheduled_tokens: np.ndarray | None,
+        block_table_tensor: torch.Tensor,
+        num_reqs_padded: int,
+        num_reqs: int,
+        fixed_decode_seq_lens_cpu: np.ndarray | None = None,
+    ) -> tuple[Any, torch.Tensor]:
+        """vllm-ascend's ``AscendPrefillContextParallelMetadata`` of the step, and the block table.
+
+        Reads ``input_batch.num_computed_tokens_cpu`` (the context of the
+        prefills, and of the decodes without ``fixed_decode_seq_lens_cpu``).
+        Device fields are views of the manager's persistent buffers.
+        """
+        s, h = self.settings, self._host()
+        P = s.pcp_size
+        u = self._record.updated
+        if P > 1 and self.pcp_use_hybrid_attn:
+            total_num_scheduled_tokens = int(self.num_scheduled_tokens_padded.sum())
+        num_actual = int(total_num_scheduled_tokens) * P
+        self._set(num_actual_tokens_pcp_padded=num_actual)
+        meta = None
+        if s.cp_size > 1:
+            if num_scheduled_tokens is None:
+                raise ValueError("num_scheduled_tokens is required when pcp * dcp > 1")
+            nd, n = h.num_decode_reqs, h.num_reqs
+            computed_cpu = np.asarray(input_batch.num_computed_tokens_cpu)
+            if fixed_decode_seq_lens_cpu is not None:
+                decode_context = np.asarray(fixed_decode_seq_lens_cpu)[:nd]
+            else:
+                decode_context = computed_cpu[:nd] + np.asarray(num_scheduled_tokens)[:nd]
+            context = np.concatenate([decode_context, computed_cpu[nd:n]])
+            ori_query_lens = self.query_lens_pcp_full.cpu[:num_reqs_padded]
+            fields = dict(
+                pcp_use_hybrid_attn=self.pcp_use_hybrid_attn,
+                num_actual_tokens_pcp_padded=num_actual,
+                num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
+                pcp_unpad_mask=self.pcp_unpad_mask[: self.pcp_padded_tokens_length],
+                pcp_padded_tokens_fla=self.pcp_padded_tokens_fla,
+                query_lens_pcp_full_cpu=ori_query_lens,
+                max_query_len_pcp_full=ori_query_lens.max().item(),
+            )
+            meta = _metadata_class()(**fields)
+            if P > 1:
+                self._attach_attention_indices(meta, h, u, num_actual)
+            if s.has_spec_config and num_scheduled_tokens is not None:
+                meta.dcp_mtp_attn_mask = self._mtp_attention_mask(
+                    h, computed_cpu, np.asarray(num_scheduled_tokens), fixed_decode_seq_lens_cpu, num_reqs
+                )
+            else:
+                meta.dcp_mtp_attn_mask = None
+        self._set(long_seq_metadata=meta)
+        return meta, block_table_tensor
+
+    def _attach_attention_indices(
+        self, meta: Any, h: _host.HostLayout, u: _host.HostLayout | None, num_actual: int
+    ) -> None:
+        lists = _host.attention_lists(h)
+        step = self._buffers.step
+        for name, field in _ops.ATTENTION_INDEX_FIELDS.items():
+            setattr(meta, field, step[name][: lists.lengths[name]])
+        meta.attn_mask_seqlens = lists.attn_mask_seqlens
+        meta.head_attn_nomask_seqlens = lists.head_attn_nomask_seqlens
+        meta.tail_attn_nomask_seqlens = lists.tail_attn_nomask_seqlens
+        meta.head_actual_seq_lengths_kv = lists.head_actual_seq_lengths_kv
+        meta.tail_actual_seq_lengths_kv = lists.tail_actual_seq_lengths_kv
+        meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens)
+        meta.pcp_allgather_restore_idx = self.pcp_allgather_restore_idx.gpu[:num_actual]
+        if self.pcp_use_hybrid_attn and u is not None:
+            P, D = self.pcp_world_size, u.num_decode_tokens
+            meta.pcp_exit_fa_scatter_idx = self.pcp_exit_fa_scatter_idx.gpu[: u.num_linear_tokens - D]
+            meta.pcp_fa_query_idx = self.pcp_fa_query_idx[: num_actual // P - D]
+            meta.pcp_enter_fa_restore_idx = self.pcp_enter_fa_restore_idx[: u.enter_fa_len]
+            meta.pcp_fa_padding_restore_idx = (
+                self.pcp_fa_padding_restore_idx[:num_actual] if u.enter_fa_len < num_actual else None
+            )
+            meta.max_num_tokens_across_pcp = u.max_tokens_across_pcp
+            meta.total_num_scheduled_tokens = u.num_linear_tokens
+
+    def _mtp_attention_mask(
+        self,
+        h: _host.HostLayout,
+        computed_cpu: np.ndarray,
+        num_scheduled: np.ndarray,
+        fixed_decode_seq_lens_cpu: np.ndarray | None,
+        num_reqs: int,
+    ) -> torch.Tensor:
+        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes)."""
+        buf = self._buffers.dcp_mtp_attn_mask
+        assert buf is not None
+        nd = h.num_decode_reqs
+        if nd > 0:
+            batch = self._record.batch
+            if fixed_decode_seq_lens_cpu is not None:
+                decode_computed = np.asarray(fixed_decode_seq_lens_cpu)[:nd] - num_scheduled[:nd]
+            else:
+                decode_computed = computed_cpu[:nd]
+            computed = batch.num_computed
+            if not np.array_equal(decode_computed, h.num_computed[:nd]):
+                # async spec decode corrected the histories: one copy of the [R_b] counts
+                Rb = batch.bucket.num_reqs
+                host = np.zeros(Rb, dtype=np.int64)
+                host[: h.num_reqs] = h.num_computed
+                host[:nd] = decode_computed
+                computed = self._buffers.computed_in[:Rb]
+                computed.copy_(torch.from_numpy(host), non_blocking=True)
+            mask = self._device(
+                _ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2], batch.bucket
+            )
+            with self._device.guard():
+                buf.gpu[: mask.shape[0]].copy_(mask)
+        return buf.gpu[: nd if nd > 0 else num_reqs]

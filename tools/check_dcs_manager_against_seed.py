@@ -1,0 +1,212 @@
+"""Lockstep differential: FunctionalDCSManager against vllm-ascend 0.23's PCPManager, in runner order.
+
+Development only (needs the reference files beside the repository; see
+seed_loader.py). Run:
+
+    python tools/check_dcs_manager_against_seed.py [steps_per_config]
+
+For every configuration in CONFIGS and every (pcp rank, dcp rank), it builds
+the reference ``PCPManager`` (seed 000, with the stand-ins of seed_loader.py and
+check_spec_against_seed.py) and ``FunctionalDCSManager`` with the same
+constructor arguments, drives each with its own simulated ``model_runner_v1``
+(tests/ascend_runner.py: the runner's call order, each runner feeding its
+manager its own earlier outputs; the spec-decode logits come from the real
+``_calc_spec_decode_metadata`` of seed 002) over the same schedule, and
+compares every observation field by field. The adapter runs with
+``check_syncs=True`` (its device path under ``pcp_fn.no_host_syncs``).
+
+Documented deviations (DEVIATIONS below) are compared against the slow
+oracle instead of the reference; the counts say how often each applied.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+import check_spec_against_seed as spec_tool  # noqa: E402  (stand-ins, the seed module, the runner's CALC)
+import seed_loader  # noqa: E402
+from ascend_runner import Kinds, SimConfig, SimRunner, correct_optimistic_seq_lens_cpu, schedule  # noqa: E402
+from oracle_spec import oracle_mtp_mask  # noqa: E402
+
+from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager  # noqa: E402
+
+
+class _Metadata:
+    """Stand-in for vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata (used by both)."""
+
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+
+
+seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+sys.modules["vllm_ascend.spec_decode.utils"].correct_optimistic_seq_lens_cpu = correct_optimistic_seq_lens_cpu
+spec_tool.SEED_MOD.correct_optimistic_seq_lens_cpu = correct_optimistic_seq_lens_cpu
+REF_CLASS = seed_loader.load_pcp_manager_class()
+
+CONFIGS = [
+    SimConfig("mixed P2", pcp=2),
+    SimConfig("mixed P4, 2 KV cache groups", pcp=4, kv_groups=2),
+    SimConfig("decode-heavy P3", pcp=3, max_prompt=6, max_new=(8, 20)),
+    SimConfig("mixed P8 long prompts", pcp=8, R=8, T=256, max_prompt=120, max_model_len=512),
+    SimConfig("spec k=1 P2", pcp=2, spec=1),
+    SimConfig("spec k=2 P2 (MTP slots)", pcp=2, spec=2, max_prompt=12, max_new=(6, 14)),
+    SimConfig("spec k=3 P4 DCP2", pcp=4, dcp=2, spec=3, T=128),
+    SimConfig("spec k=2 P2 DCP2 interleave 4", pcp=2, dcp=2, spec=2, interleave=4),
+    SimConfig("DCP2 only (P1) k=2", pcp=1, dcp=2, spec=2),
+    SimConfig("hybrid P2", pcp=2, hybrid=True),
+    SimConfig("hybrid P4 k=1", pcp=4, hybrid=True, spec=1),
+    SimConfig("hybrid P2 k=2 DCP2", pcp=2, dcp=2, hybrid=True, spec=2),
+    SimConfig("async k=2 P2", pcp=2, spec=2, async_sched=True, max_prompt=12, max_new=(6, 14)),
+    SimConfig("async k=1 P4 DCP2 interleave 2", pcp=4, dcp=2, spec=1, async_sched=True, interleave=2),
+    SimConfig("multimodal P2", pcp=2, multimodal=True),
+    SimConfig("multimodal P4 k=1", pcp=4, spec=1, multimodal=True),
+]
+
+DEVIATIONS = {
+    "mtp mask, interleave > 1": "the reference's MTP mask ignores cp_kv_cache_interleave_size; "
+    "ours is interleave-aware (compared with oracle_spec.oracle_mtp_mask)",
+    "mtp mask, stale rows": "where the reference exposes rows it did not recompute (no decode in the "
+    "batch, or no decode query holding a local key) they are stale; ours hold the true mask (the oracle)",
+    "mtp_slot_pad length": "after a device rebuild the reference keeps its longer buffer; ours is the "
+    "[M * P] view (compared on it)",
+}
+COUNT: collections.Counter = collections.Counter()
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            a = torch.as_tensor(np.asarray(a))
+            b = torch.as_tensor(np.asarray(b))
+            return a.shape == b.shape and torch.equal(a.to(torch.int64), b.to(torch.int64))
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def _describe(a) -> str:
+    if isinstance(a, (torch.Tensor, np.ndarray)):
+        return f"{type(a).__name__}{tuple(a.shape)} {a.dtype} {np.asarray(a).tolist()}"
+    return repr(a)
+
+
+def _mask_check(cfg, st, rank, dcp_rank, ref, ours, nd, ctx) -> None:
+    """The MTP attention mask against the reference where it is defined, else against the oracle."""
+    thr, cols = 1 + cfg.spec, ours.shape[2]
+    C, c, interleave = cfg.pcp * cfg.dcp, rank * cfg.dcp + dcp_rank, cfg.interleave
+    async_fixed = cfg.async_sched and st.index % 2
+    hist = st.true_comp if async_fixed else st.comp
+    n = len(st.sched)
+    oracle = [
+        oracle_mtp_mask(hist[i], st.sched[i], thr, cols, C, c, interleave)
+        if i < nd
+        else [[False] * cols] * thr
+        for i in range(nd if nd else n)
+    ]
+    oracle = torch.tensor(oracle, dtype=torch.bool).reshape(ours.shape)
+    recomputed = nd > 0 and any(hist[i] + st.sched[i] - 1 >= c for i in range(nd))
+    assert torch.equal(ours, oracle), f"{ctx}: MTP mask differs from the oracle"
+    if interleave > 1 and nd:
+        COUNT["deviation: " + "mtp mask, interleave > 1"] += 1
+    elif recomputed:
+        assert torch.equal(ours, ref), f"{ctx}: MTP mask differs from the reference"
+        COUNT["field matches"] += 1
+    else:
+        COUNT["deviation: " + "mtp mask, stale rows"] += 1
+
+
+def compare(cfg, st, rank, dcp_rank, ref_obs, our_obs) -> None:
+    ctx = f"[{cfg.name}] step {st.index} rank {rank}/{dcp_rank}"
+    assert ref_obs.keys() == our_obs.keys(), f"{ctx}: observed {set(ref_obs) ^ set(our_obs)} on one side only"
+    for key in ref_obs:
+        ref, ours = ref_obs[key], our_obs[key]
+        if key == "metadata" and ref is not None:
+            assert ours is not None and ref.keys() == ours.keys(), (
+                f"{ctx}: metadata fields {ref.keys() ^ ours.keys()}"
+            )
+            for field in ref:
+                if field == "dcp_mtp_attn_mask" and ref[field] is not None:
+                    _mask_check(
+                        cfg, st, rank, dcp_rank, ref[field], ours[field], our_obs["num_decode_reqs"], ctx
+                    )
+                    continue
+                assert _equal(ref[field], ours[field]), (
+                    f"{ctx}: metadata.{field}\n ref  {_describe(ref[field])}\n ours {_describe(ours[field])}"
+                )
+                COUNT["field matches"] += 1
+            continue
+        if key in ("mtp_slot_pad", "rebuild.mtp_slot_pad") and ref is not None and ours is not None:
+            if ref.shape[0] > ours.shape[0]:
+                COUNT["deviation: mtp_slot_pad length"] += 1
+            ref = ref[: ours.shape[0]]
+        assert _equal(ref, ours), f"{ctx}: {key}\n ref  {_describe(ref)}\n ours {_describe(ours)}"
+        COUNT["field matches"] += 1
+
+
+def _calc(runner, num_draft, cu, pads):
+    """The real runner's ``_calc_spec_decode_metadata`` (seed 002) on a runner stand-in."""
+    arange = runner.arange_np
+    stub = SimpleNamespace(
+        pcp_size=runner.P,
+        pcp_manager=runner.m,
+        _get_cumsum_and_arange=spec_tool._vllm_cumsum_and_arange(arange),
+        _arange_scratch=np.zeros(arange.shape[0], dtype=np.int64),
+        arange_np=arange,
+        input_ids=SimpleNamespace(gpu=torch.arange(4096, dtype=torch.int32) * 5 + 1),
+        device="cpu",
+    )
+    return spec_tool.CALC(stub, num_draft, cu, pads)
+
+
+def run_config(cfg: SimConfig, num_steps: int, seed: int) -> None:
+    steps = schedule(cfg, num_steps, seed)
+    kinds = Kinds(mla_spec=spec_tool._MLASpec(), sfa_builder=spec_tool._SFABuilder())
+    for rank in range(cfg.pcp):
+        for dcp_rank in range(cfg.dcp):
+            args = cfg.manager_args(rank, dcp_rank)
+            ref_runner = SimRunner(REF_CLASS(*args), cfg, rank, dcp_rank, _calc, kinds)
+            ours = FunctionalDCSManager(*args, check_syncs=True)
+            our_runner = SimRunner(ours, cfg, rank, dcp_rank, _calc, kinds)
+            ptrs = {k: v.data_ptr() for k, v in ours._buffers.step.items()}
+            for st in steps:
+                seed_loader.PCP_GROUP.all_gather = ref_runner.gather
+                ref_obs = ref_runner.step(st)
+                seed_loader.PCP_GROUP.all_gather = our_runner.gather
+                our_obs = our_runner.step(st)
+                compare(cfg, st, rank, dcp_rank, ref_obs, our_obs)
+                COUNT["manager steps"] += 1
+            assert ptrs == {k: v.data_ptr() for k, v in ours._buffers.step.items()}, "a buffer moved"
+    COUNT["configs"] += 1
+    COUNT["schedule steps"] += len(steps)
+    print(f"  {cfg.name:34s} {len(steps):3d} steps x {cfg.pcp * cfg.dcp} ranks: equal", flush=True)
+
+
+if __name__ == "__main__":
+    per_config = int(sys.argv[1]) if len(sys.argv) > 1 else 24
+    torch.manual_seed(0)
+    for i, cfg in enumerate(CONFIGS):
+        run_config(cfg, per_config, seed=1000 + i)
+    print(
+        f"FunctionalDCSManager == vllm-ascend PCPManager: {COUNT['configs']} configs, "
+        f"{COUNT['schedule steps']} scheduled steps, {COUNT['manager steps']} (step, rank) pairs, "
+        f"{COUNT['field matches']} fields equal"
+    )
+    for name, why in DEVIATIONS.items():
+        print(f"  deviation applied {COUNT['deviation: ' + name]:5d}x  {name}: {why}")
