@@ -239,6 +239,53 @@ def _snap(x: Any) -> Any:
     return x
 
 
+def mm_requests(st: StepInput) -> dict[str, SimpleNamespace]:
+    """Request states with M-RoPE tables and multimodal features, a function of the request."""
+    reqs = {}
+    for rid, p, c in zip(st.req_ids, st.prompt, st.comp):
+        rng = np.random.default_rng(int(rid[1:]) * 7919 + 17)
+        kind = rng.integers(0, 3)
+        cols = p if kind == 0 else (int(rng.integers(1, p + 1)) if kind == 1 else 0)
+        table = torch.from_numpy(rng.integers(0, 1000, size=(3, cols))) if kind != 2 else None
+        features = []
+        pos = 0
+        while pos < p and len(features) < 3:
+            off = pos + int(rng.integers(0, 6))
+            length = int(rng.integers(1, 8))
+            mask = torch.from_numpy(rng.random(length) < 0.6) if rng.random() < 0.5 else None
+            features.append(
+                SimpleNamespace(
+                    identifier=f"{rid}_{len(features)}",
+                    mm_position=SimpleNamespace(offset=off, length=length, is_embed=mask),
+                )
+            )
+            pos = off + int(rng.integers(0, length + 2))
+        reqs[rid] = SimpleNamespace(
+            prompt_token_ids=list(range(p)),
+            prompt_embeds=None,
+            mrope_positions=table,
+            mrope_position_delta=int(rng.integers(-20, 20)) if rng.random() < 0.7 else None,
+            mm_features=features,
+            num_computed_tokens=c,
+        )
+    return reqs
+
+
+def mm_cache(requests: dict[str, SimpleNamespace]) -> dict[str, torch.Tensor]:
+    """Encoder outputs of every feature (64 rows each), a function of the feature's identifier."""
+    out = {}
+    for r in requests.values():
+        for f in r.mm_features:
+            out[f.identifier] = torch.randn(64, H, generator=torch.Generator().manual_seed(len(f.identifier)))
+    return out
+
+
+def prompt_embeds_for(req_id: str, prompt_len: int) -> torch.Tensor:
+    """A request's prompt embeds (``[0, prompt + 2]`` rows), a function of the request."""
+    rng = np.random.default_rng(int(req_id[1:]))
+    return torch.from_numpy(rng.standard_normal((int(rng.integers(0, prompt_len + 3)), H))).float()
+
+
 @dataclasses.dataclass
 class Kinds:
     """The drafter's attention kinds (vllm-ascend classes, or stand-ins) for the CP seq-len update."""
@@ -644,40 +691,9 @@ class SimRunner:
         obs["mask_restore.buffer"] = _snap(m.pcp_allgather_restore_idx.gpu[: length + 4])
 
     # ---------------------------------------------------------------- multimodal
-    def _mm_requests(self, st: StepInput) -> dict[str, SimpleNamespace]:
-        """Request states with M-RoPE tables and multimodal features, a function of the request."""
-        reqs = {}
-        for rid, p, c in zip(st.req_ids, st.prompt, st.comp):
-            rng = np.random.default_rng(int(rid[1:]) * 7919 + 17)
-            kind = rng.integers(0, 3)
-            cols = p if kind == 0 else (int(rng.integers(1, p + 1)) if kind == 1 else 0)
-            table = torch.from_numpy(rng.integers(0, 1000, size=(3, cols))) if kind != 2 else None
-            features = []
-            pos = 0
-            while pos < p and len(features) < 3:
-                off = pos + int(rng.integers(0, 6))
-                length = int(rng.integers(1, 8))
-                mask = torch.from_numpy(rng.random(length) < 0.6) if rng.random() < 0.5 else None
-                features.append(
-                    SimpleNamespace(
-                        identifier=f"{rid}_{len(features)}",
-                        mm_position=SimpleNamespace(offset=off, length=length, is_embed=mask),
-                    )
-                )
-                pos = off + int(rng.integers(0, length + 2))
-            reqs[rid] = SimpleNamespace(
-                prompt_token_ids=list(range(p)),
-                prompt_embeds=None,
-                mrope_positions=table,
-                mrope_position_delta=int(rng.integers(-20, 20)) if rng.random() < 0.7 else None,
-                mm_features=features,
-                num_computed_tokens=c,
-            )
-        return reqs
-
     def _multimodal_prepare(self, obs, st, input_batch, nst, positions_np, total) -> None:
         m, n = self.m, len(st.req_ids)
-        reqs = self._mm_requests(st)
+        reqs = mm_requests(st)
         buf = SimpleNamespace(cpu=torch.full((3, total + 4), -7, dtype=torch.int64))
         m.remap_mrope_positions_for_pcp(positions_np, nst, n, input_batch, reqs, buf)
         obs["mm.mrope"] = _snap(buf.cpu)
@@ -686,12 +702,9 @@ class SimRunner:
         for i, rid in enumerate(st.req_ids):
             k = int(nst[i])
             if k > 0 and i % 2 == 0:
-                rng = np.random.default_rng(int(rid[1:]))
-                req_embeds = torch.from_numpy(
-                    rng.standard_normal((int(rng.integers(0, st.prompt[i] + 3)), H))
-                )
+                req_embeds = prompt_embeds_for(rid, st.prompt[i])
                 m.fill_prompt_embeds_for_pcp(
-                    req_embeds.float(), positions_np[start : start + k], embeds[start : start + k]
+                    req_embeds, positions_np[start : start + k], embeds[start : start + k]
                 )
             start += k
         obs["mm.prompt_embeds"] = _snap(embeds)
@@ -701,13 +714,9 @@ class SimRunner:
 
     def _multimodal_preprocess(self, obs, st, nst, positions_np, total) -> None:
         m = self.m
-        reqs = self._mm_requests(st)
+        reqs = mm_requests(st)
         ids = list(st.req_ids)
-        cache = {
-            f.identifier: torch.randn(64, H, generator=torch.Generator().manual_seed(len(f.identifier)))
-            for r in reqs.values()
-            for f in r.mm_features
-        }
+        cache = mm_cache(reqs)
         partial = {k: v for j, (k, v) in enumerate(sorted(cache.items())) if j % 2}
         so = SimpleNamespace(
             total_num_scheduled_tokens=int(sum(st.sched)),

@@ -1,0 +1,693 @@
+"""FunctionalDCSManager (the vllm-ascend 0.23 ``PCPManager`` drop-in) against pcp_fn's slow oracles.
+
+The lockstep driver (``ascend_runner.SimRunner``) runs the manager in
+``model_runner_v1.py``'s call order over engine schedules (mixed, decode-only,
+spec decode with accepted and rejected drafts, async scheduling, hybrid
+attention, DCP 2, interleave > 1, multimodal); every observation is checked
+against the oracles of ``oracle*.py`` (plain Python, no pcp_fn code). Then the
+reference docstring's golden vectors, buffer addresses, the host-sync detector
+on the device path, graph capture per bucket, bad input and the import rules.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from ascend_runner import (
+    SimConfig,
+    SimRunner,
+    correct_optimistic_seq_lens_cpu,
+    mm_cache,
+    mm_requests,
+    prompt_embeds_for,
+    schedule,
+    slot_of,
+)
+from oracle import oracle_step
+from oracle_attention import (
+    oracle_attention,
+    oracle_local_mm_schedule,
+    oracle_mm_embeddings,
+    oracle_mrope,
+    oracle_prompt_embeds,
+)
+from oracle_hybrid import oracle_draft_split, oracle_hybrid
+from oracle_spec import (
+    oracle_decode_hidden_rows,
+    oracle_drafting_seq_lens,
+    oracle_first_pass,
+    oracle_full_inputs,
+    oracle_mask_restore,
+    oracle_mtp_mask,
+    oracle_mtp_slot_indices,
+    oracle_rebuild,
+    oracle_repair,
+    oracle_spec_indices,
+    request_starts,
+)
+
+import pcp_fn
+from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager, install
+
+SEED_FIELDS = {
+    "q_head_idx": "q_head_idx_tensor",
+    "q_tail_idx": "q_tail_idx_tensor",
+    "q_full_idx": "q_full_idx",
+    "kv_with_q_head_nomask_idx": "kv_with_q_head_nomask_idx_tensor",
+    "kv_with_q_head_mask_idx": "kv_with_q_head_mask_idx_tensor",
+    "kv_with_q_tail_nomask_idx": "kv_with_q_tail_nomask_idx_tensor",
+    "kv_with_q_tail_mask_idx": "kv_with_q_tail_mask_idx_tensor",
+    "kv_tail_proj_idx": "kv_tail_proj_idx_tensor",
+    "kv_with_q_head_attn_idx_in_tail": "kv_with_q_head_attn_idx_in_tail_tensor",
+    "kv_with_q_tail_attn_idx_in_tail": "kv_with_q_tail_attn_idx_in_tail_tensor",
+}
+
+CONFIGS = [
+    SimConfig("mixed P2, 2 KV groups", pcp=2, kv_groups=2, R=6, T=64, num_requests=6, max_prompt=30),
+    SimConfig("decode-heavy P3 k=1", pcp=3, spec=1, R=6, T=48, num_requests=5, max_prompt=5, max_new=(6, 12)),
+    SimConfig("hybrid P2 k=1", pcp=2, hybrid=True, spec=1, R=6, T=64, num_requests=6, max_prompt=24),
+    SimConfig(
+        "async k=2 P2 DCP2 interleave 4",
+        pcp=2,
+        dcp=2,
+        spec=2,
+        interleave=4,
+        async_sched=True,
+        R=6,
+        T=48,
+        num_requests=5,
+        max_prompt=10,
+        max_new=(6, 12),
+    ),
+    SimConfig("DCP2 only k=2", pcp=1, dcp=2, spec=2, R=6, T=48, num_requests=5, max_prompt=12),
+    SimConfig("multimodal P2 k=1", pcp=2, spec=1, multimodal=True, R=6, T=64, num_requests=5, max_prompt=24),
+]
+STEPS = 7
+
+
+def L(x):
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return x.tolist()
+    return x
+
+
+def _row(rank: int, step: int, local: int) -> list[float]:
+    """Row ``local`` of :func:`hidden_rows` of ``rank`` (without building the buffer)."""
+    return [float(local * 3 + j + rank * 1e6 + step * 1e8) for j in range(3)]
+
+
+def _table(cfg: SimConfig, st) -> list[list[int]]:
+    return [list(t) + [0] * (cfg.max_model_len - len(t)) for t in st.tokens]
+
+
+class Tracker:
+    """What a rank's checks remember across steps: the last MTP slot mapping built."""
+
+    def __init__(self) -> None:
+        self.mtp_slots: list[int] | None = None
+
+
+def _mtp_expected(cfg, st, comp, P) -> list[int]:
+    return oracle_full_inputs(list(st.sched), list(comp), _table(cfg, st), cfg.spec, P, slot_fn=slot_of)[
+        "mtp_slots"
+    ]
+
+
+def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Tracker) -> int:
+    """Every observation of one (step, rank) against the oracles; returns how many were checked."""
+    P, D, k, thr = cfg.pcp, cfg.dcp, cfg.spec, 1 + cfg.spec
+    sched, comp, n = list(st.sched), list(st.comp), len(st.sched)
+    orc = oracle_step(P, sched, comp, list(st.prompt), k)
+    hyb = oracle_hybrid(P, sched, comp, list(st.prompt), k) if cfg.hybrid and P > 1 else None
+    nd = sum(orc.is_decode)
+    npf = n - nd
+    Dt = orc.num_decode_tokens
+    N = orc.num_tokens
+    checked = 0
+
+    def eq(key, expected):
+        nonlocal checked
+        got = L(obs[key]) if isinstance(key, str) else key
+        assert got == expected, (
+            f"[{cfg.name}] step {st.index} rank {rank}/{dcp_rank}: {key}\n{got}\n{expected}"
+        )
+        checked += 1
+
+    # init_batch_info
+    eq("num_reqs", n)
+    eq("num_decode_reqs", nd)
+    eq("num_prefill_reqs", npf)
+    eq("num_decode_tokens", Dt)
+    eq("decode_req_mask", orc.is_decode)
+    ql = sched + [0] * (cfg.R - n)
+    eq(L(obs["query_lens_pcp_full"][0]), ql)
+    eq(L(obs["query_lens_pcp_full"][1]), ql)
+
+    # update_tokens_for_pcp and the attributes the runner reads after it
+    if P > 1:
+        if hyb is not None:
+            eq("update.tokens", hyb.linear_tokens[rank])
+            eq("update.positions", hyb.linear_positions[rank])
+        else:
+            eq("update.tokens", orc.pcp_tokens)
+            eq("update.positions", orc.positions[rank])
+    eq("num_pcp_pads_cpu", orc.num_pads if P > 1 else [0] * n)
+    eq("num_scheduled_tokens_padded", orc.pcp_tokens if P > 1 else sched)
+    total_sampled = (sum(sched) if hyb is not None else N) if P > 1 else 0
+    eq("total_num_sampled_tokens_pcp", total_sampled)
+    eq("max_num_tokens_across_pcp", hyb.max_tokens if hyb is not None else 0)
+    if hyb is not None:
+        mine = sum(hyb.linear_tokens[rank])
+        eq("total_num_scheduled_tokens", mine)
+        eq("pcp_padded_tokens_fla", hyb.max_tokens - mine)
+        eq("total_pcp_padding_tokens_fla", P * (hyb.max_tokens - Dt) - sum(sched[nd:]) if npf else 0)
+
+    # logits
+    drafts = list(st.drafts)
+    local_counts = (hyb.linear_tokens[rank] if hyb is not None else orc.pcp_tokens) if P > 1 else sched
+    if not any(drafts):
+        eq("logits", hyb.logits if hyb is not None else orc.logits)
+    elif hyb is None and P > 1:
+        eq("logits", oracle_spec_indices(orc, rank, sched, drafts, [0] * N)["logits"])
+    else:
+        cu = list(np.cumsum(local_counts))
+        ends = hyb.adjust_cu(cu) if hyb is not None and npf else cu
+        eq("logits", [e - d - 1 + j for e, d in zip(ends, drafts) for j in range(d + 1)])
+
+    # padded slot mapping, per KV cache group
+    if P > 1:
+        slots = [slot_of(i, comp[i] + j) for i in range(n) for j in range(sched[i])]
+        padded = orc.padded_slot_mapping(slots, -1)
+        pad8 = -(-total_sampled // 8) * 8
+        length = N * P if hyb is not None and total_sampled == pad8 else pad8 * P
+        length = min(length, cfg.T + 2 * P * cfg.R)
+        for g in range(cfg.kv_groups):
+            eq(f"padded_slot_mapping.{g}", (padded + [-1] * length)[:length])
+
+    # restored hidden states
+    if P > 1:
+        if hyb is not None:
+            expected = [
+                _row(q, st.index, l)
+                for q, l in (divmod(i, hyb.max_tokens) for i in hyb.enter_fa(hyb.max_tokens))
+            ]
+        else:
+            owner = {g: (r, l) for r, rows in enumerate(orc.rows) for l, g in enumerate(rows)}
+            expected = [_row(owner[g][0], st.index, owner[g][1]) for g in range(P * N)]
+        eq("restored", expected)
+
+    # attention metadata
+    fixed = None
+    if cfg.async_sched and k:
+        base = st.true_comp if st.index % 2 else st.comp
+        fixed = [b + s for b, s in zip(base, sched)]
+    meta = obs["metadata"]
+    oa = oracle_attention(P, rank, D, cfg.interleave, sched, comp, list(st.prompt), k, decode_seq_lens=fixed)
+    eq(L(meta["num_computed_tokens_of_pcp_dcp"]), oa.num_computed_tokens_of_pcp_dcp)
+    eq(meta["num_actual_tokens_pcp_padded"], oa.num_actual_tokens_pcp_padded)
+    eq(L(meta["pcp_unpad_mask"]), oa.unpad_mask if P > 1 else [])
+    eq(L(meta["query_lens_pcp_full_cpu"]), sched)
+    eq(meta["max_query_len_pcp_full"], max(sched))
+    if P > 1:
+        eq(L(meta["pcp_allgather_restore_idx"]), oa.restore_index_compact)
+        for name, field in SEED_FIELDS.items():
+            eq(L(meta[field]), oa.index[name])
+        for name, values in oa.per_request.items():
+            eq(L(meta[name]), values)
+    if hyb is not None:
+        M, Q = hyb.max_tokens, N - Dt
+        eq(L(meta["pcp_enter_fa_restore_idx"]), hyb.enter_fa(M))
+        eq(L(meta["pcp_fa_query_idx"]), hyb.fa_query[rank])
+        eq(L(meta["pcp_exit_fa_scatter_idx"]), hyb.exit_fa(rank, Q))
+        fa_len = len(hyb.enter_fa(M))
+        eq(L(meta["pcp_fa_padding_restore_idx"]), hyb.fa_padding if fa_len < P * N else None)
+        eq(meta["max_num_tokens_across_pcp"], M)
+    if k:
+        C, c = P * D, rank * D + dcp_rank
+        hist = [f - s for f, s in zip(fixed, sched)] if fixed else comp
+        rows = [
+            oracle_mtp_mask(hist[i], sched[i], thr, cfg.max_model_len, C, c, cfg.interleave)
+            for i in range(nd)
+        ]
+        eq(L(meta["dcp_mtp_attn_mask"]), rows or [[[False] * cfg.max_model_len] * thr] * n)
+
+    if k:
+        _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq)
+    if cfg.multimodal and P > 1:
+        _check_multimodal(cfg, st, rank, obs, orc, eq)
+    return checked
+
+
+def _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq) -> None:
+    P, D, k, thr = cfg.pcp, cfg.dcp, cfg.spec, 1 + cfg.spec
+    sched, n = list(st.sched), len(st.sched)
+    nd = sum(orc.is_decode)
+    npf, Dt, N = n - nd, orc.num_decode_tokens, orc.num_tokens
+    F = sum(sched)
+    with_prefill = npf > 0
+    table = _table(cfg, st)
+
+    def full(comp):
+        return oracle_full_inputs(sched, list(comp), table, k, P, slot_fn=slot_of)
+
+    def repaired(ids):
+        prev = st.prev
+        if prev is None:
+            return ids
+        rows = [prev["req_id_to_index"].get(r, -1) for r in st.req_ids]
+        return oracle_repair(sched, orc.is_decode, ids, L(prev["sampled"]), L(prev["drafts"][:, :k]), rows, k)
+
+    def check_full(comp):
+        f = full(comp)
+        cpu, gpu = obs["input_ids_pcp_full"]
+        eq(L(cpu), f["ids"])
+        eq(L(gpu), repaired(f["ids"]))
+        qsl = f["qsl"] + [-1] * (cfg.R - n)
+        eq(L(obs["query_start_loc_pcp_full"][0]), qsl)
+        eq(L(obs["query_start_loc_pcp_full"][1]), qsl)
+        eq("positions_pcp_full", f["positions"])
+        eq("cu_num_tokens_pcp_full", f["qsl"][1:])
+
+    builds = thr > 2 and (not with_prefill or (P == 1 and D > 1))
+    rebuilt = obs.get("rebuild.result")
+    if rebuilt == (True, False):  # the host rebuild ran generate_pcp_mtp_input again, corrected
+        check_full(st.true_comp)
+    else:
+        check_full(st.comp)
+    if builds:
+        tr.mtp_slots = _mtp_expected(cfg, st, st.true_comp if rebuilt == (True, False) else st.comp, P)
+    if rebuilt is not None:
+        should = st.prev is not None and nd > 0
+        on_device = st.index % 2 == 0 and not with_prefill
+        eq("rebuild.result", (should, should and on_device))
+        local, full_pos = oracle_rebuild(orc, rank, sched, list(st.true_comp))
+        qsl_full = request_starts(sched)
+        if should and on_device:
+            eq("rebuild.positions", local)
+            if thr > 2:
+                tr.mtp_slots = _mtp_expected(cfg, st, st.true_comp, P)
+        elif should:
+            eq("rebuild.positions_np", local)
+            owners = [i for i in range(n) for _ in range(orc.pcp_tokens[i] if P > 1 else sched[i])]
+            eq("rebuild.input_ids", [table[i][x] for i, x in zip(owners, local)])
+            eq(
+                "rebuild.prepare_input_ids",
+                [(n, len(local), list(np.cumsum(orc.pcp_tokens if P > 1 else sched)))],
+            )
+        calls = [(n, qsl_full, full_pos)] if should and P > 1 else []
+        eq("rebuild.block_table_calls", [(a, L(b), L(c)) for a, b, c in calls])
+        eq(L(obs["rebuild.mtp_slot_pad"]), tr.mtp_slots)
+    else:
+        eq(L(obs["mtp_slot_pad"]), tr.mtp_slots)
+
+    # the proposer
+    if P * D == 1:
+        return
+    fp = obs["first_pass"]
+    tis_in = L(fp["long_seq_args"][1])
+    eq(L(fp["long_seq_args"][0]), sched[:nd])
+    ids_full = L(obs["input_ids_pcp_full"][1])
+    if P == 1:
+        eq(fp["num_tokens"], F)
+        eq(L(fp["input_ids"]), ids_full)
+        eq(L(fp["token_indices_to_sample"]), tis_in)
+    else:
+        seq = [c + s for c, s in zip(st.comp, sched)]
+        of = oracle_first_pass(orc, rank, sched, ids_full, tis_in, L(obs["logits"]), thr, seq)
+        restored = L(obs["restored"])
+        if hyb is None:
+            eq(L(fp["input_ids"]), of["ids"])
+            eq(L(fp["target_hidden_states"]), [restored[r] for r in of["rows"]])
+        else:
+            lens = sched[nd:]
+            split = oracle_draft_split(P, rank, lens, ids_full[Dt:F], restored[Dt * P :])
+            eq(L(fp["input_ids"]), ids_full[:Dt] + split.input_ids)
+            eq(L(fp["target_hidden_states"]), restored[:Dt] + split.hidden)
+        eq(fp["num_tokens"], N)
+        eq(L(fp["token_indices_to_sample"]), of["tis"])
+        eq(L(obs["first_pass.tis_in_place"]), of["tis"])
+        cam = obs["first_pass.cam"]
+        if npf:
+            eq(L(cam["seq_lens"]), of["seq_lens"])
+            eq(L(cam["query_start_loc"])[nd + 1 :], of["qsl"][nd + 1 :])
+            eq(cam["max_query_len"], of["max_query_len"])
+            eq(cam["num_actual_tokens"], N)
+        if Dt:
+            rows = (
+                range(Dt) if hyb is not None else oracle_decode_hidden_rows(orc, sched)
+            )  # FA order: rank 0 first
+            eq(L(obs["decode_hidden_states"]), [restored[r] for r in rows])
+    if k >= 2:
+        active = (nd > 0 and npf == 0) or (P == 1 and D > 1 and npf > 0)
+        got = obs["mtp_drafting"]
+        if not active:
+            eq(got, None)
+        else:
+            num = n if (P == 1 and npf) else nd
+            eq(L(got["slot_indices"]), oracle_mtp_slot_indices(sched, list(st.comp), tis_in, k, P, num))
+            eq(L(got["slot_mapping"]), tr.mtp_slots)
+            eq(L(got["seq_lens"]), [c + s for c, s in zip(st.comp, sched)])
+            eq(obs["mtp_drafting.cam_rows"], n)
+    seq = [c + s for c, s in zip(st.comp, sched)]
+    for d in range(max(k - 1, 1)):
+        lens, _ = oracle_drafting_seq_lens(seq, d, P, D, cfg.interleave, rank, dcp_rank)
+        eq(L(obs[f"drafting_cp.{d}.other"]), lens)
+    length = n * thr * P
+    idx = [(j * 7) % max(length, 1) for j in range(length)]
+    masked = oracle_mask_restore(idx, P, thr)
+    eq("mask_restore.index", masked)
+    eq("mask_restore.buffer", masked + [0] * 4)
+
+
+def _check_multimodal(cfg, st, rank, obs, orc, eq) -> None:
+    n = len(st.sched)
+    reqs = mm_requests(st)
+    ids = list(st.req_ids)
+    counts = orc.pcp_tokens
+    N = orc.num_tokens
+    owners = [i for i in range(n) for _ in range(counts[i])]
+    positions = [st.comp[i] + x for i, x in zip(owners, orc.positions[rank])]
+    tables = [None if r.mrope_positions is None else L(r.mrope_positions) for r in reqs.values()]
+    deltas = [
+        r.mrope_position_delta if r.mrope_positions is not None and r.mrope_positions.shape[1] else None
+        for r in reqs.values()
+    ]
+    tables = [t if t is not None and len(t[0]) else None for t in tables]
+    mrope = oracle_mrope(tables, deltas, list(st.prompt), positions, owners)
+    eq(L(obs["mm.mrope"]), [row + [-7] * 4 for row in mrope])
+    embeds = {i: L(prompt_embeds_for(rid, st.prompt[i])) for i, rid in enumerate(ids) if i % 2 == 0}
+    base = [[-1.0] * 3 for _ in range(N)]
+    got = L(obs["mm.prompt_embeds"])
+    want = oracle_prompt_embeds(embeds, positions, owners, base)
+    assert np.allclose(got, want, rtol=0, atol=0), "prompt embeds"
+    eq(L(obs["mm.local_schedule"][0]), counts)
+    eq(obs["mm.local_schedule"][1], N)
+    cache = mm_cache(reqs)
+    partial = {key: v for j, (key, v) in enumerate(sorted(cache.items())) if j % 2}
+    sched_enc, needed = oracle_local_mm_schedule(ids, reqs, positions, counts, partial)
+    eq(obs["mm.local_mm_schedule"], (sched_enc, needed))
+    localized = obs["mm.localized"]
+    if N == sum(st.sched) and list(counts) == list(st.sched):  # nothing differs: left as it is
+        eq(obs["mm.restore_state"], None)
+        eq(localized["total_num_scheduled_tokens"], N)
+        eq(localized["scheduled_encoder_inputs"], {ids[0]: [0]})
+        eq(localized["free_encoder_mm_hashes"], ["gone", *sorted(cache)[:2]])
+    else:
+        eq(localized["total_num_scheduled_tokens"], N)
+        eq(localized["num_scheduled_tokens"], dict(zip(ids, counts)))
+        eq(localized["scheduled_encoder_inputs"], sched_enc)
+        eq(localized["free_encoder_mm_hashes"], ["gone"])
+    rows, is_mm = oracle_mm_embeddings(ids, reqs, positions, counts, 0, cache)
+    got_embeds, got_mask, sync_m, sync_x = obs["mm.embeddings"]
+    flat = torch.cat(got_embeds) if got_embeds else torch.zeros(0, 3)
+    eq(L(flat), [L(r) for r in rows])
+    eq(L(got_mask), is_mm)
+    eq((sync_m, sync_x), (False, False))
+    eq(obs["mm.restored"], True)
+
+
+@pytest.fixture
+def async_stand_in(monkeypatch):
+    """vllm-ascend's ``correct_optimistic_seq_lens_cpu`` for the host rebuild (no vllm_ascend here)."""
+    for name in ("vllm_ascend", "vllm_ascend.spec_decode"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    utils = types.ModuleType("vllm_ascend.spec_decode.utils")
+    utils.correct_optimistic_seq_lens_cpu = correct_optimistic_seq_lens_cpu
+    monkeypatch.setitem(sys.modules, "vllm_ascend.spec_decode.utils", utils)
+
+
+def _manager(cfg: SimConfig, rank: int, dcp_rank: int, **kw):
+    holder: dict[str, SimRunner] = {}
+    m = FunctionalDCSManager(
+        *cfg.manager_args(rank, dcp_rank), check_syncs=True, all_gather=lambda x: holder["r"].gather(x), **kw
+    )
+    runner = SimRunner(m, cfg, rank, dcp_rank)
+    holder["r"] = runner
+    return m, runner
+
+
+def _same_storage(view: torch.Tensor, buffer: torch.Tensor) -> bool:
+    return view.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+
+
+def _persistent(m: FunctionalDCSManager) -> dict[str, int]:
+    b = m._buffers
+    tensors = dict(b.step)
+    tensors.update({f"slots{i}": t for i, t in enumerate(b.padded_slot_mappings)})
+    tensors["query_lens.cpu"], tensors["query_lens.gpu"] = (
+        b.query_lens_pcp_full.cpu,
+        b.query_lens_pcp_full.gpu,
+    )
+    if b.input_ids_pcp_full is not None:
+        tensors["ids.gpu"], tensors["qsl.gpu"] = b.input_ids_pcp_full.gpu, b.query_start_loc_pcp_full.gpu
+        tensors["mask"] = b.dcp_mtp_attn_mask.gpu
+    if b.mtp_slot_pad is not None:
+        tensors["mtp"] = b.mtp_slot_pad
+    return {k: v.data_ptr() for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_lockstep_runner_order_equals_the_oracles(cfg, async_stand_in):
+    steps = schedule(cfg, STEPS, seed=7)
+    checked = 0
+    for rank in range(cfg.pcp):
+        for dcp_rank in range(cfg.dcp):
+            m, runner = _manager(cfg, rank, dcp_rank)
+            before = _persistent(m)
+            tr = Tracker()
+            for st in steps:
+                obs = runner.step(st)
+                checked += check_step(cfg, st, rank, dcp_rank, obs, tr)
+                # the device views the runner got are the persistent buffers themselves
+                meta, step_buffers = m.long_seq_metadata, m._buffers.step
+                if cfg.pcp > 1:
+                    assert _same_storage(meta.pcp_allgather_restore_idx, step_buffers["restore"])
+                    assert _same_storage(meta.q_head_idx_tensor, step_buffers["q_head_idx"])
+            assert _persistent(m) == before, "a persistent buffer moved"
+    assert checked > 100
+
+
+def test_golden_vectors_of_the_reference_docstrings():
+    """vllm-ascend's ``update_tokens_for_pcp`` docstring (tokens [1, 5, 8], P = 2) and its hybrid test."""
+    cfg = SimConfig("golden", pcp=2, R=4, T=32)
+    for rank, positions in ((0, [0, 0, 1, 6, 7, 0, 1, 6, 7]), (1, [0, 2, 3, 4, 5, 2, 3, 4, 5])):
+        m, _ = _manager(cfg, rank, 0)
+        m.initialize_slot_mapping()
+        sched = np.array([1, 5, 8], dtype=np.int32)
+        m.init_batch_info(sched, 3, np.array([7, 0, 0]), np.array([3, 5, 8]))
+        tokens, pos = m.update_tokens_for_pcp(sched.copy(), np.arange(64))
+        assert tokens.tolist() == [1, 4, 4] and pos.tolist() == positions
+        assert m.num_pcp_pads_cpu[:3].tolist() == [1, 3, 0]
+        m.generate_pcp_metadata(
+            9,
+            torch.from_numpy(tokens),
+            SimpleNamespace(num_computed_tokens_cpu=np.array([7, 0, 0])),
+            tokens,
+            torch.zeros(3, 1),
+            3,
+            3,
+        )
+        meta = m.long_seq_metadata
+        assert meta.pcp_unpad_mask.tolist() == [True, False] + [True] * 5 + [False] * 3 + [True] * 8
+        restore = [0, 9, 1, 2, 10, 11, 12, 13, 3, 4, 5, 6, 14, 15, 16, 17, 7, 8]
+        assert meta.pcp_allgather_restore_idx.tolist() == restore
+        assert m.get_logits_indices(np.cumsum(tokens), 3).tolist() == [0, 6, 17]
+    hybrid = SimConfig("golden hybrid", pcp=2, hybrid=True, R=4, T=32)
+    m, _ = _manager(hybrid, 0, 0)
+    sched = np.array([3, 5], dtype=np.int32)
+    m.init_batch_info(sched, 2, np.array([0, 0]), np.array([3, 5]))
+    tokens, pos = m.update_tokens_for_pcp(sched.copy())
+    assert tokens.tolist() == [2, 3] and pos.tolist() == [0, 1, 0, 1, 2] and m.max_num_tokens_across_pcp == 5
+    m.generate_pcp_metadata(
+        5,
+        torch.from_numpy(m.num_scheduled_tokens_padded),
+        SimpleNamespace(num_computed_tokens_cpu=np.array([0, 0])),
+        tokens,
+        torch.zeros(2, 1),
+        2,
+        2,
+    )
+    meta = m.long_seq_metadata
+    assert meta.pcp_enter_fa_restore_idx.tolist() == [0, 1, 5, 2, 3, 4, 6, 7]
+    assert meta.pcp_fa_padding_restore_idx.tolist() == [0, 1, 2, 8, 3, 4, 5, 6, 7, 8, 8, 8]
+    assert meta.pcp_fa_query_idx.tolist() == [0, 3, 4, 5, 10, 11]
+    assert meta.pcp_exit_fa_scatter_idx.tolist() == [0, 6, 2, 3, 8]
+
+
+def test_capture_serves_every_step_of_a_bucket_from_one_graph():
+    """``capture=True`` (torch.compile on the CPU; NPUGraph on an NPU) equals eager, one graph per bucket."""
+    cfg = SimConfig("capture", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
+    steps = schedule(cfg, 5, seed=3)
+    kw = dict(request_buckets=(4,), token_buckets=(36,))
+    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", **kw)
+    captured._device.check_syncs = False  # the detector is a dispatch mode; not under dynamo
+    eager, re = _manager(cfg, 1, 0, **kw)
+    for st in steps:
+        a, b = rc.step(st), re.step(st)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert repr(L(a[key]) if not isinstance(a[key], dict) else a[key]) == repr(
+                L(b[key]) if not isinstance(b[key], dict) else b[key]
+            ), key
+    assert captured.record.batch.bucket == pcp_fn.Bucket(4, 36)
+    assert captured.num_graphs == 3  # the step, the slot mapping, the MTP mask: once for the one bucket
+
+
+def test_graph_capture_on_an_npu_uses_npu_graph(monkeypatch):
+    """No NPU here: a stand-in ``torch.npu`` records that ``graph.capture``'s device path picks NPUGraph."""
+    used = []
+
+    class Stream:
+        def __init__(self, device=None):
+            used.append("Stream")
+
+        def wait_stream(self, other):
+            pass
+
+    class NPUGraph:
+        def __init__(self):
+            used.append("NPUGraph")
+
+        def replay(self):
+            used.append("replay")
+
+    class _Ctx:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    fake = SimpleNamespace(
+        Stream=Stream, NPUGraph=NPUGraph, current_stream=lambda d=None: Stream(), stream=_Ctx, graph=_Ctx
+    )
+    monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
+    monkeypatch.setattr(torch, "npu", fake, raising=False)
+    from pcp_fn.graph import _DeviceGraph
+
+    g = _DeviceGraph(lambda x: x + 1, SimpleNamespace(type="npu"), (torch.zeros(3),), warmup=1)
+    g((torch.ones(3),), [torch.ones(3)])
+    assert used.count("NPUGraph") == 1 and "replay" in used
+    settings = FunctionalDCSManager(*CONFIGS[0].manager_args(0, 0)).settings
+    npu = SimpleNamespace(**{**vars(settings), "device": SimpleNamespace(type="npu")})
+    assert type(settings).graph_device.fget(npu) is True  # the manager captures on an NPU by default
+
+
+def test_the_device_path_runs_under_the_sync_detector(monkeypatch):
+    cfg = CONFIGS[0]
+    m, runner = _manager(cfg, 0, 0)
+    st = schedule(cfg, 1, seed=1)[0]
+    runner.step(st)  # check_syncs=True: every device-path call ran under pcp_fn.no_host_syncs
+    from pcp_fn.adapters.vllm_ascend import _ops
+
+    real = _ops.device_step
+    monkeypatch.setattr(_ops, "device_step", lambda s, b: (real(s, b)[0], {"x": b.num_reqs.item()}))
+    with pytest.raises(pcp_fn.HostSyncError):
+        m.init_batch_info(
+            np.array(st.sched, dtype=np.int32), len(st.sched), np.array(st.comp), np.array(st.prompt)
+        )
+
+
+def test_the_record_is_frozen_and_kept_across_steps():
+    cfg = CONFIGS[0]
+    m, runner = _manager(cfg, 0, 0)
+    steps = schedule(cfg, 2, seed=2)
+    runner.step(steps[0])
+    first = m.record
+    runner.step(steps[1])
+    assert first.host.num_scheduled.tolist() == list(steps[0].sched)
+    assert m.record.host.num_scheduled.tolist() == list(steps[1].sched)
+    with pytest.raises(AttributeError):
+        first.host = None
+
+
+def test_a_dummy_run_with_stale_counts_does_not_fail():
+    """``_dummy_run``: init_batch_info without update_tokens_for_pcp; stale counts put a 'decode' late."""
+    cfg = SimConfig("dummy", pcp=2, spec=1, R=4, T=32)
+    m, _ = _manager(cfg, 0, 0)
+    m.initialize_slot_mapping()
+    sched = np.array([4, 1, 1], dtype=np.int32)
+    m.init_batch_info(sched, 3, np.array([0, 9, 0, 0]), np.array([0, 3, 0, 0]))
+    assert m.num_decode_reqs == 0  # the late decode is treated as a prefill
+    m.get_padded_slot_mapping(6, 8, torch.zeros(12, dtype=torch.int64), 0)
+    meta, _ = m.generate_pcp_metadata(
+        6,
+        torch.from_numpy(sched),
+        SimpleNamespace(num_computed_tokens_cpu=np.zeros(4)),
+        sched,
+        torch.zeros(3, 1),
+        3,
+        3,
+    )
+    assert meta is not None
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (dict(num_reqs=9), "num_reqs=9 exceeds max_num_reqs=6"),
+        (dict(sched=[40, 30]), "sums to 70 tokens; max_num_tokens is 64"),
+        (dict(sched=[-1, 3]), r"num_scheduled_tokens\[0\] = -1 is negative"),
+        (dict(sched=[1.5, 2.0]), "num_scheduled_tokens must be a 1-D integer array"),
+        (dict(comp=[1]), "num_computed_tokens has 1 entries but num_reqs is 2"),
+    ],
+)
+def test_bad_input_names_the_field_and_the_limit(args, match):
+    m, _ = _manager(CONFIGS[0], 0, 0)
+    sched = np.asarray(args.get("sched", [3, 4]))
+    comp = np.asarray(args.get("comp", [0, 0]))
+    with pytest.raises(ValueError, match=match):
+        m.init_batch_info(sched, args.get("num_reqs", 2), comp, np.array([3, 4, 0, 0, 0, 0, 0, 0, 0]))
+
+
+def test_bad_calls_and_constructor_fields_raise_value_errors():
+    cfg = CONFIGS[0]
+    with pytest.raises(ValueError, match="pcp_rank must be < pcp_size=2"):
+        FunctionalDCSManager(*cfg.manager_args(2, 0))
+    args = list(cfg.manager_args(0, 0))
+    args[5] = 5
+    with pytest.raises(ValueError, match=r"max_num_reqs=5 differs from scheduler_config\.max_num_seqs=6"):
+        FunctionalDCSManager(*args)
+    m, _ = _manager(cfg, 0, 0)
+    sched = np.array([3, 4], dtype=np.int32)
+    m.init_batch_info(sched, 2, np.zeros(2, dtype=np.int32), np.array([3, 4]))
+    with pytest.raises(ValueError, match="differs from init_batch_info"):
+        m.update_tokens_for_pcp(np.array([3, 5], dtype=np.int32))
+    with pytest.raises(ValueError, match="kv_cache_group_id=5 has no buffer"):
+        m.get_padded_slot_mapping(4, 8, torch.zeros(7, dtype=torch.int64), 5)
+    with pytest.raises(ValueError, match="the buffer holds"):
+        m.mask_spec_decode_restore_idx_for_graph(torch.zeros(10_000, dtype=torch.int64))
+
+
+def test_import_pcp_fn_does_not_import_the_adapters_or_the_frameworks():
+    code = (
+        "import sys, pcp_fn; assert 'pcp_fn.adapters' not in sys.modules; "
+        "import pcp_fn.adapters.vllm_ascend; "
+        "bad = [m for m in ('vllm', 'vllm_ascend', 'torch_npu') if m in sys.modules]; assert not bad, bad"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1])
+    )
+
+
+def test_install_switches_the_runner_to_the_functional_manager(monkeypatch):
+    utils = types.ModuleType("vllm_ascend.worker.pcp_utils")
+    runner = types.ModuleType("vllm_ascend.worker.model_runner_v1")
+    utils.PCPManager = runner.PCPManager = object
+    monkeypatch.setitem(sys.modules, "vllm_ascend.worker.pcp_utils", utils)
+    monkeypatch.setitem(sys.modules, "vllm_ascend.worker.model_runner_v1", runner)
+    for name in ("vllm_ascend", "vllm_ascend.worker"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    assert install(token_buckets=(16,)) is object
+    m = runner.PCPManager(*CONFIGS[0].manager_args(0, 0))
+    assert utils.PCPManager is runner.PCPManager and isinstance(m, FunctionalDCSManager)
+    assert 16 in m.config.token_buckets
