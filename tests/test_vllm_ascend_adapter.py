@@ -691,3 +691,7 @@ def test_install_switches_the_runner_to_the_functional_manager(monkeypatch):
     m = runner.PCPManager(*CONFIGS[0].manager_args(0, 0))
     assert utils.PCPManager is runner.PCPManager and isinstance(m, FunctionalDCSManager)
     assert 16 in m.config.token_buckets
+    # a runner module imported later takes the name from pcp_utils, already replaced
+    monkeypatch.delitem(sys.modules, "vllm_ascend.worker.model_runner_v1")
+    install()
+    assert issubclass(utils.PCPManager, FunctionalDCSManager)

@@ -19,8 +19,10 @@ class) import them when called and fall back to stand-ins when absent.
 from __future__ import annotations
 
 import importlib
+import sys
 
-from ._spec import PCPAsyncSpecDecodeRebuildResult, PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
+from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
+from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
 from .manager import FunctionalDCSManager
 
 __all__ = [
@@ -35,11 +37,11 @@ __all__ = [
 def install(**manager_kwargs) -> type:
     """Make vllm-ascend's runner build :class:`FunctionalDCSManager` instead of its ``PCPManager``.
 
-    Replaces ``PCPManager`` in ``vllm_ascend.worker.pcp_utils`` and in
-    ``vllm_ascend.worker.model_runner_v1`` (which imported the name), so call it
-    before the model runner is constructed (e.g. in a plugin's ``register``).
-    ``manager_kwargs`` (``capture=``, ``token_buckets=``...) are passed to every
-    manager. Returns the class that was replaced.
+    Replaces ``PCPManager`` in ``vllm_ascend.worker.pcp_utils`` (and in
+    ``vllm_ascend.worker.model_runner_v1`` if it was imported already: it imports
+    the name), so call it before the model runner is constructed, e.g. from a
+    vLLM general plugin. ``manager_kwargs`` (``capture=``, ``token_buckets=``...)
+    go to every manager. Returns the class that was replaced.
     """
     utils = importlib.import_module("vllm_ascend.worker.pcp_utils")
     original = utils.PCPManager
@@ -50,6 +52,7 @@ def install(**manager_kwargs) -> type:
 
     _Configured.__name__ = _Configured.__qualname__ = "FunctionalDCSManager"
     utils.PCPManager = _Configured
-    runner = importlib.import_module("vllm_ascend.worker.model_runner_v1")
-    runner.PCPManager = _Configured
+    runner = sys.modules.get("vllm_ascend.worker.model_runner_v1")
+    if runner is not None:
+        runner.PCPManager = _Configured
     return original

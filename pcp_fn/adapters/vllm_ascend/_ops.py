@@ -175,7 +175,7 @@ class DeviceRunner:
     on CUDA, ``torch.npu.NPUGraph`` on an Ascend NPU, ``torch.compile`` with
     ``backend`` elsewhere); each function keeps one graph per bucket. A graph's
     outputs are overwritten by its next replay, so callers copy them into
-    their persistent buffers at once (and the returned state is cloned).
+    their persistent buffers at once and :meth:`keep` what must last (the state).
     ``check_syncs=True`` runs every call under :func:`pcp_fn.no_host_syncs`.
     """
 
@@ -200,9 +200,14 @@ class DeviceRunner:
         graph = self._graphs.get(fn.__name__)
         if graph is None:
             graph = self._graphs[fn.__name__] = pcp_graph.Captured(fn, backend=self.backend)
-        out = graph(*args)
-        # graph outputs live until the next replay: the state is small, keep a copy of it
-        return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)
+        return graph(*args)
+
+    def keep(self, tree: Any) -> Any:
+        """A copy of graph outputs that outlives the next replay (eager outputs are already fresh)."""
+        if not self.capture:
+            return tree
+        with self.guard():
+            return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
 
 
 # ------------------------------------------------------------------ spec decode (eager)

@@ -1,23 +1,19 @@
-"""The speculative-decode (MTP) methods of the vllm-ascend manager, on pcp_fn.spec.
+"""The runner-side speculative-decode (MTP) methods of the vllm-ascend manager, on pcp_fn.spec.
 
-vllm-ascend's runner calls ``generate_pcp_mtp_input`` and
-``rebuild_async_spec_decode_inputs``; its MTP proposer calls the others. Each
-method keeps the reference's signature, return type (same field names) and
-side effects on the objects it is handed (``common_attn_metadata``, the
-caller's ``token_indices_to_sample``...), with the index work done by pcp_fn:
+``model_runner_v1.py`` calls these two while it prepares a step:
 
-================================================  ===========================================
+================================================  ==============================================
 vllm-ascend ``PCPManager``                        pcp_fn
-================================================  ===========================================
+================================================  ==============================================
 ``generate_pcp_mtp_input``                        ``spec.full_input_ids`` (on the CPU token table)
 ``_update_input_ids_pcp_full_ids``                ``spec.repair_full_input_ids``
 ``rebuild_async_spec_decode_inputs``              ``spec.rebuild_spec_positions`` (device branch)
-``get_spec_decode_decode_hidden_states``          ``decode_hidden_states`` (rows from the device step)
-``prepare_spec_decode_first_pass_inputs``         ``spec.first_pass_inputs`` (+ ``..._draft_hybrid``)
-``prepare_spec_decode_mtp_drafting_inputs``       ``spec.mtp_slot_inputs``
-``mask_spec_decode_restore_idx_for_graph``        ``spec.mask_restore_index_for_graph``
-``update_spec_decode_drafting_cp_metadata``       ``spec.drafting_cp_seq_lens``
-================================================  ===========================================
+================================================  ==============================================
+
+They keep the reference's signatures and side effects (the full-input
+buffers, ``mtp_slot_pad``, the block table's slot-mapping calls, the runner's
+positions), and the state they carry to later calls (the async layout, the
+MTP slot rows) lives in the manager's frozen record.
 """
 
 from __future__ import annotations
@@ -32,28 +28,6 @@ import torch.nn.functional as F
 
 from . import _host, _ops
 from ._record import FullLayout
-
-
-@dataclasses.dataclass(frozen=True)
-class PCPSpecDecodeMTPInputs:
-    """Device-side PCP state of the MTP draft steps (vllm-ascend's fields)."""
-
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor | None
-    slot_indices: torch.Tensor
-    slot_mapping: torch.Tensor
-
-
-@dataclasses.dataclass(frozen=True)
-class PCPSpecDecodeFirstPassInputs:
-    """PCP-adjusted inputs of the first draft pass (vllm-ascend's fields)."""
-
-    num_tokens: int
-    input_ids: torch.Tensor
-    target_positions: torch.Tensor
-    target_hidden_states: torch.Tensor
-    token_indices_to_sample: torch.Tensor
-    long_seq_args: tuple[torch.Tensor | None, torch.Tensor | None] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,23 +59,14 @@ def _draft_slot_fn(block_table: Any, num_rows: int, on_host: bool) -> Callable[.
     return slot_fn
 
 
-def _isinstance_of(obj: Any, module: str, name: str) -> bool:
-    """``isinstance(obj, module.name)`` when vllm-ascend is importable, else ``False``."""
-    try:
-        cls = getattr(__import__(module, fromlist=[name]), name)
-    except (ImportError, AttributeError):
-        return False
-    return isinstance(obj, cls)
-
-
 def _correct_optimistic_seq_lens() -> Callable[..., None]:
     from vllm_ascend.spec_decode.utils import correct_optimistic_seq_lens_cpu
 
     return correct_optimistic_seq_lens_cpu
 
 
-class SpecDecodeMethods:
-    """Mixin of :class:`FunctionalDCSManager`: the spec-decode methods (see the module docstring)."""
+class SpecInputMethods:
+    """Mixin of :class:`FunctionalDCSManager`: the runner-side spec-decode methods."""
 
     # ------------------------------------------------------------ record views
     @property
@@ -130,11 +95,6 @@ class SpecDecodeMethods:
     def async_rebuild_num_tokens_full(self) -> int:
         full = self._record.async_full
         return 0 if full is None else full.num_tokens
-
-    def _bucket(self) -> _ops.Bucket:
-        if self._record.batch is None:
-            raise RuntimeError("init_batch_info must run before this call")
-        return self._record.batch.bucket
 
     # ------------------------------------------------------------ runner-side
     def generate_pcp_mtp_input(
@@ -394,198 +354,3 @@ class SpecDecodeMethods:
             precomputed_positions_np=positions_full,
             prev_positions=prev_positions_gpu,
         )
-
-    # ------------------------------------------------------------ proposer-side
-    def get_spec_decode_decode_hidden_states(
-        self,
-        target_hidden_states_d_padded: torch.Tensor,
-        num_decode_reqs: int,
-        num_decode_tokens: int | None = None,
-    ) -> torch.Tensor:
-        """The decode tokens' rows of the restored hidden states (rank 0's copy of each)."""
-        D = self.num_decode_tokens if num_decode_tokens is None else num_decode_tokens
-        if D == 0:
-            return target_hidden_states_d_padded
-        if self.pcp_use_hybrid_attn or self.pcp_world_size == 1:
-            return target_hidden_states_d_padded[:D]
-        with self._device.guard():
-            return target_hidden_states_d_padded.index_select(0, self._buffers.step["decode_rows"][:D])
-
-    def prepare_spec_decode_first_pass_inputs(
-        self,
-        input_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor,
-        token_indices_to_sample: torch.Tensor,
-        common_attn_metadata: Any,
-        long_seq_metadata: Any | None,
-        req_scheduled_tokens: dict[str, int] | None,
-        req_ids: list[str],
-        logits_indices: torch.Tensor,
-        num_tokens: int,
-        num_prefill_reqs: int,
-        num_decode_reqs: int,
-        uses_mrope: bool,
-    ) -> PCPSpecDecodeFirstPassInputs:
-        """This rank's first draft pass: its own rows of the scheduler-order ids and restored hidden states.
-
-        As the reference, it sets ``common_attn_metadata.prefill_context_parallel_metadata``,
-        rewrites ``token_indices_to_sample`` in place (decodes: ``logits_indices[tis]``;
-        prefills: the last ``num_prefill_reqs`` logits indices) and, with prefills,
-        the metadata's ``num_actual_tokens``, ``max_query_len``, ``seq_lens`` and
-        ``query_start_loc`` (host values from the twin). ``input_ids`` are the
-        scheduler-order ids (``num_tokens`` of them); ``target_hidden_states`` the
-        restored rows; ``token_indices_to_sample`` has one entry per request.
-        """
-        s = self.settings
-        unchanged = PCPSpecDecodeFirstPassInputs(
-            num_tokens, input_ids, target_positions, target_hidden_states, token_indices_to_sample, None
-        )
-        if s.cp_size <= 1:
-            return unchanged
-        if long_seq_metadata is None:
-            raise ValueError("long_seq_metadata is required when pcp * dcp > 1")
-        common_attn_metadata.prefill_context_parallel_metadata = long_seq_metadata
-        long_seq_args = (self.query_lens_pcp_full.cpu[:num_decode_reqs], token_indices_to_sample.clone())
-        if s.pcp_size <= 1:
-            return dataclasses.replace(unchanged, long_seq_args=long_seq_args)
-
-        h, bucket = self._host(), self._bucket()
-        n, D, P = num_decode_reqs + num_prefill_reqs, h.num_decode_tokens, s.pcp_size
-        N = h.num_tokens  # this rank's rows: the decodes' tokens and its prefill chunks
-        with self._device.guard():
-            ids_full = F.pad(input_ids[:num_tokens], (0, _ops.full_rows(self.config, bucket) - num_tokens))
-            tis = F.pad(token_indices_to_sample[:n].to(torch.int64), (0, bucket.num_reqs - n))
-            ids, rows, new_tis = _ops.first_pass_selection(
-                self._record.state, ids_full, tis, logits_indices, int(logits_indices.shape[0]), bucket
-            )
-            if not self.pcp_use_hybrid_attn:
-                new_ids = ids[:N]
-                new_hidden = target_hidden_states.index_select(0, rows[:N])
-            else:  # decodes replicated (FA order), prefills split linearly for the drafter
-                new_ids, new_hidden = input_ids[:D], target_hidden_states[:D]
-                if num_prefill_reqs:
-                    nd = num_decode_reqs
-                    split = _ops.split_prefill_hybrid(
-                        self._record.state,
-                        self._record.batch.num_scheduled[nd:n],
-                        input_ids[D:num_tokens],
-                        target_hidden_states[D * P :],
-                        bucket.num_tokens,
-                    )
-                    new_ids = torch.cat([new_ids, split.input_ids[: N - D]])
-                    new_hidden = torch.cat([new_hidden, split.hidden_states[: N - D]])
-            token_indices_to_sample[:n].copy_(new_tis[:n])
-        if num_prefill_reqs:
-            self._first_pass_metadata(common_attn_metadata, h, num_decode_reqs, N)
-        positions = target_positions[:, :N] if uses_mrope else target_positions[:N]
-        return PCPSpecDecodeFirstPassInputs(
-            N, new_ids, positions, new_hidden, token_indices_to_sample, long_seq_args
-        )
-
-    def _first_pass_metadata(self, cam: Any, h: _host.HostLayout, nd: int, num_tokens: int) -> None:
-        seq_p = h.pcp_tokens[nd:]
-        k = seq_p.shape[0]
-        cam.num_actual_tokens = num_tokens
-        cam.max_query_len = max(self.decode_threshold, int(seq_p.max()))
-        lens = torch.from_numpy(seq_p.copy())
-        cam.seq_lens[-k:] = lens
-        if cam.seq_lens_cpu is not None:
-            cam.seq_lens_cpu[-k:] = lens
-        if getattr(cam, "_seq_lens_cpu", None) is not None:
-            cam._seq_lens_cpu[-k:] = lens
-        qsl = torch.from_numpy(np.cumsum(seq_p, dtype=np.int64) + int(cam.query_start_loc_cpu[nd]))
-        cam.query_start_loc[-k:] = qsl
-        cam.query_start_loc_cpu[-k:] = qsl
-
-    def prepare_spec_decode_mtp_drafting_inputs(
-        self,
-        common_attn_metadata: Any,
-        attn_metadata: Any,
-        ori_token_indices_to_sample: torch.Tensor | None,
-        batch_size: int,
-        num_decode_reqs: int,
-        is_prefill_batch: bool,
-        num_speculative_tokens: int,
-    ) -> PCPSpecDecodeMTPInputs | None:
-        """MTP draft-step slots for decode-only batches (or DCP-only prefills); ``None`` otherwise."""
-        s = self.settings
-        decode_only = num_decode_reqs > 0 and not is_prefill_batch
-        dcp_prefill = s.pcp_size == 1 and s.dcp_size > 1 and is_prefill_batch
-        if num_speculative_tokens <= 1 or not (decode_only or dcp_prefill):
-            return None
-        if ori_token_indices_to_sample is None:
-            raise ValueError("ori_token_indices_to_sample is required for the MTP drafting inputs")
-        slot_mapping = self.mtp_slot_pad
-        if slot_mapping is None:
-            raise RuntimeError("no MTP slot mapping was built (generate_pcp_mtp_input of a decode batch)")
-        bucket = self._bucket()
-        num_reqs = batch_size if dcp_prefill else num_decode_reqs
-        with self._device.guard():
-            tis = F.pad(
-                ori_token_indices_to_sample[:num_reqs].to(torch.int64), (0, bucket.num_reqs - num_reqs)
-            )
-            slot_indices = _ops.mtp_slot_indices(
-                self._record.state, tis, slot_mapping, num_reqs, num_speculative_tokens, bucket
-            )[: num_reqs * s.pcp_size]
-        seq_lens = getattr(attn_metadata, "seq_lens", None)
-        seq_lens_cpu = getattr(attn_metadata, "seq_lens_cpu", None)
-        if seq_lens is None:
-            if seq_lens_cpu is None:
-                raise ValueError("attn_metadata has neither seq_lens nor seq_lens_cpu")
-            seq_lens = seq_lens_cpu
-        seq_lens = seq_lens[:batch_size].clone()
-        if seq_lens_cpu is not None:
-            seq_lens_cpu = seq_lens_cpu[:batch_size].clone()
-        common_attn_metadata.block_table_tensor = common_attn_metadata.block_table_tensor[:batch_size]
-        return PCPSpecDecodeMTPInputs(seq_lens, seq_lens_cpu, slot_indices, slot_mapping)
-
-    def mask_spec_decode_restore_idx_for_graph(self, pcp_allgather_restore_idx: torch.Tensor) -> None:
-        """Zero the restore rows a graph-padded draft batch never reads (in place), and make it the
-        manager's restore index (the rest of the buffer zero)."""
-        buf = self.pcp_allgather_restore_idx.gpu
-        length = pcp_allgather_restore_idx.shape[0]
-        if length > buf.shape[0]:
-            raise ValueError(f"the restore index has {length} rows; the buffer holds {buf.shape[0]}")
-        with self._device.guard():
-            pcp_allgather_restore_idx.copy_(_ops.mask_restore(self._record.state, pcp_allgather_restore_idx))
-            buf[:length].copy_(pcp_allgather_restore_idx)
-            buf[length:].zero_()
-
-    def update_spec_decode_drafting_cp_metadata(
-        self,
-        attn_metadata: Any,
-        kv_cache_spec: Any,
-        seq_lens: torch.Tensor,
-        draft_index: int,
-        seq_lens_cpu: torch.Tensor | None = None,
-        attn_metadata_builder: Any | None = None,
-    ) -> None:
-        """Per-draft-step CP sequence lengths into the drafter's attention metadata.
-
-        MLA (``AscendMLAAttentionSpec``): ``attn_metadata.decode.cp_seq_len``;
-        SFA DCP builder: copied into ``attn_metadata.dcp_context.seq_lens``;
-        otherwise ``attn_metadata.decode_meta.num_computed_tokens_of_pcp_dcp``
-        (numpy, from ``seq_lens_cpu`` when given).
-        """
-        is_mla = _isinstance_of(
-            kv_cache_spec, "vllm_ascend.core.kv_cache_interface", "AscendMLAAttentionSpec"
-        )
-        is_sfa = attn_metadata_builder is not None and _isinstance_of(
-            attn_metadata_builder,
-            "vllm_ascend.attention.context_parallel.sfa_cp",
-            "AscendSFADCPMetadataBuilder",
-        )
-        lens_in = seq_lens if is_mla or seq_lens_cpu is None else seq_lens_cpu
-        out = _ops.drafting_lens(self._record.state, lens_in, draft_index)
-        if is_sfa:
-            target = attn_metadata.dcp_context.seq_lens
-            k = out.cp_seq_len.shape[0]
-            target[:k].copy_(out.cp_seq_len.to(device=target.device, dtype=target.dtype), non_blocking=True)
-            target[k:].fill_(0)
-        elif is_mla:
-            attn_metadata.decode.cp_seq_len = out.cp_seq_len
-        else:
-            attn_metadata.decode_meta.num_computed_tokens_of_pcp_dcp = (
-                out.num_computed_tokens_of_pcp_dcp.numpy()
-            )

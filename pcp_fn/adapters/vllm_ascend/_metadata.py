@@ -1,0 +1,154 @@
+"""``generate_pcp_metadata``: vllm-ascend's ``AscendPrefillContextParallelMetadata`` from the step.
+
+The device fields are views of the manager's persistent buffers, filled by the
+step's pcp_fn ops (``attention_metadata``'s index tensors, the layout's restore
+index and unpad mask, the hybrid index maps, ``spec.mtp_attention_mask``); the
+host fields (per-request lists, context lengths per CP rank) come from the
+host twin. The metadata class is vllm-ascend's when importable, a plain
+attribute holder otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import _host, _ops
+
+
+class _LongSeqMetadata:
+    """Stand-in for vllm-ascend's ``AscendPrefillContextParallelMetadata`` when it is not importable."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def _metadata_class() -> Callable[..., Any]:
+    try:
+        from vllm_ascend.attention.utils import AscendPrefillContextParallelMetadata
+    except ImportError:
+        return _LongSeqMetadata
+    return AscendPrefillContextParallelMetadata
+
+
+class MetadataMethods:
+    """Mixin of :class:`FunctionalDCSManager`: the attention metadata of a step."""
+
+    def generate_pcp_metadata(
+        self,
+        total_num_scheduled_tokens: int,
+        query_lens: torch.Tensor,
+        input_batch: Any,
+        num_scheduled_tokens: np.ndarray | None,
+        block_table_tensor: torch.Tensor,
+        num_reqs_padded: int,
+        num_reqs: int,
+        fixed_decode_seq_lens_cpu: np.ndarray | None = None,
+    ) -> tuple[Any, torch.Tensor]:
+        """vllm-ascend's ``AscendPrefillContextParallelMetadata`` of the step, and the block table.
+
+        Reads ``input_batch.num_computed_tokens_cpu`` (the context of the
+        prefills, and of the decodes without ``fixed_decode_seq_lens_cpu``).
+        Device fields are views of the manager's persistent buffers.
+        """
+        s, h = self.settings, self._host()
+        P = s.pcp_size
+        u = self._record.updated
+        if P > 1 and self.pcp_use_hybrid_attn:
+            total_num_scheduled_tokens = int(self.num_scheduled_tokens_padded.sum())
+        num_actual = int(total_num_scheduled_tokens) * P
+        self._set(num_actual_tokens_pcp_padded=num_actual)
+        meta = None
+        if s.cp_size > 1:
+            if num_scheduled_tokens is None:
+                raise ValueError("num_scheduled_tokens is required when pcp * dcp > 1")
+            nd, n = h.num_decode_reqs, h.num_reqs
+            computed_cpu = np.asarray(input_batch.num_computed_tokens_cpu)
+            if fixed_decode_seq_lens_cpu is not None:
+                decode_context = np.asarray(fixed_decode_seq_lens_cpu)[:nd]
+            else:
+                decode_context = computed_cpu[:nd] + np.asarray(num_scheduled_tokens)[:nd]
+            context = np.concatenate([decode_context, computed_cpu[nd:n]])
+            ori_query_lens = self.query_lens_pcp_full.cpu[:num_reqs_padded]
+            fields = dict(
+                pcp_use_hybrid_attn=self.pcp_use_hybrid_attn,
+                num_actual_tokens_pcp_padded=num_actual,
+                num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
+                pcp_unpad_mask=self.pcp_unpad_mask[: self.pcp_padded_tokens_length],
+                pcp_padded_tokens_fla=self.pcp_padded_tokens_fla,
+                query_lens_pcp_full_cpu=ori_query_lens,
+                max_query_len_pcp_full=ori_query_lens.max().item(),
+            )
+            meta = _metadata_class()(**fields)
+            if P > 1:
+                self._attach_attention_indices(meta, h, u, num_actual)
+            if s.has_spec_config and num_scheduled_tokens is not None:
+                meta.dcp_mtp_attn_mask = self._mtp_attention_mask(
+                    h, computed_cpu, np.asarray(num_scheduled_tokens), fixed_decode_seq_lens_cpu, num_reqs
+                )
+            else:
+                meta.dcp_mtp_attn_mask = None
+        self._set(long_seq_metadata=meta)
+        return meta, block_table_tensor
+
+    def _attach_attention_indices(
+        self, meta: Any, h: _host.HostLayout, u: _host.HostLayout | None, num_actual: int
+    ) -> None:
+        lists = _host.attention_lists(h)
+        step = self._buffers.step
+        for name, field in _ops.ATTENTION_INDEX_FIELDS.items():
+            setattr(meta, field, step[name][: lists.lengths[name]])
+        meta.attn_mask_seqlens = lists.attn_mask_seqlens
+        meta.head_attn_nomask_seqlens = lists.head_attn_nomask_seqlens
+        meta.tail_attn_nomask_seqlens = lists.tail_attn_nomask_seqlens
+        meta.head_actual_seq_lengths_kv = lists.head_actual_seq_lengths_kv
+        meta.tail_actual_seq_lengths_kv = lists.tail_actual_seq_lengths_kv
+        meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens)
+        meta.pcp_allgather_restore_idx = self.pcp_allgather_restore_idx.gpu[:num_actual]
+        if self.pcp_use_hybrid_attn and u is not None:
+            P, D = self.pcp_world_size, u.num_decode_tokens
+            meta.pcp_exit_fa_scatter_idx = self.pcp_exit_fa_scatter_idx.gpu[: u.num_linear_tokens - D]
+            meta.pcp_fa_query_idx = self.pcp_fa_query_idx[: num_actual // P - D]
+            meta.pcp_enter_fa_restore_idx = self.pcp_enter_fa_restore_idx[: u.enter_fa_len]
+            meta.pcp_fa_padding_restore_idx = (
+                self.pcp_fa_padding_restore_idx[:num_actual] if u.enter_fa_len < num_actual else None
+            )
+            meta.max_num_tokens_across_pcp = u.max_tokens_across_pcp
+            meta.total_num_scheduled_tokens = u.num_linear_tokens
+
+    def _mtp_attention_mask(
+        self,
+        h: _host.HostLayout,
+        computed_cpu: np.ndarray,
+        num_scheduled: np.ndarray,
+        fixed_decode_seq_lens_cpu: np.ndarray | None,
+        num_reqs: int,
+    ) -> torch.Tensor:
+        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes)."""
+        buf = self._buffers.dcp_mtp_attn_mask
+        assert buf is not None
+        nd = h.num_decode_reqs
+        if nd > 0:
+            batch = self._record.batch
+            if fixed_decode_seq_lens_cpu is not None:
+                decode_computed = np.asarray(fixed_decode_seq_lens_cpu)[:nd] - num_scheduled[:nd]
+            else:
+                decode_computed = computed_cpu[:nd]
+            computed = batch.num_computed
+            if not np.array_equal(decode_computed, h.num_computed[:nd]):
+                # async spec decode corrected the histories: one copy of the [R_b] counts
+                Rb = batch.bucket.num_reqs
+                host = np.zeros(Rb, dtype=np.int64)
+                host[: h.num_reqs] = h.num_computed
+                host[:nd] = decode_computed
+                computed = self._buffers.computed_in[:Rb]
+                computed.copy_(torch.from_numpy(host), non_blocking=True)
+            mask = self._device(
+                _ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2], batch.bucket
+            )
+            with self._device.guard():
+                buf.gpu[: mask.shape[0]].copy_(mask)
+        return buf.gpu[: nd if nd > 0 else num_reqs]
