@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pcp_fn.config import PCPConfig
+from pcp_fn import PCPConfig
 from pcp_fn.engine import Scheduler, synthetic_requests
 
 H = 3  # hidden size of the simulated model

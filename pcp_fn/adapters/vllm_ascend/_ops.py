@@ -157,6 +157,11 @@ def device_mtp_mask(
     return mask.mask
 
 
+def gathered_capacity(cfg: PCPConfig) -> int:
+    """``G = P * L``: rows of the padded gathered order any batch fits in."""
+    return cfg.max_gathered_tokens
+
+
 def output_capacities(cfg: PCPConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of every :func:`device_step` output at the capacity bucket.
 

@@ -130,7 +130,9 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         self._device = _ops.DeviceRunner(
             capture if capture is not None else s.graph_device, compile_backend, check_syncs
         )
-        self._buffers = _buffers.allocate(s, _ops.output_capacities(self.config), self.config.G)
+        self._buffers = _buffers.allocate(
+            s, _ops.output_capacities(self.config), _ops.gathered_capacity(self.config)
+        )
         self._cpu_state = _ops.init_state(self.config, "cpu")  # the ops reading the CPU token table
         self._record = StepRecord(state=_ops.init_state(self.config, s.device))
         self._all_gather = all_gather or _pcp_all_gather
