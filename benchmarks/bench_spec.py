@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from _common import median_us  # noqa: E402
 
 import pcp_fn  # noqa: E402
-from pcp_fn.spec import PrevStep, full_rows, mtp_rows, sampled_rows  # noqa: E402
+from pcp_fn.spec import PrevStep, token_rows, mtp_rows, sampled_rows  # noqa: E402
 
 P, R, T, H, K, BLOCK = 4, 256, 8192, 128, 2, 128
 
@@ -91,7 +91,7 @@ def main():
         gen = torch.Generator().manual_seed(1)
         post = (
             updated,
-            torch.randint(1, 50_000, (full_rows(cfg, b),), generator=gen),
+            torch.randint(1, 50_000, (token_rows(cfg, b),), generator=gen),
             torch.randint(0, 900, (Lb,), generator=gen),
             torch.randn(P * Lb, H, generator=gen),
             torch.randint(0, 3, (Rb,), generator=gen),
@@ -122,7 +122,7 @@ def main():
 
     print(
         f"spec-decode step: P={P}, dcp={args.dcp}, R={R}, T={T}, {K} spec tokens, 256 decodes of 3 tokens, "
-        f"bucket {b}, F_b={full_rows(cfg, b)}, S_b={sampled_rows(cfg, b)}, M_b={mtp_rows(cfg, b)}, "
+        f"bucket {b}, F_b={token_rows(cfg, b)}, S_b={sampled_rows(cfg, b)}, M_b={mtp_rows(cfg, b)}, "
         f"token table [{R}, {args.max_model_len}]"
     )
     print(f"  {'op':22s} {'eager us':>10s} {'compiled us':>12s} {'aten ops':>9s} {'other batch':>12s}")
@@ -132,7 +132,7 @@ def main():
         eager = median_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters)
         compiled = float("nan")
         if not args.no_compile:
-            cfn = torch.compile(pcp_fn.graph._fresh_code(fn), fullgraph=True, dynamic=False)
+            cfn = torch.compile(pcp_fn.graph.capture._fresh_code(fn), fullgraph=True, dynamic=False)
             cfn(*fargs)
             compiled = median_us(lambda cfn=cfn, fargs=fargs: cfn(*fargs), args.iters)
         count = pcp_fn.count_aten_ops(fn, *fargs)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
+from .dcs.state import PCPState
 from .restore import restore_hidden_states
-from .state import PCPState
 
 AllGather = Callable[[torch.Tensor], torch.Tensor]
 

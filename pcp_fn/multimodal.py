@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .pytree import pytree_dataclass
-from .ragged import masked_gather
+from .core.pytree import pytree_dataclass
+from .core.ragged import masked_gather
 
 # ---------------------------------------------------------------------------------------------
 # M-RoPE positions (device)

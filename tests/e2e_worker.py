@@ -9,8 +9,8 @@ import torch
 
 import pcp_fn
 from pcp_fn.distributed import ThreadedAllGather, all_gather_and_restore, process_group_all_gather
-from pcp_fn.engine import Runner, synthetic_requests
-from pcp_fn.tiny_model import TinyConfig, TinyModel
+from pcp_fn.sim.engine import Runner, synthetic_requests
+from pcp_fn.sim.tiny_model import TinyConfig, TinyModel
 
 WORKLOAD = dict(num_requests=10, max_prompt=300, max_new_tokens=(4, 16), seed=1)
 BUDGET = 64

@@ -306,7 +306,7 @@ def test_rank_as_data_traces_one_graph_and_vmaps_over_ranks():
         assert tree_equal(out, ref)
         per_rank.append(ref)
     assert len(frames) == 1
-    _, mapped = pcp_fn.ranks.all_ranks(attention_metadata, init_state(CFG, rank=0), batch)
+    _, mapped = pcp_fn.all_ranks(attention_metadata, init_state(CFG, rank=0), batch)
     for r, ref in enumerate(per_rank):
         assert tree_equal(torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped), ref)
 

@@ -129,7 +129,7 @@ def test_vmap_over_ranks_equals_the_loop_over_ranks():
         one = torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped)
         assert tree_equal(one, static)
     assert torch.equal(
-        pcp_fn.ranks.all_ranks(pcp_fn.step, state, batch, SLOTS)[1].positions, mapped.positions
+        pcp_fn.all_ranks(pcp_fn.step, state, batch, SLOTS)[1].positions, mapped.positions
     )
 
 

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from e2e_worker import compare, models, run_rank, run_threads
 
 import pcp_fn
-from pcp_fn.engine import Runner
+from pcp_fn.sim.engine import Runner
 
 
 @pytest.fixture(scope="module")

@@ -313,7 +313,7 @@ def test_hybrid_shapes_and_op_counts_do_not_depend_on_the_composition():
 def test_hybrid_step_vmaps_over_ranks_and_traces_one_graph_for_all(fresh_dynamo):
     batch = _batch("mixed")
     state = init_state(CFG, rank=0)
-    mapped = pcp_fn.ranks.all_ranks(pcp_fn.step, state, batch, SLOTS)[1]
+    mapped = pcp_fn.all_ranks(pcp_fn.step, state, batch, SLOTS)[1]
     frames = []
     compiled = torch.compile(
         pcp_fn.step, fullgraph=True, dynamic=False, backend=lambda gm, _: frames.append(gm) or gm

@@ -31,7 +31,7 @@ from oracle_spec import (
 
 import pcp_fn
 from pcp_fn import Bucket, PCPConfig, graph, init_state, make_spec_batch
-from pcp_fn.spec import PrevStep, full_rows, mtp_rows, sampled_rows
+from pcp_fn.spec import PrevStep, token_rows, mtp_rows, sampled_rows
 
 
 def slot_of(request, position):
@@ -153,7 +153,7 @@ def _small(P, sched, comp, prompt, drafts, spec=1, rank=0, **kw):
 def test_docstring_examples():
     # repair_full_input_ids
     cfg, batch, _, state = _small(2, [2, 2], [5, 5], [5, 5], [1, 1])
-    ids = torch.zeros(full_rows(cfg, batch.bucket), dtype=torch.int32)
+    ids = torch.zeros(token_rows(cfg, batch.bucket), dtype=torch.int32)
     ids[:4] = torch.tensor([11, 12, 13, 14])
     prev = torch.full((batch.bucket.num_reqs,), -1)
     prev[0] = 1
@@ -187,7 +187,7 @@ def test_docstring_examples():
     assert got[:3, 0].tolist() == [0, 1, 4]
     # split_prefill_for_draft and first_pass_inputs: a decode [a, b] then a prefill [c .. g]
     cfg, batch, _, state = _small(2, [2, 5], [5, 0], [5, 5], [1, 0])
-    Fb, Lb = full_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    Fb, Lb = token_rows(cfg, batch.bucket), batch.bucket.num_tokens
     full = torch.zeros(Fb, dtype=torch.int64)
     full[:7] = torch.arange(1, 8)  # a..g = 1..7
     hidden = torch.arange(2 * Lb).unsqueeze(1)
@@ -328,7 +328,7 @@ def test_full_input_ids_and_repair_match_the_oracle(case, data):
         case.sched, case.comp, table.tolist(), case.spec, case.P, lambda i, p: slot_of(i, p)
     )
     F = len(want["ids"])
-    assert full.input_ids.shape == (full_rows(cfg, batch.bucket),)
+    assert full.input_ids.shape == (token_rows(cfg, batch.bucket),)
     assert int(full.num_tokens) == F
     assert full.input_ids[:F].tolist() == want["ids"] and not full.input_ids[F:].any()
     assert full.positions[:F].tolist() == want["positions"]
@@ -369,7 +369,7 @@ def test_full_input_ids_and_repair_match_the_oracle(case, data):
 def test_draft_inputs_match_the_oracle(case, H, data):
     cfg, batch, spec, state, _, orc = _setup(case)
     Rb, Lb, P, n = batch.bucket.num_reqs, batch.bucket.num_tokens, case.P, case.n
-    Fb = full_rows(cfg, batch.bucket)
+    Fb = token_rows(cfg, batch.bucket)
     full_ids = torch.randint(1, 50_000, (Fb,))
     # restored buffer whose row g holds g: gathered rows read back as restored row numbers
     hidden = torch.arange(P * Lb, dtype=torch.float64).unsqueeze(1).expand(P * Lb, H).contiguous()
@@ -572,7 +572,7 @@ def _spec_ops(name):
     b, P, Rb, Lb = batch.bucket, CFG.pcp_size, batch.bucket.num_reqs, batch.bucket.num_tokens
     gen = torch.Generator().manual_seed(len(name))
     ri = lambda hi, *shape: torch.randint(0, hi, shape, generator=gen)  # noqa: E731
-    full_ids = ri(50_000, full_rows(CFG, b)).to(torch.int32)
+    full_ids = ri(50_000, token_rows(CFG, b)).to(torch.int32)
     hidden = torch.randn(P * Lb, H, generator=gen)
     tis = ri(4, Rb)
     mtp_slots = ri(9999, mtp_rows(CFG, b) * P).to(torch.int32)
@@ -766,7 +766,7 @@ def test_spec_step_exports_without_symbolic_shapes():
 def test_spec_step_vmaps_over_ranks():
     fn = functools.partial(pcp_fn.spec_step, slot_fn=slot_of)
     batch, spec = _spec_batch("decode-only")
-    _, mapped = pcp_fn.ranks.all_ranks(fn, init_state(CFG, rank=0), batch, SLOTS, spec, TABLE)
+    _, mapped = pcp_fn.all_ranks(fn, init_state(CFG, rank=0), batch, SLOTS, spec, TABLE)
     for r in range(CFG.pcp_size):
         ref = fn(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS, spec, TABLE)[1]
         assert tree_equal(pytree.tree_map(lambda x, r=r: x[r], mapped), ref), r
@@ -847,7 +847,7 @@ def test_ops_reject_buffers_of_the_wrong_shape():
     with pytest.raises(ValueError, match=r"input_ids_full must have"):
         pcp_fn.repair_full_input_ids(state, torch.zeros(1), torch.zeros(1, 1), None, torch.zeros(2), bucket=b)
     with pytest.raises(ValueError, match=r"prev_sampled_token_ids must be \[prev_reqs, num_sampled\]"):
-        F_ = full_rows(SMALL, b)
+        F_ = token_rows(SMALL, b)
         pcp_fn.repair_full_input_ids(state, torch.zeros(F_), torch.zeros(3), None, torch.zeros(2), bucket=b)
     with pytest.raises(ValueError, match=r"num_cols must be a positive int"):
         pcp_fn.mtp_attention_mask(state, batch.num_computed, 0, bucket=b)

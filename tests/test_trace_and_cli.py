@@ -9,8 +9,8 @@ import sys
 import pytest
 
 import pcp_fn
-from pcp_fn import cli
-from pcp_fn.trace import TraceError, TraceStep, digest_of, parse_trace, read_trace, replay, write_trace
+from pcp_fn.sim import cli
+from pcp_fn.sim.trace import TraceError, TraceStep, digest_of, parse_trace, read_trace, replay, write_trace
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "examples" / "traces" / "mixed_p4.jsonl"
@@ -37,7 +37,7 @@ def test_rank_views_combine_into_the_same_digest():
 
 def test_another_process_gets_the_same_digest():
     out = subprocess.run(
-        [sys.executable, "-m", "pcp_fn.cli", "replay", str(BUNDLED)],
+        [sys.executable, "-m", "pcp_fn.sim.cli", "replay", str(BUNDLED)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -164,7 +164,7 @@ def test_command_errors_are_clear(tmp_path, capsys):
 
 
 def test_trace_steps_match_the_engine(tmp_path):
-    from pcp_fn.engine import Runner, synthetic_requests
+    from pcp_fn.sim.engine import Runner, synthetic_requests
 
     cfg = pcp_fn.PCPConfig(2, 0, 4, 48)
     runner = Runner(cfg, synthetic_requests(5, max_prompt=90, seed=3))
@@ -176,7 +176,7 @@ def test_trace_steps_match_the_engine(tmp_path):
     write_trace(tmp_path / "e.jsonl", dataclasses.replace(cfg, pcp_rank=0), steps)
     result = replay(tmp_path / "e.jsonl", ranks=[0])
     for rec, (out,) in zip(records, result.outputs):
-        assert pcp_fn.graph._signature(*_flat(out)) == pcp_fn.graph._signature(*_flat(rec.out))
+        assert pcp_fn.graph.capture._signature(*_flat(out)) == pcp_fn.graph.capture._signature(*_flat(rec.out))
 
 
 def _flat(tree):

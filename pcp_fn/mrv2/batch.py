@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..batch import ArrayLike, _as_host_ints
-from ..config import Bucket
-from ..pytree import pytree_dataclass, static_field
+from ..core.buckets import Bucket
+from ..core.checks import ArrayLike, host_bools, host_ints
+from ..core.pytree import pytree_dataclass, static_field
 from .config import MRV2Config
 
 
@@ -52,17 +52,6 @@ class GlobalBatch:
     idx_mapping: torch.Tensor
     input_ids: torch.Tensor
     positions: torch.Tensor
-
-
-def _as_host_bools(name: str, values: ArrayLike) -> np.ndarray:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one entry per request), got shape {arr.shape}")
-    if arr.size and arr.dtype != np.bool_:
-        raise ValueError(f"{name} must hold bools, got dtype {arr.dtype}")
-    return arr.astype(np.bool_)
 
 
 def rank_counts(
@@ -102,8 +91,8 @@ def num_tokens_for_dispatch(
     ``[3, 8]`` decode + prefill -> 7. ``P = 4``, ``[2, 9]`` -> 5 (replicated
     decodes) or 4 (sharded: rank 0 takes the decode, rank 3 has 3 tokens).
     """
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    prefilling = _as_host_bools("is_prefilling", is_prefilling)
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    prefilling = host_bools("is_prefilling", is_prefilling)
     if sched.size != prefilling.size:
         raise ValueError(
             f"num_scheduled_tokens has {sched.size} entries but is_prefilling has {prefilling.size}"
@@ -165,7 +154,7 @@ def _token_array(
         n = values.shape[0]
         out = values
     else:
-        arr = _as_host_ints(name, values)
+        arr = host_ints(name, values)
         n = arr.size
         out = torch.from_numpy(arr)
     if not total <= n <= T:
@@ -214,11 +203,11 @@ def make_batch(
             the largest rank-local batch"), a request capacity below the local
             requests of a rank, or a bucket beyond the capacities.
     """
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
-    plen = _as_host_ints("prefill_len", prefill_len)
-    pf = None if is_prefilling is None else _as_host_bools("is_prefilling", is_prefilling)
-    mapping = None if idx_mapping is None else _as_host_ints("idx_mapping", idx_mapping)
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    comp = host_ints("num_computed_tokens", num_computed_tokens)
+    plen = host_ints("prefill_len", prefill_len)
+    pf = None if is_prefilling is None else host_bools("is_prefilling", is_prefilling)
+    mapping = None if idx_mapping is None else host_ints("idx_mapping", idx_mapping)
     sizes = {
         "num_scheduled_tokens": sched.size,
         "num_computed_tokens": comp.size,

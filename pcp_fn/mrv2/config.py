@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import SHARED_INTS, Bucket, _check_common, _normalise_buckets, _smallest_bucket
+from ..core.buckets import Bucket, normalise_buckets, smallest_bucket
+from ..core.checks import SHARED_INTS, check_config_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class MRV2Config:
     token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        _check_common(
+        check_config_fields(
             self, dict(SHARED_INTS, cp_interleave=1), ("shard_decode_requests", "moe_gathers_tokens")
         )
         if self.shard_decode_requests and self.dcp_size > 1:
@@ -88,12 +89,12 @@ class MRV2Config:
         object.__setattr__(
             self,
             "request_buckets",
-            _normalise_buckets("request_buckets", self.request_buckets, self.max_local_reqs),
+            normalise_buckets("request_buckets", self.request_buckets, self.max_local_reqs),
         )
         object.__setattr__(
             self,
             "token_buckets",
-            _normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
+            normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
         )
 
     @property
@@ -128,7 +129,7 @@ class MRV2Config:
                 f"{num_local_tokens} local tokens exceed the local token capacity "
                 f"max_num_tokens = {self.max_local_tokens}"
             )
-        return _smallest_bucket(self.request_buckets, self.token_buckets, num_local_reqs, num_local_tokens)
+        return smallest_bucket(self.request_buckets, self.token_buckets, num_local_reqs, num_local_tokens)
 
     def buckets(self) -> list[Bucket]:
         """Every configured bucket (for capturing up front)."""

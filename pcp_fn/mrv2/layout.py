@@ -36,8 +36,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..pytree import pytree_dataclass, static_field
-from ..ragged import expand_runs, offsets, scatter_to
+from ..core.pytree import pytree_dataclass, static_field
+from ..core.ragged import expand_runs, offsets, scatter_to
 from .batch import GlobalBatch
 from .config import MRV2Config
 

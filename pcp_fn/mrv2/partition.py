@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..pytree import pytree_dataclass, static_field
-from ..ragged import offsets, scatter_to
-from ..seqlens import cp_local_seq_lens
+from ..core.buckets import Bucket
+from ..core.pytree import pytree_dataclass, static_field
+from ..core.ragged import offsets, scatter_to
+from ..core.seqlens import cp_local_seq_lens
 from .batch import GlobalBatch
 from .config import MRV2Config
 from .layout import MRV2State, Segments, build, rank_row

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..pytree import pytree_dataclass
+from ..core.pytree import pytree_dataclass
 from .layout import MRV2State, rank_row
 from .partition import LocalBatch
 

@@ -46,10 +46,10 @@ from .indices import SpecDecodeIndices, spec_decode_indices
 from .inputs import (
     SpecInputs,
     draft_rows,
-    full_rows,
     make_spec_batch,
     mtp_rows,
     sampled_rows,
+    token_rows,
 )
 from .mtp import (
     DraftingSeqLens,
@@ -83,7 +83,6 @@ __all__ = [
     "drafting_cp_seq_lens",
     "first_pass_inputs",
     "full_input_ids",
-    "full_rows",
     "make_spec_batch",
     "mask_restore_index_for_graph",
     "mtp_attention_mask",
@@ -96,4 +95,5 @@ __all__ = [
     "spec_decode_indices",
     "spec_step",
     "split_prefill_for_draft",
+    "token_rows",
 ]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..layout import RequestGeometry, request_geometry
-from ..seqlens import cp_local_seq_lens
-from ..state import PCPState
+from ..core.buckets import Bucket
+from ..core.seqlens import cp_local_seq_lens
+from ..dcs.layout import RequestGeometry, request_geometry
+from ..dcs.state import PCPState
 
 
 def bucket_of(state: PCPState, bucket: Bucket | None) -> Bucket:

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..layout import LocalRows, RequestGeometry, local_rows
-from ..pytree import pytree_dataclass
-from ..ragged import ragged_index
-from ..state import PCPState
+from ..core.buckets import Bucket
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import ragged_index
+from ..dcs.batch import token_rows
+from ..dcs.layout import LocalRows, RequestGeometry, local_rows
+from ..dcs.state import PCPState
 from ._shared import bucket_of, check_rows, geometry, take
-from .inputs import full_rows
 
 
 def _check_hidden(state: PCPState, bucket: Bucket, hidden: torch.Tensor) -> None:
@@ -124,7 +124,7 @@ def split_prefill_for_draft(
     cfg = state.config
     bucket = bucket_of(state, bucket)
     Rb, Lb = bucket.num_reqs, bucket.num_tokens
-    check_rows("input_ids_full", input_ids_full, full_rows(cfg, bucket))
+    check_rows("input_ids_full", input_ids_full, token_rows(cfg, bucket))
     _check_hidden(state, bucket, hidden_states)
     geo, real = geometry(state, bucket)
     is_decode = state.is_decode[:Rb]
@@ -226,7 +226,7 @@ def first_pass_inputs(
     cfg = state.config
     bucket = bucket_of(state, bucket)
     Rb, Lb, P = bucket.num_reqs, bucket.num_tokens, cfg.pcp_size
-    check_rows("input_ids_full", input_ids_full, full_rows(cfg, bucket))
+    check_rows("input_ids_full", input_ids_full, token_rows(cfg, bucket))
     check_rows("positions", positions, Lb)
     _check_hidden(state, bucket, hidden_states)
     check_rows("token_indices_to_sample", token_indices_to_sample, Rb)

@@ -24,13 +24,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..config import Bucket, PCPConfig
-from ..layout import RequestGeometry, local_rows
-from ..pytree import pytree_dataclass
-from ..ragged import ragged_index
-from ..state import PCPState
+from ..core.buckets import Bucket
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import ragged_index
+from ..dcs.batch import token_rows
+from ..dcs.config import PCPConfig
+from ..dcs.layout import RequestGeometry, local_rows
+from ..dcs.state import PCPState
 from ._shared import bucket_of, check_rows, geometry, take
-from .inputs import full_rows, mtp_extra_tokens, mtp_rows
+from .inputs import mtp_extra_tokens, mtp_rows
 
 SlotFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -157,7 +159,7 @@ def full_input_ids(
         raise ValueError(f"token_ids must be a [num_rows, max_model_len] table, got {tuple(token_ids.shape)}")
     geo, real = geometry(state, bucket)
     computed = num_computed_tokens.to(torch.int64)
-    idx, positions = _full_positions(geo, computed, full_rows(cfg, bucket))
+    idx, positions = _full_positions(geo, computed, token_rows(cfg, bucket))
     rows, width = token_ids.shape
     flat = idx.segment.clamp(max=rows - 1) * width + positions.clamp(max=width - 1)
     ids = token_ids.reshape(-1)[flat]
@@ -206,7 +208,7 @@ def repair_full_input_ids(
     """
     cfg = state.config
     bucket = bucket_of(state, bucket)
-    Rb, F_rows = bucket.num_reqs, full_rows(cfg, bucket)
+    Rb, F_rows = bucket.num_reqs, token_rows(cfg, bucket)
     check_rows("input_ids_full", input_ids_full, F_rows)
     check_rows("prev_positions", prev_positions, Rb)
     if prev_sampled_token_ids.dim() != 2:
@@ -282,7 +284,7 @@ def rebuild_spec_positions(
     geo, real = geometry(state, bucket)
     computed = num_computed_tokens.to(torch.int64)
     mine = local_rows(geo, state.pcp_rank, cfg.pcp_size, bucket.num_tokens)
-    _, positions_full = _full_positions(geo, computed, full_rows(cfg, bucket))
+    _, positions_full = _full_positions(geo, computed, token_rows(cfg, bucket))
     out = RebuiltPositions(
         positions=torch.where(mine.valid, take(computed, mine.request) + mine.position, 0),
         positions_full=positions_full,

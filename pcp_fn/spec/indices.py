@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..pytree import pytree_dataclass
-from ..ragged import ragged_index
-from ..state import PCPState
+from ..core.buckets import Bucket
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import ragged_index
+from ..dcs.state import PCPState
 from ._shared import bucket_of, check_rows, geometry, take
 from .inputs import draft_rows, sampled_rows
 

@@ -8,7 +8,7 @@ value; each buffer has a static capacity derived from ``(config, bucket)``:
 ==================  =================================  ==========================================
 name                rows                               why it holds every batch
 ==================  =================================  ==========================================
-``full_rows``       ``F_b = min(T, P * L_b)``          scheduler-order tokens: a request puts
+``token_rows``       ``F_b = min(T, P * L_b)``          scheduler-order tokens: a request puts
                                                        ``n <= P * local`` rows in the gathered
                                                        buffer, so ``sum(n) <= P * L_b``; and
                                                        ``sum(n) <= T``
@@ -29,16 +29,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..batch import SchedulerBatch, _as_host_ints, make_batch
-from ..config import Bucket, PCPConfig
-from ..pytree import pytree_dataclass
-
-ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
-
-
-def full_rows(config: PCPConfig, bucket: Bucket) -> int:
-    """``F_b``: scheduler-order (pre-split) token rows, ``min(T, P * L_b)``."""
-    return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
+from ..core.buckets import Bucket
+from ..core.checks import ArrayLike, host_ints
+from ..core.pytree import pytree_dataclass
+from ..dcs.batch import SchedulerBatch, make_batch, token_rows
+from ..dcs.config import PCPConfig
 
 
 def sampled_rows(config: PCPConfig, bucket: Bucket) -> int:
@@ -58,7 +53,7 @@ def mtp_extra_tokens(config: PCPConfig) -> int:
 
 def mtp_rows(config: PCPConfig, bucket: Bucket) -> int:
     """``M_b``: MTP draft-slot rows, ``F_b + R_b * (k - 1)``."""
-    return full_rows(config, bucket) + bucket.num_reqs * mtp_extra_tokens(config)
+    return token_rows(config, bucket) + bucket.num_reqs * mtp_extra_tokens(config)
 
 
 @pytree_dataclass
@@ -151,9 +146,9 @@ def make_spec_batch(
         spec.num_draft_tokens      # [1, 1, 0, 0]  (bucket of 4 requests)
     """
     host = make_batch(config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, bucket=bucket)
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
-    drafts = _as_host_ints("num_draft_tokens", num_draft_tokens)
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    comp = host_ints("num_computed_tokens", num_computed_tokens)
+    drafts = host_ints("num_draft_tokens", num_draft_tokens)
     check_num_draft_tokens(config, sched, drafts)
     if token_ids is not None:
         shape = token_ids.shape if isinstance(token_ids, torch.Tensor) else token_ids
@@ -174,6 +169,7 @@ def make_spec_batch(
     )
     dev = packed.to(torch.device(device) if device is not None else "cpu")
     batch = SchedulerBatch(
+        config=config,
         bucket=host.bucket,
         num_reqs=dev[3 * Rb],
         num_scheduled=dev[0:Rb],

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..pytree import pytree_dataclass
-from ..state import PCPState
+from ..core.buckets import Bucket
+from ..core.pytree import pytree_dataclass
+from ..dcs.state import PCPState
 from ._shared import bucket_of, check_rows, geometry, my_cp_lens
 
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from ..batch import SchedulerBatch
-from ..pytree import pytree_dataclass
-from ..state import PCPState
+from ..core.pytree import pytree_dataclass
+from ..dcs.batch import SchedulerBatch
+from ..dcs.state import PCPState
 from ..step import StepOutputs, step
 from ._shared import geometry, take
 from .full import FullInputs, SlotFn, full_input_ids, repair_full_input_ids

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from .pytree import pytree_dataclass
-from .ragged import expand_runs, masked_gather, offsets
-from .state import PCPState
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import expand_runs, masked_gather, offsets
+from ..dcs.state import PCPState
 
 
 @pytree_dataclass
@@ -52,7 +52,6 @@ def split_prefill_for_draft_hybrid(
     prefill_lens: torch.Tensor,
     input_ids: torch.Tensor,
     hidden_states: torch.Tensor,
-    num_rows: int | None = None,
 ) -> tuple[PCPState, DraftSplit]:
     """Linear-split the prefills' draft inputs for this rank.
 
@@ -67,9 +66,10 @@ def split_prefill_for_draft_hybrid(
             first ``sum(prefill_lens)`` are read).
         hidden_states: ``[S2, ...]`` their target hidden states in the same
             order (for the hybrid layout: the restored rows after the decodes).
-        num_rows: static output rows; default ``max_local_tokens`` (``L``),
-            which holds any ``K <= max_num_reqs`` requests of at most
-            ``max_num_tokens`` tokens (``2 * ceil(n / 2P) <= n + 1`` each).
+
+    Returns ``[L_b]`` rows (the state's bucket): a rank's slices of the batch's
+    prefills are its DualChunkSwap prefill rows (``2 * ceil(n / 2P)`` each),
+    which the bucket holds.
 
     ``P = 1`` pads nothing (the identity), like the rest of the package; the
     seed would pad to 2 there but never runs its PCP path at ``P = 1``.
@@ -83,9 +83,7 @@ def split_prefill_for_draft_hybrid(
         raise ValueError(f"input_ids must be 1-D with at least one entry, got shape {tuple(input_ids.shape)}")
     if hidden_states.dim() < 1 or hidden_states.shape[0] < 1:
         raise ValueError(f"hidden_states must have at least one row, got shape {tuple(hidden_states.shape)}")
-    rows = cfg.max_local_tokens if num_rows is None else num_rows
-    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-        raise ValueError(f"num_rows must be a positive int, got {rows!r}")
+    rows = state.bucket.num_tokens
     P, m = cfg.pcp_size, cfg.pad_multiple
     n = prefill_lens.to(torch.int64)
     per_rank = (n + m - 1) // m * m // P
@@ -101,11 +99,7 @@ def split_prefill_for_draft_hybrid(
     real = (o < real_end) & (o < out_start[-1])
     src = o + shift
     ids = masked_gather(input_ids, src, real, 0)
-    safe = src.clamp(0, hidden_states.shape[0] - 1)
-    keep = real.reshape(-1, *([1] * (hidden_states.dim() - 1)))
-    hidden = torch.where(
-        keep, hidden_states[safe], torch.zeros((), dtype=hidden_states.dtype, device=n.device)
-    )
+    hidden = masked_gather(hidden_states, src, real, 0)
     max_len = per_rank.amax() if per_rank.shape[0] else torch.zeros((), dtype=torch.int64, device=n.device)
     return state, DraftSplit(
         num_tokens=out_start[-1],

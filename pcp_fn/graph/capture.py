@@ -12,6 +12,12 @@ Backends, chosen from the device of the example's tensors:
 - anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
   one compiled graph per bucket (``backend="inductor"`` unless told).
 
+Entry ops (:func:`pcp_fn.core.entry.entry_op`: ``update_tokens``, ``step``,
+``spec_step``, MRV2 ``partition_batch``...) read only the config and rank of
+the state they are given, so for them the state is keyed by its config and
+rank alone: a state coming out of any step, built for any bucket, replays the
+graph of the new batch's bucket. Other functions are keyed by every argument.
+
 One graph per *signature*: the tree structure of the arguments (configs and
 buckets are static parts of it) plus every tensor leaf's shape and dtype. A
 call with a new signature captures a new graph on first use (``grow=True``) or
@@ -29,6 +35,7 @@ the compile backend every call returns fresh tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +43,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .config import Bucket
+from ..core.buckets import Bucket
+from ..core.entry import is_entry_op
 
 
 class CaptureError(ValueError):
@@ -163,6 +171,8 @@ class Captured:
         self._graphs: dict[tuple[Any, ...], Any] = {}
         self._configs: list[Any] | None = None
         self._device: torch.device | None = None
+        self._entry = is_entry_op(fn)
+        self._templates: dict[tuple[Any, ...], Any] = {}
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -173,6 +183,20 @@ class Captured:
         if self._device is None:
             return "unset"
         return {"cuda": "cuda-graph", "npu": "npu-graph"}.get(self._device.type, "compile")
+
+    def _as_entry(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """For an entry op: each state argument becomes the first state seen of its
+        config and rank kind, with this call's entry fields (rank, constants)."""
+        if not self._entry:
+            return args
+        out = []
+        for arg in args:
+            if _is_state(arg):
+                key = (type(arg), arg.config, arg.rank is None)
+                template = self._templates.setdefault(key, arg)
+                arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in type(arg).ENTRY_FIELDS})
+            out.append(arg)
+        return tuple(out)
 
     def _lookup(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], tuple[Any, ...]]:
         leaves, spec = pytree.tree_flatten(args)
@@ -188,6 +212,7 @@ class Captured:
 
     def capture(self, *args: Any) -> None:
         """Capture the graph for ``args``' signature now (no-op when it exists)."""
+        args = self._as_entry(args)
         graph, _, sig = self._lookup(args)
         if graph is None:
             self._graphs[sig] = self._build(args)
@@ -199,6 +224,7 @@ class Captured:
         return _CompiledGraph(self.fn, self.backend, args)
 
     def __call__(self, *args: Any) -> Any:
+        args = self._as_entry(args)
         graph, leaves, sig = self._lookup(args)
         if graph is None:
             if not self.grow:
@@ -233,30 +259,3 @@ def capture(
     captured = Captured(fn, grow=grow, backend=backend, warmup=warmup)
     captured.capture(*example_args)
     return captured
-
-
-class _AsModule(torch.nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-
-def export(fn: Callable[..., Any], *example_args: Any) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``fn`` for the example's bucket, with every shape static.
-
-    Raises :class:`CaptureError` if the program has any symbolic (data-dependent
-    or dynamic) size, which would mean an op read a value to decide a shape.
-    """
-    ep = torch.export.export(_AsModule(fn), tuple(example_args), strict=False)
-    symbolic = [
-        f"{node.name}: {tuple(val.shape)}"
-        for node in ep.graph.nodes
-        for val in pytree.tree_leaves(node.meta.get("val"))
-        if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape)
-    ]
-    if symbolic or ep.range_constraints:
-        raise CaptureError(f"exported program has symbolic shapes: {symbolic or ep.range_constraints}")
-    return ep

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import __version__
-from .batch import make_batch
-from .config import PCPConfig
+from .. import __version__
+from ..dcs.batch import make_batch
+from ..dcs.config import PCPConfig
+from ..dcs.state import init_state
+from ..step import step
 from .engine import Runner, synthetic_requests
-from .state import init_state
-from .step import step
 from .trace import TraceError, TraceStep, replay, write_trace
 
 

@@ -34,10 +34,10 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .batch import SchedulerBatch
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import expand_runs, offsets
+from .batch import SchedulerBatch, classify_decodes
 from .config import PCPConfig
-from .pytree import pytree_dataclass
-from .ragged import expand_runs, offsets
 from .state import PCPState
 
 
@@ -66,18 +66,6 @@ def request_geometry(
     chunk = torch.where(replicated, n, local // 2)
     starts = offsets(torch.stack([n, num_padded, local]))  # one scan for the three
     return RequestGeometry(n, replicated, num_padded, local, chunk, starts[0], starts[1], starts[2])
-
-
-def classify_decodes(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
-    """``[R_b]`` bool: has context, at most ``decode_threshold`` tokens, prompt done.
-
-    The seed's ``classify_decode_request_mask``; empty padding rows are prefills.
-    """
-    computed, prompt = batch.num_computed, batch.num_prompt
-    done = computed >= prompt
-    if config.pd_decode_recompute:
-        done = done | (computed == prompt - 1)
-    return (computed > 0) & (batch.num_scheduled <= config.decode_threshold) & done
 
 
 class LocalRows(NamedTuple):
@@ -198,70 +186,86 @@ def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
     return F.pad(x, (0, rows - x.shape[0]))
 
 
-class _Update(NamedTuple):
+class LayoutUpdate(NamedTuple):
+    """What a layout's ``build`` returns: the next state, the public layout, and the
+    intermediate maps ``step`` reuses instead of rebuilding them."""
+
     state: PCPState
     layout: TokenLayout
-    geometry: RequestGeometry  # [R_b] rows (DCS)
-    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real padded row
+    geometry: RequestGeometry  # [R_b] rows (DCS: the FA layers' geometry in the hybrid layout)
+    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row
     local_valid: torch.Tensor  # [L_b] real local rows
     local_start: torch.Tensor  # [R_b + 1] first local row of each request, then the total
 
 
-def _update(state: PCPState, batch: SchedulerBatch) -> _Update:
-    cfg = state.config
-    R = cfg.max_num_reqs
-    if cfg.hybrid_attn:
-        hy = _hybrid.hybrid_update(state, batch)
-        layout, geo, slot_token = hy.layout, hy.geometry, hy.slot_token
-        local_valid, local_start = hy.rows.valid, hy.split.local_start
-    else:
-        P, Lb = cfg.pcp_size, batch.bucket.num_tokens
-        is_decode = classify_decodes(cfg, batch)
-        geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-        mine = local_rows(geo, state.pcp_rank, P, Lb)
-        order = gathered_order(geo, P, Lb)
-        layout = TokenLayout(
-            pcp_tokens=geo.local.to(torch.int32),
-            positions=mine.position,
-            request_index=mine.request,
-            num_tokens=geo.local.sum(),
-            num_pads=geo.num_padded - geo.num_scheduled,
-            is_decode=is_decode,
-            num_decode_reqs=is_decode.sum(),
-            num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
-            unpad_mask=order.unpad_mask,
-            restore_index=order.restore_index,
-        )
-        slot_token, local_valid, local_start = order.token, mine.valid, geo.local_start
-    new_state = PCPState(
-        config=cfg,
+def batch_is_decode(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
+    """``[R_b]`` bool decode requests of ``batch`` (vllm-ascend ``classify_decode_request_mask``)."""
+    return classify_decodes(config, batch.num_scheduled, batch.num_computed, batch.num_prompt)
+
+
+def next_state(state: PCPState, batch: SchedulerBatch, is_decode: torch.Tensor) -> PCPState:
+    """The state recording ``batch``: its bucket, request count and per-request record at ``[R]``.
+
+    Of ``state`` only the entry fields (rank, constants) are kept.
+    """
+    R = state.config.max_num_reqs
+    return PCPState(
+        config=state.config,
+        bucket=batch.bucket,
         rank=state.rank,
         num_reqs=batch.num_reqs.to(torch.int64),
         num_scheduled=_to_capacity(batch.num_scheduled, R),
-        is_decode=_to_capacity(layout.is_decode, R),
+        is_decode=_to_capacity(is_decode, R),
         constants=state.constants,
     )
-    return _Update(new_state, layout, geo, slot_token, local_valid, local_start)
 
 
-def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, TokenLayout]:
-    """Split the batch's tokens across ranks (seed ``init_batch_info`` + ``update_tokens_for_pcp``).
-
-    Reads only ``state.config`` and ``state.rank`` from the incoming state, so
-    the result does not depend on earlier steps. Example, ``P = 2``, tokens
-    ``[1, 5, 8]`` (request 0 a decode): rank 0 gets ``pcp_tokens [1, 4, 4]`` and
-    positions ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``; rank 1 ``[0, 2, 3, 4, 5, 2, 3, 4, 5]``.
-
-    With ``config.hybrid_attn`` the layout is a :class:`pcp_fn.hybrid.HybridLayout`
-    (the linear split for the local rows, plus the FA index maps).
-    """
-    up = _update(state, batch)
-    return up.state, up.layout
+def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
+    """The DualChunkSwap layout of ``batch`` for ``state``'s rank (see :class:`TokenLayout`)."""
+    cfg = state.config
+    P, Lb = cfg.pcp_size, batch.bucket.num_tokens
+    is_decode = batch_is_decode(cfg, batch)
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+    mine = local_rows(geo, state.pcp_rank, P, Lb)
+    order = gathered_order(geo, P, Lb)
+    layout = TokenLayout(
+        pcp_tokens=geo.local.to(torch.int32),
+        positions=mine.position,
+        request_index=mine.request,
+        num_tokens=geo.local.sum(),
+        num_pads=geo.num_padded - geo.num_scheduled,
+        is_decode=is_decode,
+        num_decode_reqs=is_decode.sum(),
+        num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
+        unpad_mask=order.unpad_mask,
+        restore_index=order.restore_index,
+    )
+    return LayoutUpdate(
+        next_state(state, batch, is_decode), layout, geo, order.token, mine.valid, geo.local_start
+    )
 
 
 def state_geometry(state: PCPState) -> RequestGeometry:
-    """Geometry of the state's last update at capacity (``[R]`` rows)."""
-    return request_geometry(state.config, state.num_scheduled, state.is_decode)
+    """Geometry of the state's last update at its bucket's ``R_b`` request rows."""
+    Rb = state.bucket.num_reqs
+    return request_geometry(state.config, state.num_scheduled[:Rb], state.is_decode[:Rb])
 
 
-from . import hybrid as _hybrid  # noqa: E402  (hybrid builds on the geometry above)
+def state_order(state: PCPState) -> GatheredOrder:
+    """The gathered order of the state's last update at its bucket's ``P * L_b`` rows."""
+    return gathered_order(state_geometry(state), state.config.pcp_size, state.bucket.num_tokens)
+
+
+def logits_from_geometry(geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
+    """``[R_b]`` int64: last real token of each request in the padded order, 0 past ``num_reqs``.
+
+    vllm-ascend ``PCPManager.get_logits_indices``: ``cumsum(pcp_tokens) * P - num_pads - 1``.
+    """
+    last = (geo.padded_start[:-1] + geo.num_scheduled - 1).clamp(min=0)
+    real = torch.arange(last.shape[0], device=last.device) < num_reqs
+    return torch.where(real, last, 0)
+
+
+def restore_index(state: PCPState) -> torch.Tensor:
+    """``[P*L_b]`` int64: gathered row of each padded-order row (``TokenLayout.restore_index``)."""
+    return state_order(state).restore_index

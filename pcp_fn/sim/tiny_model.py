@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from .distributed import AllGather
-from .step import StepOutputs
+from ..distributed import AllGather
+from ..step import StepOutputs
 
 DTYPE = torch.float64
 
@@ -139,7 +139,7 @@ def mrv2_wiring(
             batch row; ``last_token``: ``[S]`` the global tokens to sample (each request's last;
             its last ``drafts + 1`` under spec decode).
     """
-    from .mrv2 import gathered_slot_mappings, restore_hidden_states
+    from ..mrv2 import gathered_slot_mappings, restore_hidden_states
 
     _, slots = gathered_slot_mappings(state, global_slots.unsqueeze(0))
     slots = slots[0].to(torch.int64)

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .batch import classify_decodes, make_batch
-from .config import PCPConfig
-from .distributed import AllGather
-from .state import PCPState, init_state
-from .step import StepOutputs, step
+from ..dcs.batch import classify_decodes, make_batch
+from ..dcs.config import PCPConfig
+from ..dcs.state import PCPState, init_state
+from ..distributed import AllGather
+from ..step import StepOutputs, step
 
 
 @dataclasses.dataclass
@@ -245,7 +245,7 @@ class Runner:
             self.step_fn = step_fn or step
             self.state = init_state(config, self.device)
         else:
-            from . import mrv2
+            from .. import mrv2
 
             self.step_fn = step_fn or mrv2.partition_batch
             self.mrv2_config = mrv2.MRV2Config(
@@ -301,7 +301,7 @@ class Runner:
         return out, (wiring, tables, seq_lens), batch.bucket.num_reqs
 
     def _mrv2(self, sched: ScheduledStep, slot_mapping: torch.Tensor):
-        from . import mrv2
+        from .. import mrv2
         from .tiny_model import mrv2_wiring
 
         reqs = {r.req_id: r for r in self.scheduler.running}

@@ -32,10 +32,10 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from .batch import SchedulerBatch, make_batch
-from .config import PCPConfig
-from .state import init_state
-from .step import StepOutputs, step
+from ..dcs.batch import SchedulerBatch, make_batch
+from ..dcs.config import PCPConfig
+from ..dcs.state import init_state
+from ..step import StepOutputs, step
 
 FORMAT, VERSION = "pcp_fn.trace", 1
 _CONFIG_FIELDS = [f.name for f in dataclasses.fields(PCPConfig) if f.name != "pcp_rank"]
@@ -212,7 +212,7 @@ def replay(
         ranks: which ranks (default all); the digest covers exactly these.
         backend: ``torch.compile`` backend for the compiled and captured modes.
     """
-    from .graph import Captured, _fresh_code
+    from ..graph.capture import Captured, _fresh_code
 
     if not isinstance(trace, Trace):
         trace = read_trace(trace) if isinstance(trace, (str, os.PathLike)) else parse_trace(trace)

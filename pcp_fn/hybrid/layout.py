@@ -52,20 +52,22 @@ from typing import NamedTuple
 
 import torch
 
-from .batch import SchedulerBatch
-from .layout import (
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import expand_runs, offsets, take
+from ..dcs.batch import SchedulerBatch
+from ..dcs.layout import (
     GatheredOrder,
+    LayoutUpdate,
     LocalRows,
     RequestGeometry,
     TokenLayout,
-    classify_decodes,
+    batch_is_decode,
     gathered_order,
     local_rows,
+    next_state,
     request_geometry,
 )
-from .pytree import pytree_dataclass
-from .ragged import expand_runs, offsets
-from .state import PCPState
+from ..dcs.state import PCPState
 
 
 class LinearSplit(NamedTuple):
@@ -171,8 +173,7 @@ def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -
 def _shifted(values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor, fill: int = 0) -> torch.Tensor:
     """``out[j] = values[j + shift]`` for ``j < length``, ``fill`` elsewhere (``[cap]`` -> ``[cap]``)."""
     j = torch.arange(values.shape[0], dtype=torch.int64, device=values.device)
-    src = (j + shift).clamp(max=values.shape[0] - 1)
-    return torch.where(j < length, values[src], fill)
+    return torch.where(j < length, take(values, j + shift), fill)
 
 
 def fa_query_index(
@@ -208,22 +209,6 @@ def exit_fa_scatter_index(
     within = o - k * c + torch.where(head, 0, c)
     row = owner * rows_per_rank + geo.local_start[req] - D + within
     return _shifted(row, D, split.local_start[-1] - D)
-
-
-def hybrid_logits(
-    num_scheduled: torch.Tensor, is_decode: torch.Tensor, num_reqs: torch.Tensor, P: int, rows: int
-) -> torch.Tensor:
-    """``[rows]`` int64: ``cumsum(n + (P-1)*decode) - 1``.
-
-    The seed's ``get_logits_indices`` with ``tokens_original``.
-
-    Rows of the FA-order restored hidden states (decodes ``P`` rows per token).
-    0 past ``num_reqs``; a leading request with no token is clamped to 0.
-    """
-    n = num_scheduled.to(torch.int64)
-    last = (torch.cumsum(n + torch.where(is_decode, P - 1, 0), 0) - 1).clamp(min=0)
-    real = torch.arange(n.shape[0], device=n.device) < num_reqs
-    return torch.where(real, last, 0)[:rows]
 
 
 @pytree_dataclass
@@ -276,19 +261,11 @@ class HybridLayout(TokenLayout):
     exit_fa_len: torch.Tensor
 
 
-class HybridUpdate(NamedTuple):
-    layout: HybridLayout
-    geometry: RequestGeometry  # DCS, [R_b] rows
-    split: LinearSplit
-    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row
-    rows: LocalRows  # [L_b] linear local rows
-
-
-def hybrid_update(state: PCPState, batch: SchedulerBatch) -> HybridUpdate:
+def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     """The hybrid layout of ``batch`` for ``state``'s rank (see :class:`HybridLayout`)."""
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
-    is_decode = classify_decodes(cfg, batch)
+    is_decode = batch_is_decode(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
     order = gathered_order(geo, P, Lb)
     split = linear_split(P, batch.num_scheduled, is_decode, rank)
@@ -321,52 +298,4 @@ def hybrid_update(state: PCPState, batch: SchedulerBatch) -> HybridUpdate:
         exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb),
         exit_fa_len=num_tokens - D,
     )
-    return HybridUpdate(layout, geo, split, order.token, lin)
-
-
-def adjust_cu_num_scheduled_tokens(
-    state: PCPState, cu_num_scheduled_tokens: torch.Tensor
-) -> tuple[PCPState, torch.Tensor]:
-    """Re-align cumulative scheduled tokens to the FA-order restored rows.
-
-    Seed ``adjust_cu_num_scheduled_tokens_for_pcp``.
-
-    For spec-decode logits indices under the hybrid layout. Decode rows are
-    returned unchanged; prefill request ``i`` ends at
-    ``P * cu[num_decode_reqs - 1] + (prefill tokens up to i)``, which is the
-    seed's ``(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)``. ``P = 2``,
-    tokens ``[1, 1, 3, 5]`` (two decodes), ``cu [1, 2, 5, 10]`` -> ``[1, 2, 7, 12]``.
-
-    Args:
-        cu_num_scheduled_tokens: ``[k]`` (``k <= max_num_reqs``) cumulative
-            tokens of the requests of the state's last update, as the runner
-            has them. Rows past ``num_reqs`` are returned unchanged.
-
-    Returns ``[k]`` in the input's dtype.
-    """
-    cu = cu_num_scheduled_tokens
-    R = state.config.max_num_reqs
-    if cu.dim() != 1 or cu.shape[0] > R:
-        raise ValueError(
-            f"cu_num_scheduled_tokens must be 1-D with at most max_num_reqs={R} entries, "
-            f"got shape {tuple(cu.shape)}"
-        )
-    k = cu.shape[0]
-    if k == 0:
-        return state, cu
-    P = state.config.pcp_size
-    n = state.num_scheduled[:k].to(torch.int64)
-    dec = state.is_decode[:k]
-    prefill = ~dec & (torch.arange(k, device=cu.device) < state.num_reqs)
-    num_dec = state.is_decode.sum()
-    last_decode = (num_dec - 1).clamp(min=0, max=k - 1).reshape(1)
-    base = torch.where(num_dec > 0, cu.index_select(0, last_decode)[0].to(torch.int64), 0)
-    adjusted = P * base + torch.cumsum(torch.where(prefill, n, 0), 0)
-    return state, torch.where(prefill, adjusted, cu.to(torch.int64)).to(cu.dtype)
-
-
-def state_enter_fa_restore_index(state: PCPState, rows_per_rank: int) -> torch.Tensor:
-    """The state's ``enter_fa_restore_idx`` for ``rows_per_rank`` local rows (rank-independent)."""
-    cfg = state.config
-    split = linear_split(cfg.pcp_size, state.num_scheduled, state.is_decode, 0)
-    return enter_fa_restore_index(split, cfg.pcp_size, rows_per_rank, cfg.num_spec_tokens > 0)
+    return LayoutUpdate(next_state(state, batch, is_decode), layout, geo, order.token, lin.valid, split.local_start)

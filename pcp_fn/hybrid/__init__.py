@@ -1,0 +1,27 @@
+"""The hybrid-attention layout (``PCPConfig(..., hybrid_attn=True)``: qwen3-next, qwen3.5).
+
+Linear-attention layers get each prefill split *linearly* (contiguous tokens
+per rank); the full-attention layers keep DualChunkSwap (:mod:`pcp_fn.dcs`).
+Config and host boundary are the DualChunkSwap ones (:class:`pcp_fn.PCPConfig`
+with ``hybrid_attn=True``, :func:`pcp_fn.make_batch`); this package holds the
+layout (:mod:`.layout`: :class:`HybridLayout` and its index maps), its ops
+(:mod:`.ops`) and the draft model's prefill split (:mod:`.draft`).
+``pcp_fn.update_tokens`` and the other facade ops pick it by the config
+(:func:`pcp_fn.layouts.layout_of`).
+"""
+
+from .draft import DraftSplit, split_prefill_for_draft_hybrid
+from .layout import HybridLayout, LinearSplit, build, linear_split
+from .ops import adjust_cu_num_scheduled_tokens, logits_from_geometry, restore_index
+
+__all__ = [
+    "DraftSplit",
+    "HybridLayout",
+    "LinearSplit",
+    "adjust_cu_num_scheduled_tokens",
+    "build",
+    "linear_split",
+    "logits_from_geometry",
+    "restore_index",
+    "split_prefill_for_draft_hybrid",
+]
