@@ -41,10 +41,10 @@ def check_batch(state: PCPState, batch: SchedulerBatch) -> None:
         raise TypeError(f"state must be a PCPState, got {type(state).__name__}")
     if not isinstance(batch, SchedulerBatch):
         raise TypeError(f"batch must be a SchedulerBatch, got {type(batch).__name__}")
-    if batch.config != state.config:
+    if batch.config != state.config.shared:
         raise ValueError(
-            f"the batch was built for {batch.config}, the state is of {state.config}; "
-            "build the batch with the state's config"
+            f"the batch was built for {batch.config}, the state is of {state.config} "
+            "(ranks aside); build the batch with the state's config"
         )
 
 

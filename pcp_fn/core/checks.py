@@ -69,6 +69,11 @@ def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.n
     (int32 by default: the device buffers are int32) with the index of the
     first bad entry.
     """
+    if isinstance(values, list | tuple):
+        # numpy would turn [1, True] into [1, 1]: a bool among counts is a caller's bug
+        for i, v in enumerate(values):
+            if isinstance(v, bool | np.bool_):
+                raise TypeError(f"{name}[{i}] must be an int, got bool {v!r}")
     arr = _host_array(name, values)
     if arr.dtype == object:
         for i, v in enumerate(arr.tolist()):

@@ -35,8 +35,9 @@ class SchedulerBatch:
     """One step's scheduler inputs, padded to ``bucket.num_reqs`` rows (``R_b``).
 
     Fields (int32 unless said otherwise):
-        config: static :class:`PCPConfig` the batch was validated for; an op
-            given a state of another config raises.
+        config: static :class:`PCPConfig` the batch was validated for, with
+            the ranks zeroed (``config.shared``: one batch serves every rank);
+            an op given a state of another config raises.
         bucket: static :class:`Bucket`; every output shape derives from it.
         num_reqs: 0-d, real requests (rows past it are empty requests).
         num_scheduled: ``[R_b]`` tokens scheduled this step (before the split).
@@ -217,7 +218,7 @@ def make_batch(
         slots = torch.from_numpy(_host_slots(config, slot_mapping, total, token_rows(config, bucket)))
         slots = slots.to(device)
     return SchedulerBatch(
-        config=config,
+        config=config.shared,
         bucket=bucket,
         num_reqs=dev[3 * Rb],
         num_scheduled=dev[0:Rb],

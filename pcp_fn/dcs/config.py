@@ -99,8 +99,23 @@ class PCPConfig:
             "token_buckets",
             normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
         )
+        # A batch serves every rank: it records the config with the ranks zeroed (made once here,
+        # so the per-step check is one comparison).
+        shared = self
+        if self.pcp_rank or self.dcp_rank:
+            shared = dataclasses.replace(self, pcp_rank=0, dcp_rank=0)
+        object.__setattr__(self, "_shared", shared)
 
     # -- derived ------------------------------------------------------------
+    @property
+    def shared(self) -> PCPConfig:
+        """This config with ``pcp_rank = dcp_rank = 0``: what every rank of the group shares.
+
+        A :class:`SchedulerBatch` records it, so one batch serves every rank and a
+        batch of another group's config is refused.
+        """
+        return self._shared
+
     @property
     def decode_threshold(self) -> int:
         """Most scheduled tokens a decode request may have: ``1 + num_spec_tokens``."""

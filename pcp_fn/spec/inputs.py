@@ -169,7 +169,7 @@ def make_spec_batch(
     )
     dev = packed.to(torch.device(device) if device is not None else "cpu")
     batch = SchedulerBatch(
-        config=config,
+        config=config.shared,
         bucket=host.bucket,
         num_reqs=dev[3 * Rb],
         num_scheduled=dev[0:Rb],
