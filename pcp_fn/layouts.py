@@ -6,7 +6,7 @@ Both layout packages offer the same interface, which the facade ops
 
 - ``build(state, batch) -> LayoutUpdate``: the next state, the public layout
   (``TokenLayout`` / ``HybridLayout``) and the maps ``step`` reuses;
-- ``logits_from_geometry(geometry, num_reqs) -> [R_b]``: the rows to sample;
+- ``logits_from_geometry(config, geometry, num_reqs) -> [R_b]``: the rows to sample;
 - ``restore_index(state) -> [P*L_b]``: the gathered row of each row
   ``restore_hidden_states`` returns.
 

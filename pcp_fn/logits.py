@@ -30,4 +30,4 @@ def get_logits_indices(state: PCPState) -> tuple[PCPState, torch.Tensor]:
     token (nothing to sample) is clamped to 0.
     """
     geo = state_geometry(state)
-    return state, layout_of(state.config).logits_from_geometry(geo, state.num_reqs)
+    return state, layout_of(state.config).logits_from_geometry(state.config, geo, state.num_reqs)

@@ -83,7 +83,7 @@ def step(
         layout=layout,
         positions=torch.where(up.local_valid, absolute, 0),
         query_start_loc=up.local_start.to(torch.int32),
-        logits_indices=layout_ops.logits_from_geometry(up.geometry, batch.num_reqs),
+        logits_indices=layout_ops.logits_from_geometry(cfg, up.geometry, batch.num_reqs),
         slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, cfg.pad_slot_id),
     )
     return up.state, out

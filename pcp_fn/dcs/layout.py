@@ -256,7 +256,7 @@ def state_order(state: PCPState) -> GatheredOrder:
     return gathered_order(state_geometry(state), state.config.pcp_size, state.bucket.num_tokens)
 
 
-def logits_from_geometry(geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
+def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
     """``[R_b]`` int64: last real token of each request in the padded order, 0 past ``num_reqs``.
 
     vllm-ascend ``PCPManager.get_logits_indices``: ``cumsum(pcp_tokens) * P - num_pads - 1``.

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import torch
 
+from ..dcs.config import PCPConfig
 from ..dcs.layout import RequestGeometry
 from ..dcs.state import PCPState
 from .layout import enter_fa_restore_index, linear_split
 
 
-def logits_from_geometry(geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
+def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
     """``[R_b]`` int64: ``cumsum(n + (P-1)*decode) - 1``.
 
     vllm-ascend ``PCPManager.get_logits_indices`` with ``tokens_original``:
-    rows of the FA-order restored hidden states (decodes ``P`` rows per token,
-    i.e. their ``num_padded`` rows). 0 past ``num_reqs``; a leading request
-    with no token is clamped to 0. ``P = 2``, tokens ``[1, 1, 3, 5]`` (two
-    decodes) -> ``[1, 3, 6, 11]``.
+    rows of the FA-order restored hidden states. Each decode counts ``P - 1``
+    extra rows even when it has no token (as vllm-ascend counts them). 0 past
+    ``num_reqs``; a leading request with no token is clamped to 0. ``P = 2``,
+    tokens ``[1, 1, 3, 5]`` (two decodes) -> ``[1, 3, 6, 11]``.
     """
-    rows = torch.where(geo.replicated, geo.num_padded, geo.num_scheduled)
+    rows = geo.num_scheduled + torch.where(geo.replicated, config.pcp_size - 1, 0)
     last = (torch.cumsum(rows, 0) - 1).clamp(min=0)
     real = torch.arange(rows.shape[0], device=rows.device) < num_reqs
     return torch.where(real, last, 0)
