@@ -13,8 +13,8 @@ sliced. Two kinds of helpers live here:
   dict of request ids, and the encoder runs eagerly anyway):
   :func:`local_schedule_layout`, :func:`build_local_mm_schedule`,
   :func:`gather_mm_embeddings` and :func:`localize_scheduler_output`. They are
-  pure: they return new objects and never mutate what they are given (the
-  seed mutates the scheduler output and restores it afterwards).
+  pure: they return new objects and never mutate what they are given (vllm-ascend
+  mutates the scheduler output and restores it afterwards).
 
 ``P = 2``, rank 0, one fresh prefill of 5 tokens padded to 8: the rank holds
 positions ``[0, 1, 6, 7]``; with a 5-column M-RoPE table ``m`` and delta ``d``
@@ -123,7 +123,7 @@ def remap_mrope_positions(
     request_index: torch.Tensor,
     num_tokens: torch.Tensor,
 ) -> torch.Tensor:
-    """``[3, L]`` int64 M-RoPE positions of the rank's tokens (seed ``remap_mrope_positions_for_pcp``).
+    """``[3, L]`` int64 M-RoPE positions of the rank's tokens (vllm-ascend ``remap_mrope_positions_for_pcp``).
 
     Args:
         tables: from :func:`pack_mrope_tables` (``R_b`` rows).
@@ -252,12 +252,12 @@ def gather_prompt_embeds(
     num_tokens: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """``[L, H]``: ``out`` with the rank's prompt embeds filled in (seed ``fill_prompt_embeds_for_pcp``).
+    """``[L, H]``: ``out`` with the rank's prompt embeds filled in (``fill_prompt_embeds_for_pcp``).
 
     A local token at absolute position ``x`` of request ``i`` takes
     ``embeds`` row ``x`` of request ``i`` when ``x < length[i]``; every other
     row (no embeds, past the embeds, padding rows) keeps ``out``'s value, as
-    the seed leaves its buffer untouched there. ``P = 2``, rank 0, one
+    vllm-ascend leaves its buffer untouched there. ``P = 2``, rank 0, one
     request with 6 embed rows ``e`` at positions ``[0, 1, 6, 7]`` ->
     ``[e[0], e[1], out[2], out[3]]``. A masked gather: no boolean indexing.
 
@@ -288,7 +288,7 @@ def gather_prompt_embeds(
 
 @dataclasses.dataclass(frozen=True)
 class LocalScheduleLayout:
-    """This rank's scheduled token counts (seed ``cache_local_schedule_layout`` /
+    """This rank's scheduled token counts (vllm-ascend ``cache_local_schedule_layout`` /
     ``get_local_schedule_layout``, as a value instead of manager state).
 
     Fields:
@@ -333,7 +333,7 @@ def build_local_mm_schedule(
     local_num_scheduled_tokens: np.ndarray,
     encoder_cache: Mapping[str, Any],
 ) -> tuple[dict[str, list[int]], set[str]]:
-    """Which encoder inputs this rank needs (seed ``build_local_mm_schedule``).
+    """Which encoder inputs this rank needs (vllm-ascend ``build_local_mm_schedule``).
 
     ``positions`` are the rank's absolute token positions, request after
     request (``local_num_scheduled_tokens[i]`` each). A multimodal feature is
@@ -378,10 +378,10 @@ class LocalMMEmbeddings:
             order its ``is_mm_embed`` mask lists them.
         is_mm_embed: ``[num_local_tokens]`` bool, tokens that take a
             multimodal embedding.
-        should_sync_mrope_positions, should_sync_xdrope_positions: as the seed.
+        should_sync_mrope_positions, should_sync_xdrope_positions: as vllm-ascend.
         mrope_updates: ``{req_id: (new mrope_positions, new delta)}`` from the
             model's ``recompute_mrope_positions`` (multimodal pruning); the
-            caller applies them (the seed writes them into the request state).
+            caller applies them (vllm-ascend writes them into the request state).
     """
 
     embeds: list[torch.Tensor]
@@ -403,7 +403,7 @@ def gather_mm_embeddings(
     uses_mrope: bool = False,
     warning_once: Callable[..., Any] | None = None,
 ) -> LocalMMEmbeddings:
-    """The encoder outputs this rank's tokens consume (seed ``gather_mm_embeddings_for_pcp``).
+    """The encoder outputs this rank's tokens consume (vllm-ascend ``gather_mm_embeddings_for_pcp``).
 
     For each request, the rank's tokens (at ``positions + shift_computed_tokens``)
     that fall in a feature's window (on an ``is_embed`` slot, if the feature
@@ -416,7 +416,7 @@ def gather_mm_embeddings(
 
     Raises:
         ValueError: fewer local counts than requests, or an encoder output
-            missing from ``encoder_cache`` (the seed asserts).
+            missing from ``encoder_cache`` (vllm-ascend asserts).
     """
     if len(local_num_scheduled_tokens) < len(req_ids):
         raise ValueError(
@@ -502,7 +502,7 @@ def localize_scheduler_output(
 ) -> Any:
     """The scheduler output as this rank sees it for multimodal preprocessing.
 
-    The seed's ``maybe_localize_scheduler_output_for_mm_preprocess`` rewrites
+    vllm-ascend's ``maybe_localize_scheduler_output_for_mm_preprocess`` rewrites
     the caller's object and ``restore_scheduler_output_after_mm_preprocess``
     puts it back; this returns a NEW shallow copy with the local fields
     instead (or the same object when nothing differs) and never mutates the

@@ -28,8 +28,8 @@ CFG = PCPConfig(2, 0, 4, 32, num_spec_tokens=1)
         (([20, 13], [0, 0], [20, 13]), r"sums to 33 tokens; max_num_tokens is 32"),
         (([5, 1], [0, 9], [5, 9]), r"request 1 is a decode .* after prefill request 0"),
         (([[1, 2]], [[0, 0]], [[1, 2]]), r"num_scheduled_tokens must be 1-D"),
-        (([1, 2**31], [0, 0], [1, 2]), r"num_scheduled_tokens\[1\] = 2147483648 exceeds the limit 2147483647"),
-        (([1], [2**31 - 1], [5]), r"num_computed_tokens\[0\] \+ num_scheduled_tokens\[0\] = 2147483648 exceeds"),
+        (([1, 2**31], [0, 0], [1, 2]), r"num_scheduled_tokens\[1\] = 2147483648 exceeds the limit"),
+        (([1], [2**31 - 1], [5]), r"num_computed_tokens\[0\] \+ num_scheduled_tokens\[0\] = 2147483648"),
         (
             ([1], np.array([2**63], dtype=np.uint64), [5]),
             r"num_computed_tokens\[0\] = 9223372036854775808 exceeds the limit",
@@ -138,7 +138,7 @@ def test_a_slot_mapping_of_the_wrong_length_is_refused():
     c = PCPConfig(2, 0, 4, 32)
     b = make_batch(c, [5, 8], [0, 0], [5, 8])
     for bad in (torch.tensor([7]), torch.tensor([], dtype=torch.int64), torch.arange(100)):
-        with pytest.raises(ValueError, match=r"slot_mapping must have the bucket's 16 scheduler-order token rows"):
+        with pytest.raises(ValueError, match=r"slot_mapping must have the bucket's 16 scheduler-order"):
             pcp_fn.step(init_state(c), b, bad)
     with pytest.raises(ValueError, match="step needs the KV slot mapping"):
         pcp_fn.step(init_state(c), b)

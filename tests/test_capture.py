@@ -98,8 +98,7 @@ def test_shapes_depend_only_on_config_and_bucket():
 
 def test_op_count_is_the_same_for_every_composition():
     counts = {
-        name: pcp_fn.count_aten_ops(pcp_fn.step, init_state(CFG), _batch(name))
-        for name in COMPOSITIONS
+        name: pcp_fn.count_aten_ops(pcp_fn.step, init_state(CFG), _batch(name)) for name in COMPOSITIONS
     }
     assert len(set(counts.values())) == 1, counts
 
@@ -134,9 +133,7 @@ def test_vmap_over_ranks_equals_the_loop_over_ranks():
         static = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch)[1]
         one = torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped)
         assert tree_equal(one, static)
-    assert torch.equal(
-        pcp_fn.all_ranks(pcp_fn.step, state, batch)[1].positions, mapped.positions
-    )
+    assert torch.equal(pcp_fn.all_ranks(pcp_fn.step, state, batch)[1].positions, mapped.positions)
 
 
 def test_rank_as_data_traces_one_graph_for_every_rank():

@@ -254,7 +254,7 @@ COMPOSITIONS = {
 
 def _ops(state, batch):
     updated, _ = update_tokens(state, batch)
-    Lb, Rb = batch.bucket.num_tokens, batch.bucket.num_reqs
+    Lb = batch.bucket.num_tokens
     cu = torch.cumsum(batch.num_scheduled, 0).to(torch.int32)
     lens = batch.num_scheduled
     hidden = torch.randn(CFG.max_num_tokens, 4)
@@ -375,7 +375,7 @@ def test_hybrid_make_batch_rejects_bad_input_like_the_dcs_one():
 
 def test_hybrid_ops_reject_bad_shapes():
     state, _ = update_tokens(init_state(CFG), _batch("mixed"))
-    with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be \[8\] \(the state's bucket request rows\)"):
+    with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be \[8\] \(the state's bucket"):
         pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.zeros(9, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be \[8\]"):
         pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.zeros(2, 2, dtype=torch.int32))

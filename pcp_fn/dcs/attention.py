@@ -1,4 +1,4 @@
-"""Attention index metadata: the seed's ``generate_pcp_metadata`` as one fixed-shape op.
+"""Attention index metadata: vllm-ascend's ``generate_pcp_metadata`` as one fixed-shape op.
 
 For a prefill split DualChunkSwap-style, rank ``r`` holds two query chunks of
 each prefill request: the head chunk ``h = r`` and the tail chunk
@@ -20,23 +20,23 @@ prefill of 8 tokens (``local_len = 4``, ``c = 2``, ``h = 0``, ``t = 3``)::
 
 Every index tensor is one or two runs of consecutive integers per request, so
 the whole metadata is a handful of index kernels: ONE ``expand_runs``
-(``pcp_fn.ragged``) paints all ten index tensors laid end to end in one buffer,
-one scan of the chunk sizes gives every offset and per-request length. The
-seed builds the same lists with Python loops over every token.
+(``pcp_fn.core.ragged``) paints all ten index tensors laid end to end in one buffer,
+one scan of the chunk sizes gives every offset and per-request length.
+vllm-ascend builds the same lists with Python loops over every token.
 
-Differences from the seed (all forced by fixed shapes or by the device):
+Differences from vllm-ascend (all forced by fixed shapes or by the device):
 
 - index tensors are padded to a static capacity (:class:`PaddedIndex`: the
-  seed's tensor is ``index[:length]``, the rest 0);
-- the per-request lengths the seed returns as Python lists
+  vllm-ascend's tensor is ``index[:length]``, the rest 0);
+- the per-request lengths vllm-ascend returns as Python lists
   (``attn_mask_seqlens``... via ``.tolist()``) are ``[R_b]`` int32 device
   tensors, padded past the prefills with the running total (empty requests);
 - ``pcp_allgather_restore_idx`` is the layout's, addressing fixed ``[L_b]``
-  rank buffers (``rank * L_b + row``; the seed's ``rank * num_tokens + row``,
+  rank buffers (``rank * L_b + row``; vllm-ascend's ``rank * num_tokens + row``,
   identical when the bucket is exact);
-- at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in the seed,
+- at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in vllm-ascend,
   whose ``pcp_unpad_mask`` is then empty; here it is the identity layout's;
-- names drop the seed's ``_tensor`` / ``_cpu`` suffixes;
+- names drop vllm-ascend's ``_tensor`` / ``_cpu`` suffixes;
 - the hybrid-attention fields live in the step's ``HybridLayout`` and the
   speculative-decode ``dcp_mtp_attn_mask`` in ``pcp_fn.spec`` (see
   :class:`AttentionMetadata`).
@@ -66,9 +66,9 @@ class PaddedIndex:
     """An index tensor padded to a static capacity, with its real length.
 
     Fields:
-        index: ``[cap]`` int32; ``index[:length]`` is the seed's tensor, the
+        index: ``[cap]`` int32; ``index[:length]`` is vllm-ascend's tensor, the
             rest is 0 (an in-range row whenever the indexed tensor is non-empty).
-        length: 0-d int64, the seed tensor's ``numel()``.
+        length: 0-d int64, vllm-ascend's tensor's ``numel()``.
     """
 
     index: torch.Tensor
@@ -77,7 +77,7 @@ class PaddedIndex:
 
 @pytree_dataclass
 class AttentionMetadata:
-    """Per-step PCP attention metadata of one rank (seed ``AscendPrefillContextParallelMetadata``).
+    """Per-step PCP attention metadata of one rank (vllm-ascend ``AscendPrefillContextParallelMetadata``).
 
     Shapes derive from ``(config, bucket)`` only: ``R_b`` request rows, ``L_b``
     local token rows, ``C_b = L_b // 2`` chunk rows. ``None`` fields are absent
@@ -112,7 +112,7 @@ class AttentionMetadata:
     ``(h+1)*C`` with ``C = sum of c <= C_b`` because ``2C <= L_b``.)
 
     ``P > 1`` only, per-request vectors ``[R_b]`` int32, entry ``j`` for the
-    ``j``-th prefill request (the seed's lists, which skip decodes):
+    ``j``-th prefill request (vllm-ascend's lists, which skip decodes):
         attn_chunk_seqlens: ``c``; 0 past ``num_prefill_reqs``.
         attn_mask_seqlens, head_attn_nomask_seqlens, tail_attn_nomask_seqlens,
         head_actual_seq_lengths_kv, tail_actual_seq_lengths_kv: inclusive
@@ -121,7 +121,7 @@ class AttentionMetadata:
             requests).
 
     With ``config.hybrid_attn`` every field here is the DualChunkSwap one the
-    full-attention layers use, as in the seed; the seed's hybrid fields
+    full-attention layers use, as in vllm-ascend; vllm-ascend's hybrid fields
     (``pcp_exit_fa_scatter_idx``, ``pcp_fa_query_idx``,
     ``pcp_enter_fa_restore_idx``, ``pcp_fa_padding_restore_idx``,
     ``max_num_tokens_across_pcp``, ``total_num_scheduled_tokens``,
@@ -212,16 +212,16 @@ def attention_metadata(
     *,
     decode_seq_lens: torch.Tensor | None = None,
 ) -> tuple[PCPState, AttentionMetadata]:
-    """The rank's attention index metadata for ``batch`` (seed ``generate_pcp_metadata``).
+    """The rank's attention index metadata for ``batch`` (vllm-ascend ``generate_pcp_metadata``).
 
     Reads only ``state.config`` and ``state.rank``; the state passes through
-    unchanged. On the real rows every field equals the seed's for the same
+    unchanged. On the real rows every field equals vllm-ascend's for the same
     step (the runner passes the post-split local query lengths, which this op
     derives from the batch itself).
 
     Args:
         decode_seq_lens: ``[R_b]`` optional context lengths of the decodes (the
-            seed's ``fixed_decode_seq_lens_cpu`` under async speculative
+            vllm-ascend's ``fixed_decode_seq_lens_cpu`` under async speculative
             decoding); default ``num_computed + num_scheduled``.
 
     Example, ``P = 4``, rank 3, fresh prefills ``[8, 12]`` (local lengths

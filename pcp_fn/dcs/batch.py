@@ -91,7 +91,8 @@ def _host_slots(config: PCPConfig, values: ArrayLike, num_tokens: int, rows: int
         raise TypeError(f"slot_mapping must hold integers, got dtype {arr.dtype}")
     if arr.shape[0] != num_tokens:
         raise ValueError(
-            f"slot_mapping has {arr.shape[0]} entries; the batch schedules {num_tokens} tokens (one slot each)"
+            f"slot_mapping has {arr.shape[0]} entries; the batch schedules {num_tokens} tokens "
+            "(one slot each)"
         )
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(2**63 - 1):
         raise ValueError(f"slot_mapping holds {int(arr.max())}, past the int64 limit")

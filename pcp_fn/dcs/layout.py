@@ -4,7 +4,7 @@ With ``P`` ranks, a prefill of ``n`` tokens is padded to a multiple of ``2P`` an
 cut into ``2P`` chunks of ``c`` tokens; rank ``r`` owns the head chunk ``r`` and
 the tail chunk ``2P-1-r``, so every rank gets the same causal-attention work.
 A decode is not split: every rank holds all its ``n`` tokens. Worked example
-(the seed's docstring), scheduled tokens ``[1, 5, 8]``, ``P = 2``, request 0 a
+(vllm-ascend's docstring), scheduled tokens ``[1, 5, 8]``, ``P = 2``, request 0 a
 decode::
 
     request                 0 (decode)   1 (n=5 -> 8, c=2)       2 (n=8, c=2)
@@ -20,7 +20,7 @@ After the model, each rank's local rows are all-gathered rank-major
 (``[rank0 rows | rank1 rows]``) and ``restore_index`` puts them back in padded
 request order: ``[0, 9, 1, 2, 10, 11, 12, 13, 3, 4, 5, 6, 14, 15, 16, 17, 7, 8]``
 (with ``L = 9`` rows per rank). ``unpad_mask`` marks the real rows of that
-order; in the decode region it is token-strided (every P-th row), the seed's
+order; in the decode region it is token-strided (every P-th row), vllm-ascend's
 convention that attention backends rely on.
 
 Every function is fixed-shape: per-request tensors have the bucket's request
@@ -47,7 +47,7 @@ class RequestGeometry(NamedTuple):
     num_scheduled: torch.Tensor  # tokens before the split
     replicated: torch.Tensor  # every rank holds the whole request (decodes; all when P == 1)
     num_padded: torch.Tensor  # rows in the gathered, padded order: n*P (replicated) or ceil(n/2P)*2P
-    local: torch.Tensor  # rows on each rank: num_padded // P  (the seed's pcp_tokens)
+    local: torch.Tensor  # rows on each rank: num_padded // P  (vllm-ascend's pcp_tokens)
     chunk: torch.Tensor  # rows per chunk: n (replicated) or local // 2
     token_start: torch.Tensor  # first scheduler-order token of each request, then the total
     padded_start: torch.Tensor  # first padded-order row of each request, then the total
@@ -118,7 +118,7 @@ def gathered_order(geo: RequestGeometry, P: int, rows_per_rank: int) -> Gathered
     ``r * rows_per_rank + l``, so inside a chunk ``restore = row + shift``.
     Real rows: a prefill's first ``n`` rows; in the decode region (the first
     ``P * num_decode_tokens`` rows, decodes come first) every ``P``-th row,
-    decode token ``t`` at row ``t * P`` (the seed's token-strided convention).
+    decode token ``t`` at row ``t * P`` (vllm-ascend's token-strided convention).
     """
     size = P * rows_per_rank
     rep, n, c = geo.replicated[:, None], geo.num_scheduled[:, None], geo.chunk[:, None]
@@ -151,23 +151,23 @@ class TokenLayout:
 
     Fields:
         pcp_tokens: ``[R_b]`` int32 tokens of each request on this rank
-            (seed ``update_tokens_for_pcp(...)[0]``); 0 past ``num_reqs``.
+            (vllm-ascend ``update_tokens_for_pcp(...)[0]``); 0 past ``num_reqs``.
         positions: ``[L_b]`` int64 offset of each local token inside its
-            request's scheduled tokens (seed ``[1]``); 0 on padding rows.
+            request's scheduled tokens (vllm-ascend ``[1]``); 0 on padding rows.
         request_index: ``[L_b]`` int64 request of each local token (the
             runner's ``req_indices``); 0 on padding rows.
         num_tokens: 0-d int64 local tokens on this rank (``sum(pcp_tokens)``).
-        num_pads: ``[R_b]`` int64 pads per request (seed ``num_pcp_pads``).
+        num_pads: ``[R_b]`` int64 pads per request (vllm-ascend ``num_pcp_pads``).
         is_decode: ``[R_b]`` bool decode requests (a prefix).
         num_decode_reqs, num_decode_tokens: 0-d int64.
         unpad_mask: ``[P*L_b]`` bool real rows of the padded gathered order
-            (seed ``pcp_unpad_mask``). Its decode region is token-strided, the
-            seed's convention for the KV slot mapping: decode token ``t`` is
+            (vllm-ascend ``pcp_unpad_mask``). Its decode region is token-strided, the
+            vllm-ascend's convention for the KV slot mapping: decode token ``t`` is
             row ``t*P``. That row is the restored copy of the same token only
             when decodes have one token each; with speculative tokens, read
             decode hidden states through ``restore_index``/logits indices.
         restore_index: ``[P*L_b]`` int64 gathered row of each padded-order row
-            (seed ``pcp_allgather_restore_idx``); 0 past ``P * num_tokens``.
+            (vllm-ascend ``pcp_allgather_restore_idx``); 0 past ``P * num_tokens``.
     """
 
     pcp_tokens: torch.Tensor

@@ -1,6 +1,6 @@
 """The hybrid layout's prefill split for the draft model.
 
-Seed ``_split_spec_decode_pcp_prefill_input_hybrid``.
+vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``.
 
 For the first MTP draft pass each rank takes a *linear* slice of every prefill
 request's input ids and target hidden states: the request is padded with zeros
@@ -12,7 +12,7 @@ to a multiple of ``2P`` and rank ``r`` takes rows ``[r*k, (r+1)*k)`` with
     rank 1      [c 0]      [h 0 0 0]           input_ids [c, 0, h, 0, 0, 0]
     seq_lens    [2, 4]     cu_num_tokens [0, 2, 6]   max_query_len 4
 
-The padding zeros inside a rank's slice are real output rows (the seed keeps
+The padding zeros inside a rank's slice are real output rows (vllm-ascend keeps
 them); rows past ``num_tokens`` are zero too.
 """
 
@@ -55,12 +55,12 @@ def split_prefill_for_draft_hybrid(
 ) -> tuple[PCPState, DraftSplit]:
     """Linear-split the prefills' draft inputs for this rank.
 
-    Seed ``_split_spec_decode_pcp_prefill_input_hybrid``; see the module docstring
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``; see the module docstring
     for a worked example.
 
     Args:
         prefill_lens: ``[K]`` scheduled tokens of each prefill request, in
-            order (the seed's ``req_scheduled_tokens`` values); trailing
+            order (vllm-ascend's ``req_scheduled_tokens`` values); trailing
             zeros are empty requests that take no row.
         input_ids: ``[S]`` the prefills' ids back to back (``S >= 1``; the
             first ``sum(prefill_lens)`` are read).
@@ -71,8 +71,8 @@ def split_prefill_for_draft_hybrid(
     prefills are its DualChunkSwap prefill rows (``2 * ceil(n / 2P)`` each),
     which the bucket holds.
 
-    ``P = 1`` pads nothing (the identity), like the rest of the package; the
-    seed would pad to 2 there but never runs its PCP path at ``P = 1``.
+    ``P = 1`` pads nothing (the identity), like the rest of the package;
+    vllm-ascend would pad to 2 there but never runs its PCP path at ``P = 1``.
     """
     cfg = state.config
     if prefill_lens.dim() != 1:

@@ -4,11 +4,11 @@ A hybrid model has linear-attention (FLA / GDN) layers and full-attention (FA)
 layers. The linear layers need each request's tokens *contiguous* on a rank, so
 a prefill of ``n`` tokens is split linearly: rank ``q`` holds ``n // P + (q < n % P)``
 consecutive tokens (``_get_cp_local_seq_lens`` with interleave 1). The FA layers
-keep the DualChunkSwap (DCS) layout of :mod:`pcp_fn.layout`. The index maps here
+keep the DualChunkSwap (DCS) layout of :mod:`pcp_fn.dcs.layout`. The index maps here
 move hidden states between the two around every FA layer. Decodes are not
 split (every rank holds all their tokens) and come first on every rank.
 
-Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills ``[3, 5]``::
+Worked example (vllm-ascend's own test), ``P = 2``, two fresh prefills ``[3, 5]``::
 
     request                   0 (n=3)          1 (n=5)
     linear split              r0: t0 t1        r0: t0 t1 t2
@@ -19,7 +19,7 @@ Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills `
 
     FA input (compact order: decodes, then prefill tokens in scheduler order)
       = gathered[enter_fa_restore_idx]; gathered = all_gather of the M-row buffers:
-      [0, 1, 5, 2, 3, 4, 6, 7]          (the seed's: rank 1's rows start at M = 5;
+      [0, 1, 5, 2, 3, 4, 6, 7]          (vllm-ascend's: rank 1's rows start at M = 5;
                                          pcp_fn's at L_b, see "Fixed shapes")
     DCS padded order (requests padded to 2P = 4, 4 and 8 rows, 3 pads)
       = fa_input_with_a_zero_row[fa_padding_restore_idx]:
@@ -30,18 +30,18 @@ Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills `
 
 Fixed shapes: per-token outputs have the bucket's ``L_b`` local rows or
 ``P * L_b`` gathered rows. ``L_b`` holds the DCS local count ``N_dcs``, which
-bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.config`). Rank
+bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.dcs.config`). Rank
 buffers in a gathered tensor are the fixed ``[L_b]`` local buffers, so indices
-into gathered buffers read ``rank * L_b + row`` where the seed reads
+into gathered buffers read ``rank * L_b + row`` where vllm-ascend reads
 ``rank * M + row`` (enter) or ``rank * (N_dcs - D) + row`` (exit); with ``L_b``
-equal to those sizes they are the seed's, value for value.
+equal to those sizes they are vllm-ascend's, value for value.
 
-Decode order in the FA input (from the seed): without speculative tokens
+Decode order in the FA input (from vllm-ascend): without speculative tokens
 (``num_spec_tokens == 0``) token-major, ``[t0r0, t0r1, ..., t1r0, ...]``; with
-them (the seed's ``speculative_config`` set) rank-major,
-``[r0: t0 .. t(D-1), r1: ...]``. The seed's token-major branch counts decode
+them (vllm-ascend's ``speculative_config`` set) rank-major,
+``[r0: t0 .. t(D-1), r1: ...]``. vllm-ascend's token-major branch counts decode
 *requests*; here it counts decode *tokens*, the same whenever every decode has
-one token (the only case that branch handles: a zero-token decode makes the seed
+one token (the only case that branch handles: a zero-token decode makes vllm-ascend
 raise in ``_build_fa_padding_restore_idx``).
 """
 
@@ -156,12 +156,12 @@ def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_
 def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -> torch.Tensor:
     """``[G]`` int64: compact FA-input row of each DCS padded-order row.
 
-    Seed ``_build_fa_padding_restore_idx``.
+    vllm-ascend ``_build_fa_padding_restore_idx``.
 
     Decode region (first ``P * D`` rows): the identity. Prefill region: a real
     row takes its token's compact row ``P * D + (token - D)``; a pad row, and
     every row past ``P * N_dcs``, takes ``fa_len`` (one past the compact rows:
-    the consumer appends one zero row there). Where the seed returns ``None``
+    the consumer appends one zero row there). Where vllm-ascend returns ``None``
     (no prefill pads) this is the identity on ``[:P * N_dcs]``.
     """
     D = split.num_decode_tokens
@@ -181,7 +181,7 @@ def fa_query_index(
 ) -> torch.Tensor:
     """``[L_b]`` int64: DCS padded-order row (relative to the prefill region) of this rank's prefill queries.
 
-    This rank's DCS local rows after its ``D`` decode rows, i.e. the seed's
+    This rank's DCS local rows after its ``D`` decode rows, i.e. vllm-ascend's
     ``get_current_rank_positions(padded_start, rank)[D:] - P * D``; length
     ``N_dcs - D``, 0 past it.
     """
@@ -220,16 +220,16 @@ class HybridLayout(TokenLayout):
     for the local rows:
 
     - ``pcp_tokens`` ``[R_b]`` int32: linear tokens of each request on this
-      rank (decodes: all ``n``); the seed's ``update_tokens_for_pcp(...)[0]``.
+      rank (decodes: all ``n``); vllm-ascend's ``update_tokens_for_pcp(...)[0]``.
     - ``positions``, ``request_index`` ``[L_b]``: of the linear local rows
-      (seed ``[1]``); ``num_tokens``: their count (seed ``total_num_scheduled_tokens``).
+      (vllm-ascend ``[1]``); ``num_tokens``: their count (vllm-ascend ``total_num_scheduled_tokens``).
     - ``num_pads``, ``unpad_mask``, ``restore_index``: of the DCS layout the FA
       layers use (identical to the non-hybrid ones).
 
     Hybrid-only fields (0-d int64 unless said otherwise):
         pcp_tokens_padded: ``[R_b]`` int32 DCS tokens of each request on each
-            rank (seed ``num_scheduled_tokens_padded``: the FA query lengths).
-        num_tokens_padded: ``N_dcs = sum(pcp_tokens_padded)`` (seed
+            rank (vllm-ascend ``num_scheduled_tokens_padded``: the FA query lengths).
+        num_tokens_padded: ``N_dcs = sum(pcp_tokens_padded)`` (vllm-ascend
             ``num_actual_tokens_pcp_padded // P``).
         max_num_tokens_across_pcp: ``M``, linear rows of the fullest rank;
             every rank's linear rows are padded to it before the all-gather.
@@ -237,7 +237,7 @@ class HybridLayout(TokenLayout):
         total_pcp_padding_tokens_fla: ``P * (M - D) - prefill tokens``.
         enter_fa_restore_idx: ``[P*L_b]`` gathered linear row of each compact
             FA-input row; length ``enter_fa_len``, 0 past it.
-        enter_fa_len: ``P * D + prefill tokens`` (the seed's ``actual_qkv_len``).
+        enter_fa_len: ``P * D + prefill tokens`` (vllm-ascend's ``actual_qkv_len``).
         fa_padding_restore_idx: ``[P*L_b]`` compact FA-input row of each DCS
             padded-order row; pads hold ``enter_fa_len``; length ``P * N_dcs``.
         fa_query_idx: ``[L_b]`` this rank's prefill queries in the DCS padded
@@ -298,4 +298,6 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb),
         exit_fa_len=num_tokens - D,
     )
-    return LayoutUpdate(next_state(state, batch, is_decode), layout, geo, order.token, lin.valid, split.local_start)
+    return LayoutUpdate(
+        next_state(state, batch, is_decode), layout, geo, order.token, lin.valid, split.local_start
+    )

@@ -41,12 +41,12 @@ def adjust_cu_num_scheduled_tokens(
 ) -> tuple[PCPState, torch.Tensor]:
     """Re-align cumulative scheduled tokens to the FA-order restored rows.
 
-    Seed ``adjust_cu_num_scheduled_tokens_for_pcp``.
+    vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``.
 
     For spec-decode logits indices under the hybrid layout. Decode rows are
     returned unchanged; prefill request ``i`` ends at
     ``P * cu[num_decode_reqs - 1] + (prefill tokens up to i)``, which is the
-    seed's ``(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)``. ``P = 2``,
+    vllm-ascend's ``(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)``. ``P = 2``,
     tokens ``[1, 1, 3, 5]`` (two decodes), ``cu [1, 2, 5, 10]`` -> ``[1, 2, 7, 12]``.
 
     Args:
