@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .core.checks import check_int
 from .core.pytree import pytree_dataclass
 from .core.ragged import masked_gather
 
@@ -79,12 +80,15 @@ def pack_mrope_tables(
             table wider than ``max_len`` (the buffer could not serve its
             positions ``max_len .. n-1``).
     """
+    check_int("num_rows", num_rows, 1)
+    check_int("max_len", max_len, 1)
     if len(tables) != len(deltas):
         raise ValueError(f"tables has {len(tables)} entries but deltas has {len(deltas)}")
     if len(tables) > num_rows:
         raise ValueError(f"{len(tables)} M-RoPE tables do not fit in num_rows={num_rows}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    for i, d in enumerate(deltas):
+        if d is not None:  # a fractional delta would silently become another position
+            check_int(f"deltas[{i}]", d, -(2**62), 2**62)
     host = torch.zeros(num_rows, 3, max_len, dtype=torch.int64)
     length = torch.zeros(num_rows, dtype=torch.int64)
     delta = torch.zeros(num_rows, dtype=torch.int64)
@@ -211,10 +215,14 @@ def pack_prompt_embeds(
             not 2-D, embeds of the wrong width (not ``hidden_size``), mixed
             dtypes, or more rows than ``capacity``.
     """
+    check_int("num_rows", num_rows, 1)
+    check_int("hidden_size", hidden_size, 1)
+    check_int("capacity", capacity, 1)
     items = embeds.items() if isinstance(embeds, Mapping) else enumerate(embeds)
-    items = sorted((int(i), e) for i, e in items if e is not None)
-    if capacity < 1:
-        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    items = list((i, e) for i, e in items if e is not None)
+    for i, _ in items:
+        check_int("prompt embeds request index", i, 0)
+    items = sorted((int(i), e) for i, e in items)
     for i, e in items:
         if not 0 <= i < num_rows:
             raise ValueError(f"prompt embeds for request {i}, outside num_rows={num_rows}")

@@ -222,6 +222,12 @@ def test_capture_errors_leave_the_callable_usable():
     # a state of another config
     with pytest.raises(graph.CaptureError, match="differ from the captured"):
         captured(init_state(big), _batch("mixed", small))
+    # a batch of another config whose bucket fits
+    other = dataclasses.replace(CFG, num_spec_tokens=0)
+    sched = COMPOSITIONS["mixed"][0]
+    other_batch = make_batch(other, *COMPOSITIONS["mixed"], bucket=small, slot_mapping=_slots(sched))
+    with pytest.raises(graph.CaptureError, match="the batch was built for"):
+        captured(state, other_batch)
     batch = _batch("decode-only", small)
     assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
     captured.capture(state, _batch("mixed", Bucket(8, 64)))  # up front, explicitly

@@ -343,6 +343,27 @@ def test_pack_prompt_embeds_rejects(embeds, match):
         mm.pack_prompt_embeds(embeds, 2, 4, 8)
 
 
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: mm.pack_mrope_tables([None], [1.5], 2, 8),
+            TypeError,
+            r"deltas\[0\] must be an int, got float",
+        ),
+        (lambda: mm.pack_mrope_tables([None], [0], -2, 8), ValueError, r"num_rows must be >= 1, got -2"),
+        (lambda: mm.pack_mrope_tables([None], [0], 2, 2.0), TypeError, r"max_len must be an int"),
+        (lambda: mm.pack_prompt_embeds({}, -1, 4, 8), ValueError, r"num_rows must be >= 1, got -1"),
+        (lambda: mm.pack_prompt_embeds({}, 2, 4, -8), ValueError, r"capacity must be >= 1, got -8"),
+        (lambda: mm.pack_prompt_embeds({}, 2, 0, 8), ValueError, r"hidden_size must be >= 1, got 0"),
+        (lambda: mm.pack_prompt_embeds({-1: torch.zeros(1, 4)}, 2, 4, 8), ValueError, r"index must be >= 0"),
+    ],
+)
+def test_packers_reject_bad_sizes_and_fractional_deltas_before_allocating(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
 def test_gather_prompt_embeds_rejects_an_output_of_the_wrong_width_or_dtype():
     packed = mm.pack_prompt_embeds({0: torch.zeros(3, 4)}, 2, 4, 8)
     pos, req, n = torch.zeros(5, dtype=torch.int64), torch.zeros(5, dtype=torch.int64), torch.tensor(5)
