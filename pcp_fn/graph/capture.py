@@ -96,6 +96,12 @@ def _check_fits(args: tuple[Any, ...], configs: list[Any]) -> None:
         )
     for batch in (x for x in nodes if _is_batch(x)):
         for cfg in configs:
+            cap = cfg.capacity
+            if batch.bucket.num_reqs > cap.num_reqs or batch.bucket.num_tokens > cap.num_tokens:
+                raise CaptureError(
+                    f"batch bucket {batch.bucket} exceeds the captured capacity {cap} "
+                    "(request rows, local tokens per rank)"
+                )
             # a batch records the (rank-free) config it was validated for: another group's batch
             # would replay silently when its bucket happens to fit
             made_for = getattr(batch, "config", None)
@@ -103,12 +109,7 @@ def _check_fits(args: tuple[Any, ...], configs: list[Any]) -> None:
                 raise CaptureError(
                     f"the batch was built for {made_for}, the captured config is {cfg} (ranks aside)"
                 )
-            cap = cfg.capacity
-            if batch.bucket.num_reqs > cap.num_reqs or batch.bucket.num_tokens > cap.num_tokens:
-                raise CaptureError(
-                    f"batch bucket {batch.bucket} exceeds the captured capacity {cap} "
-                    "(request rows, local tokens per rank)"
-                )
+
 
 
 def _fresh_code(fn: Callable[..., Any]) -> Callable[..., Any]:
