@@ -223,7 +223,7 @@ def test_capture_errors_leave_the_callable_usable():
     with pytest.raises(graph.CaptureError, match="differ from the captured"):
         captured(init_state(big), _batch("mixed", small))
     # a batch of another config whose bucket fits
-    other = dataclasses.replace(CFG, num_spec_tokens=0)
+    other = dataclasses.replace(CFG, pad_slot_id=-2)
     sched = COMPOSITIONS["mixed"][0]
     other_batch = make_batch(other, *COMPOSITIONS["mixed"], bucket=small, slot_mapping=_slots(sched))
     with pytest.raises(graph.CaptureError, match="the batch was built for"):

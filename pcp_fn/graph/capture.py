@@ -111,7 +111,6 @@ def _check_fits(args: tuple[Any, ...], configs: list[Any]) -> None:
                 )
 
 
-
 def _fresh_code(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A trampoline with its own code object, so Dynamo keeps a separate cache per graph
     (and never hits its recompile limit however many buckets are served)."""
