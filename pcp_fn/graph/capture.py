@@ -68,8 +68,9 @@ def _signature(spec: pytree.TreeSpec, leaves: list[Any]) -> tuple[Any, ...]:
 
 
 def _is_state(x: Any) -> bool:
-    """A layout state (``PCPState``, ``mrv2.MRV2State``): a static config with a capacity."""
-    return hasattr(x, "config") and hasattr(getattr(x, "config", None), "capacity")
+    """A layout state (``PCPState``, ``mrv2.MRV2State``): a static config with a capacity, and
+    ``ENTRY_FIELDS`` (a batch carries its config too, but no entry fields)."""
+    return hasattr(type(x), "ENTRY_FIELDS") and hasattr(getattr(x, "config", None), "capacity")
 
 
 def _is_batch(x: Any) -> bool:
