@@ -378,14 +378,14 @@ def test_layout_and_every_rank_match_the_oracle(case):
     cfg = case.config()
     batch = case.batch(cfg)
     Lp, P, T = case.bucket.num_tokens, case.P, case.T
-    orc = oracle_layout(P, case.sched, case.prefilling, Lp, case.shard, case.dcp)
+    orc = oracle_layout(P, case.sched, case.prefilling, Lp, case.shard, case.dcp, T=T)
     state, lay = mrv2.build_layout(init_state(cfg), batch)
-    N, F = sum(case.sched), min(T, P * Lp)
+    N, F = sum(case.sched), orc.global_rows
     assert token_rows(cfg, case.bucket) == F and state.bucket == case.bucket
     assert lay.padded_num_tokens == Lp
     assert lay.per_rank_num_tokens.tolist() == orc.per_rank_num_tokens
     assert int(lay.num_tokens) == N
-    assert lay.hidden_restore_idx.tolist() == orc.hidden_restore_idx + [0] * (F - N)
+    assert lay.hidden_restore_idx.tolist() == orc.padded_restore_idx()
     assert lay.padded_gather_idx.tolist() == orc.padded_gather_idx
     assert lay.gathered_kv_write_mask.tolist() == orc.write_mask
 
@@ -395,6 +395,9 @@ def test_layout_and_every_rank_match_the_oracle(case):
         [row[t] if w else -1 for t, w in zip(orc.padded_gather_idx, orc.write_mask)] for row in slots.tolist()
     ]
     assert gathered_slots.tolist() == want
+    gathered = torch.randn(P * Lp, 2, dtype=torch.float64)
+    _, restored = mrv2.restore_hidden_states(state, gathered)
+    assert restored.tolist() == orc.restore(gathered.tolist())
 
     for rank in range(P):
         rank_cfg = dataclasses.replace(cfg, pcp_rank=rank)
