@@ -68,7 +68,8 @@ def _signature(spec: pytree.TreeSpec, leaves: list[Any]) -> tuple[Any, ...]:
 
 
 def _is_state(x: Any) -> bool:
-    """A layout state (``PCPState``, ``mrv2.MRV2State``): it lists the fields entry ops read."""
+    """A layout state (``PCPState``, ``mrv2.MRV2State``): it lists the fields entry ops read
+    (a batch carries its config too, but no entry fields)."""
     return hasattr(type(x), "ENTRY_FIELDS") and hasattr(x, "config")
 
 

@@ -10,14 +10,15 @@ Capacities (``P = pcp_size``, ``R = max_num_reqs``, ``T = max_num_tokens``)::
                                              the T scheduled tokens
     local request rows        Rl <= 2R       a request puts at most two segments
                                              (head and tail chunk) on a rank
-                                             (the seed's ``2 * max_num_reqs`` buffers)
+                                             (vLLM ``PCPManager``'s ``2 * max_num_reqs``
+                                             local input buffers)
     gathered rows             P * Lp
 
 A graph bucket is a :class:`pcp_fn.Bucket` ``(num_reqs=Rl, num_tokens=Lp)``:
-local request rows (the FULL-graph request capacity, the seed's
-``num_reqs_after_padding``) and local tokens per rank (the seed's
-``padded_num_tokens``). The global batch keeps the scheduler's fixed shapes:
-``[R]`` request rows and ``[T]`` token rows.
+local request rows (the FULL-graph request capacity, vLLM
+``PCPManager.partition_batch``'s ``num_reqs_after_padding``) and local tokens
+per rank (its ``padded_num_tokens``). The global batch keeps ``[R]`` request
+rows and ``F_b = min(T, P * Lp)`` token rows (:func:`pcp_fn.mrv2.token_rows`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class MRV2Config:
         ValueError: a field out of range, or ``shard_decode_requests`` with
             ``dcp_size > 1``: vLLM never combines them
             (``ParallelConfig.pcp_shard_decode_requests`` is False when DCP > 1),
-            and the seed would leave the KV of a replicated short prefill owned
+            and vLLM's ``PCPManager`` would leave the KV of a replicated short prefill owned
             by a rank other than 0 unwritten and its hidden-restore rows unset.
     """
 
