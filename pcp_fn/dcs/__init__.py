@@ -16,7 +16,16 @@ and the hybrid one (:mod:`pcp_fn.hybrid`), chosen by ``config.hybrid_attn``.
 from .attention import AttentionMetadata, PaddedIndex, attention_metadata
 from .batch import SchedulerBatch, classify_decodes, make_batch
 from .config import PCPConfig
-from .layout import TokenLayout, build, logits_from_geometry, restore_index
+from .layout import (
+    TokenLayout,
+    build,
+    first_pass_rows,
+    logits_from_geometry,
+    restore_index,
+    restored_spans,
+    state_local_rows,
+    state_local_start,
+)
 from .state import PCPState, init_state
 
 __all__ = [
@@ -29,8 +38,12 @@ __all__ = [
     "attention_metadata",
     "build",
     "classify_decodes",
+    "first_pass_rows",
     "init_state",
     "logits_from_geometry",
     "make_batch",
     "restore_index",
+    "restored_spans",
+    "state_local_rows",
+    "state_local_start",
 ]

@@ -12,7 +12,15 @@ layout (:mod:`.layout`: :class:`HybridLayout` and its index maps), its ops
 
 from .draft import DraftSplit, split_prefill_for_draft_hybrid
 from .layout import HybridLayout, LinearSplit, build, linear_split
-from .ops import adjust_cu_num_scheduled_tokens, logits_from_geometry, restore_index
+from .ops import (
+    adjust_cu_num_scheduled_tokens,
+    first_pass_rows,
+    logits_from_geometry,
+    restore_index,
+    restored_spans,
+    state_local_rows,
+    state_local_start,
+)
 
 __all__ = [
     "DraftSplit",
@@ -20,8 +28,12 @@ __all__ = [
     "LinearSplit",
     "adjust_cu_num_scheduled_tokens",
     "build",
+    "first_pass_rows",
     "linear_split",
     "logits_from_geometry",
     "restore_index",
+    "restored_spans",
     "split_prefill_for_draft_hybrid",
+    "state_local_rows",
+    "state_local_start",
 ]
