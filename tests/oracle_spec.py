@@ -260,7 +260,7 @@ def oracle_mtp_mask(h: int, n: int, thr: int, cols: int, C: int, c: int, interle
     for q in range(min(n, thr)):
         seen = [t for t in held if t <= h + q]
         if not seen:
-            continue  # the seed's guard: a query with no local key is left unmasked
+            continue  # vllm-ascend's guard: a query with no local key is left unmasked
         for k, t in enumerate(held):
             if k < cols and t > h + q:
                 mask[q][k] = True

@@ -9,8 +9,9 @@ A prefill is padded to a multiple of ``2P`` and cut into ``2P`` chunks; rank
 - :mod:`.layout`: the layout (:class:`TokenLayout`) and its ops;
 - :mod:`.attention`: the attention index metadata.
 
-The facade (``pcp_fn.update_tokens``, ``pcp_fn.step``...) serves this layout
-and the hybrid one (:mod:`pcp_fn.hybrid`), chosen by ``config.hybrid_attn``.
+The facade (``pcp_fn.update_tokens``, ``pcp_fn.step``...) and :mod:`pcp_fn.spec`
+serve this layout and the hybrid one (:mod:`pcp_fn.hybrid`), chosen by
+``config.hybrid_attn`` (:func:`pcp_fn.layouts.layout_of` lists the interface).
 """
 
 from .attention import AttentionMetadata, PaddedIndex, attention_metadata

@@ -5,9 +5,10 @@ per rank); the full-attention layers keep DualChunkSwap (:mod:`pcp_fn.dcs`).
 Config and host boundary are the DualChunkSwap ones (:class:`pcp_fn.PCPConfig`
 with ``hybrid_attn=True``, :func:`pcp_fn.make_batch`); this package holds the
 layout (:mod:`.layout`: :class:`HybridLayout` and its index maps), its ops
-(:mod:`.ops`) and the draft model's prefill split (:mod:`.draft`).
-``pcp_fn.update_tokens`` and the other facade ops pick it by the config
-(:func:`pcp_fn.layouts.layout_of`).
+(:mod:`.ops`) and the draft model's prefill split (:mod:`.draft`, with
+:class:`DraftSplit`, the one result type of both drafter splits).
+``pcp_fn.update_tokens``, the other facade ops and :mod:`pcp_fn.spec` pick it
+by the config (:func:`pcp_fn.layouts.layout_of` lists the interface).
 """
 
 from .draft import DraftSplit, split_prefill_for_draft_hybrid
