@@ -10,6 +10,21 @@ Both layout packages offer the same interface, which the facade ops
 - ``restore_index(state) -> [P*L_b]``: the gathered row of each row
   ``restore_hidden_states`` returns.
 
+and, for the spec-decode (MTP) prep of :mod:`pcp_fn.spec`, at the state's bucket:
+
+- ``state_local_rows(state) -> LocalRows``: request and offset of each of this
+  rank's ``[L_b]`` local rows (the DualChunkSwap rows / the linear rows);
+- ``state_local_start(state) -> [R_b + 1]``: first local row of each request
+  (the runner's ``cu_num_tokens``, with a leading 0);
+- ``restored_spans(state) -> RestoredSpans``: where each request's tokens sit
+  in what ``restore_hidden_states`` returns (padded order / FA order), so
+  request ``i``'s last ``s`` tokens are rows ``start + n - s ..``: the
+  runner's PCP-adjusted ``cu_num_scheduled_tokens`` (``cu * P - num_pcp_pads``
+  / vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``);
+- ``first_pass_rows(state) -> LocalRows``: this rank's rows of the drafter's
+  first pass (decode tokens, then each prefill's head and tail chunks / its
+  linear slice of the ``2P``-padded tokens).
+
 The MRV2 layout (:mod:`pcp_fn.mrv2`) has its own config and state and is used
 through its own package.
 """

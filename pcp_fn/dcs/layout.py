@@ -269,3 +269,53 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
 def restore_index(state: PCPState) -> torch.Tensor:
     """``[P*L_b]`` int64: gathered row of each padded-order row (``TokenLayout.restore_index``)."""
     return state_order(state).restore_index
+
+
+# -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layouts.layout_of) --
+def state_local_rows(state: PCPState) -> LocalRows:
+    """This rank's ``[L_b]`` local rows of the state's last update (``TokenLayout.request_index`` /
+    ``positions``): request and offset inside the request's padded tokens, ``valid`` False past them."""
+    cfg = state.config
+    return local_rows(state_geometry(state), state.pcp_rank, cfg.pcp_size, state.bucket.num_tokens)
+
+
+def state_local_start(state: PCPState) -> torch.Tensor:
+    """``[R_b + 1]`` int64: first local row of each request on this rank, then the total.
+
+    ``StepOutputs.query_start_loc``: ``[0, cumsum(pcp_tokens)]``, the runner's ``cu_num_tokens``
+    with a leading 0. ``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode): ``[0, 1, 5, 9]``.
+    """
+    return state_geometry(state).local_start
+
+
+class RestoredSpans(NamedTuple):
+    """Where each request's rows sit in what ``restore_hidden_states`` returns; ``[R_b]`` int64 each."""
+
+    start: torch.Tensor  # row of the request's first token (rank 0's copy for a decode)
+    length: torch.Tensor  # rows from ``start`` that are the request's: its tokens, then any pads
+
+
+def restored_spans(state: PCPState) -> RestoredSpans:
+    """The padded order: request ``i`` starts at ``padded_start[i]``; a decode's first ``n`` rows are
+    rank 0's copy of its tokens, a prefill's ``num_padded`` rows its tokens then its pads.
+
+    So request ``i``'s last token is row ``start + n - 1``: the runner's PCP-adjusted cumulative
+    count ``cu_num_scheduled_tokens * P - num_pcp_pads`` minus one (vllm-ascend
+    ``_calc_spec_decode_metadata``). ``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode):
+    ``start [0, 2, 10]``, ``length [1, 8, 8]``.
+    """
+    geo = state_geometry(state)
+    length = torch.where(geo.replicated, geo.num_scheduled, geo.num_padded)
+    return RestoredSpans(geo.padded_start[:-1], length)
+
+
+def first_pass_rows(state: PCPState) -> LocalRows:
+    """``[L_b]`` rows of the MTP drafter's first pass on this rank: request and offset inside the
+    request's padded tokens (``offset >= n``: a pad), decode tokens first, ``valid`` False past them.
+
+    In this layout the drafter runs on the target's split, so these are the local rows
+    (:func:`state_local_rows`): each prefill's head and tail chunks (vllm-ascend
+    ``_split_spec_decode_pcp_prefill_input``). Each request has ``pcp_tokens`` rows starting at
+    :func:`state_local_start`.
+    """
+    return state_local_rows(state)

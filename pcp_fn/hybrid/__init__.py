@@ -5,14 +5,23 @@ per rank); the full-attention layers keep DualChunkSwap (:mod:`pcp_fn.dcs`).
 Config and host boundary are the DualChunkSwap ones (:class:`pcp_fn.PCPConfig`
 with ``hybrid_attn=True``, :func:`pcp_fn.make_batch`); this package holds the
 layout (:mod:`.layout`: :class:`HybridLayout` and its index maps), its ops
-(:mod:`.ops`) and the draft model's prefill split (:mod:`.draft`).
-``pcp_fn.update_tokens`` and the other facade ops pick it by the config
-(:func:`pcp_fn.layouts.layout_of`).
+(:mod:`.ops`) and the draft model's prefill split (:mod:`.draft`, with
+:class:`DraftSplit`, the one result type of both drafter splits).
+``pcp_fn.update_tokens``, the other facade ops and :mod:`pcp_fn.spec` pick it
+by the config (:func:`pcp_fn.layouts.layout_of` lists the interface).
 """
 
 from .draft import DraftSplit, split_prefill_for_draft_hybrid
 from .layout import HybridLayout, LinearSplit, build, linear_split
-from .ops import adjust_cu_num_scheduled_tokens, logits_from_geometry, restore_index
+from .ops import (
+    adjust_cu_num_scheduled_tokens,
+    first_pass_rows,
+    logits_from_geometry,
+    restore_index,
+    restored_spans,
+    state_local_rows,
+    state_local_start,
+)
 
 __all__ = [
     "DraftSplit",
@@ -20,8 +29,12 @@ __all__ = [
     "LinearSplit",
     "adjust_cu_num_scheduled_tokens",
     "build",
+    "first_pass_rows",
     "linear_split",
     "logits_from_geometry",
     "restore_index",
+    "restored_spans",
     "split_prefill_for_draft_hybrid",
+    "state_local_rows",
+    "state_local_start",
 ]

@@ -1,4 +1,4 @@
-"""The hybrid layout's prefill split for the draft model.
+"""The hybrid layout's prefill split for the draft model, and :class:`DraftSplit`, the result of both splits.
 
 vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``.
 
@@ -27,16 +27,27 @@ from ..dcs.state import PCPState
 
 @pytree_dataclass
 class DraftSplit:
-    """This rank's draft-model prefill inputs (``K`` requests, ``num_rows`` rows).
+    """This rank's share of the prefill requests' inputs for the MTP drafter's first pass.
 
-    Fields:
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input`` (and its ``_hybrid`` variant)
+    return these six values as a tuple, plus ``num_reqs``. The one result type of both
+    splits: :func:`pcp_fn.spec.split_prefill_for_draft` (either layout, from the state's
+    last update) and :func:`split_prefill_for_draft_hybrid` (the hybrid split of given
+    prefill lengths). It is defined here, below :mod:`pcp_fn.spec` in the import order,
+    so that both can return it.
+
+    Fields (``K`` prefill rows: ``R_b`` from ``split_prefill_for_draft``, the length of
+    ``prefill_lens`` from ``split_prefill_for_draft_hybrid``):
         num_tokens: 0-d int64 rows of this rank (``sum(seq_lens)``).
-        input_ids: ``[num_rows]`` ids (input dtype); zero past ``num_tokens``.
-        hidden_states: ``[num_rows, ...]`` (input dtype); zero past ``num_tokens``.
-        max_query_len: 0-d int64 ``max(seq_lens)`` (0 for no request).
-        seq_lens: ``[K]`` int32 rows of each request (``padded / P``, 0 for an
-            empty request).
-        cu_num_tokens: ``[K + 1]`` int64 exclusive cumsum of ``seq_lens``.
+        input_ids: ``[L_b]`` ids (input dtype), each prefill's rows back to back, pads 0;
+            0 past ``num_tokens``.
+        hidden_states: ``[L_b, ...]`` their hidden states (input dtype); 0 past ``num_tokens``.
+        max_query_len: 0-d int64 ``max(seq_lens)`` (0 without prefills).
+        seq_lens: ``[K]`` int32 rows of each prefill on this rank (``2 * ceil(n / 2P)``;
+            0 for an empty request and past the prefills).
+        cu_num_tokens: ``[K + 1]`` int64 ``[0, cumsum(seq_lens)]``.
+        num_reqs: 0-d int64 prefill requests (given only lengths,
+            ``split_prefill_for_draft_hybrid`` counts up to the last non-empty one).
     """
 
     num_tokens: torch.Tensor
@@ -45,6 +56,7 @@ class DraftSplit:
     max_query_len: torch.Tensor
     seq_lens: torch.Tensor
     cu_num_tokens: torch.Tensor
+    num_reqs: torch.Tensor
 
 
 def split_prefill_for_draft_hybrid(
@@ -55,8 +67,10 @@ def split_prefill_for_draft_hybrid(
 ) -> tuple[PCPState, DraftSplit]:
     """Linear-split the prefills' draft inputs for this rank.
 
-    vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``; see the module docstring
-    for a worked example.
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``, on its own inputs (the
+    prefill lengths and their rows back to back); see the module docstring for a worked
+    example. :func:`pcp_fn.spec.split_prefill_for_draft` gives the same split of the
+    state's batch (and the DualChunkSwap one for a non-hybrid config).
 
     Args:
         prefill_lens: ``[K]`` scheduled tokens of each prefill request, in
@@ -100,7 +114,10 @@ def split_prefill_for_draft_hybrid(
     src = o + shift
     ids = masked_gather(input_ids, src, real, 0)
     hidden = masked_gather(hidden_states, src, real, 0)
-    max_len = per_rank.amax() if per_rank.shape[0] else torch.zeros((), dtype=torch.int64, device=n.device)
+    zero = torch.zeros((), dtype=torch.int64, device=n.device)
+    max_len = per_rank.amax() if per_rank.shape[0] else zero
+    k = torch.arange(n.shape[0], dtype=torch.int64, device=n.device)
+    num_reqs = torch.where(n > 0, k + 1, 0).amax() if n.shape[0] else zero
     return state, DraftSplit(
         num_tokens=out_start[-1],
         input_ids=ids,
@@ -108,4 +125,5 @@ def split_prefill_for_draft_hybrid(
         max_query_len=max_len,
         seq_lens=per_rank.to(torch.int32),
         cu_num_tokens=out_start,
+        num_reqs=num_reqs,
     )
