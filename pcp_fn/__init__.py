@@ -30,7 +30,7 @@ from .dcs import (
 )
 from .distributed import all_gather_and_restore, process_group_all_gather
 from .graph import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
-from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens, split_prefill_for_draft_hybrid
+from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
 from .layouts import layout_of, update_tokens
 from .logits import get_logits_indices
 from .mrv2 import MRV2Config
@@ -123,7 +123,6 @@ __all__ = [
     "spec_decode_indices",
     "spec_step",
     "split_prefill_for_draft",
-    "split_prefill_for_draft_hybrid",
     "step",
     "update_tokens",
 ]

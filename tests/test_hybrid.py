@@ -116,16 +116,28 @@ def test_decode_order_token_major_without_spec_rank_major_with_spec():
         ]  # tokens 0, 1: DCS chunk 0 (r0 row 0), 1 (r1 row 0)
 
 
+def _draft_split(P, rank, lens, ids, hidden):
+    """The drafter's first-pass split of an all-prefill batch ``lens`` (hybrid: linear slices)."""
+    cfg = PCPConfig(P, rank, 8, 256, hybrid_attn=True)
+    batch = make_batch(cfg, lens, [0] * len(lens), lens)
+    state, _ = update_tokens(init_state(cfg), batch)
+    Fb, Lb = pcp_fn.dcs.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    full = torch.zeros(Fb, dtype=ids.dtype)
+    full[: ids.shape[0]] = ids
+    # without decodes the restored FA-order rows are the prefill tokens in scheduler order
+    restored = torch.zeros(P * Lb, *hidden.shape[1:], dtype=hidden.dtype)
+    restored[: hidden.shape[0]] = hidden
+    return pcp_fn.split_prefill_for_draft(state, full, restored)[1]
+
+
 def test_draft_split_docstring_example():
-    cfg = PCPConfig(2, 1, 4, 64, hybrid_attn=True)
     ids = torch.arange(1, 9, dtype=torch.int64)  # a b c | d e f g h
     hidden = ids.to(torch.float32).unsqueeze(1).expand(8, 2)
-    state, _ = update_tokens(init_state(cfg), make_batch(cfg, [3, 5], [0, 0], [3, 5], bucket=Bucket(4, 8)))
-    _, out = pcp_fn.split_prefill_for_draft_hybrid(state, torch.tensor([3, 5, 0]), ids, hidden)
-    assert out.input_ids.tolist() == [3, 0, 8, 0, 0, 0, 0, 0]
-    assert out.hidden_states[:, 0].tolist() == [3.0, 0, 8, 0, 0, 0, 0, 0]
-    assert out.seq_lens.tolist() == [2, 4, 0] and out.cu_num_tokens.tolist() == [0, 2, 6, 6]
-    assert int(out.num_tokens) == 6 and int(out.max_query_len) == 4
+    out = _draft_split(2, 1, [3, 5], ids, hidden)
+    assert out.input_ids[:8].tolist() == [3, 0, 8, 0, 0, 0, 0, 0]
+    assert out.hidden_states[:8, 0].tolist() == [3.0, 0, 8, 0, 0, 0, 0, 0]
+    assert out.seq_lens[:2].tolist() == [2, 4] and out.cu_num_tokens[:3].tolist() == [0, 2, 6]
+    assert int(out.num_tokens) == 6 and int(out.max_query_len) == 4 and int(out.num_reqs) == 2
 
 
 # ---------------------------------------------------------------- oracle
@@ -223,21 +235,18 @@ def test_restore_puts_every_token_in_fa_order(case, H):
 )
 def test_draft_split_matches_the_oracle(P, data, lens, H):
     rank = data.draw(st.integers(0, P - 1))
-    S = max(sum(lens), 1)
+    S = sum(lens)
     ids = torch.randint(1, 1000, (S,))
     hidden = torch.randn(S, H, dtype=torch.float64)
-    cfg = PCPConfig(P, rank, 8, 256, hybrid_attn=True)
-    # the prefills' batch: its bucket's L_b rows hold this rank's slices
-    state, _ = update_tokens(init_state(cfg), make_batch(cfg, lens, [0] * len(lens), lens))
-    _, out = pcp_fn.split_prefill_for_draft_hybrid(state, torch.tensor(lens), ids, hidden)
+    out = _draft_split(P, rank, lens, ids, hidden)
     orc = oracle_draft_split(P, rank, lens, ids.tolist(), hidden.tolist())
-    k = len(orc.input_ids)
-    rows = state.bucket.num_tokens
-    assert int(out.num_tokens) == k and out.input_ids.shape == (rows,)
+    k, n = len(orc.input_ids), len(lens)
+    rows = out.input_ids.shape[0]
+    assert int(out.num_tokens) == k
     assert out.input_ids.tolist() == orc.input_ids + [0] * (rows - k)
     assert out.hidden_states[:k].tolist() == orc.hidden and (out.hidden_states[k:] == 0).all()
-    assert out.seq_lens.tolist() == orc.seq_lens
-    assert out.cu_num_tokens.tolist() == [sum(orc.seq_lens[:i]) for i in range(len(lens) + 1)]
+    assert out.seq_lens[:n].tolist() == orc.seq_lens and not out.seq_lens[n:].any()
+    assert out.cu_num_tokens[: n + 1].tolist() == [sum(orc.seq_lens[:i]) for i in range(n + 1)]
     assert int(out.max_query_len) == max(orc.seq_lens)
 
 
@@ -256,15 +265,12 @@ def _ops(state, batch):
     updated, _ = update_tokens(state, batch)
     Lb = batch.bucket.num_tokens
     cu = torch.cumsum(batch.num_scheduled, 0).to(torch.int32)
-    lens = batch.num_scheduled
-    hidden = torch.randn(CFG.max_num_tokens, 4)
     return [
         (update_tokens, (state, batch)),
         (pcp_fn.get_logits_indices, (updated,)),
         (pcp_fn.padded_slot_mapping, (updated, batch.slot_mapping)),
         (pcp_fn.restore_hidden_states, (updated, torch.randn(CFG.pcp_size * Lb, 4))),
         (pcp_fn.adjust_cu_num_scheduled_tokens, (updated, cu)),
-        (pcp_fn.split_prefill_for_draft_hybrid, (updated, lens, batch.slot_mapping, hidden)),
         (pcp_fn.step, (state, batch)),
     ]
 
@@ -381,14 +387,12 @@ def test_hybrid_ops_reject_bad_shapes():
         pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.zeros(2, 2, dtype=torch.int32))
     with pytest.raises(ValueError, match=r"gathered must stack the 4 ranks' \[64, ...\] buffers"):
         pcp_fn.restore_hidden_states(state, torch.zeros(10, 3))
-    split = pcp_fn.split_prefill_for_draft_hybrid
-    ids, hid = torch.zeros(8, dtype=torch.int64), torch.zeros(8, 2)
-    with pytest.raises(ValueError, match=r"prefill_lens must be 1-D"):
-        split(state, torch.zeros(2, 2, dtype=torch.int64), ids, hid)
-    with pytest.raises(ValueError, match=r"input_ids must be 1-D with at least one entry"):
-        split(state, torch.tensor([3]), torch.zeros(0, dtype=torch.int64), hid)
-    with pytest.raises(ValueError, match=r"hidden_states must have at least one row"):
-        split(state, torch.tensor([3]), ids, torch.zeros(0, 2))
+    split = pcp_fn.split_prefill_for_draft
+    ids, hid = torch.zeros(96, dtype=torch.int64), torch.zeros(4 * 64, 2)
+    with pytest.raises(ValueError, match=r"input_ids_full"):
+        split(state, torch.zeros(8, dtype=torch.int64), hid)
+    with pytest.raises(ValueError, match=r"hidden_states"):
+        split(state, ids, torch.zeros(8, 2))
 
 
 def test_hybrid_ops_do_not_mutate_their_inputs():

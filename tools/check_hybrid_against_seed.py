@@ -135,10 +135,14 @@ def check_draft_split(m, cfg, state, rng):
         {f"r{i}": x for i, x in enumerate(lens)}, ids, hid
     )
     # the draft pass of a step whose prefills are these: its bucket holds this rank's slices
-    state, _ = pcp_fn.update_tokens(state, pcp_fn.make_batch(cfg, lens, [0] * K, lens))
-    _, ours = pcp_fn.split_prefill_for_draft_hybrid(
-        state, torch.tensor(lens + [0], dtype=torch.int32), ids, hid
-    )
+    batch = pcp_fn.make_batch(cfg, lens, [0] * K, lens)
+    state, _ = pcp_fn.update_tokens(state, batch)
+    Fb, Lb = pcp_fn.dcs.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    full = torch.zeros(Fb, dtype=ids.dtype)
+    full[:S] = ids
+    restored = torch.zeros(cfg.pcp_size * Lb, H, dtype=hid.dtype)  # no decodes: FA rows = prefill tokens
+    restored[:S] = hid
+    _, ours = pcp_fn.split_prefill_for_draft(state, full, restored)
     assert int(ours.num_tokens) == num
     assert torch.equal(ours.input_ids[:num], s_ids) and (ours.input_ids[num:] == 0).all()
     assert torch.equal(ours.hidden_states[:num], s_hid) and (ours.hidden_states[num:] == 0).all()

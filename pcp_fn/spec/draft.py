@@ -31,9 +31,37 @@ from ..core.ragged import masked_gather, ragged_index, take
 from ..dcs.batch import token_rows
 from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
 from ..dcs.state import PCPState
-from ..hybrid.draft import DraftSplit
 from ..layouts import layout_of
 from .inputs import check_rows, real_requests, sampled_rows
+
+
+@pytree_dataclass
+class DraftSplit:
+    """This rank's share of the prefill requests' inputs for the MTP drafter's first pass.
+
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input`` (and its ``_hybrid`` variant)
+    return these six values as a tuple, plus ``num_reqs``; :func:`split_prefill_for_draft`
+    returns them for either layout.
+
+    Fields (``K = R_b`` prefill rows):
+        num_tokens: 0-d int64 rows of this rank (``sum(seq_lens)``).
+        input_ids: ``[L_b]`` ids (input dtype), each prefill's rows back to back, pads 0;
+            0 past ``num_tokens``.
+        hidden_states: ``[L_b, ...]`` their hidden states (input dtype); 0 past ``num_tokens``.
+        max_query_len: 0-d int64 ``max(seq_lens)`` (0 without prefills).
+        seq_lens: ``[K]`` int32 rows of each prefill on this rank (``2 * ceil(n / 2P)``;
+            0 for an empty request and past the prefills).
+        cu_num_tokens: ``[K + 1]`` int64 ``[0, cumsum(seq_lens)]``.
+        num_reqs: 0-d int64 prefill requests.
+    """
+
+    num_tokens: torch.Tensor
+    input_ids: torch.Tensor
+    hidden_states: torch.Tensor
+    max_query_len: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_num_tokens: torch.Tensor
+    num_reqs: torch.Tensor
 
 
 def _check_hidden(state: PCPState, hidden: torch.Tensor) -> None:
@@ -104,7 +132,7 @@ def split_prefill_for_draft(
     vllm-ascend ``_split_spec_decode_pcp_prefill_input``: DualChunkSwap pads
     each prefill to ``2P`` chunks and keeps this rank's head and tail chunks;
     under hybrid attention (its ``_hybrid`` variant, also
-    :func:`pcp_fn.hybrid.split_prefill_for_draft_hybrid`) the rank takes the
+    ``_split_spec_decode_pcp_prefill_input_hybrid``) the rank takes the
     linear slice ``[r*k, (r+1)*k)`` of the padded prefill, ``k = padded / P``.
     ``P = 2``, rank 0, one prefill of 5 tokens ``[a, b, c, d, e]`` (padded to
     8): ``input_ids [a, b, 0, 0]`` from prefill rows ``[0, 1, 6, 7]``
