@@ -166,7 +166,7 @@ MALFORMED = [
         lambda ls: ls.__setitem__(
             5, json.dumps({"num_scheduled": [300], "num_computed": [0], "num_prompt": [300]})
         ),
-        r"line 6: num_scheduled_tokens sums to 300 tokens; max_num_tokens is 256",
+        r"line 6: field 'num_scheduled' sums to 300 tokens; max_num_tokens is 256",
     ),
     (
         lambda ls: ls.__setitem__(
@@ -177,6 +177,33 @@ MALFORMED = [
     (
         lambda ls: ls.__setitem__(2, _step(slot_mapping=[1])),
         r"line 3: field 'slot_mapping' has 1 entries for 3 scheduled tokens",
+    ),
+    (
+        lambda ls: ls.__setitem__(2, _step(num_prompt=[3, 3])),
+        r"line 3: fields differ in length \(one entry per request\): 'num_scheduled' has 1, "
+        r"'num_computed' has 1, 'num_prompt' has 2",
+    ),
+    (
+        lambda ls: ls.__setitem__(
+            2, json.dumps({name: [1] * 9 for name in ("num_scheduled", "num_computed", "num_prompt")})
+        ),
+        r"line 3: field 'num_scheduled' has 9 requests; max_num_reqs is 8",
+    ),
+    (
+        lambda ls: ls.__setitem__(
+            2, json.dumps({"num_scheduled": [4, 1], "num_computed": [0, 5], "num_prompt": [4, 5]})
+        ),
+        r"line 3: request 1 is a decode .* but comes after prefill request 0; decodes must come first",
+    ),
+    (
+        lambda ls: ls.__setitem__(
+            0,
+            ls[0]
+            .replace('"max_num_tokens": 256', '"max_num_tokens": 1048576')
+            .replace('"pcp_size": 4', '"pcp_size": 64'),
+        ),
+        r"line 1: field 'config.pcp_size': 64 ranks of 1048584 local tokens make 67109376 gathered rows; "
+        r"a trace allows 16777216",
     ),
     # issue 11: wrong types, huge integers, the right field blamed, unknown and duplicate keys
     (
@@ -459,3 +486,9 @@ def test_trace_steps_match_the_engine(tmp_path):
     result = replay(tmp_path / "e.jsonl", ranks=[0])
     for rec, (out,) in zip(records, result.outputs):
         assert tree_equal(out, rec.out)
+
+
+def test_importing_pcp_fn_leaves_the_simulator_alone():
+    code = "import sys, pcp_fn; print(sorted(m for m in sys.modules if m.startswith('pcp_fn.sim')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "[]"

@@ -54,9 +54,11 @@ MAX_LINE_BYTES = 1 << 24
 """Longest line a trace may have (16 MiB; a full step of a 1M-token batch is about 8 MiB)."""
 
 LIMITS = {"pcp_size": 256, "dcp_size": 256, "max_num_reqs": 1 << 16, "max_num_tokens": 1 << 20}
-"""Largest header values a trace may ask for, checked before anything is allocated
-(besides these, ``request_buckets`` and ``token_buckets`` hold at most 64 sizes)."""
+"""Largest header values a trace may ask for, checked before anything is allocated.
+Besides these, ``request_buckets`` and ``token_buckets`` hold at most 64 sizes, and the
+all-gathered rows of the capacity, ``G = pcp_size * L``, are at most :data:`MAX_GATHERED_ROWS`."""
 _MAX_BUCKETS = 64
+MAX_GATHERED_ROWS = 1 << 24
 
 
 class TraceError(ValueError):
@@ -273,9 +275,16 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
             _int(lineno, field, value, -INT32_MAX - 1, INT32_MAX, "the int32 limit")
         kwargs[name] = value
     try:
-        return PCPConfig(pcp_rank=0, **kwargs)
+        config = PCPConfig(pcp_rank=0, **kwargs)
     except (TypeError, ValueError) as e:
         raise TraceError(f"line {lineno}: field 'config': {e}") from None
+    if config.max_gathered_tokens > MAX_GATHERED_ROWS:
+        raise TraceError(
+            f"line {lineno}: field 'config.pcp_size': {config.pcp_size} ranks of "
+            f"{config.max_local_tokens} local tokens make {config.max_gathered_tokens} gathered rows; "
+            f"a trace allows {MAX_GATHERED_ROWS}"
+        )
+    return config
 
 
 def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig) -> TraceStep:
@@ -289,11 +298,25 @@ def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig) -> TraceSte
     slots = obj.get("slot_mapping")
     if slots is not None:
         slots = _int_list(lineno, "slot_mapping", slots, INT64_MIN, INT64_MAX, "the int64 limit")
-    try:  # the counts against the config (sizes, budget, decodes first, the bucket)
+    lengths = [len(a) for a in arrays.values()]
+    if len(set(lengths)) > 1:
+        listed = ", ".join(f"{name!r} has {n}" for name, n in zip(arrays, lengths))
+        raise TraceError(f"line {lineno}: fields differ in length (one entry per request): {listed}")
+    if lengths[0] > config.max_num_reqs:
+        raise TraceError(
+            f"line {lineno}: field 'num_scheduled' has {lengths[0]} requests; "
+            f"max_num_reqs is {config.max_num_reqs}"
+        )
+    total = sum(arrays["num_scheduled"])
+    if total > config.max_num_tokens:
+        raise TraceError(
+            f"line {lineno}: field 'num_scheduled' sums to {total} tokens; "
+            f"max_num_tokens is {config.max_num_tokens}"
+        )
+    try:  # the rest against the config (sequence lengths, decodes first, the bucket)
         make_batch(config, arrays["num_scheduled"], arrays["num_computed"], arrays["num_prompt"])
     except ValueError as e:
         raise TraceError(f"line {lineno}: {e}") from None
-    total = sum(arrays["num_scheduled"])
     if slots is not None and len(slots) != total:
         raise TraceError(
             f"line {lineno}: field 'slot_mapping' has {len(slots)} entries for {total} scheduled tokens"
