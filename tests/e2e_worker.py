@@ -6,6 +6,7 @@ import dataclasses
 import os
 import threading
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -103,6 +104,8 @@ def buckets_of(P, records, k=0):
 
 def gloo_worker(rank, world_size, init_file, result_dir, layout, k, compiled):
     torch.set_num_threads(1)
+    # torch 2.13 deprecates funcol.all_gather_tensor with a FutureWarning: none may be left
+    warnings.simplefilter("error", FutureWarning)
     init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         gather = process_group_all_gather()
