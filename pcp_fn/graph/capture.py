@@ -12,6 +12,12 @@ Backends, chosen from the device of the example's tensors:
 - anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
   one compiled graph per bucket (``backend="inductor"`` unless told).
 
+:func:`compile_per_bucket` takes the compile path on every device: one
+``torch.compile`` per signature, each under its own code object, so Dynamo
+keeps one cache entry per code object and a function serving any number of
+buckets compiles exactly one graph per bucket within torch's default
+recompile limit (``torch._dynamo.config.recompile_limit``, left untouched).
+
 Entry ops (:func:`pcp_fn.core.entry.entry_op`: ``update_tokens``, ``step``,
 ``spec_step``, MRV2 ``partition_batch``...) read only the config and rank of
 the state they are given, so for them the state is keyed by its config and
@@ -170,12 +176,19 @@ class Captured:
     """A callable with ``fn``'s signature that replays one captured graph per signature."""
 
     def __init__(
-        self, fn: Callable[..., Any], *, grow: bool = True, backend: str = "inductor", warmup: int = 2
+        self,
+        fn: Callable[..., Any],
+        *,
+        grow: bool = True,
+        backend: str = "inductor",
+        warmup: int = 2,
+        compile_only: bool = False,
     ) -> None:
         self.fn = fn
         self.grow = grow
         self.backend = backend
         self.warmup = warmup
+        self.compile_only = compile_only
         self._graphs: dict[tuple[Any, ...], Any] = {}
         self._configs: list[Any] | None = None
         self._device: torch.device | None = None
@@ -190,6 +203,8 @@ class Captured:
         """``"cuda-graph"``, ``"npu-graph"`` or ``"compile"`` (set by the first capture)."""
         if self._device is None:
             return "unset"
+        if self.compile_only:
+            return "compile"
         return {"cuda": "cuda-graph", "npu": "npu-graph"}.get(self._device.type, "compile")
 
     def _as_entry(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -227,7 +242,7 @@ class Captured:
 
     def _build(self, args: tuple[Any, ...]) -> Any:
         assert self._device is not None
-        if self._device.type in ("cuda", "npu"):
+        if self._device.type in ("cuda", "npu") and not self.compile_only:
             return _DeviceGraph(self.fn, self._device, args, self.warmup)
         return _CompiledGraph(self.fn, self.backend, args)
 
@@ -267,3 +282,24 @@ def capture(
     captured = Captured(fn, grow=grow, backend=backend, warmup=warmup)
     captured.capture(*example_args)
     return captured
+
+
+def compile_per_bucket(fn: Callable[..., Any], *, backend: str = "inductor", grow: bool = True) -> Captured:
+    """``torch.compile(fn, fullgraph=True, dynamic=False)``, one graph per bucket, on any device.
+
+    The returned :class:`Captured` compiles a graph the first time it sees a
+    signature (the arguments' tree structure, which holds the configs and
+    buckets, plus every tensor leaf's shape and dtype), each under its own code
+    object: Dynamo's recompile limit counts graphs per code object, so any
+    number of buckets compiles without raising it and without a recompile.
+    With bucket-shaped inputs (``make_batch(..., slot_mapping=...)``) and an
+    entry op keyed by its batch alone (:func:`pcp_fn.core.entry.entry_op`), a
+    run compiles exactly as many graphs as it meets buckets, ``len(result)``;
+    a state with its rank as data (``init_state(cfg, rank=r)``) shares them
+    across ranks. Unlike :func:`capture` it never records a CUDA/NPU graph,
+    and compiles lazily (nothing up front).
+
+        compiled = compile_per_bucket(pcp_fn.step, backend="eager")
+        state, out = compiled(state, batch)      # compiles batch.bucket's graph once
+    """
+    return Captured(fn, grow=grow, backend=backend, compile_only=True)
