@@ -156,10 +156,12 @@ def test_import_pcp_fn_imports_neither_the_simulator_nor_vllm():
 
 
 def test_library_text_names_vllm_not_the_word_seed():
+    # the references are named by their vLLM / vllm-ascend functions; a random seed is not one of them
+    random_seed = re.compile(r"--seed|seed=|\.seed\b|random seed", re.I)
     for path in PKG.rglob("*.py"):
         hits = [
             i + 1
             for i, line in enumerate(path.read_text().splitlines())
-            if re.search(r"\bseeds?\b", line, re.I)
+            if re.search(r"\bseeds?\b", line, re.I) and not random_seed.search(line)
         ]
         assert not hits, f"{path.relative_to(ROOT)} lines {hits}"

@@ -334,7 +334,7 @@ class Runner:
         drafts = np.zeros(batch.bucket.num_reqs, dtype=np.int32)
         drafts[: len(sched.req_ids)] = sched.drafts
         num_drafts = torch.from_numpy(drafts).to(self.device)
-        _, idx = spec_decode_indices(self.state, num_drafts, input_ids, bucket=batch.bucket)
+        _, idx = spec_decode_indices(self.state, num_drafts, input_ids)
         return idx.logits_indices
 
     def _mrv2(self, sched: ScheduledStep, slots: list[int]):

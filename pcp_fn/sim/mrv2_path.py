@@ -40,7 +40,9 @@ def mrv2_wiring(
             batch row; ``last_token``: ``[S]`` the global tokens to sample (each request's last;
             its last ``drafts + 1`` under spec decode).
     """
-    _, slots = mrv2.gathered_slot_mappings(state, global_slots.unsqueeze(0))
+    # the host padded the slots to T; the graph reads the bucket's F_b = min(T, P * Lp) rows
+    rows = mrv2.token_rows(state.config, state.bucket)
+    _, slots = mrv2.gathered_slot_mappings(state, global_slots[:rows].unsqueeze(0))
     slots = slots[0].to(torch.int64)
     return Wiring(
         input_ids=local.input_ids.to(torch.int64),
