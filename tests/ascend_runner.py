@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from pcp_fn import PCPConfig
-from pcp_fn.engine import Scheduler, synthetic_requests
+from pcp_fn.sim.engine import Scheduler, synthetic_requests
 
 H = 3  # hidden size of the simulated model
 

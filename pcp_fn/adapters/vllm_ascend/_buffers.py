@@ -63,7 +63,7 @@ class Buffers:
 
     step: dict[str, torch.Tensor]
     slots_in: torch.Tensor  # staging copy of the runner's slot mapping (fixed address for graphs)
-    computed_in: torch.Tensor  # staging copy of corrected num_computed_tokens [R]
+    computed_in: torch.Tensor  # staging copy of corrected num_computed_tokens [R] (int32, as the batch's)
     padded_slot_mappings: list[torch.Tensor]  # one per KV cache group
     padded_slot_capacity: int
     query_lens_pcp_full: HostDeviceBuffer
@@ -85,7 +85,7 @@ def allocate(
     return Buffers(
         step={k: torch.zeros(shape, dtype=dtype, device=dev) for k, (shape, dtype) in capacities.items()},
         slots_in=torch.zeros(max(gathered_rows, s.max_buffer_num_tokens), dtype=torch.int64, device=dev),
-        computed_in=torch.zeros(R, dtype=torch.int64, device=dev),
+        computed_in=torch.zeros(R, dtype=torch.int32, device=dev),
         padded_slot_mappings=[],
         padded_slot_capacity=max(gathered_rows, s.max_buffer_num_tokens),
         query_lens_pcp_full=HostDeviceBuffer(R, torch.int32, dev, pin),

@@ -141,14 +141,12 @@ class MetadataMethods:
             if not np.array_equal(decode_computed, h.num_computed[:nd]):
                 # async spec decode corrected the histories: one copy of the [R_b] counts
                 Rb = batch.bucket.num_reqs
-                host = np.zeros(Rb, dtype=np.int64)
+                host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
                 host[: h.num_reqs] = h.num_computed
                 host[:nd] = decode_computed
                 computed = self._buffers.computed_in[:Rb]
                 computed.copy_(torch.from_numpy(host), non_blocking=True)
-            mask = self._device(
-                _ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2], batch.bucket
-            )
+            mask = self._device(_ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2])
             with self._device.guard():
                 buf.gpu[: mask.shape[0]].copy_(mask)
         return buf.gpu[: nd if nd > 0 else num_reqs]

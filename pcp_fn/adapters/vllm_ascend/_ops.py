@@ -9,6 +9,14 @@ Two kinds:
   once per bucket by :class:`DeviceRunner` on a graph device;
 - thin wrappers of the spec-decode and multimodal ops the manager's helpers
   use, run eagerly (inside the proposer's own graph when it captures one).
+
+pcp_fn's size convention holds throughout: an op takes no size argument (it
+reads the bucket of the state's last update, ``state.bucket``), and every
+per-request input has exactly ``R_b`` rows, every scheduler-order per-token
+input exactly ``F_b = token_rows(config, bucket)``. The runner hands the
+manager tensors of its own lengths, so the wrappers here pad them to those
+rows (or, for inputs tied to no step, to the capacity state's) and slice the
+results back.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ import pcp_fn
 from pcp_fn import graph as pcp_graph
 from pcp_fn import multimodal as pcp_mm
 from pcp_fn import spec as pcp_spec
+from pcp_fn.core.entry import entry_op
+from pcp_fn.dcs.batch import token_rows
 
 from ._host import HostLayout
 from ._settings import ManagerSettings
@@ -81,8 +91,14 @@ def make_batch(cfg: PCPConfig, h: HostLayout, device: torch.device) -> Scheduler
     return pcp_fn.make_batch(cfg, h.num_scheduled, h.num_computed, h.device_prompt, device)
 
 
-def host_state(base: PCPState, h: HostLayout) -> PCPState:
-    """A CPU state holding the step's per-request record (for the ops that read the CPU token table)."""
+def full_rows(cfg: PCPConfig, bucket: Bucket) -> int:
+    """``F_b = min(T, P * L_b)``: scheduler-order (pre-split) token rows of a bucket."""
+    return token_rows(cfg, bucket)
+
+
+def host_state(base: PCPState, h: HostLayout, bucket: Bucket) -> PCPState:
+    """A CPU state holding the step's per-request record at ``bucket`` (the batch's), for the ops
+    that read the CPU token table; what ``update_tokens`` records, without building the layout."""
     R = base.config.max_num_reqs
     sched = np.zeros(R, dtype=np.int32)
     sched[: h.num_reqs] = h.num_scheduled
@@ -90,10 +106,21 @@ def host_state(base: PCPState, h: HostLayout) -> PCPState:
     decode[: h.num_reqs] = h.is_decode
     return dataclasses.replace(
         base,
+        bucket=bucket,
         num_reqs=torch.full((), h.num_reqs, dtype=torch.int64),
         num_scheduled=torch.from_numpy(sched),
         is_decode=torch.from_numpy(decode),
     )
+
+
+def _pad_rows(x: torch.Tensor, rows: int, name: str, value: int = 0) -> torch.Tensor:
+    """``x`` padded with ``value`` to ``rows`` rows (dim 0); more than ``rows`` is a ``ValueError``."""
+    n = x.shape[0]
+    if n > rows:
+        raise ValueError(f"{name} has {n} rows; the step's bucket holds {rows}")
+    if n == rows:
+        return x
+    return torch.cat([x, x.new_full((rows - n, *x.shape[1:]), value)])
 
 
 # ------------------------------------------------------------------ the device step (captured)
@@ -103,8 +130,13 @@ def _restride(index: torch.Tensor, old: int, new: torch.Tensor) -> torch.Tensor:
     return index // old * new + index % old
 
 
+@entry_op
 def device_step(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, dict[str, torch.Tensor]]:
     """One step's device results for this rank, every shape from ``(config, bucket)``.
+
+    An entry op (:mod:`pcp_fn.core.entry`): of ``state`` it reads only the
+    config and rank (``update_tokens`` starts the step), so a captured graph
+    is keyed by the batch's bucket alone, whatever bucket the last step had.
 
     Keys (``G_b = P * L_b``): ``restore`` ``[G_b]`` int64 (vllm-ascend
     ``pcp_allgather_restore_idx``: compact ``rank * N + row`` addressing),
@@ -116,9 +148,9 @@ def device_step(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, dict[
     ``[L_b]``, the restored rows of the decode tokens.
     """
     cfg = state.config
-    P, Rb, Lb = cfg.pcp_size, batch.bucket.num_reqs, batch.bucket.num_tokens
+    P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     state, layout = pcp_fn.update_tokens(state, batch)
-    state, logits = pcp_fn.get_logits_indices(state, Rb)
+    state, logits = pcp_fn.get_logits_indices(state)
     N = layout.num_tokens_padded if cfg.hybrid_attn else layout.num_tokens
     out = {
         "restore": _restride(layout.restore_index, Lb, N),
@@ -138,22 +170,22 @@ def device_step(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, dict[
         if cfg.num_spec_tokens > 0 and not cfg.hybrid_attn:
             # the decode rows are decode_hidden_states applied to the row numbers themselves
             rows = torch.arange(P * Lb, dtype=torch.int64, device=logits.device)[:, None]
-            _, picked = pcp_fn.decode_hidden_states(state, rows, bucket=batch.bucket)
+            _, picked = pcp_fn.decode_hidden_states(state, rows)
             out["decode_rows"] = picked[:, 0]
     return state, out
 
 
-def device_padded_slots(state: PCPState, slots: torch.Tensor, rows_per_rank: int) -> torch.Tensor:
-    """``[P * rows_per_rank]`` padded slot mapping (vllm-ascend ``get_padded_slot_mapping``), int32."""
-    _, padded = pcp_fn.padded_slot_mapping(state, slots, rows_per_rank)
+def device_padded_slots(state: PCPState, slots: torch.Tensor) -> torch.Tensor:
+    """``[P * L_b]`` int32 padded slot mapping (vllm-ascend ``get_padded_slot_mapping``) of the
+    ``[F_b]`` scheduler-order slots (padded with ``pad_slot_id`` past the step's tokens)."""
+    _, padded = pcp_fn.padded_slot_mapping(state, slots)
     return padded.to(torch.int32)
 
 
-def device_mtp_mask(
-    state: PCPState, num_computed: torch.Tensor, num_cols: int, bucket: Bucket
-) -> torch.Tensor:
-    """``[R_b, 1 + k, num_cols]`` bool MTP attention mask of the decodes (interleave-aware)."""
-    _, mask = pcp_spec.mtp_attention_mask(state, num_computed, num_cols, bucket=bucket)
+def device_mtp_mask(state: PCPState, num_computed: torch.Tensor, num_cols: int) -> torch.Tensor:
+    """``[R_b, 1 + k, num_cols]`` bool MTP attention mask of the decodes (interleave-aware);
+    ``num_computed`` is ``[R_b]``."""
+    _, mask = pcp_spec.mtp_attention_mask(state, num_computed, num_cols)
     return mask.mask
 
 
@@ -219,20 +251,10 @@ class DeviceRunner:
 SlotFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def full_rows(cfg: PCPConfig, bucket: Bucket) -> int:
-    """``F_b``: rows of the scheduler-order (pre-split) buffers of a bucket."""
-    return pcp_spec.full_rows(cfg, bucket)
-
-
-def full_inputs(
-    state: PCPState,
-    token_ids: torch.Tensor,
-    num_computed: torch.Tensor,
-    bucket: Bucket,
-    slot_fn: SlotFn | None,
-):
-    """Scheduler-order ids, positions and query starts (and the MTP slots) of the step."""
-    _, full = pcp_spec.full_input_ids(state, token_ids, num_computed, bucket=bucket, slot_fn=slot_fn)
+def full_inputs(state: PCPState, token_ids: torch.Tensor, num_computed: torch.Tensor, slot_fn: SlotFn | None):
+    """Scheduler-order ids, positions and query starts (and the MTP slots) of the step;
+    ``num_computed`` is ``[R_b]``, the outputs ``[F_b]`` / ``[R_b + 1]`` / ``[M_b * P]``."""
+    _, full = pcp_spec.full_input_ids(state, token_ids, num_computed, slot_fn=slot_fn)
     return full
 
 
@@ -242,64 +264,91 @@ def repair_full_ids(
     prev_sampled: torch.Tensor,
     draft: torch.Tensor | None,
     prev_positions: torch.Tensor,
-    bucket: Bucket,
 ) -> torch.Tensor:
-    _, out = pcp_spec.repair_full_input_ids(state, ids, prev_sampled, draft, prev_positions, bucket=bucket)
+    """``[F_b]`` ids with the previous step's sampled and draft tokens (``prev_positions`` ``[R_b]``)."""
+    _, out = pcp_spec.repair_full_input_ids(state, ids, prev_sampled, draft, prev_positions)
     return out
 
 
-def rebuild_positions(state: PCPState, num_computed: torch.Tensor, bucket: Bucket, slot_fn: SlotFn | None):
-    _, out = pcp_spec.rebuild_spec_positions(state, num_computed, bucket=bucket, slot_fn=slot_fn)
+def rebuild_positions(state: PCPState, num_computed: torch.Tensor, slot_fn: SlotFn | None):
+    """Local, scheduler-order and MTP positions from the corrected ``[R_b]`` counts."""
+    _, out = pcp_spec.rebuild_spec_positions(state, num_computed, slot_fn=slot_fn)
     return out
 
 
 def first_pass_selection(
-    state: PCPState,
-    ids_full: torch.Tensor,
-    tis: torch.Tensor,
-    logits: torch.Tensor,
-    num_logits: int,
-    bucket: Bucket,
+    state: PCPState, ids_full: torch.Tensor, tis: torch.Tensor, logits: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(input_ids [L_b], restored rows [L_b], token_indices_to_sample [R_b])`` of the first draft pass.
 
-    The rows are :func:`pcp_fn.first_pass_inputs` applied to the row numbers of
-    the restored buffer, so the caller gathers its own hidden states once.
+    ``ids_full`` is ``[F_b]``, ``tis`` ``[R_b]``; ``logits`` are the runner's
+    logits indices, all real (at most ``S_b = R_b * (1 + k)``: padded here).
+    The rows are :func:`pcp_fn.first_pass_inputs` applied to the row numbers
+    of the restored buffer, so the caller gathers its own hidden states once.
     """
-    P, Lb = state.config.pcp_size, bucket.num_tokens
+    cfg, bucket = state.config, state.bucket
+    P, Lb = cfg.pcp_size, bucket.num_tokens
     device = tis.device
     rows = torch.arange(P * Lb, dtype=torch.int64, device=device)[:, None]
     positions = torch.zeros(Lb, dtype=torch.int64, device=device)
-    _, out = pcp_spec.first_pass_inputs(
-        state, ids_full, positions, rows, tis, logits, num_logits, bucket=bucket
-    )
+    num_logits = int(logits.shape[0])
+    logits = _pad_rows(logits, pcp_spec.sampled_rows(cfg, bucket), "logits_indices")
+    _, out = pcp_spec.first_pass_inputs(state, ids_full, positions, rows, tis, logits, num_logits)
     return out.input_ids, out.hidden_states[:, 0], out.token_indices_to_sample
 
 
-def split_prefill_hybrid(
-    state: PCPState, prefill_lens: torch.Tensor, ids: torch.Tensor, hidden: torch.Tensor, rows: int
-):
-    _, out = pcp_fn.split_prefill_for_draft_hybrid(state, prefill_lens, ids, hidden, rows)
+def split_prefill(state: PCPState, ids_full: torch.Tensor, restored: torch.Tensor):
+    """This rank's share of the prefills for the drafter (:func:`pcp_fn.spec.split_prefill_for_draft`).
+
+    ``ids_full``: ``[F_b]`` the batch's ids in scheduler order; ``restored``: the
+    restored hidden states, any number of rows up to the real ones (the rows past
+    ``P * L_b`` are never read; fewer are padded with zeros).
+    """
+    rows = state.config.pcp_size * state.bucket.num_tokens
+    _, out = pcp_spec.split_prefill_for_draft(
+        state, ids_full, _pad_rows(restored[:rows], rows, "hidden_states")
+    )
     return out
+
+
+def mtp_rows(cfg: PCPConfig, bucket: Bucket) -> int:
+    """``M_b``: rows of the MTP slot layout of a bucket (the slot mapping has ``M_b * P``)."""
+    return pcp_spec.mtp_rows(cfg, bucket)
 
 
 def mtp_slot_indices(
-    state: PCPState, tis: torch.Tensor, slot_mapping: torch.Tensor, num_reqs: int, k: int, bucket: Bucket
+    state: PCPState, tis: torch.Tensor, slot_mapping: torch.Tensor, num_reqs: int, k: int
 ) -> torch.Tensor:
-    _, out = pcp_spec.mtp_slot_inputs(
-        state, tis, slot_mapping, num_reqs=num_reqs, num_speculative_tokens=k, bucket=bucket
-    )
+    """``[R_b * P]`` slot indices; ``tis`` ``[R_b]``, ``slot_mapping`` ``[M_b * P]``."""
+    _, out = pcp_spec.mtp_slot_inputs(state, tis, slot_mapping, num_reqs=num_reqs, num_speculative_tokens=k)
     return out.slot_indices
 
 
-def mask_restore(state: PCPState, index: torch.Tensor) -> torch.Tensor:
-    _, out = pcp_spec.mask_restore_index_for_graph(state, index)
-    return out
+def mask_restore(capacity_state: PCPState, index: torch.Tensor) -> torch.Tensor:
+    """``index`` with the rows a graph-padded draft batch never reads zeroed (any length up to ``G``).
+
+    The mask depends on the row number only, so it runs at the capacity state's
+    ``[P * L]`` rows and the result is cut back to ``index``'s length.
+    """
+    rows = capacity_state.config.pcp_size * capacity_state.bucket.num_tokens
+    _, out = pcp_spec.mask_restore_index_for_graph(capacity_state, _pad_rows(index, rows, "restore index"))
+    return out[: index.shape[0]]
 
 
-def drafting_lens(state: PCPState, seq_lens: torch.Tensor, draft_index: int):
-    _, out = pcp_spec.drafting_cp_seq_lens(state, seq_lens, draft_index)
-    return out
+def drafting_lens(capacity_state: PCPState, seq_lens: torch.Tensor, draft_index: int):
+    """Per-rank KV lengths at a draft step, for ``seq_lens`` of any length up to ``R``.
+
+    Elementwise per request, so it runs at the capacity state's ``[R]`` rows
+    (on ``seq_lens``' device) and the results are cut back to its length.
+    """
+    n = seq_lens.shape[0]
+    padded = _pad_rows(seq_lens, capacity_state.bucket.num_reqs, "seq_lens")
+    _, out = pcp_spec.drafting_cp_seq_lens(capacity_state, padded, draft_index)
+    return dataclasses.replace(
+        out,
+        cp_seq_len=out.cp_seq_len[:n],
+        num_computed_tokens_of_pcp_dcp=out.num_computed_tokens_of_pcp_dcp[:n],
+    )
 
 
 # ------------------------------------------------------------------ multimodal

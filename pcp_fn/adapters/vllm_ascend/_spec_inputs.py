@@ -148,10 +148,9 @@ class SpecInputMethods:
         rows = _host.mtp_rows(h, s.decode_threshold) if builds_mtp else None
         slot_fn = _draft_slot_fn(input_batch.block_table, rows, on_host=True) if builds_mtp else None
         full = _ops.full_inputs(
-            _ops.host_state(self._cpu_state, h),
+            _ops.host_state(self._cpu_state, h, bucket),
             input_batch.token_ids_cpu_tensor,
             torch.from_numpy(computed_b),
-            bucket,
             slot_fn,
         )
         ids, qsl = self.input_ids_pcp_full, self.query_start_loc_pcp_full
@@ -208,7 +207,7 @@ class SpecInputMethods:
             ids = self.input_ids_pcp_full.gpu[:rows]
             ids.copy_(
                 _ops.repair_full_ids(
-                    rec.state, ids, input_batch.prev_sampled_token_ids, draft_token_ids, prev_dev, bucket
+                    rec.state, ids, input_batch.prev_sampled_token_ids, draft_token_ids, prev_dev
                 )
             )
 
@@ -292,7 +291,7 @@ class SpecInputMethods:
         rows = full.num_tokens + n * extra if builds_mtp else 0
         slot_fn = _draft_slot_fn(input_batch.block_table, rows, on_host=False) if builds_mtp else None
         computed = F.pad(num_computed_tokens[:n].to(torch.int64), (0, bucket.num_reqs - n))
-        out = _ops.rebuild_positions(self._record.state, computed, bucket, slot_fn)
+        out = _ops.rebuild_positions(self._record.state, computed, slot_fn)
         positions[:total_num_scheduled_tokens].copy_(out.positions[:total_num_scheduled_tokens])
         if P > 1:
             input_batch.block_table.compute_slot_mapping(

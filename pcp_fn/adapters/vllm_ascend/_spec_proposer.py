@@ -118,28 +118,21 @@ class ProposerMethods:
             return dataclasses.replace(unchanged, long_seq_args=long_seq_args)
 
         h, bucket = self._host(), self._bucket()
-        n, D, P = num_decode_reqs + num_prefill_reqs, h.num_decode_tokens, s.pcp_size
+        n, D = num_decode_reqs + num_prefill_reqs, h.num_decode_tokens
         N = h.num_tokens  # this rank's rows: the decodes' tokens and its prefill chunks
         with self._device.guard():
             ids_full = F.pad(input_ids[:num_tokens], (0, _ops.full_rows(self.config, bucket) - num_tokens))
             tis = F.pad(token_indices_to_sample[:n].to(torch.int64), (0, bucket.num_reqs - n))
-            ids, rows, new_tis = _ops.first_pass_selection(
-                self._record.state, ids_full, tis, logits_indices, int(logits_indices.shape[0]), bucket
-            )
+            ids, rows, new_tis = _ops.first_pass_selection(self._record.state, ids_full, tis, logits_indices)
             if not self.pcp_use_hybrid_attn:
                 new_ids = ids[:N]
                 new_hidden = target_hidden_states.index_select(0, rows[:N])
-            else:  # decodes replicated (FA order), prefills split linearly for the drafter
+            else:  # decodes replicated (FA order, rank-major), prefills split linearly for the drafter
                 new_ids, new_hidden = input_ids[:D], target_hidden_states[:D]
                 if num_prefill_reqs:
-                    nd = num_decode_reqs
-                    split = _ops.split_prefill_hybrid(
-                        self._record.state,
-                        self._record.batch.num_scheduled[nd:n],
-                        input_ids[D:num_tokens],
-                        target_hidden_states[D * P :],
-                        bucket.num_tokens,
-                    )
+                    # vllm-ascend's _split_spec_decode_pcp_prefill_input_hybrid takes the prefill parts
+                    # (ids from token D, restored rows from D * P); the op takes the whole buffers
+                    split = _ops.split_prefill(self._record.state, ids_full, target_hidden_states)
                     new_ids = torch.cat([new_ids, split.input_ids[: N - D]])
                     new_hidden = torch.cat([new_hidden, split.hidden_states[: N - D]])
             token_indices_to_sample[:n].copy_(new_tis[:n])
@@ -192,8 +185,14 @@ class ProposerMethods:
             tis = F.pad(
                 ori_token_indices_to_sample[:num_reqs].to(torch.int64), (0, bucket.num_reqs - num_reqs)
             )
+            # the op checks the layout's [M_b * P] rows; only the step's real rows are ever built
+            layout_rows = _ops.mtp_rows(self.config, bucket) * s.pcp_size
             slot_indices = _ops.mtp_slot_indices(
-                self._record.state, tis, slot_mapping, num_reqs, num_speculative_tokens, bucket
+                self._record.state,
+                tis,
+                self._buffers.mtp_slot_pad[:layout_rows],
+                num_reqs,
+                num_speculative_tokens,
             )[: num_reqs * s.pcp_size]
         seq_lens = getattr(attn_metadata, "seq_lens", None)
         seq_lens_cpu = getattr(attn_metadata, "seq_lens_cpu", None)
@@ -215,7 +214,9 @@ class ProposerMethods:
         if length > buf.shape[0]:
             raise ValueError(f"the restore index has {length} rows; the buffer holds {buf.shape[0]}")
         with self._device.guard():
-            pcp_allgather_restore_idx.copy_(_ops.mask_restore(self._record.state, pcp_allgather_restore_idx))
+            pcp_allgather_restore_idx.copy_(
+                _ops.mask_restore(self._capacity_state, pcp_allgather_restore_idx)
+            )
             buf[:length].copy_(pcp_allgather_restore_idx)
             buf[length:].zero_()
 
@@ -244,7 +245,8 @@ class ProposerMethods:
             "AscendSFADCPMetadataBuilder",
         )
         lens_in = seq_lens if is_mla or seq_lens_cpu is None else seq_lens_cpu
-        out = _ops.drafting_lens(self._record.state, lens_in, draft_index)
+        state = self._cpu_state if lens_in.device.type == "cpu" else self._capacity_state
+        out = _ops.drafting_lens(state, lens_in, draft_index)
         if is_sfa:
             target = attn_metadata.dcp_context.seq_lens
             k = out.cp_seq_len.shape[0]

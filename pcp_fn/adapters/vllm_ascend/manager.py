@@ -134,6 +134,8 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
             s, _ops.output_capacities(self.config), _ops.gathered_capacity(self.config)
         )
         self._cpu_state = _ops.init_state(self.config, "cpu")  # the ops reading the CPU token table
+        # the ops tied to no step (any length up to the capacity): the capacity bucket's rows
+        self._capacity_state = _ops.init_state(self.config, s.device)
         self._record = StepRecord(state=_ops.init_state(self.config, s.device))
         self._all_gather = all_gather or _pcp_all_gather
         # constants the reference exposes under these names
@@ -396,12 +398,16 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
                 f"initialize_slot_mapping ran {len(self._buffers.padded_slot_mappings)} times"
             )
         buf = self._buffers.padded_slot_mappings[kv_cache_group_id]
-        P, Lb = self.pcp_world_size, rec.batch.bucket.num_tokens
-        staging = self._buffers.slots_in
-        count = min(int(slot_mapping.shape[0]), staging.shape[0])
+        bucket = rec.batch.bucket
+        P, Lb = self.pcp_world_size, bucket.num_tokens
+        # bucket-shaped: the step's slots, then pad_slot_id up to F_b rows (a fixed-address buffer)
+        rows = _ops.full_rows(self.config, bucket)
+        staging = self._buffers.slots_in[:rows]
+        count = min(int(slot_mapping.shape[0]), int(rec.host.num_scheduled.sum()))
         with self._device.guard():
             staging[:count].copy_(slot_mapping[:count])
-        padded = self._device(_ops.device_padded_slots, rec.state, staging[: P * Lb], Lb)
+            staging[count:].fill_(self.config.pad_slot_id)
+        padded = self._device(_ops.device_padded_slots, rec.state, staging)
         with self._device.guard():
             buf[: P * Lb].copy_(padded)
             buf[P * Lb :].fill_(-1)
