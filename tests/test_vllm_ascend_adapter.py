@@ -11,6 +11,7 @@ on the device path, graph capture per bucket, bad input and the import rules.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import types
@@ -50,6 +51,7 @@ from oracle_spec import (
     oracle_repair,
     oracle_spec_indices,
     request_starts,
+    spec_view,
 )
 
 import pcp_fn
@@ -125,6 +127,7 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
     sched, comp, n = list(st.sched), list(st.comp), len(st.sched)
     orc = oracle_step(P, sched, comp, list(st.prompt), k)
     hyb = oracle_hybrid(P, sched, comp, list(st.prompt), k) if cfg.hybrid and P > 1 else None
+    view = spec_view(hyb is not None, P, sched, comp, list(st.prompt), k, rank)
     nd = sum(orc.is_decode)
     npf = n - nd
     Dt = orc.num_decode_tokens
@@ -174,7 +177,7 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
     if not any(drafts):
         eq("logits", hyb.logits if hyb is not None else orc.logits)
     elif hyb is None and P > 1:
-        eq("logits", oracle_spec_indices(orc, rank, sched, drafts, [0] * N)["logits"])
+        eq("logits", oracle_spec_indices(view, drafts, [0] * N)["logits"])
     else:
         cu = list(np.cumsum(local_counts))
         ends = hyb.adjust_cu(cu) if hyb is not None and npf else cu
@@ -238,13 +241,13 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
         eq(L(meta["dcp_mtp_attn_mask"]), rows or [[[False] * cfg.max_model_len] * thr] * n)
 
     if k:
-        _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq)
+        _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, view, eq)
     if cfg.multimodal and P > 1:
         _check_multimodal(cfg, st, rank, obs, orc, eq)
     return checked
 
 
-def _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq) -> None:
+def _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, view, eq) -> None:
     P, D, k, thr = cfg.pcp, cfg.dcp, cfg.spec, 1 + cfg.spec
     sched, n = list(st.sched), len(st.sched)
     nd = sum(orc.is_decode)
@@ -286,7 +289,7 @@ def _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq) -> None:
         should = st.prev is not None and nd > 0
         on_device = st.index % 2 == 0 and not with_prefill
         eq("rebuild.result", (should, should and on_device))
-        local, full_pos = oracle_rebuild(orc, rank, sched, list(st.true_comp))
+        local, full_pos = oracle_rebuild(view, list(st.true_comp))
         qsl_full = request_starts(sched)
         if should and on_device:
             eq("rebuild.positions", local)
@@ -319,7 +322,7 @@ def _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq) -> None:
         eq(L(fp["token_indices_to_sample"]), tis_in)
     else:
         seq = [c + s for c, s in zip(st.comp, sched)]
-        of = oracle_first_pass(orc, rank, sched, ids_full, tis_in, L(obs["logits"]), thr, seq)
+        of = oracle_first_pass(view, ids_full, tis_in, L(obs["logits"]), thr, seq)
         restored = L(obs["restored"])
         if hyb is None:
             eq(L(fp["input_ids"]), of["ids"])
@@ -339,9 +342,7 @@ def _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, eq) -> None:
             eq(cam["max_query_len"], of["max_query_len"])
             eq(cam["num_actual_tokens"], N)
         if Dt:
-            rows = (
-                range(Dt) if hyb is not None else oracle_decode_hidden_rows(orc, sched)
-            )  # FA order: rank 0 first
+            rows = range(Dt) if hyb is not None else oracle_decode_hidden_rows(view)  # FA order: rank 0 first
             eq(L(obs["decode_hidden_states"]), [restored[r] for r in rows])
     if k >= 2:
         active = (nd > 0 and npf == 0) or (P == 1 and D > 1 and npf > 0)
@@ -425,7 +426,9 @@ def async_stand_in(monkeypatch):
 def _manager(cfg: SimConfig, rank: int, dcp_rank: int, **kw):
     holder: dict[str, SimRunner] = {}
     m = FunctionalDCSManager(
-        *cfg.manager_args(rank, dcp_rank), check_syncs=True, all_gather=lambda x: holder["r"].gather(x), **kw
+        *cfg.manager_args(rank, dcp_rank),
+        all_gather=lambda x: holder["r"].gather(x),
+        **{"check_syncs": True, **kw},
     )
     runner = SimRunner(m, cfg, rank, dcp_rank)
     holder["r"] = runner
@@ -521,13 +524,17 @@ def test_golden_vectors_of_the_reference_docstrings():
 
 
 def test_capture_serves_every_step_of_a_bucket_from_one_graph():
-    """``capture=True`` (torch.compile on the CPU; NPUGraph on an NPU) equals eager, one graph per bucket."""
+    """``capture=True`` (torch.compile on the CPU; NPUGraph on an NPU) equals eager, one graph per bucket.
+
+    The device step is an entry op, so its graph is keyed by the batch's bucket
+    alone, whatever bucket the previous step's state had; the padded slot
+    mapping and the MTP mask get one graph per bucket they run at.
+    """
     cfg = SimConfig("capture", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
-    steps = schedule(cfg, 5, seed=3)
-    kw = dict(request_buckets=(4,), token_buckets=(36,))
-    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", **kw)
-    captured._device.check_syncs = False  # the detector is a dispatch mode; not under dynamo
-    eager, re = _manager(cfg, 1, 0, **kw)
+    steps = schedule(cfg, 6, seed=3)
+    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", check_syncs=False)
+    eager, re = _manager(cfg, 1, 0)
+    buckets, mask_buckets = [], set()
     for st in steps:
         a, b = rc.step(st), re.step(st)
         assert a.keys() == b.keys()
@@ -535,12 +542,33 @@ def test_capture_serves_every_step_of_a_bucket_from_one_graph():
             assert repr(L(a[key]) if not isinstance(a[key], dict) else a[key]) == repr(
                 L(b[key]) if not isinstance(b[key], dict) else b[key]
             ), key
-    assert captured.record.batch.bucket == pcp_fn.Bucket(4, 36)
-    assert captured.num_graphs == 3  # the step, the slot mapping, the MTP mask: once for the one bucket
+        buckets.append(captured.record.batch.bucket)
+        if captured.num_decode_reqs:
+            mask_buckets.add(buckets[-1])
+    assert 2 <= len(set(buckets)) < len(buckets), buckets  # several buckets, one of them met again
+    assert captured.num_graphs == 2 * len(set(buckets)) + len(mask_buckets)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NPUDevice:
+    """Stand-in for ``torch.device("npu")`` (torch knows the name only once torch_npu registers it)."""
+
+    type: str = "npu"
+    index: int = 0
+
+
+class _OnNPU(torch.Tensor):
+    """A CPU tensor that reports an NPU device: what ``graph.capture`` sees of an NPU tensor."""
+
+    @property
+    def device(self):
+        return _NPUDevice()
 
 
 def test_graph_capture_on_an_npu_uses_npu_graph(monkeypatch):
-    """No NPU here: a stand-in ``torch.npu`` records that ``graph.capture``'s device path picks NPUGraph."""
+    """No NPU here: with a stand-in ``torch.npu`` and tensors reporting an ``npu`` device, the public
+    ``pcp_fn.graph.capture`` records one ``torch.npu.NPUGraph`` and replays it (the manager's
+    ``capture=`` path on an Ascend device); the manager captures by default on an NPU."""
     used = []
 
     class Stream:
@@ -572,13 +600,12 @@ def test_graph_capture_on_an_npu_uses_npu_graph(monkeypatch):
     )
     monkeypatch.setitem(sys.modules, "torch_npu", types.ModuleType("torch_npu"))
     monkeypatch.setattr(torch, "npu", fake, raising=False)
-    from pcp_fn.graph import _DeviceGraph
-
-    g = _DeviceGraph(lambda x: x + 1, SimpleNamespace(type="npu"), (torch.zeros(3),), warmup=1)
-    g((torch.ones(3),), [torch.ones(3)])
-    assert used.count("NPUGraph") == 1 and "replay" in used
+    captured = pcp_fn.graph.capture(lambda x: x + 1, torch.zeros(3).as_subclass(_OnNPU), warmup=1)
+    assert captured.kind == "npu-graph" and len(captured) == 1
+    captured(torch.ones(3).as_subclass(_OnNPU))
+    assert used.count("NPUGraph") == 1 and used[-1] == "replay"
     settings = FunctionalDCSManager(*CONFIGS[0].manager_args(0, 0)).settings
-    npu = SimpleNamespace(**{**vars(settings), "device": SimpleNamespace(type="npu")})
+    npu = SimpleNamespace(**{**vars(settings), "device": _NPUDevice()})
     assert type(settings).graph_device.fget(npu) is True  # the manager captures on an NPU by default
 
 
@@ -587,10 +614,13 @@ def test_the_device_path_runs_under_the_sync_detector(monkeypatch):
     m, runner = _manager(cfg, 0, 0)
     st = schedule(cfg, 1, seed=1)[0]
     runner.step(st)  # check_syncs=True: every device-path call ran under pcp_fn.no_host_syncs
-    from pcp_fn.adapters.vllm_ascend import _ops
+    real = pcp_fn.update_tokens  # the device step calls it through pcp_fn: a host sync injected there
 
-    real = _ops.device_step
-    monkeypatch.setattr(_ops, "device_step", lambda s, b: (real(s, b)[0], {"x": b.num_reqs.item()}))
+    def syncing(state, batch):
+        batch.num_reqs.item()
+        return real(state, batch)
+
+    monkeypatch.setattr(pcp_fn, "update_tokens", syncing)
     with pytest.raises(pcp_fn.HostSyncError):
         m.init_batch_info(
             np.array(st.sched, dtype=np.int32), len(st.sched), np.array(st.comp), np.array(st.prompt)
