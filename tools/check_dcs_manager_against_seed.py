@@ -1,17 +1,17 @@
 """Lockstep differential: FunctionalDCSManager against vllm-ascend 0.23's PCPManager, in runner order.
 
-Development only (needs the reference files beside the repository; see
-seed_loader.py). Run:
+Development only (needs the reference files: ``reference.py`` finds them, or
+says which environment variable to set). Run:
 
     python tools/check_dcs_manager_against_seed.py [steps_per_config]
 
 For every configuration in CONFIGS and every (pcp rank, dcp rank), it builds
-the reference ``PCPManager`` (seed 000, with the stand-ins of seed_loader.py and
-check_spec_against_seed.py) and ``FunctionalDCSManager`` with the same
+the reference ``PCPManager`` (vllm-ascend ``pcp_utils.py``, with the stand-ins
+of seed_loader.py and check_spec_against_seed.py) and ``FunctionalDCSManager`` with the same
 constructor arguments, drives each with its own simulated ``model_runner_v1``
 (tests/ascend_runner.py: the runner's call order, each runner feeding its
 manager its own earlier outputs; the spec-decode logits come from the real
-``_calc_spec_decode_metadata`` of seed 002) over the same schedule, and
+``_calc_spec_decode_metadata`` of vllm-ascend's ``model_runner_v1.py``) over the same schedule, and
 compares every observation field by field. The adapter runs with
 ``check_syncs=True`` (its device path under ``pcp_fn.no_host_syncs``).
 
@@ -34,7 +34,13 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-import check_spec_against_seed as spec_tool  # noqa: E402  (stand-ins, the seed module, the runner's CALC)
+from reference import FILES, reference_path  # noqa: E402
+
+_missing = [name for name in FILES if name != "vllm_pcp_manager" and reference_path(name) is None]
+if _missing:
+    sys.exit(f"reference files not found: {_missing} (see tools/reference.py)")
+
+import check_spec_against_seed as spec_tool  # noqa: E402  (stand-ins, the reference module, the runner's CALC)
 import seed_loader  # noqa: E402
 from ascend_runner import Kinds, SimConfig, SimRunner, correct_optimistic_seq_lens_cpu, schedule  # noqa: E402
 from oracle_spec import oracle_mtp_mask  # noqa: E402
@@ -177,7 +183,7 @@ def cover(cfg: SimConfig, st, obs) -> None:
 
 
 def _calc(runner, num_draft, cu, pads):
-    """The real runner's ``_calc_spec_decode_metadata`` (seed 002) on a runner stand-in."""
+    """The real runner's ``_calc_spec_decode_metadata`` (vllm-ascend ``model_runner_v1.py``) on a stand-in."""
     arange = runner.arange_np
     stub = SimpleNamespace(
         pcp_size=runner.P,
