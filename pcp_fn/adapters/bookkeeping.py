@@ -7,17 +7,20 @@ that way: when the ``mrv2`` signatures change, only this file changes).
 Per step:
 
 1. ``segments``: the host twin (:func:`pcp_fn.mrv2.host.local_segments`),
-   ``O(P * R)`` numpy on the scheduler's arrays: every rank's counts and this
-   rank's segments, for the bucket choice and the host fields.
-2. ``partition``: :func:`pcp_fn.mrv2.make_batch` (validation, one host-to-device
-   copy of the per-request arrays), then :func:`pcp_fn.mrv2.partition_batch`
-   captured once per graph bucket ``(Rb, Lb)`` by :func:`pcp_fn.graph.capture`
-   (a CUDA/NPU graph, ``torch.compile`` on the CPU, or plain calls with
-   ``backend=None``), then one ``_foreach_copy_`` of the bucket-shaped results
-   into the caller's persistent buffers, sliced to vLLM's sizes. The graph
-   bucket is a power of two at least vLLM's padded sizes ``(Rpad, Lp)``, so a
-   handful of graphs serve every step; gathered row ``q * Lb + l`` of the bucket
-   is row ``q * Lp + l`` of vLLM's all-gather (rewritten on the copy).
+   numpy on the scheduler's ``[R]`` arrays: every rank's counts and this rank's
+   segments, for the bucket choice and the host fields.
+2. ``partition``: the per-request arrays go to the device in one copy (packed
+   ``[5R + 1]`` int32, the layout of :func:`pcp_fn.mrv2.make_batch`, whose
+   checks the adapter has already made), the global token ids and positions
+   into persistent ``[T]`` buffers; then :func:`pcp_fn.mrv2.partition_batch`
+   runs captured once per graph bucket ``(Rb, Lb)`` by
+   :func:`pcp_fn.graph.capture` (a CUDA/NPU graph, ``torch.compile`` on the
+   CPU, or plain calls with ``backend=None``), and one ``_foreach_copy_`` moves
+   its bucket-shaped results into the caller's persistent buffers, sliced to
+   vLLM's sizes. The graph bucket is a power of two at least vLLM's padded
+   sizes ``(Rpad, Lp)``, so a handful of graphs serve every step; gathered row
+   ``q * Lb + l`` of the bucket is row ``q * Lp + l`` of vLLM's all-gather
+   (rewritten on the copy).
 3. ``gathered_slot_mappings``, ``restore``, ``draft_input_ids``: the layout
    consumers, run on a state whose layout *is* the persistent buffers (views).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -73,9 +77,33 @@ class StepSizes(NamedTuple):
     num_tokens: int
 
 
-def _partition_step(state: mrv2.MRV2State, batch: mrv2.GlobalBatch) -> tuple[Any, ...]:
-    """The captured function: ``mrv2.partition_batch`` and the outputs the adapter copies
-    (bucket shapes ``[Lb]``, ``[Rb(+1)]``, ``[T]``, ``[P*Lb]``)."""
+def _partition_step(
+    state: mrv2.MRV2State,
+    packed: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    *,
+    bucket: Bucket,
+) -> tuple[Any, ...]:
+    """The captured function: ``mrv2.partition_batch`` of the staged global batch and the outputs
+    the adapter copies (bucket shapes ``[Lb]``, ``[Rb(+1)]``, ``[T]``, ``[P*Lb]``).
+
+    ``packed [5R + 1]`` int32: num_scheduled, num_computed, prefill_len,
+    is_prefilling, idx_mapping (``[R]`` each, zero past the requests), then
+    num_reqs; ``input_ids [T]`` int32, ``positions [T]`` int64.
+    """
+    R = state.config.max_num_reqs
+    batch = mrv2.GlobalBatch(
+        bucket=bucket,
+        num_reqs=packed[5 * R],
+        num_scheduled=packed[0:R],
+        num_computed=packed[R : 2 * R],
+        prefill_len=packed[2 * R : 3 * R],
+        is_prefilling=packed[3 * R : 4 * R].bool(),
+        idx_mapping=packed[4 * R : 5 * R],
+        input_ids=input_ids,
+        positions=positions,
+    )
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
     return (
@@ -144,13 +172,21 @@ class Bookkeeping:
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)
-        self._captured: graph.Captured | None = None
+        self._graphs: dict[Bucket, graph.Captured] = {}
         self._view: mrv2.MRV2State | None = None
+        R, T = max_num_reqs, max_num_tokens
+        # staging: what the captured graphs read (persistent, so each bucket's graph sees one address)
+        self._packed = torch.zeros(5 * R + 1, dtype=torch.int32, device=device)
+        self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
+        self._positions = torch.zeros(T, dtype=torch.int64, device=device)
+        self._pin = device.type == "cuda"
+        self._buckets: dict[tuple[int, int], Bucket] = {}
+        self._views: dict[StepSizes, list[torch.Tensor]] = {}
 
     @property
     def num_graphs(self) -> int:
         """Graphs captured so far (one per bucket)."""
-        return 0 if self._captured is None else len(self._captured)
+        return len(self._graphs)
 
     # ---------------------------------------------------------------- host twin
 
@@ -163,19 +199,72 @@ class Bookkeeping:
 
     def bucket(self, num_reqs: int, num_tokens: int) -> Bucket:
         """The graph bucket holding ``num_reqs`` local rows and ``num_tokens`` local tokens."""
-        return self.config.bucket_for(num_reqs, num_tokens)
+        key = (num_reqs, num_tokens)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = self.config.bucket_for(num_reqs, num_tokens)
+        return bucket
+
+    def _destinations(self, sizes: StepSizes) -> list[torch.Tensor]:
+        """The persistent views one step writes (cached: steady decoding repeats its sizes)."""
+        views = self._views.get(sizes)
+        if views is None:
+            if len(self._views) > 256:  # bounded: sizes vary with the batch
+                self._views.clear()
+            Lp, Rpad, n, total = sizes
+            P, o = self.config.pcp_size, self.out
+            views = self._views[sizes] = [
+                o.input_ids[:Lp],
+                o.positions[:Lp],
+                o.is_padding[:Lp],
+                o.query_start_loc[: Rpad + 1],
+                o.seq_lens[:Rpad],
+                o.idx_mapping[:n],
+                o.logits_indices[:Rpad],
+                o.cu_num_logits[: n + 1],
+                o.padded_gather_idx[: P * Lp].view(P, Lp),
+                o.kv_write_mask[: P * Lp].view(P, Lp),
+                o.hidden_restore_idx[:total],
+                o.padded_gather_idx[: P * Lp],
+                o.kv_write_mask[: P * Lp],
+            ]
+        return views
 
     # ---------------------------------------------------------------- device
 
     def _sync_guard(self) -> contextlib.AbstractContextManager[None]:
         return no_host_syncs() if self.check_host_syncs else contextlib.nullcontext()
 
-    def _run(self, batch: mrv2.GlobalBatch) -> tuple[Any, ...]:
+    def _run(self, bucket: Bucket) -> tuple[Any, ...]:
+        """The partition of the staged batch in ``bucket``'s graph (captured on first use)."""
+        args = (self._state0, self._packed, self._input_ids, self._positions)
         if self.backend is None:
-            return _partition_step(self._state0, batch)
-        if self._captured is None:
-            self._captured = graph.capture(_partition_step, self._state0, batch, backend=self.backend)
-        return self._captured(self._state0, batch)
+            return _partition_step(*args, bucket=bucket)
+        captured = self._graphs.get(bucket)
+        if captured is None:
+            fn = functools.partial(_partition_step, bucket=bucket)
+            captured = self._graphs[bucket] = graph.capture(fn, *args, backend=self.backend)
+        return captured(*args)
+
+    def _stage(
+        self,
+        arrays: tuple[np.ndarray, ...],
+        num_tokens: int,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        """One host-to-device copy of the per-request arrays, two device copies of the tokens."""
+        R, n = self.config.max_num_reqs, arrays[0].size
+        host_packed = torch.zeros(5 * R + 1, dtype=torch.int32, pin_memory=self._pin)
+        view = host_packed.numpy()
+        for k, values in enumerate(arrays):
+            view[k * R : k * R + n] = values
+        view[5 * R] = n
+        # non_blocking from pinned memory: the host allocator keeps the block until the copy ran
+        self._packed.copy_(host_packed, non_blocking=self._pin)
+        # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
+        self._input_ids[:num_tokens].copy_(input_ids[:num_tokens])
+        self._positions[:num_tokens].copy_(positions[:num_tokens])
 
     def partition(
         self,
@@ -191,39 +280,20 @@ class Bookkeeping:
     ) -> None:
         """Lay out the global batch on every rank and write this rank's rows into ``out``.
 
-        ``input_ids`` / ``positions``: the global ``[>= num_tokens]`` device
-        tensors (not read on the host). ``bucket`` must hold every rank
-        (rows and tokens) and ``(Rpad, Lp)``.
+        The per-request arrays are ``[num_reqs]`` (checked by the caller: at most
+        ``max_num_reqs``, ints); ``input_ids`` / ``positions`` the global
+        ``[>= num_tokens]`` device tensors (not read on the host). ``bucket``
+        must hold every rank (rows and tokens) and ``(Rpad, Lp)``.
         """
-        batch = mrv2.make_batch(
-            self.config,
-            num_scheduled,
-            num_computed,
-            prefill_len,
-            is_prefilling=is_prefilling,
-            idx_mapping=idx_mapping,
-            input_ids=input_ids,
-            positions=positions,
-            bucket=bucket,
-            device=self.device,
-        )
         P, Lb = self.config.pcp_size, bucket.num_tokens
         Lp, Rpad, n, total = sizes
-        o = self.out
+        arrays = (num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping)
+        self._stage(arrays, total, input_ids, positions)
+        views = self._destinations(sizes)
         with self._sync_guard():
-            ids, pos, pad, qsl, seq, idx, logits, cu, restore, gather, write, per_rank, num = self._run(batch)
-            dst = [
-                o.input_ids[:Lp],
-                o.positions[:Lp],
-                o.is_padding[:Lp],
-                o.query_start_loc[: Rpad + 1],
-                o.seq_lens[:Rpad],
-                o.idx_mapping[:n],
-                o.logits_indices[:Rpad],
-                o.cu_num_logits[: n + 1],
-                o.padded_gather_idx[: P * Lp].view(P, Lp),
-                o.kv_write_mask[: P * Lp].view(P, Lp),
-            ]
+            ids, pos, pad, qsl, seq, idx, logits, cu, restore, gather, write, per_rank, num = self._run(
+                bucket
+            )
             src = [
                 ids[:Lp],
                 pos[:Lp],
@@ -236,25 +306,21 @@ class Bookkeeping:
                 gather.view(P, Lb)[:, :Lp],
                 write.view(P, Lb)[:, :Lp],
             ]
+            restore = restore[:total]
             if Lp == Lb:
-                dst.append(o.hidden_restore_idx[:total])
-                src.append(restore[:total])
-            torch._foreach_copy_(dst, src)
-            if Lp != Lb:  # bucket row q * Lb + l is vLLM's all-gather row q * Lp + l
-                r = restore[:total]
+                torch._foreach_copy_(views[:11], [*src, restore])
+            else:  # bucket row q * Lb + l is vLLM's all-gather row q * Lp + l
+                torch._foreach_copy_(views[:10], src)
                 torch.add(
-                    r,
-                    torch.div(r, Lb, rounding_mode="floor"),
-                    alpha=Lp - Lb,
-                    out=o.hidden_restore_idx[:total],
+                    restore, torch.div(restore, Lb, rounding_mode="floor"), alpha=Lp - Lb, out=views[10]
                 )
         layout = mrv2.MRV2Layout(
             padded_num_tokens=Lp,
             per_rank_num_tokens=per_rank,
             num_tokens=num,
-            hidden_restore_idx=o.hidden_restore_idx[:total],
-            padded_gather_idx=o.padded_gather_idx[: P * Lp],
-            gathered_kv_write_mask=o.kv_write_mask[: P * Lp],
+            hidden_restore_idx=views[10],
+            padded_gather_idx=views[11],
+            gathered_kv_write_mask=views[12],
         )
         self._view = dataclasses.replace(self._state0, layout=layout)
 

@@ -158,6 +158,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._local_block_table_ptrs = torch.tensor(
                     [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
                 )
+            self._views: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
             self._global_slot_mappings = torch.zeros(num_groups, T, dtype=torch.int64, device=dev)
             self._gathered_slot_mappings = torch.full(
                 (num_groups, P * T), api.PAD_SLOT_ID, dtype=torch.int64, device=dev
@@ -289,6 +290,13 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
                 )
 
+            for name in ("input_ids", "positions"):
+                if getattr(g, name).shape[0] < total:
+                    raise ValueError(
+                        f"input_batch.{name} has {getattr(g, name).shape[0]} rows; it must cover the "
+                        f"{total} scheduled tokens"
+                    )
+
             seg = self._pcp.segments(sched, pf)
             widest = int(seg.per_rank_num_tokens.max()) if num_reqs else 0
             Lp, pad_reqs = widest, None
@@ -356,25 +364,18 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 dcp_upper[:n] = torch.from_numpy(self._pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
             cu_np = np.arange(n + 1, dtype=np.int32) if num_local_tokens > 0 else np.zeros(n + 1, np.int32)
             req_ids = g.req_ids
-            ib = self._input_buffers
-            idx_mapping = self._idx_mapping[:n]
             self._local_batch = dataclasses.replace(
                 g,
                 req_ids=[req_ids[i] for i in req.tolist()],
                 num_reqs=n,
                 num_reqs_after_padding=Rpad,
-                idx_mapping=idx_mapping,
                 idx_mapping_np=idx_np[req],
-                expanded_idx_mapping=idx_mapping,
-                expanded_local_pos=self._expanded_local_pos[:n],
                 num_scheduled_tokens=num_sched,
                 num_tokens=num_local_tokens,
                 num_tokens_after_padding=Lp,
                 num_draft_tokens=0,
                 num_draft_tokens_per_req=None,
-                query_start_loc=ib.query_start_loc[: Rpad + 1],
                 query_start_loc_np=qsl_np,
-                seq_lens=ib.seq_lens[:Rpad],
                 seq_lens_cpu_upper_bound=torch.from_numpy(upper),
                 dcp_local_seq_lens=None,
                 dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
@@ -386,17 +387,36 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 has_prefill=has_prefill,
                 decode_graph_eligible=not has_prefill,
                 prefill_runs_as_decode_np=None,
-                input_ids=ib.input_ids[:Lp],
-                positions=ib.positions[:Lp],
-                is_padding=ib.is_padding[:Lp],
-                logits_indices=self._logits_indices[:Rpad],
-                cu_num_logits=self._cu_num_logits[: n + 1],
                 cu_num_logits_np=cu_np,
                 prompt_lens=None,
+                **self._device_views(Lp, Rpad, n),
             )
             self._global_batch = g
             self.draft_prefill_batch = None
             return self._local_batch
+
+        def _device_views(self, Lp: int, Rpad: int, n: int) -> dict[str, torch.Tensor]:
+            """The local batch's device fields: views of the persistent buffers (cached by size)."""
+            key = (Lp, Rpad, n)
+            views = self._views.get(key)
+            if views is None:
+                if len(self._views) > 256:
+                    self._views.clear()
+                ib = self._input_buffers
+                idx_mapping = self._idx_mapping[:n]
+                views = self._views[key] = dict(
+                    idx_mapping=idx_mapping,
+                    expanded_idx_mapping=idx_mapping,
+                    expanded_local_pos=self._expanded_local_pos[:n],
+                    query_start_loc=ib.query_start_loc[: Rpad + 1],
+                    seq_lens=ib.seq_lens[:Rpad],
+                    input_ids=ib.input_ids[:Lp],
+                    positions=ib.positions[:Lp],
+                    is_padding=ib.is_padding[:Lp],
+                    logits_indices=self._logits_indices[:Rpad],
+                    cu_num_logits=self._cu_num_logits[: n + 1],
+                )
+            return views
 
         # ------------------------------------------------------------ attention
 

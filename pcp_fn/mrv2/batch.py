@@ -76,7 +76,7 @@ def rank_counts(
     rank), the prefill is cut in 4 chunks of 2, rank 0 takes chunks 0 and 3, rank 1
     chunks 1 and 2: tokens ``[7, 7]``, segments ``[3, 3]``.
     """
-    return host.counts(host.chunk_table(config, num_scheduled, is_prefilling))
+    return host.counts(config, num_scheduled, is_prefilling)
 
 
 def num_tokens_for_dispatch(

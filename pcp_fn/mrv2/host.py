@@ -36,48 +36,6 @@ import numpy as np
 from .config import MRV2Config
 
 
-class ChunkTable(NamedTuple):
-    """Every rank's head and tail piece of every request, ``[P, R]`` int64 each
-    (a replicated or sharded request is one head piece at offset 0)."""
-
-    head_offset: np.ndarray
-    head_length: np.ndarray
-    tail_offset: np.ndarray
-    tail_length: np.ndarray
-
-
-def chunk_table(config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> ChunkTable:
-    """``[P, R]`` head/tail offsets and lengths of every request on every rank.
-
-    ``num_scheduled`` ``[R]`` ints, ``is_prefilling`` ``[R]`` bools (scheduler order).
-    """
-    P, C = config.pcp_size, config.num_chunks
-    n = np.asarray(num_scheduled, dtype=np.int64)
-    chunk = -(-n // C)
-    replicated = ~np.asarray(is_prefilling, dtype=np.bool_)
-    if config.dcp_size > 1:  # a prefill whose last chunk would be empty
-        replicated = replicated | ((C - 1) * chunk >= n)
-    q = np.arange(P, dtype=np.int64)[:, None]
-    if config.shard_decode_requests:
-        live = replicated & (n > 0)
-        owner = (np.cumsum(live) - live) % P  # ordinal among the non-empty replicated requests
-        rep_len = np.where(q == owner, n, 0)
-    else:
-        rep_len = np.broadcast_to(n, (P, n.size))
-    head_off = np.where(replicated, 0, q * chunk)
-    tail_off = np.where(replicated, 0, (C - 1 - q) * chunk)
-    head_len = np.where(replicated, rep_len, np.clip(n - head_off, 0, chunk))
-    tail_len = np.where(replicated, 0, np.clip(n - tail_off, 0, chunk))
-    return ChunkTable(head_off, head_len, tail_off, tail_len)
-
-
-def counts(table: ChunkTable) -> tuple[np.ndarray, np.ndarray]:
-    """``([P], [P])``: local tokens and local segments (request rows) of every rank."""
-    tokens = (table.head_length + table.tail_length).sum(axis=1)
-    rows = (table.head_length > 0).sum(axis=1) + (table.tail_length > 0).sum(axis=1)
-    return tokens, rows
-
-
 class LocalSegments(NamedTuple):
     """One rank's segments in its local order, plus every rank's counts.
 
@@ -99,15 +57,65 @@ class LocalSegments(NamedTuple):
 def local_segments(
     config: MRV2Config, rank: int, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> LocalSegments:
-    """Rank ``rank``'s segments (vLLM ``PCPManager._get_rank_segments``) without a loop over requests."""
-    table = chunk_table(config, num_scheduled, is_prefilling)
-    tokens, rows = counts(table)
-    # non-prefilling requests first, each group by request; head (2j) before tail (2j + 1)
-    order = np.argsort(np.asarray(is_prefilling, dtype=np.bool_), kind="stable")
-    offset = np.stack([table.head_offset[rank, order], table.tail_offset[rank, order]], axis=1).ravel()
-    length = np.stack([table.head_length[rank, order], table.tail_length[rank, order]], axis=1).ravel()
-    keep = length > 0
-    return LocalSegments(np.repeat(order, 2)[keep], offset[keep], length[keep], tokens, rows)
+    """Rank ``rank``'s segments (vLLM ``PCPManager._get_rank_segments``) and every rank's counts.
+
+    ``num_scheduled`` ``[R]`` ints, ``is_prefilling`` ``[R]`` bools, scheduler
+    order. Replicated requests cost ``O(R)``; only split prefills are expanded
+    over the ``P`` ranks (``[P, S]``), so a decode-only step stays a few numpy
+    calls.
+    """
+    # ufuncs and their methods, not the Python-level wrappers (clip, stack, sum): each call counts
+    P, C = config.pcp_size, config.num_chunks
+    n = np.asarray(num_scheduled).astype(np.int64, copy=False)
+    prefilling = np.asarray(is_prefilling, dtype=np.bool_)
+    live = n > 0
+    replicated = ~prefilling
+    if config.dcp_size > 1:  # a prefill whose last chunk would be empty
+        replicated |= (C - 1) * ((n + C - 1) // C) >= n
+    rep = np.flatnonzero(replicated & live)  # non-empty replicated requests, in order
+    k = rep.size
+    if config.shard_decode_requests:  # round-robin: the j-th replicated request goes to rank j % P
+        per_rank = np.zeros(-(-k // P) * P, dtype=np.int64)
+        per_rank[:k] = n[rep]
+        tokens = np.add.reduce(per_rank.reshape(-1, P), axis=0)
+        rows = (k // P) + (np.arange(P) < k % P)
+        mine = rep[rank::P]
+    else:
+        tokens = np.full(P, np.add.reduce(n[rep]), dtype=np.int64)
+        rows = np.full(P, k, dtype=np.int64)
+        mine = rep
+    request, offset, length = mine, np.zeros(mine.size, np.int64), n[mine]
+    split = np.flatnonzero(~replicated & live)
+    if split.size:
+        ns = n[split]
+        chunk = (ns + C - 1) // C
+        q = np.arange(P, dtype=np.int64)[:, None]
+        head = np.minimum(np.maximum(ns - q * chunk, 0), chunk)  # [P, S]: chunk q, cut at the end
+        tail = np.minimum(np.maximum(ns - (C - 1 - q) * chunk, 0), chunk)  # chunk 2P-1-q
+        tokens = tokens + np.add.reduce(head + tail, axis=1)
+        rows = rows + np.add.reduce(head > 0, axis=1) + np.add.reduce(tail > 0, axis=1)
+        # this rank: head (chunk rank) before tail (chunk 2P-1-rank), by request
+        s_len = np.empty(2 * split.size, dtype=np.int64)
+        s_len[0::2], s_len[1::2] = head[rank], tail[rank]
+        s_off = np.empty(2 * split.size, dtype=np.int64)
+        s_off[0::2], s_off[1::2] = rank * chunk, (C - 1 - rank) * chunk
+        keep = s_len > 0
+        request = np.concatenate([request, np.repeat(split, 2)[keep]])
+        offset = np.concatenate([offset, s_off[keep]])
+        length = np.concatenate([length, s_len[keep]])
+    if config.dcp_size > 1:  # replicated short prefills sit among the prefills, by request
+        order = np.argsort(prefilling[request] * (2 * n.size + 2) + request, kind="stable")
+        request, offset, length = request[order], offset[order], length[order]
+    rows = rows.astype(np.int64, copy=False)
+    return LocalSegments(request, offset, length, tokens, rows)
+
+
+def counts(
+    config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``([P], [P])``: local tokens and local segments (request rows) of every rank."""
+    seg = local_segments(config, 0, num_scheduled, is_prefilling)
+    return seg.per_rank_num_tokens, seg.per_rank_num_reqs
 
 
 def dcp_rank0_seq_lens(seq_lens: np.ndarray, dcp_size: int, interleave: int) -> np.ndarray:
