@@ -94,28 +94,45 @@ def test_lockstep_standin_against_oracle(case):
     assert summary.full_mixed_vs_oracle == 0  # the oracle is the reference of every step here
 
 
-def test_captured_mixed_full_steps_replay_equal_to_eager():
-    """Mixed prefill + decode batches in FULL mode through the captured graph (``torch.compile``
-    on the CPU, CUDA graphs on a GPU) equal the plain eager calls and the oracle."""
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_captured_mixed_full_steps_replay_equal_to_eager(device):
+    """Mixed prefill + decode batches in FULL mode through the captured bookkeeping
+    (``torch.compile`` on the CPU, a CUDA graph per bucket on a GPU) equal the plain
+    eager calls and the oracle; on a GPU ``partition_batch`` makes no synchronising call."""
+    dev = torch.device(device)
     case = Case(P=2, shard=True, max_steps=9, seed=7)
     captured = standin_manager(backend="eager", check_host_syncs=False)
-    summary = run_lockstep(standin_backend(captured), case)
+    summary = run_lockstep(standin_backend(captured), case, device=dev)
     assert summary.modes["FULL"] and summary.mixed
-    # the same steps, eager against captured, FULL with a prefill on every step
+    # the same steps, eager against captured, FULL with a prefill on most steps
     eager = StandinManager
     Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
-    kw = dict(pcp_world_size=2, device="cpu", shard_decode_requests=True, max_num_reqs=8, max_num_tokens=48)
+    kw = dict(pcp_world_size=2, device=dev, shard_decode_requests=True, max_num_reqs=8, max_num_tokens=48)
     mixed = 0
     for rank in range(2):
-        bt = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
+        bt = standin.BlockTables([4], 8, 48, [64], dev)
         a, b = captured(pcp_rank=rank, block_tables=bt, **kw), eager(pcp_rank=rank, block_tables=bt, **kw)
-        for step in scheduler_steps(Case(P=2, shard=True, max_steps=9, seed=7)):
+        for step in scheduler_steps(case):
             desc = Desc(cg_mode=Mode.FULL, num_tokens=32, num_reqs=8)
-            g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), torch.device("cpu"))
-            if a.get_num_tokens_for_dispatch(g.num_scheduled_tokens, g.is_prefilling_np) > 32:
-                continue
+            g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), dev)
+            seg = a._pcp.segments(g.num_scheduled_tokens, g.is_prefilling_np)
+            if seg.per_rank_num_tokens.max() > 32 or seg.per_rank_num_reqs.max() > 8:
+                continue  # no FULL graph of this size holds it
             mixed += g.has_prefill
-            la, lb = a.partition_batch(g, desc), b.partition_batch(g, desc)
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                la = a.partition_batch(g, desc)
+            finally:
+                if device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+            lb = b.partition_batch(g, desc)
             for f in dataclasses.fields(la):
                 x, y = getattr(la, f.name), getattr(lb, f.name)
                 if isinstance(x, torch.Tensor):
