@@ -42,10 +42,10 @@ def median_us(fn: Callable[[], object], iters: int, warmup: int = 10) -> float:
 
 
 def seed_loader_or_none(seed_path: str | None):
-    """``tools/seed_loader`` when the reference file is reachable (``--seed``, ``$PCP_FN_SEED``
-    or ``../shared/seeds``), else ``None``: the benchmarks then skip the reference timings."""
+    """``tools/seed_loader`` when the vllm-ascend reference is reachable (``--seed PATH``, or
+    found by ``tools/reference.py``), else ``None``: the benchmarks then skip the reference timings."""
     if seed_path:
-        os.environ["PCP_FN_SEED"] = seed_path
+        os.environ["PCP_FN_REF_VLLM_ASCEND_PCP_UTILS"] = seed_path
     sys.path.insert(0, os.path.join(HERE, "..", "tools"))
     try:
         import seed_loader

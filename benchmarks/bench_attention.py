@@ -9,7 +9,7 @@ Batches (rank 0, max_num_reqs R = 256):
 
 For each it prints the median microseconds of ``pcp_fn.attention_metadata``
 eager and inductor-compiled on the CPU (one thread), the aten op count, and,
-when the seed file is found (``--seed``, ``$PCP_FN_SEED`` or ``../shared/seeds``),
+when the seed file is found (``--seed``, or found by ``tools/reference.py``),
 the median of the seed's host ``generate_pcp_metadata`` for the same step
 (after ``init_batch_info`` + ``update_tokens_for_pcp``, as the runner calls it)
 with the compiled / seed ratio. Issue 5's targets: compiled <= 0.1x the seed

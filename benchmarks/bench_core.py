@@ -12,7 +12,7 @@ it prints the median microseconds of every op and of the composed step
 (update_tokens -> logits indices -> padded slot mapping -> restore of a
 ``[P*L_b, 128]`` all-gathered buffer), eager and inductor-compiled on the CPU,
 on one thread, and the number of aten ops the composed step dispatches. When
-the seed file is found (``--seed``, ``$PCP_FN_SEED`` or ``../shared/seeds``), it
+the seed file is found (``--seed``, or found by ``tools/reference.py``), it
 also times the seed's host path for the same step (the numpy ``PCPManager``
 calls: init_batch_info, update_tokens_for_pcp, get_logits_indices,
 get_padded_slot_mapping, get_restore_hidden_states) and prints the ratio.

@@ -1,6 +1,6 @@
 """The spec-decode step: eager and compiled medians, aten op counts.
 
-    python benchmarks/bench_spec.py [--iters 200] [--no-compile] [--max-model-len 1024]
+    python benchmarks/bench_spec.py [--iters 200] [--no-compile] [--max-model-len 1024] [--dcp 2] [--hybrid]
 
 Batch (DESIGN.md §7 sizes): ``P = 4``, rank 0, ``R = 256``, ``T = 8192``, two
 spec tokens (MTP), 256 decodes of 3 tokens (1 + 2 drafts) with 500 computed
@@ -17,7 +17,8 @@ paged block table (128-token blocks) as the MTP ``slot_fn``. It times
 eager and inductor-compiled, on one thread, and counts the aten ops of each
 on this batch and on a second batch of the same bucket with another
 composition (decodes of 1-3 tokens, random draft counts, one prefill): the
-counts must be equal.
+counts must be equal. ``--hybrid`` times the hybrid-attention layout
+(``hybrid_attn=True``) instead of DualChunkSwap.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import functools
 import os
 import random
 import sys
+import types
 
+import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,7 +39,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from _common import median_us  # noqa: E402
 
 import pcp_fn  # noqa: E402
-from pcp_fn.spec import PrevStep, full_rows, mtp_rows, sampled_rows  # noqa: E402
+from pcp_fn.core.entry import entry_op  # noqa: E402
+from pcp_fn.spec import PrevStep, mtp_rows, sampled_rows, token_rows  # noqa: E402
 
 P, R, T, H, K, BLOCK = 4, 256, 8192, 128, 2, 128
 
@@ -46,6 +50,17 @@ def paged_slots(block_table: torch.Tensor, request: torch.Tensor, position: torc
     width = block_table.shape[1]
     flat = request * width + (position // BLOCK).clamp(max=width - 1)
     return block_table.reshape(-1)[flat] * BLOCK + position % BLOCK
+
+
+def own_code(fn):
+    """``fn`` behind a trampoline with a code object of its own (one Dynamo cache per op)."""
+
+    def trampoline(*args):
+        return fn(*args)
+
+    return types.FunctionType(
+        trampoline.__code__.replace(), trampoline.__globals__, "own", None, trampoline.__closure__
+    )
 
 
 def batches(cfg, table):
@@ -58,8 +73,9 @@ def batches(cfg, table):
         [1] * (R - 1) + [64],
         [rng.randint(0, n - 1) for n in sched] + [0],
     )
-    a = pcp_fn.make_spec_batch(cfg, *main, token_ids=table)
-    b = pcp_fn.make_spec_batch(cfg, *other, token_ids=table, bucket=a[0].bucket)
+    slots = lambda sched: np.arange(sum(sched), dtype=np.int64)  # noqa: E731  (scheduler-order KV slots)
+    a = pcp_fn.make_spec_batch(cfg, *main, token_ids=table, slot_mapping=slots(main[0]))
+    b = pcp_fn.make_spec_batch(cfg, *other, token_ids=table, slot_mapping=slots(other[0]), bucket=a[0].bucket)
     return a, b
 
 
@@ -69,17 +85,17 @@ def main():
     ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--dcp", type=int, default=1)
+    ap.add_argument("--hybrid", action="store_true", help="the hybrid-attention layout (hybrid_attn=True)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
 
-    cfg = pcp_fn.PCPConfig(P, 0, R, T, num_spec_tokens=K, dcp_size=args.dcp)
+    cfg = pcp_fn.PCPConfig(P, 0, R, T, num_spec_tokens=K, dcp_size=args.dcp, hybrid_attn=args.hybrid)
     state = pcp_fn.init_state(cfg)
     table = torch.randint(1, 50_000, (R, args.max_model_len), dtype=torch.int32)
     blocks = torch.randperm(R * (args.max_model_len // BLOCK + 1)).reshape(R, -1).to(torch.int32)
     slot_fn = functools.partial(paged_slots, blocks)
-    slots = torch.arange(T, dtype=torch.int32)
-    step = functools.partial(pcp_fn.spec_step, slot_fn=slot_fn)
+    step = entry_op(functools.partial(pcp_fn.spec_step, slot_fn=slot_fn))
 
     def inputs(batch, spec):
         b = batch.bucket
@@ -91,7 +107,7 @@ def main():
         gen = torch.Generator().manual_seed(1)
         post = (
             updated,
-            torch.randint(1, 50_000, (full_rows(cfg, b),), generator=gen),
+            torch.randint(1, 50_000, (token_rows(cfg, b),), generator=gen),
             torch.randint(0, 900, (Lb,), generator=gen),
             torch.randn(P * Lb, H, generator=gen),
             torch.randint(0, 3, (Rb,), generator=gen),
@@ -101,28 +117,28 @@ def main():
             torch.randint(0, 9999, (mtp_rows(cfg, b) * P,), dtype=torch.int32, generator=gen),
         )
         return (
-            (state, batch, slots, spec, table),
-            (state, batch, slots, spec, table, prev),
+            (state, batch, spec, table),
+            (state, batch, spec, table, prev),
             post,
         )
 
-    def drafter_prep(st, full_ids, positions, hidden, tis, logits, num_logits, seq_lens, mtp_slots, *, b):
+    def drafter_prep(st, full_ids, positions, hidden, tis, logits, num_logits, seq_lens, mtp_slots):
         st, fp = pcp_fn.first_pass_inputs(
-            st, full_ids, positions, hidden, tis, logits, num_logits, seq_lens=seq_lens, bucket=b
+            st, full_ids, positions, hidden, tis, logits, num_logits, seq_lens=seq_lens
         )
-        st, mtp = pcp_fn.mtp_drafting_inputs(st, tis, seq_lens, mtp_slots, bucket=b)
+        st, mtp = pcp_fn.mtp_drafting_inputs(st, tis, seq_lens, mtp_slots)
         return st, fp, mtp
 
     main_batch, other_batch = batches(cfg, table)
     b = main_batch[0].bucket
-    prep = functools.partial(drafter_prep, b=b)
-    ops = {"spec_step": step, "spec_step (async)": step, "drafter prep": prep}
+    ops = {"spec_step": step, "spec_step (async)": step, "drafter prep": drafter_prep}
     main_args = dict(zip(ops, inputs(*main_batch)))
     other_args = dict(zip(ops, inputs(*other_batch)))
 
     print(
-        f"spec-decode step: P={P}, dcp={args.dcp}, R={R}, T={T}, {K} spec tokens, 256 decodes of 3 tokens, "
-        f"bucket {b}, F_b={full_rows(cfg, b)}, S_b={sampled_rows(cfg, b)}, M_b={mtp_rows(cfg, b)}, "
+        f"spec-decode step ({'hybrid attention' if args.hybrid else 'DualChunkSwap'}): "
+        f"P={P}, dcp={args.dcp}, R={R}, T={T}, {K} spec tokens, 256 decodes of 3 tokens, "
+        f"bucket {b}, F_b={token_rows(cfg, b)}, S_b={sampled_rows(cfg, b)}, M_b={mtp_rows(cfg, b)}, "
         f"token table [{R}, {args.max_model_len}]"
     )
     print(f"  {'op':22s} {'eager us':>10s} {'compiled us':>12s} {'aten ops':>9s} {'other batch':>12s}")
@@ -132,7 +148,7 @@ def main():
         eager = median_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters)
         compiled = float("nan")
         if not args.no_compile:
-            cfn = torch.compile(pcp_fn.graph._fresh_code(fn), fullgraph=True, dynamic=False)
+            cfn = torch.compile(own_code(fn), fullgraph=True, dynamic=False)
             cfn(*fargs)
             compiled = median_us(lambda cfn=cfn, fargs=fargs: cfn(*fargs), args.iters)
         count = pcp_fn.count_aten_ops(fn, *fargs)

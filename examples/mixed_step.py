@@ -21,16 +21,17 @@ num_computed = [7, 12, 0, 16]
 num_prompt = [3, 12, 5, 40]
 
 cfg0 = pcp_fn.PCPConfig(pcp_size=P, pcp_rank=0, max_num_reqs=8, max_num_tokens=64)
-batch = pcp_fn.make_batch(cfg0, num_scheduled, num_computed, num_prompt)
-# KV slots of the scheduled tokens in scheduler order (from the block table)
-slot_mapping = torch.arange(100, 100 + sum(num_scheduled), dtype=torch.int32)
+# KV slots of the scheduled tokens in scheduler order (from the block table); make_batch pads
+# them to the bucket on the host, so the step sees one shape per bucket
+slot_mapping = list(range(100, 100 + sum(num_scheduled)))
+batch = pcp_fn.make_batch(cfg0, num_scheduled, num_computed, num_prompt, slot_mapping=slot_mapping)
 Lb = batch.bucket.num_tokens
 print(f"bucket: {batch.bucket} -> {Lb} local rows per rank, {P * Lb} gathered rows\n")
 
 local_buffers = []
 for rank in range(P):
-    state = pcp_fn.init_state(pcp_fn.PCPConfig(P, rank, 8, 64))
-    state, out = pcp_fn.step(state, batch, slot_mapping)
+    state = pcp_fn.init_state(cfg0, rank=rank)  # the rank as data: one batch serves every rank
+    state, out = pcp_fn.step(state, batch)
     n = int(out.layout.num_tokens)
     print(f"rank {rank}: pcp_tokens {out.layout.pcp_tokens[: len(num_scheduled)].tolist()}")
     print(f"  request  {out.layout.request_index[:n].tolist()}")

@@ -3,16 +3,35 @@
 Every op is ``op(state, ...) -> (state, outputs)`` on fixed-shape device
 tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. See README.md.
+
+The facade (this module) serves the DualChunkSwap layout and its hybrid-attention
+variant, chosen by ``PCPConfig.hybrid_attn``. Peers and tools:
+
+- :mod:`pcp_fn.dcs`, :mod:`pcp_fn.hybrid`, :mod:`pcp_fn.mrv2`: the three layouts;
+- :mod:`pcp_fn.spec`: speculative-decode (MTP) prep; :mod:`pcp_fn.multimodal`;
+- :mod:`pcp_fn.graph`: capture per bucket, export, host-sync checks;
+- :mod:`pcp_fn.sim` (not imported here): the simulator, traces and the CLI.
 """
 
-from . import graph, mrv2, multimodal, ranks, spec
-from .attention import AttentionMetadata, PaddedIndex, attention_metadata
-from .batch import SchedulerBatch, make_batch
-from .config import Bucket, PCPConfig
+from . import dcs, graph, hybrid, mrv2, multimodal, spec
+from .core.buckets import Bucket
+from .core.rank import all_ranks
+from .core.seqlens import cp_local_seq_lens
+from .dcs import (
+    AttentionMetadata,
+    PaddedIndex,
+    PCPConfig,
+    PCPState,
+    SchedulerBatch,
+    TokenLayout,
+    attention_metadata,
+    init_state,
+    make_batch,
+)
 from .distributed import all_gather_and_restore, process_group_all_gather
-from .draft_hybrid import DraftSplit, split_prefill_for_draft_hybrid
+from .graph import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
 from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
-from .layout import TokenLayout, update_tokens
+from .layouts import layout_of, update_tokens
 from .logits import get_logits_indices
 from .mrv2 import MRV2Config
 from .multimodal import (
@@ -24,9 +43,9 @@ from .multimodal import (
     remap_mrope_positions,
 )
 from .restore import restore_hidden_states
-from .seqlens import cp_local_seq_lens
 from .slots import padded_slot_mapping
 from .spec import (
+    DraftSplit,
     PrevStep,
     SpecInputs,
     SpecStepOutputs,
@@ -45,10 +64,7 @@ from .spec import (
     spec_step,
     split_prefill_for_draft,
 )
-from .state import PCPState, init_state
 from .step import StepOutputs, step
-from .sync import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
-from .trace import read_trace, replay, write_trace
 
 __all__ = [
     "AttentionMetadata",
@@ -70,10 +86,12 @@ __all__ = [
     "TokenLayout",
     "adjust_cu_num_scheduled_tokens",
     "all_gather_and_restore",
+    "all_ranks",
     "assert_no_host_syncs",
     "attention_metadata",
     "count_aten_ops",
     "cp_local_seq_lens",
+    "dcs",
     "decode_hidden_states",
     "drafting_cp_seq_lens",
     "first_pass_inputs",
@@ -81,7 +99,9 @@ __all__ = [
     "gather_prompt_embeds",
     "get_logits_indices",
     "graph",
+    "hybrid",
     "init_state",
+    "layout_of",
     "make_batch",
     "make_spec_batch",
     "mask_restore_index_for_graph",
@@ -95,21 +115,16 @@ __all__ = [
     "pack_prompt_embeds",
     "padded_slot_mapping",
     "process_group_all_gather",
-    "ranks",
-    "read_trace",
     "rebuild_spec_positions",
     "remap_mrope_positions",
     "repair_full_input_ids",
-    "replay",
     "restore_hidden_states",
     "spec",
     "spec_decode_indices",
     "spec_step",
     "split_prefill_for_draft",
-    "split_prefill_for_draft_hybrid",
     "step",
     "update_tokens",
-    "write_trace",
 ]
 
 __version__ = "0.1.0"

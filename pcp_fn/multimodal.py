@@ -13,8 +13,8 @@ sliced. Two kinds of helpers live here:
   dict of request ids, and the encoder runs eagerly anyway):
   :func:`local_schedule_layout`, :func:`build_local_mm_schedule`,
   :func:`gather_mm_embeddings` and :func:`localize_scheduler_output`. They are
-  pure: they return new objects and never mutate what they are given (the
-  seed mutates the scheduler output and restores it afterwards).
+  pure: they return new objects and never mutate what they are given (vllm-ascend
+  mutates the scheduler output and restores it afterwards).
 
 ``P = 2``, rank 0, one fresh prefill of 5 tokens padded to 8: the rank holds
 positions ``[0, 1, 6, 7]``; with a 5-column M-RoPE table ``m`` and delta ``d``
@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .pytree import pytree_dataclass
-from .ragged import masked_gather
+from .core.checks import check_int
+from .core.pytree import pytree_dataclass
+from .core.ragged import masked_gather
 
 # ---------------------------------------------------------------------------------------------
 # M-RoPE positions (device)
@@ -79,12 +80,15 @@ def pack_mrope_tables(
             table wider than ``max_len`` (the buffer could not serve its
             positions ``max_len .. n-1``).
     """
+    check_int("num_rows", num_rows, 1)
+    check_int("max_len", max_len, 1)
     if len(tables) != len(deltas):
         raise ValueError(f"tables has {len(tables)} entries but deltas has {len(deltas)}")
     if len(tables) > num_rows:
         raise ValueError(f"{len(tables)} M-RoPE tables do not fit in num_rows={num_rows}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    for i, d in enumerate(deltas):
+        if d is not None:  # a fractional delta would silently become another position
+            check_int(f"deltas[{i}]", d, -(2**62), 2**62)
     host = torch.zeros(num_rows, 3, max_len, dtype=torch.int64)
     length = torch.zeros(num_rows, dtype=torch.int64)
     delta = torch.zeros(num_rows, dtype=torch.int64)
@@ -123,7 +127,7 @@ def remap_mrope_positions(
     request_index: torch.Tensor,
     num_tokens: torch.Tensor,
 ) -> torch.Tensor:
-    """``[3, L]`` int64 M-RoPE positions of the rank's tokens (seed ``remap_mrope_positions_for_pcp``).
+    """``[3, L]`` int64 M-RoPE positions of the rank's tokens (vllm-ascend ``remap_mrope_positions_for_pcp``).
 
     Args:
         tables: from :func:`pack_mrope_tables` (``R_b`` rows).
@@ -211,10 +215,14 @@ def pack_prompt_embeds(
             not 2-D, embeds of the wrong width (not ``hidden_size``), mixed
             dtypes, or more rows than ``capacity``.
     """
+    check_int("num_rows", num_rows, 1)
+    check_int("hidden_size", hidden_size, 1)
+    check_int("capacity", capacity, 1)
     items = embeds.items() if isinstance(embeds, Mapping) else enumerate(embeds)
-    items = sorted((int(i), e) for i, e in items if e is not None)
-    if capacity < 1:
-        raise ValueError(f"capacity must be >= 1, got {capacity}")
+    items = list((i, e) for i, e in items if e is not None)
+    for i, _ in items:
+        check_int("prompt embeds request index", i, 0)
+    items = sorted((int(i), e) for i, e in items)
     for i, e in items:
         if not 0 <= i < num_rows:
             raise ValueError(f"prompt embeds for request {i}, outside num_rows={num_rows}")
@@ -252,12 +260,12 @@ def gather_prompt_embeds(
     num_tokens: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """``[L, H]``: ``out`` with the rank's prompt embeds filled in (seed ``fill_prompt_embeds_for_pcp``).
+    """``[L, H]``: ``out`` with the rank's prompt embeds filled in (``fill_prompt_embeds_for_pcp``).
 
     A local token at absolute position ``x`` of request ``i`` takes
     ``embeds`` row ``x`` of request ``i`` when ``x < length[i]``; every other
     row (no embeds, past the embeds, padding rows) keeps ``out``'s value, as
-    the seed leaves its buffer untouched there. ``P = 2``, rank 0, one
+    vllm-ascend leaves its buffer untouched there. ``P = 2``, rank 0, one
     request with 6 embed rows ``e`` at positions ``[0, 1, 6, 7]`` ->
     ``[e[0], e[1], out[2], out[3]]``. A masked gather: no boolean indexing.
 
@@ -288,7 +296,7 @@ def gather_prompt_embeds(
 
 @dataclasses.dataclass(frozen=True)
 class LocalScheduleLayout:
-    """This rank's scheduled token counts (seed ``cache_local_schedule_layout`` /
+    """This rank's scheduled token counts (vllm-ascend ``cache_local_schedule_layout`` /
     ``get_local_schedule_layout``, as a value instead of manager state).
 
     Fields:
@@ -333,7 +341,7 @@ def build_local_mm_schedule(
     local_num_scheduled_tokens: np.ndarray,
     encoder_cache: Mapping[str, Any],
 ) -> tuple[dict[str, list[int]], set[str]]:
-    """Which encoder inputs this rank needs (seed ``build_local_mm_schedule``).
+    """Which encoder inputs this rank needs (vllm-ascend ``build_local_mm_schedule``).
 
     ``positions`` are the rank's absolute token positions, request after
     request (``local_num_scheduled_tokens[i]`` each). A multimodal feature is
@@ -378,10 +386,10 @@ class LocalMMEmbeddings:
             order its ``is_mm_embed`` mask lists them.
         is_mm_embed: ``[num_local_tokens]`` bool, tokens that take a
             multimodal embedding.
-        should_sync_mrope_positions, should_sync_xdrope_positions: as the seed.
+        should_sync_mrope_positions, should_sync_xdrope_positions: as vllm-ascend.
         mrope_updates: ``{req_id: (new mrope_positions, new delta)}`` from the
             model's ``recompute_mrope_positions`` (multimodal pruning); the
-            caller applies them (the seed writes them into the request state).
+            caller applies them (vllm-ascend writes them into the request state).
     """
 
     embeds: list[torch.Tensor]
@@ -403,7 +411,7 @@ def gather_mm_embeddings(
     uses_mrope: bool = False,
     warning_once: Callable[..., Any] | None = None,
 ) -> LocalMMEmbeddings:
-    """The encoder outputs this rank's tokens consume (seed ``gather_mm_embeddings_for_pcp``).
+    """The encoder outputs this rank's tokens consume (vllm-ascend ``gather_mm_embeddings_for_pcp``).
 
     For each request, the rank's tokens (at ``positions + shift_computed_tokens``)
     that fall in a feature's window (on an ``is_embed`` slot, if the feature
@@ -416,7 +424,7 @@ def gather_mm_embeddings(
 
     Raises:
         ValueError: fewer local counts than requests, or an encoder output
-            missing from ``encoder_cache`` (the seed asserts).
+            missing from ``encoder_cache`` (vllm-ascend asserts).
     """
     if len(local_num_scheduled_tokens) < len(req_ids):
         raise ValueError(
@@ -502,7 +510,7 @@ def localize_scheduler_output(
 ) -> Any:
     """The scheduler output as this rank sees it for multimodal preprocessing.
 
-    The seed's ``maybe_localize_scheduler_output_for_mm_preprocess`` rewrites
+    vllm-ascend's ``maybe_localize_scheduler_output_for_mm_preprocess`` rewrites
     the caller's object and ``restore_scheduler_output_after_mm_preprocess``
     puts it back; this returns a NEW shallow copy with the local fields
     instead (or the same object when nothing differs) and never mutates the

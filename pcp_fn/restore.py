@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import torch
 
-from .hybrid import state_enter_fa_restore_index
-from .layout import gathered_order, state_geometry
-from .state import PCPState
+from .dcs.state import PCPState
+from .layouts import layout_of
+
+
+def check_gathered(state: PCPState, gathered: torch.Tensor) -> None:
+    """``gathered`` stacks the ``P`` ranks' ``[L_b, ...]`` buffers: exactly ``P * L_b`` rows."""
+    rows = state.config.pcp_size * state.bucket.num_tokens
+    if not isinstance(gathered, torch.Tensor):
+        raise TypeError(f"gathered must be a tensor, got {type(gathered).__name__}")
+    if gathered.dim() < 1 or gathered.shape[0] != rows:
+        raise ValueError(
+            f"gathered must stack the {state.config.pcp_size} ranks' [{state.bucket.num_tokens}, ...] "
+            f"buffers of the state's bucket ({rows} rows), got shape {tuple(gathered.shape)}"
+        )
 
 
 def restore_hidden_states(state: PCPState, gathered: torch.Tensor) -> tuple[PCPState, torch.Tensor]:
@@ -14,29 +25,21 @@ def restore_hidden_states(state: PCPState, gathered: torch.Tensor) -> tuple[PCPS
 
     Args:
         gathered: ``[P * L_b, ...]``, the P ranks' fixed-size ``[L_b, ...]``
-            local buffers stacked rank-major (what ``all_gather`` of the local
-            buffer yields).
+            local buffers (``L_b``: the state's bucket) stacked rank-major
+            (what ``all_gather`` of the local buffer yields).
 
-    Returns ``[P * L_b, ...]``; rows ``[:P * num_tokens]`` equal the seed's
-    ``get_restore_hidden_states`` row for row (so logits indices index it), the
-    rest repeat row 0.
+    Returns ``[P * L_b, ...]``; rows ``[:P * num_tokens]`` equal vllm-ascend
+    ``PCPManager.get_restore_hidden_states`` row for row (so logits indices
+    index it), the rest repeat row 0.
 
     With ``config.hybrid_attn`` each rank's buffer holds its linear rows
     (``layout.num_tokens`` of them, decodes first) and anything after them.
-    The seed pads every rank's rows to ``max_num_tokens_across_pcp`` (``M``)
+    vllm-ascend pads every rank's rows to ``max_num_tokens_across_pcp`` (``M``)
     before the all-gather; here the fixed ``[L_b]`` buffer already is that
     padding (``L_b >= M``), so rank ``q``'s row ``l`` is read at ``q * L_b + l``
     instead of ``q * M + l``. The result is in the compact FA order (decode
     rows, then prefill tokens in scheduler order): rows ``[:enter_fa_len]``
-    equal the seed's restored rows, the rest repeat row 0.
+    equal vllm-ascend's restored rows, the rest repeat row 0.
     """
-    P = state.config.pcp_size
-    if gathered.dim() < 1 or gathered.shape[0] % P:
-        raise ValueError(
-            f"gathered must stack {P} equal rank buffers along dim 0, got shape {tuple(gathered.shape)}"
-        )
-    if state.config.hybrid_attn:
-        index = state_enter_fa_restore_index(state, gathered.shape[0] // P)
-    else:
-        index = gathered_order(state_geometry(state), P, gathered.shape[0] // P).restore_index
-    return state, gathered.index_select(0, index)
+    check_gathered(state, gathered)
+    return state, gathered.index_select(0, layout_of(state.config).restore_index(state))

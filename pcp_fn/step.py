@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from .batch import SchedulerBatch
-from .hybrid import hybrid_logits
-from .layout import TokenLayout, _update
-from .logits import logits_from_geometry
-from .pytree import pytree_dataclass
-from .ragged import masked_gather
-from .state import PCPState
+from .core.entry import entry_op
+from .core.pytree import pytree_dataclass
+from .core.ragged import masked_gather
+from .dcs.batch import SchedulerBatch, check_token_input
+from .dcs.layout import TokenLayout
+from .dcs.state import PCPState
+from .layouts import check_batch, layout_of
 
 
 @pytree_dataclass
@@ -51,30 +51,39 @@ class StepOutputs:
     slot_mapping: torch.Tensor
 
 
-def step(state: PCPState, batch: SchedulerBatch, slot_mapping: torch.Tensor) -> tuple[PCPState, StepOutputs]:
+@entry_op
+def step(
+    state: PCPState, batch: SchedulerBatch, slot_mapping: torch.Tensor | None = None
+) -> tuple[PCPState, StepOutputs]:
     """One step's PCP bookkeeping for this rank.
 
     Args:
-        state: any state of the config (only its config and rank are read).
+        state: any state of the batch's config (only its config and rank are
+            read: :mod:`pcp_fn.core.entry`).
         batch: from :func:`pcp_fn.make_batch`.
-        slot_mapping: ``[S]`` KV slots of the batch's tokens in scheduler order
-            (computed from the pre-split positions; ``S >= 1``, extra entries
-            ignored).
+        slot_mapping: ``[F_b]`` KV slots of the batch's tokens in scheduler
+            order, padded to the bucket (see :func:`pcp_fn.padded_slot_mapping`);
+            default ``batch.slot_mapping`` (``make_batch(..., slot_mapping=...)``).
     """
+    check_batch(state, batch)
+    if slot_mapping is None:
+        slot_mapping = batch.slot_mapping
+        if slot_mapping is None:
+            raise ValueError(
+                "step needs the KV slot mapping: build the batch with make_batch(..., slot_mapping=...) "
+                "or pass slot_mapping"
+            )
     cfg = state.config
-    up = _update(state, batch)
+    check_token_input("slot_mapping", slot_mapping, cfg, batch.bucket)
+    layout_ops = layout_of(cfg)
+    up = layout_ops.build(state, batch)
     layout = up.layout
     absolute = batch.num_computed.to(torch.int64)[layout.request_index] + layout.positions
-    Rb = batch.bucket.num_reqs
-    if cfg.hybrid_attn:
-        logits = hybrid_logits(batch.num_scheduled, layout.is_decode, batch.num_reqs, cfg.pcp_size, Rb)
-    else:
-        logits = logits_from_geometry(up.geometry, batch.num_reqs, Rb)
     out = StepOutputs(
         layout=layout,
         positions=torch.where(up.local_valid, absolute, 0),
         query_start_loc=up.local_start.to(torch.int32),
-        logits_indices=logits,
-        slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, state.config.pad_slot_id),
+        logits_indices=layout_ops.logits_from_geometry(cfg, up.geometry, batch.num_reqs),
+        slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, cfg.pad_slot_id),
     )
     return up.state, out

@@ -45,3 +45,9 @@ def to_device(tree, device):
 
 def snapshot(tree):
     return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+
+
+def no_slots(batch) -> torch.Tensor:
+    """A bucket-shaped slot mapping of padding only, for tests that do not look at KV slots."""
+    rows = pcp_fn.dcs.batch.token_rows(batch.config, batch.bucket)
+    return torch.full((rows,), batch.config.pad_slot_id, dtype=torch.int32)

@@ -10,6 +10,11 @@ chunks ``q`` and ``2P-1-q``. A request that is not prefilling -- or, with DCP,
 a prefill whose last chunk would be empty -- is replicated: on every rank, KV
 written by rank 0; or, with sharding, on rank ``k % P`` for the ``k``-th such
 non-empty request. Each rank lists its non-prefilling requests first.
+
+Fixed shapes: a bucket ``(Rl, Lp)`` pads every rank to ``Lp`` local rows and
+the global token rows to ``min(T, P * Lp)`` (each global token is written by
+one copy on one rank, so there are at most ``P * Lp`` of them); padding gathers
+global token 0 and restores from gathered row 0.
 """
 
 from __future__ import annotations
@@ -59,9 +64,20 @@ class OracleLayout:
     hidden_restore_idx: list[int]  # [num global tokens]
     padded_gather_idx: list[int]  # [P * Lp]
     write_mask: list[bool]  # [P * Lp]
+    global_rows: int | None = None  # min(T, P * Lp) when T is given
+
+    def padded_restore_idx(self) -> list[int]:
+        """``[global_rows]``: the restore index, then gathered row 0 for every padding row."""
+        assert self.global_rows is not None, "oracle_layout(..., T=...) sets the global rows"
+        return self.hidden_restore_idx + [0] * (self.global_rows - len(self.hidden_restore_idx))
+
+    def restore(self, gathered: list) -> list:
+        """The restored rows ``[global_rows]`` of a gathered list ``[P * Lp]`` (row by row)."""
+        return [gathered[row] for row in self.padded_restore_idx()]
 
 
-def oracle_layout(P, sched, prefilling, Lp, shard=False, dcp=1) -> OracleLayout:
+def oracle_layout(P, sched, prefilling, Lp, shard=False, dcp=1, T=None) -> OracleLayout:
+    """Every rank's rows padded to ``Lp``; with ``T`` the global rows ``min(T, P * Lp)`` too."""
     ranks = rank_pieces(P, sched, prefilling, shard, dcp)
     gather, write = [], []
     for pieces in ranks:
@@ -75,7 +91,11 @@ def oracle_layout(P, sched, prefilling, Lp, shard=False, dcp=1) -> OracleLayout:
         hits = [row for row, (t, w) in enumerate(zip(gather, write)) if w and t == g]
         assert len(hits) == 1, f"global token {g} is written {len(hits)} times"
         restore.append(hits[0])
-    return OracleLayout([sum(len(p.tokens) for p in ps) for ps in ranks], restore, gather, write)
+    rows = None
+    if T is not None:
+        rows = min(T, P * Lp)
+        assert len(restore) <= rows, "more global tokens than the bucket's global rows"
+    return OracleLayout([sum(len(p.tokens) for p in ps) for ps in ranks], restore, gather, write, rows)
 
 
 def dcp_rank0_share(seq_len, dcp, interleave):

@@ -5,7 +5,7 @@ import random
 
 import pytest
 import torch
-from helpers import to_device, tree_equal, tree_meta
+from helpers import snapshot, to_device, tree_equal, tree_meta
 from hypothesis import given
 from hypothesis import strategies as st
 from oracle_attention import oracle_attention
@@ -306,7 +306,7 @@ def test_rank_as_data_traces_one_graph_and_vmaps_over_ranks():
         assert tree_equal(out, ref)
         per_rank.append(ref)
     assert len(frames) == 1
-    _, mapped = pcp_fn.ranks.all_ranks(attention_metadata, init_state(CFG, rank=0), batch)
+    _, mapped = pcp_fn.all_ranks(attention_metadata, init_state(CFG, rank=0), batch)
     for r, ref in enumerate(per_rank):
         assert tree_equal(torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped), ref)
 
@@ -338,7 +338,7 @@ def test_shapes_and_op_count_do_not_depend_on_the_composition():
 
 def test_does_not_touch_its_inputs():
     state, batch = init_state(CFG), _batch("mixed")
-    before = (torch.utils._pytree.tree_map(lambda x: x.clone(), batch), state.num_scheduled.clone())
+    before = (snapshot(batch), state.num_scheduled.clone())
     attention_metadata(state, batch)
     assert tree_equal(batch, before[0]) and torch.equal(state.num_scheduled, before[1])
 

@@ -1,4 +1,5 @@
-"""Bad input gets a clear ValueError at the host boundary; ops never change what they are given."""
+"""Bad input gets a clear ValueError (TypeError for a wrong type) at the boundary; ops never change
+what they are given."""
 
 import numpy as np
 import pytest
@@ -27,13 +28,32 @@ CFG = PCPConfig(2, 0, 4, 32, num_spec_tokens=1)
         (([20, 13], [0, 0], [20, 13]), r"sums to 33 tokens; max_num_tokens is 32"),
         (([5, 1], [0, 9], [5, 9]), r"request 1 is a decode .* after prefill request 0"),
         (([[1, 2]], [[0, 0]], [[1, 2]]), r"num_scheduled_tokens must be 1-D"),
-        (([1.5, 2], [0, 0], [1, 2]), r"num_scheduled_tokens must hold integers"),
-        (([1, 2**31], [0, 0], [1, 2]), r"exceeds the int32 limit"),
+        (([1, 2**31], [0, 0], [1, 2]), r"num_scheduled_tokens\[1\] = 2147483648 exceeds the limit"),
+        (([1], [2**31 - 1], [5]), r"num_computed_tokens\[0\] \+ num_scheduled_tokens\[0\] = 2147483648"),
+        (
+            ([1], np.array([2**63], dtype=np.uint64), [5]),
+            r"num_computed_tokens\[0\] = 9223372036854775808 exceeds the limit",
+        ),
+        (([1], [0], torch.zeros(1, device="meta", dtype=torch.int32)), r"num_prompt_tokens is a meta tensor"),
     ],
 )
 def test_make_batch_rejects(args, match):
     with pytest.raises(ValueError, match=match):
         make_batch(CFG, *args)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (([1.5, 2], [0, 0], [1, 2]), r"num_scheduled_tokens must hold integers"),
+        (([1, True], [0, 0], [1, 2]), r"num_scheduled_tokens\[1\] must be an int, got bool"),
+    ],
+)
+def test_make_batch_rejects_wrong_types(args, match):
+    with pytest.raises(TypeError, match=match):
+        make_batch(CFG, *args)
+    with pytest.raises(TypeError, match="config must be a PCPConfig"):
+        make_batch(object(), [1], [0], [1])
 
 
 def test_make_batch_rejects_a_bucket_that_does_not_hold_the_batch():
@@ -54,9 +74,10 @@ def test_make_batch_rejects_a_bucket_that_does_not_hold_the_batch():
         (dict(max_num_tokens=-1), "max_num_tokens must be >= 1"),
         (dict(num_spec_tokens=-1), "num_spec_tokens must be >= 0"),
         (dict(dcp_rank=1), "dcp_rank must be < dcp_size=1"),
-        (dict(request_buckets=(0, 2)), "request_buckets must hold positive sizes"),
+        (dict(request_buckets=(0, 2)), "request_buckets entry must be >= 1"),
         (dict(token_buckets=(10**6,)), "token_buckets size 1000000 exceeds the capacity"),
-        (dict(hybrid_attn=1), "hybrid_attn must be a bool"),
+        (dict(max_num_tokens=2**40), "max_num_tokens must be <= 2147483647"),
+        (dict(pad_slot_id=2**40), "pad_slot_id must be <= 2147483647"),
     ],
 )
 def test_config_rejects(kwargs, match):
@@ -66,15 +87,76 @@ def test_config_rejects(kwargs, match):
         PCPConfig(**base)
 
 
-def test_init_state_rejects_a_rank_out_of_range():
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(hybrid_attn=1), "hybrid_attn must be a bool"),
+        (dict(request_buckets="24"), "request_buckets must be a sequence of ints, got str"),
+        (dict(token_buckets=(2.5,)), "token_buckets entry must be an int, got float"),
+        (dict(pcp_size=2.0), "pcp_size must be an int, got float"),
+    ],
+)
+def test_config_rejects_wrong_types(kwargs, match):
+    base = dict(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=32)
+    base.update(kwargs)
+    with pytest.raises(TypeError, match=match):
+        PCPConfig(**base)
+
+
+@pytest.mark.parametrize("rank", [2, -1, np.int64(5), torch.tensor(5), torch.tensor(-1)])
+def test_init_state_rejects_a_rank_out_of_range(rank):
     with pytest.raises(ValueError, match=r"rank must be in \[0, pcp_size=2\)"):
-        init_state(CFG, rank=2)
+        init_state(CFG, rank=rank)
 
 
-def test_restore_rejects_a_gathered_buffer_not_split_in_p():
+@pytest.mark.parametrize("rank", [1.7, True, torch.tensor(1.0), "1"])
+def test_init_state_rejects_a_rank_of_the_wrong_type(rank):
+    with pytest.raises(TypeError, match="rank must be"):
+        init_state(CFG, rank=rank)
+
+
+def test_init_state_takes_every_integer_rank_kind():
+    for rank in (1, np.int32(1), torch.tensor(1), torch.tensor(1, dtype=torch.int32)):
+        state = init_state(CFG, rank=rank)
+        assert state.rank.dtype == torch.int64 and int(state.rank) == 1
+    with pytest.raises(ValueError, match="meta tensor"):
+        init_state(CFG, rank=torch.tensor(1, device="meta"))
+    with pytest.raises(TypeError, match="config must be a PCPConfig"):
+        init_state("cfg")
+
+
+def test_restore_rejects_a_gathered_buffer_of_another_size():
     state, _ = pcp_fn.update_tokens(init_state(CFG), make_batch(CFG, [3], [0], [3]))
-    with pytest.raises(ValueError, match="must stack 2 equal rank buffers"):
-        pcp_fn.restore_hidden_states(state, torch.zeros(7, 4))
+    rows = 2 * state.bucket.num_tokens
+    for bad in (torch.zeros(7, 4), torch.zeros(rows - 2, 4), torch.zeros(rows + 2, 4), torch.zeros(())):
+        with pytest.raises(ValueError, match=f"gathered must stack the 2 ranks' .* \\({rows} rows\\)"):
+            pcp_fn.restore_hidden_states(state, bad)
+
+
+def test_a_slot_mapping_of_the_wrong_length_is_refused():
+    # the issue's repro: a 1-entry slot mapping used to give every token slot 7
+    c = PCPConfig(2, 0, 4, 32)
+    b = make_batch(c, [5, 8], [0, 0], [5, 8])
+    for bad in (torch.tensor([7]), torch.tensor([], dtype=torch.int64), torch.arange(100)):
+        with pytest.raises(ValueError, match=r"slot_mapping must have the bucket's 16 scheduler-order"):
+            pcp_fn.step(init_state(c), b, bad)
+    with pytest.raises(ValueError, match="step needs the KV slot mapping"):
+        pcp_fn.step(init_state(c), b)
+    with pytest.raises(ValueError, match="slot_mapping has 1 entries; the batch schedules 13 tokens"):
+        make_batch(c, [5, 8], [0, 0], [5, 8], slot_mapping=[7])
+    state, _ = pcp_fn.update_tokens(init_state(c), b)
+    with pytest.raises(ValueError, match="slot_mapping must have the bucket's"):
+        pcp_fn.padded_slot_mapping(state, torch.arange(13))
+
+
+def test_a_batch_of_another_config_is_refused():
+    big = PCPConfig(4, 0, 8, 64)
+    batch = make_batch(big, [1, 30, 5], [7, 0, 0], [3, 30, 5], slot_mapping=range(36))
+    for other in (PCPConfig(2, 0, 8, 64), PCPConfig(4, 0, 4, 64), PCPConfig(4, 1, 8, 64, hybrid_attn=True)):
+        with pytest.raises(ValueError, match="the batch was built for"):
+            pcp_fn.step(init_state(other), batch)
+        with pytest.raises(ValueError, match="the batch was built for"):
+            pcp_fn.update_tokens(init_state(other), batch)
 
 
 def test_inputs_of_any_array_kind_are_accepted():
@@ -91,13 +173,14 @@ def test_ops_never_change_their_inputs(case):
     cfg = config_for(case, case.P - 1)
     state = init_state(cfg)
     batch = batch_for(case, cfg)
-    slots = torch.arange(max(sum(case.sched), 1))
+    batch = batch_for(case, cfg, slot_mapping=torch.arange(sum(case.sched)))
+    slots = batch.slot_mapping
     before = snapshot((state, batch, slots))
     updated, _ = pcp_fn.update_tokens(state, batch)
-    pcp_fn.step(state, batch, slots)
+    pcp_fn.step(state, batch)
     after_update = snapshot(updated)
     pcp_fn.get_logits_indices(updated)
-    pcp_fn.padded_slot_mapping(updated, slots, batch.bucket.num_tokens)
+    pcp_fn.padded_slot_mapping(updated, slots)
     pcp_fn.restore_hidden_states(updated, torch.zeros(cfg.pcp_size * batch.bucket.num_tokens, 2))
     assert tree_equal((state, batch, slots), before)
     assert tree_equal(updated, after_update)

@@ -12,7 +12,12 @@ import pcp_fn
 from pcp_fn import Bucket, PCPConfig, graph, init_state, make_batch
 
 CFG = PCPConfig(4, 1, 8, 96, num_spec_tokens=1)
-SLOTS = torch.arange(1000, 1000 + CFG.max_num_tokens, dtype=torch.int32)
+
+
+def _slots(sched):
+    """KV slots of the scheduled tokens in scheduler order (the host pads them to the bucket)."""
+    return range(1000, 1000 + sum(int(n) for n in sched))
+
 
 # four compositions: decode-only, mixed, prefill-only, empty-but-one
 COMPOSITIONS = {
@@ -24,7 +29,8 @@ COMPOSITIONS = {
 
 
 def _batch(name, bucket=None):
-    return make_batch(CFG, *COMPOSITIONS[name], bucket=bucket)
+    sched = COMPOSITIONS[name][0]
+    return make_batch(CFG, *COMPOSITIONS[name], bucket=bucket, slot_mapping=_slots(sched))
 
 
 def _ops(state, batch):
@@ -34,10 +40,10 @@ def _ops(state, batch):
     gathered = torch.randn(CFG.pcp_size * Lb, 8)
     return [
         (pcp_fn.update_tokens, (state, batch)),
-        (pcp_fn.get_logits_indices, (updated, batch.bucket.num_reqs)),
-        (pcp_fn.padded_slot_mapping, (updated, SLOTS, Lb)),
+        (pcp_fn.get_logits_indices, (updated,)),
+        (pcp_fn.padded_slot_mapping, (updated, batch.slot_mapping)),
         (pcp_fn.restore_hidden_states, (updated, gathered)),
-        (pcp_fn.step, (state, batch, SLOTS)),
+        (pcp_fn.step, (state, batch)),
     ]
 
 
@@ -83,17 +89,16 @@ def test_shapes_depend_only_on_config_and_bucket():
         metas[name] = [tree_meta(fn(*args)) for fn, args in _ops(init_state(CFG), batch)]
     first = next(iter(metas.values()))
     assert all(m == first for m in metas.values())
-    # and the state's own shapes never change, whatever the bucket
+    # and the state's leaf shapes never change, whatever the bucket (the bucket is static structure)
     s0 = init_state(CFG)
     for name in COMPOSITIONS:
         s1, _ = pcp_fn.update_tokens(s0, _batch(name))
-        assert tree_meta(s1) == tree_meta(s0)
+        assert tree_meta(s1)[1] == tree_meta(s0)[1] and s1.bucket == _batch(name).bucket
 
 
 def test_op_count_is_the_same_for_every_composition():
     counts = {
-        name: pcp_fn.count_aten_ops(pcp_fn.step, init_state(CFG), _batch(name), SLOTS)
-        for name in COMPOSITIONS
+        name: pcp_fn.count_aten_ops(pcp_fn.step, init_state(CFG), _batch(name)) for name in COMPOSITIONS
     }
     assert len(set(counts.values())) == 1, counts
 
@@ -103,17 +108,17 @@ def test_inductor_compiled_step_equals_eager_bit_for_bit():
     bucket = Bucket(8, 32)
     for name in COMPOSITIONS:
         batch = _batch(name, bucket=bucket)
-        assert tree_equal(compiled(init_state(CFG), batch, SLOTS), pcp_fn.step(init_state(CFG), batch, SLOTS))
+        assert tree_equal(compiled(init_state(CFG), batch), pcp_fn.step(init_state(CFG), batch))
 
 
 def test_export_has_no_symbolic_shapes_and_equals_eager():
     bucket = Bucket(8, 32)
     state = init_state(CFG)
-    ep = graph.export(pcp_fn.step, state, _batch("mixed", bucket), SLOTS)
+    ep = graph.export(pcp_fn.step, state, _batch("mixed", bucket))
     module = ep.module()
     for name in COMPOSITIONS:
         batch = _batch(name, bucket)
-        assert tree_equal(module(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+        assert tree_equal(module(state, batch), pcp_fn.step(state, batch))
 
 
 def test_vmap_over_ranks_equals_the_loop_over_ranks():
@@ -121,16 +126,14 @@ def test_vmap_over_ranks_equals_the_loop_over_ranks():
     state = init_state(CFG, rank=0)
 
     def per_rank(rank):
-        return pcp_fn.step(dataclasses.replace(state, rank=rank), batch, SLOTS)[1]
+        return pcp_fn.step(dataclasses.replace(state, rank=rank), batch)[1]
 
     mapped = torch.func.vmap(per_rank)(torch.arange(CFG.pcp_size))
     for r in range(CFG.pcp_size):
-        static = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS)[1]
+        static = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch)[1]
         one = torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped)
         assert tree_equal(one, static)
-    assert torch.equal(
-        pcp_fn.ranks.all_ranks(pcp_fn.step, state, batch, SLOTS)[1].positions, mapped.positions
-    )
+    assert torch.equal(pcp_fn.all_ranks(pcp_fn.step, state, batch)[1].positions, mapped.positions)
 
 
 def test_rank_as_data_traces_one_graph_for_every_rank():
@@ -143,8 +146,8 @@ def test_rank_as_data_traces_one_graph_for_every_rank():
     compiled = torch.compile(pcp_fn.step, fullgraph=True, dynamic=False, backend=backend)
     batch = _batch("mixed")
     for r in range(CFG.pcp_size):
-        out = compiled(init_state(CFG, rank=r), batch, SLOTS)
-        ref = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS)
+        out = compiled(init_state(CFG, rank=r), batch)
+        ref = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch)
         assert tree_equal(out[1], ref[1])
     assert len(frames) == 1
 
@@ -170,16 +173,16 @@ def _random_batch(rng, name=None):
         sched, comp, prompt = [0] * k, [0] * k, [0] * k
         sched[rng.randrange(k)] = rng.randint(1, CFG.max_num_tokens)
         prompt = list(sched)
-    return make_batch(CFG, sched, comp, prompt)
+    return make_batch(CFG, sched, comp, prompt, slot_mapping=_slots(sched))
 
 
 def test_capture_replays_50_random_batches_bit_for_bit():
     rng = random.Random(7)
     state = init_state(CFG)
     batches = [_random_batch(rng) for _ in range(50)]
-    captured = graph.capture(pcp_fn.step, state, batches[0], SLOTS, backend="eager")
+    captured = graph.capture(pcp_fn.step, state, batches[0], backend="eager")
     for batch in batches:
-        assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+        assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
     assert len(captured) == len({b.bucket for b in batches})  # one graph per bucket
 
 
@@ -187,8 +190,8 @@ def test_capture_with_inductor_in_one_bucket():
     rng = random.Random(11)
     bucket = CFG.capacity
     state = init_state(CFG)
-    example = make_batch(CFG, [], [], [], bucket=bucket)
-    captured = graph.capture(pcp_fn.step, state, example, SLOTS)
+    example = make_batch(CFG, [], [], [], bucket=bucket, slot_mapping=[])
+    captured = graph.capture(pcp_fn.step, state, example)
     assert captured.kind == "compile"
     for _ in range(20):
         b = _random_batch(rng)
@@ -198,31 +201,38 @@ def test_capture_with_inductor_in_one_bucket():
             b.num_computed[: int(b.num_reqs)],
             b.num_prompt[: int(b.num_reqs)],
             bucket=bucket,
+            slot_mapping=_slots(b.num_scheduled),
         )
-        assert tree_equal(captured(state, b, SLOTS), pcp_fn.step(state, b, SLOTS))
+        assert tree_equal(captured(state, b), pcp_fn.step(state, b))
     assert len(captured) == 1
 
 
 def test_capture_errors_leave_the_callable_usable():
     state = init_state(CFG)
     small = Bucket(8, 32)
-    captured = graph.capture(pcp_fn.step, state, _batch("mixed", small), SLOTS, grow=False, backend="eager")
+    captured = graph.capture(pcp_fn.step, state, _batch("mixed", small), grow=False, backend="eager")
     # a bucket that was not captured up front
     with pytest.raises(graph.CaptureError, match="no graph was captured"):
-        captured(state, _batch("mixed", Bucket(8, 64)), SLOTS)
+        captured(state, _batch("mixed", Bucket(8, 64)))
     # a batch made for a larger config exceeds the captured capacity
     big = dataclasses.replace(CFG, max_num_reqs=64, max_num_tokens=4096)
-    big_batch = make_batch(big, [3000], [0], [3000])
+    big_batch = make_batch(big, [3000], [0], [3000], slot_mapping=range(3000))
     with pytest.raises(graph.CaptureError, match="exceeds the captured capacity"):
-        captured(state, big_batch, SLOTS)
+        captured(state, big_batch)
     # a state of another config
     with pytest.raises(graph.CaptureError, match="differ from the captured"):
-        captured(init_state(big), _batch("mixed", small), SLOTS)
+        captured(init_state(big), _batch("mixed", small))
+    # a batch of another config whose bucket fits
+    other = dataclasses.replace(CFG, pad_slot_id=-2)
+    sched = COMPOSITIONS["mixed"][0]
+    other_batch = make_batch(other, *COMPOSITIONS["mixed"], bucket=small, slot_mapping=_slots(sched))
+    with pytest.raises(graph.CaptureError, match="the batch was built for"):
+        captured(state, other_batch)
     batch = _batch("decode-only", small)
-    assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
-    captured.capture(state, _batch("mixed", Bucket(8, 64)), SLOTS)  # up front, explicitly
+    assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
+    captured.capture(state, _batch("mixed", Bucket(8, 64)))  # up front, explicitly
     batch = _batch("prefill-only", Bucket(8, 64))
-    assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+    assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -233,16 +243,15 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
     dev = torch.device("cuda")
     rng = random.Random(3)
     state = init_state(CFG, dev)
-    slots = SLOTS.to(dev)
     batches = [to_device(_random_batch(rng), dev) for _ in range(50)]
     torch.cuda.set_sync_debug_mode("error")
     try:
-        captured = graph.capture(pcp_fn.step, state, batches[0], slots)
+        captured = graph.capture(pcp_fn.step, state, batches[0])
         assert captured.kind == "cuda-graph"
         for b in batches:
-            got = captured(state, b, slots)
+            got = captured(state, b)
             torch.cuda.set_sync_debug_mode(0)
-            assert tree_equal(got, pcp_fn.step(state, b, slots))
+            assert tree_equal(got, pcp_fn.step(state, b))
             torch.cuda.set_sync_debug_mode("error")
     finally:
         torch.cuda.set_sync_debug_mode(0)
@@ -265,3 +274,51 @@ def test_capture_checks_mrv2_batches_too():
     later = mrv2.make_batch(cfg, [2, 19], [11, 0], [11, 19], bucket=example.bucket)
     assert tree_equal(captured(state, later), local_batch(state, later))
     assert len(captured) == 1
+
+
+def _every_bucket_in_random_order(rng):
+    """One batch per configured bucket (each the smallest that holds it), shuffled, twice over."""
+    batches = []
+    for bucket in CFG.buckets():
+        reqs = min(bucket.num_reqs, 3)
+        # fill the bucket's token rows with prefills so the bucket is the smallest one that fits
+        for _ in range(200):
+            sched = [rng.randint(1, CFG.max_num_tokens) for _ in range(reqs)]
+            if sum(sched) > CFG.max_num_tokens:
+                continue
+            try:
+                b = make_batch(CFG, sched, [0] * reqs, sched, slot_mapping=_slots(sched), bucket=bucket)
+            except ValueError:
+                continue
+            batches.append(b)
+            break
+    batches = batches * 2
+    rng.shuffle(batches)
+    return batches
+
+
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_a_trace_visiting_every_bucket_compiles_one_graph_per_bucket(how):
+    # the state fed to each step is the previous step's (built for another bucket): entry ops read
+    # only its config and rank, so neither graph.capture nor torch.compile keys on it
+    from torch._dynamo.utils import counters
+
+    batches = _every_bucket_in_random_order(random.Random(5))
+    buckets = {b.bucket for b in batches}
+    assert len(buckets) >= 10
+    counters.clear()
+    state = init_state(CFG)
+    if how == "capture":  # one code object per bucket: Dynamo's recompile limit never applies
+        fn, limit = graph.Captured(pcp_fn.step, backend="eager"), torch._dynamo.config.recompile_limit
+    else:  # one code object for every bucket: each bucket is one recompile of it
+        fn = torch.compile(pcp_fn.step, fullgraph=True, dynamic=False, backend="eager")
+        limit = len(buckets)
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        for batch in batches:
+            expected = pcp_fn.step(state, batch)
+            state, out = fn(state, batch)
+            assert state.bucket == batch.bucket
+            assert tree_equal((state, out), expected)
+    assert counters["stats"]["unique_graphs"] == len(buckets)
+    if how == "capture":
+        assert len(fn) == len(buckets)

@@ -5,7 +5,9 @@ chunked-prefill budget, staggered arrivals, requests finishing mid-run,
 speculative decoding with k = 0, 1, 2 draft tokens from a drafter that the
 target half agrees with) must give, at every step, the same sampled tokens as
 P = 1 and logits within 1e-9; and the P = 1 paged engine must equal the dense,
-unpaged forward of the same model.
+unpaged forward of the same model. Every rank checks once per step that all run the
+same batch (``Runner(verify_batches=True)``, the default); the gloo groups have the
+package's one-minute timeout and every test its own limit (faults: test_faults.py).
 """
 
 import e2e_worker
@@ -15,7 +17,9 @@ import torch.multiprocessing as mp
 from e2e_worker import compare, models, run_rank, run_threads
 
 import pcp_fn
-from pcp_fn.engine import Runner
+from pcp_fn.sim.engine import Runner
+
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")

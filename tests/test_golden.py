@@ -1,4 +1,4 @@
-"""Golden vectors from the seeds' docstrings, the runner's comments and vllm-ascend's tests."""
+"""Golden vectors from the vLLM / vllm-ascend docstrings, the runner's comments and vllm-ascend's tests."""
 
 import torch
 
@@ -47,9 +47,10 @@ def test_seed_docstring_in_a_larger_bucket():
 def test_logits_slot_mapping_and_restore_of_the_docstring_batch():
     cfg, batch, state, lay = _docstring_step(0, bucket=Bucket(3, 9))
     # seed: cumsum(pcp_tokens) * P - pads - 1 = [2, 10, 18] - [1, 3, 0] - 1
-    assert pcp_fn.get_logits_indices(state, 3)[1].tolist() == [0, 6, 17]
-    slots = torch.arange(100, 114, dtype=torch.int32)
-    _, sm = pcp_fn.padded_slot_mapping(state, slots, 9)
+    assert pcp_fn.get_logits_indices(state)[1].tolist() == [0, 6, 17]
+    # the slot mapping enters bucket-shaped: F_b = min(T, P * L_b) = 18 rows, padded on the host
+    slots = torch.cat([torch.arange(100, 114, dtype=torch.int32), torch.full((4,), -1, dtype=torch.int32)])
+    _, sm = pcp_fn.padded_slot_mapping(state, slots)
     assert sm.dtype == torch.int32
     assert sm.tolist() == [100, -1, 101, 102, 103, 104, 105, -1, -1, -1] + list(range(106, 114))
     # gathered rows carry their own index: restoring must reproduce the seed's order
@@ -90,8 +91,8 @@ def test_cp_local_seq_lens_golden():
 
 def test_pcp_size_one_is_the_identity():
     cfg = PCPConfig(1, 0, 4, 64, num_spec_tokens=1)
-    batch = make_batch(cfg, [2, 1, 7, 4], [9, 5, 0, 3], [9, 5, 7, 10])
-    state, out = pcp_fn.step(init_state(cfg), batch, torch.arange(500, 514))
+    batch = make_batch(cfg, [2, 1, 7, 4], [9, 5, 0, 3], [9, 5, 7, 10], slot_mapping=range(500, 514))
+    state, out = pcp_fn.step(init_state(cfg), batch)
     lay = out.layout
     assert lay.pcp_tokens.tolist() == [2, 1, 7, 4]
     assert lay.positions[:14].tolist() == [0, 1, 0, 0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3]

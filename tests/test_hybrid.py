@@ -16,13 +16,13 @@ from pcp_fn import Bucket, PCPConfig, init_state, make_batch, update_tokens
 
 def _hybrid(P, rank, sched, comp, prompt, *, spec=0, R=8, T=64, bucket=None):
     cfg = PCPConfig(P, rank, R, T, num_spec_tokens=spec, hybrid_attn=True)
-    batch = make_batch(cfg, sched, comp, prompt, bucket=bucket)
+    batch = make_batch(cfg, sched, comp, prompt, bucket=bucket, slot_mapping=range(sum(sched)))
     state, lay = update_tokens(init_state(cfg), batch)
     return cfg, batch, state, lay
 
 
-def _seed_rows(values, Lb, stride):
-    """Our gathered rows ``rank * Lb + row`` written with the seed's rank stride."""
+def _ref_rows(values, Lb, stride):
+    """Our gathered rows ``rank * Lb + row`` written with vllm-ascend's rank stride."""
     return [v // Lb * stride + v % Lb for v in values]
 
 
@@ -39,20 +39,20 @@ def test_vllm_ascend_hybrid_golden_two_fresh_prefills():
     assert int(lay.pcp_padded_tokens_fla) == 0 and int(lay.total_pcp_padding_tokens_fla) == 2
     assert int(lay.enter_fa_len) == 8
     # the seed's rank stride is M = 5, ours L_b = 6
-    assert _seed_rows(lay.enter_fa_restore_idx[:8].tolist(), 6, 5) == [0, 1, 5, 2, 3, 4, 6, 7]
+    assert _ref_rows(lay.enter_fa_restore_idx[:8].tolist(), 6, 5) == [0, 1, 5, 2, 3, 4, 6, 7]
     assert lay.enter_fa_restore_idx.tolist() == [0, 1, 6, 2, 3, 4, 7, 8, 0, 0, 0, 0]
     assert lay.fa_padding_restore_idx.tolist() == [0, 1, 2, 8, 3, 4, 5, 6, 7, 8, 8, 8]
     assert int(lay.exit_fa_len) == 5 and lay.exit_fa_scatter_idx[:5].tolist() == [0, 6, 2, 3, 8]
     assert int(lay.fa_query_len) == 6 and lay.fa_query_idx.tolist() == [0, 3, 4, 5, 10, 11]
     assert lay.restore_index.tolist() == [0, 6, 7, 1, 2, 3, 8, 9, 10, 11, 4, 5]
     # slot mapping (seed test: independent KV-group buffers, same values)
-    _, sm = pcp_fn.padded_slot_mapping(state, torch.arange(8, dtype=torch.int32), 6)
+    _, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
     assert sm.tolist() == [0, 1, 2, -1, 3, 4, 5, 6, 7, -1, -1, -1]
 
 
 def test_vllm_ascend_hybrid_logits_include_decode_padding():
     _, _, state, _ = _hybrid(2, 0, [1, 1, 3, 5], [16, 17, 0, 0], [16, 17, 3, 5])
-    assert pcp_fn.get_logits_indices(state, 4)[1].tolist() == [1, 3, 6, 11]
+    assert pcp_fn.get_logits_indices(state)[1].tolist() == [1, 3, 6, 11]
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_vllm_ascend_hybrid_logits_include_decode_padding():
 def test_adjust_cu_num_scheduled_tokens_goldens(P, sched, num_decodes, expected):
     # vllm-ascend's test: decodes have computed == scheduled, the runner's cu of the original counts
     comp = [n if i < num_decodes else 0 for i, n in enumerate(sched)]
-    _, _, state, lay = _hybrid(P, 0, sched, comp, list(sched))
+    _, _, state, lay = _hybrid(P, 0, sched, comp, list(sched), bucket=Bucket(len(sched), 64))
     assert int(lay.num_decode_reqs) == num_decodes
     cu = torch.cumsum(torch.tensor(sched, dtype=torch.int32), 0).to(torch.int32)
     _, got = pcp_fn.adjust_cu_num_scheduled_tokens(state, cu)
@@ -85,7 +85,7 @@ def test_seed_comment_single_prefill_3_2():
         assert lay.positions.tolist()[: len(positions)] == positions
         assert int(lay.max_num_tokens_across_pcp) == 3
         # seed comment: enter index [0, 1, 2, 3, 4] with rank stride M = 3 (ours L_b = 4)
-        assert _seed_rows(lay.enter_fa_restore_idx[:5].tolist(), 4, 3) == [0, 1, 2, 3, 4]
+        assert _ref_rows(lay.enter_fa_restore_idx[:5].tolist(), 4, 3) == [0, 1, 2, 3, 4]
         assert int(lay.total_pcp_padding_tokens_fla) == 1
 
 
@@ -116,22 +116,35 @@ def test_decode_order_token_major_without_spec_rank_major_with_spec():
         ]  # tokens 0, 1: DCS chunk 0 (r0 row 0), 1 (r1 row 0)
 
 
+def _draft_split(P, rank, lens, ids, hidden):
+    """The drafter's first-pass split of an all-prefill batch ``lens`` (hybrid: linear slices)."""
+    cfg = PCPConfig(P, rank, 8, 256, hybrid_attn=True)
+    batch = make_batch(cfg, lens, [0] * len(lens), lens)
+    state, _ = update_tokens(init_state(cfg), batch)
+    Fb, Lb = pcp_fn.dcs.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    full = torch.zeros(Fb, dtype=ids.dtype)
+    full[: ids.shape[0]] = ids
+    # without decodes the restored FA-order rows are the prefill tokens in scheduler order
+    restored = torch.zeros(P * Lb, *hidden.shape[1:], dtype=hidden.dtype)
+    restored[: hidden.shape[0]] = hidden
+    return pcp_fn.split_prefill_for_draft(state, full, restored)[1]
+
+
 def test_draft_split_docstring_example():
-    cfg = PCPConfig(2, 1, 4, 64, hybrid_attn=True)
     ids = torch.arange(1, 9, dtype=torch.int64)  # a b c | d e f g h
     hidden = ids.to(torch.float32).unsqueeze(1).expand(8, 2)
-    _, out = pcp_fn.split_prefill_for_draft_hybrid(init_state(cfg), torch.tensor([3, 5, 0]), ids, hidden, 8)
-    assert out.input_ids.tolist() == [3, 0, 8, 0, 0, 0, 0, 0]
-    assert out.hidden_states[:, 0].tolist() == [3.0, 0, 8, 0, 0, 0, 0, 0]
-    assert out.seq_lens.tolist() == [2, 4, 0] and out.cu_num_tokens.tolist() == [0, 2, 6, 6]
-    assert int(out.num_tokens) == 6 and int(out.max_query_len) == 4
+    out = _draft_split(2, 1, [3, 5], ids, hidden)
+    assert out.input_ids[:8].tolist() == [3, 0, 8, 0, 0, 0, 0, 0]
+    assert out.hidden_states[:8, 0].tolist() == [3.0, 0, 8, 0, 0, 0, 0, 0]
+    assert out.seq_lens[:2].tolist() == [2, 4] and out.cu_num_tokens[:3].tolist() == [0, 2, 6]
+    assert int(out.num_tokens) == 6 and int(out.max_query_len) == 4 and int(out.num_reqs) == 2
 
 
 # ---------------------------------------------------------------- oracle
 def _check_against_oracle(case, rank, slots):
     P, n = case.P, case.num_reqs
     cfg = PCPConfig(P, rank, case.R, case.T, num_spec_tokens=case.spec, hybrid_attn=True)
-    batch = make_batch(cfg, case.sched, case.comp, case.prompt)
+    batch = make_batch(cfg, case.sched, case.comp, case.prompt, slot_mapping=slots)
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     state, lay = update_tokens(init_state(cfg), batch)
     orc = oracle_hybrid(P, case.sched, case.comp, case.prompt, case.spec)
@@ -165,18 +178,18 @@ def _check_against_oracle(case, rank, slots):
     assert int(lay.exit_fa_len) == len(exit_)
     assert lay.exit_fa_scatter_idx.tolist() == exit_ + [0] * (Lb - len(exit_))
 
-    _, logits = pcp_fn.get_logits_indices(state, Rb)
+    _, logits = pcp_fn.get_logits_indices(state)
     assert logits.tolist() == orc.logits + [0] * (Rb - n)
-    cu = torch.cumsum(lay.pcp_tokens[:n], 0)
+    cu = torch.cumsum(lay.pcp_tokens, 0)  # [R_b]: the bucket's request rows
     _, adjusted = pcp_fn.adjust_cu_num_scheduled_tokens(state, cu)
-    assert adjusted.tolist() == orc.adjust_cu(cu.tolist())
-    _, sm = pcp_fn.padded_slot_mapping(state, slots, Lb)
+    assert adjusted[:n].tolist() == orc.adjust_cu(cu[:n].tolist())
+    _, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
     from oracle import oracle_step
 
     dcs = oracle_step(P, case.sched, case.comp, case.prompt, case.spec)
     assert sm.tolist() == dcs.padded_slot_mapping(slots.tolist(), -1) + [-1] * (P * (Lb - N_dcs))
 
-    _, out = pcp_fn.step(init_state(cfg), batch, slots)
+    _, out = pcp_fn.step(init_state(cfg), batch)
     assert tree_equal(out.layout, lay)
     assert out.positions.tolist() == [case.comp[i] + t for i, t in lin] + [0] * (Lb - N)
     starts = [sum(orc.linear_tokens[rank][:i]) for i in range(n + 1)]
@@ -188,7 +201,7 @@ def _check_against_oracle(case, rank, slots):
 
 @given(case=cases())
 def test_hybrid_layout_matches_the_oracle_on_every_rank(case):
-    slots = torch.randperm(10_000, dtype=torch.int64)[: max(sum(case.sched), 1)]
+    slots = torch.randperm(10_000, dtype=torch.int64)[: sum(case.sched)]
     for rank in range(case.P):
         _check_against_oracle(case, rank, slots)
 
@@ -196,7 +209,7 @@ def test_hybrid_layout_matches_the_oracle_on_every_rank(case):
 @given(case=cases(), H=st.integers(1, 3))
 def test_restore_puts_every_token_in_fa_order(case, H):
     P = case.P
-    cfg, state, orc, Lb = _check_against_oracle(case, 0, torch.arange(max(sum(case.sched), 1)))
+    cfg, state, orc, Lb = _check_against_oracle(case, 0, torch.arange(sum(case.sched)))
     # each rank's fixed [Lb, H] buffer: linear rows, then junk; row value encodes (rank, row)
     gathered = torch.arange(P * Lb, dtype=torch.float64).unsqueeze(1).expand(P * Lb, H)
     _, restored = pcp_fn.restore_hidden_states(state, gathered)
@@ -209,7 +222,7 @@ def test_restore_puts_every_token_in_fa_order(case, H):
     # without speculative tokens (and with no empty decode, which the seed's per-request
     # decode padding miscounts) the logits rows hold each request's last token
     if not case.spec and all(n for n, d in zip(case.sched, orc.decode) if d):
-        for i, row in enumerate(pcp_fn.get_logits_indices(state, case.num_reqs)[1].tolist()):
+        for i, row in enumerate(pcp_fn.get_logits_indices(state)[1][: case.num_reqs].tolist()):
             if case.sched[i]:
                 assert order[row][1] == (i, case.sched[i] - 1)
 
@@ -222,25 +235,23 @@ def test_restore_puts_every_token_in_fa_order(case, H):
 )
 def test_draft_split_matches_the_oracle(P, data, lens, H):
     rank = data.draw(st.integers(0, P - 1))
-    S = max(sum(lens), 1)
+    S = sum(lens)
     ids = torch.randint(1, 1000, (S,))
     hidden = torch.randn(S, H, dtype=torch.float64)
-    cfg = PCPConfig(P, rank, 8, 256, hybrid_attn=True)
-    _, out = pcp_fn.split_prefill_for_draft_hybrid(init_state(cfg), torch.tensor(lens), ids, hidden)
+    out = _draft_split(P, rank, lens, ids, hidden)
     orc = oracle_draft_split(P, rank, lens, ids.tolist(), hidden.tolist())
-    k = len(orc.input_ids)
-    rows = cfg.max_local_tokens
-    assert int(out.num_tokens) == k and out.input_ids.shape == (rows,)
+    k, n = len(orc.input_ids), len(lens)
+    rows = out.input_ids.shape[0]
+    assert int(out.num_tokens) == k
     assert out.input_ids.tolist() == orc.input_ids + [0] * (rows - k)
     assert out.hidden_states[:k].tolist() == orc.hidden and (out.hidden_states[k:] == 0).all()
-    assert out.seq_lens.tolist() == orc.seq_lens
-    assert out.cu_num_tokens.tolist() == [sum(orc.seq_lens[:i]) for i in range(len(lens) + 1)]
+    assert out.seq_lens[:n].tolist() == orc.seq_lens and not out.seq_lens[n:].any()
+    assert out.cu_num_tokens[: n + 1].tolist() == [sum(orc.seq_lens[:i]) for i in range(n + 1)]
     assert int(out.max_query_len) == max(orc.seq_lens)
 
 
 # ---------------------------------------------------------------- capturability
 CFG = PCPConfig(4, 1, 8, 96, num_spec_tokens=1, hybrid_attn=True)
-SLOTS = torch.arange(1000, 1000 + CFG.max_num_tokens, dtype=torch.int32)
 BUCKET = Bucket(8, 64)
 COMPOSITIONS = {
     "decode-only": ([1, 2, 1, 1], [9, 40, 7, 3], [9, 30, 7, 3]),
@@ -252,23 +263,21 @@ COMPOSITIONS = {
 
 def _ops(state, batch):
     updated, _ = update_tokens(state, batch)
-    Lb, Rb = batch.bucket.num_tokens, batch.bucket.num_reqs
+    Lb = batch.bucket.num_tokens
     cu = torch.cumsum(batch.num_scheduled, 0).to(torch.int32)
-    lens = batch.num_scheduled
-    hidden = torch.randn(CFG.max_num_tokens, 4)
     return [
         (update_tokens, (state, batch)),
-        (pcp_fn.get_logits_indices, (updated, Rb)),
-        (pcp_fn.padded_slot_mapping, (updated, SLOTS, Lb)),
+        (pcp_fn.get_logits_indices, (updated,)),
+        (pcp_fn.padded_slot_mapping, (updated, batch.slot_mapping)),
         (pcp_fn.restore_hidden_states, (updated, torch.randn(CFG.pcp_size * Lb, 4))),
         (pcp_fn.adjust_cu_num_scheduled_tokens, (updated, cu)),
-        (pcp_fn.split_prefill_for_draft_hybrid, (updated, lens, SLOTS, hidden, Lb)),
-        (pcp_fn.step, (state, batch, SLOTS)),
+        (pcp_fn.step, (state, batch)),
     ]
 
 
 def _batch(name, bucket=BUCKET):
-    return make_batch(CFG, *COMPOSITIONS[name], bucket=bucket)
+    sched = COMPOSITIONS[name][0]
+    return make_batch(CFG, *COMPOSITIONS[name], bucket=bucket, slot_mapping=range(1000, 1000 + sum(sched)))
 
 
 @pytest.fixture
@@ -307,55 +316,54 @@ def test_hybrid_shapes_and_op_counts_do_not_depend_on_the_composition():
     assert all(m == metas["mixed"] for m in metas.values())
     assert all(c == counts["mixed"] for c in counts.values()), counts
     s0 = init_state(CFG)
-    assert all(tree_meta(update_tokens(s0, _batch(name))[0]) == tree_meta(s0) for name in COMPOSITIONS)
+    assert all(tree_meta(update_tokens(s0, _batch(name))[0])[1] == tree_meta(s0)[1] for name in COMPOSITIONS)
 
 
 def test_hybrid_step_vmaps_over_ranks_and_traces_one_graph_for_all(fresh_dynamo):
     batch = _batch("mixed")
     state = init_state(CFG, rank=0)
-    mapped = pcp_fn.ranks.all_ranks(pcp_fn.step, state, batch, SLOTS)[1]
+    mapped = pcp_fn.all_ranks(pcp_fn.step, state, batch)[1]
     frames = []
     compiled = torch.compile(
         pcp_fn.step, fullgraph=True, dynamic=False, backend=lambda gm, _: frames.append(gm) or gm
     )
     for r in range(CFG.pcp_size):
-        static = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch, SLOTS)[1]
+        static = pcp_fn.step(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch)[1]
         assert tree_equal(torch.utils._pytree.tree_map(lambda x, r=r: x[r], mapped), static)
-        assert tree_equal(compiled(init_state(CFG, rank=r), batch, SLOTS)[1], static)
+        assert tree_equal(compiled(init_state(CFG, rank=r), batch)[1], static)
     assert len(frames) == 1
 
 
 def test_hybrid_capture_replays_every_composition(fresh_dynamo):
     state = init_state(CFG)
-    captured = pcp_fn.graph.capture(pcp_fn.step, state, _batch("mixed"), SLOTS, backend="eager")
+    captured = pcp_fn.graph.capture(pcp_fn.step, state, _batch("mixed"), backend="eager")
     for name in COMPOSITIONS:
         for bucket in (BUCKET, None):
             batch = _batch(name, bucket)
-            assert tree_equal(captured(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+            assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
 
 
 def test_hybrid_step_exports_without_symbolic_shapes(fresh_dynamo):
     state = init_state(CFG)
-    module = pcp_fn.graph.export(pcp_fn.step, state, _batch("mixed"), SLOTS).module()
+    module = pcp_fn.graph.export(pcp_fn.step, state, _batch("mixed")).module()
     for name in COMPOSITIONS:
         batch = _batch(name)
-        assert tree_equal(module(state, batch, SLOTS), pcp_fn.step(state, batch, SLOTS))
+        assert tree_equal(module(state, batch), pcp_fn.step(state, batch))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hybrid_cuda_graph_replay_equals_eager_without_syncs():
     dev = torch.device("cuda")
     state = init_state(CFG, dev)
-    slots = SLOTS.to(dev)
     batches = [to_device(_batch(name), dev) for name in COMPOSITIONS]
     torch.cuda.set_sync_debug_mode("error")
     try:
-        captured = pcp_fn.graph.capture(pcp_fn.step, state, batches[0], slots)
+        captured = pcp_fn.graph.capture(pcp_fn.step, state, batches[0])
         assert captured.kind == "cuda-graph"
         for b in batches:
-            got = captured(state, b, slots)
+            got = captured(state, b)
             torch.cuda.set_sync_debug_mode(0)
-            assert tree_equal(got, pcp_fn.step(state, b, slots))
+            assert tree_equal(got, pcp_fn.step(state, b))
             torch.cuda.set_sync_debug_mode("error")
     finally:
         torch.cuda.set_sync_debug_mode(0)
@@ -373,22 +381,18 @@ def test_hybrid_make_batch_rejects_bad_input_like_the_dcs_one():
 
 def test_hybrid_ops_reject_bad_shapes():
     state, _ = update_tokens(init_state(CFG), _batch("mixed"))
-    with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be 1-D with at most max_num_reqs=8"):
+    with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be \[8\] \(the state's bucket"):
         pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.zeros(9, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be 1-D"):
+    with pytest.raises(ValueError, match=r"cu_num_scheduled_tokens must be \[8\]"):
         pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.zeros(2, 2, dtype=torch.int32))
-    with pytest.raises(ValueError, match=r"gathered must stack 4 equal rank buffers"):
+    with pytest.raises(ValueError, match=r"gathered must stack the 4 ranks' \[64, ...\] buffers"):
         pcp_fn.restore_hidden_states(state, torch.zeros(10, 3))
-    split = pcp_fn.split_prefill_for_draft_hybrid
-    ids, hid = torch.zeros(8, dtype=torch.int64), torch.zeros(8, 2)
-    with pytest.raises(ValueError, match=r"prefill_lens must be 1-D"):
-        split(state, torch.zeros(2, 2, dtype=torch.int64), ids, hid)
-    with pytest.raises(ValueError, match=r"input_ids must be 1-D with at least one entry"):
-        split(state, torch.tensor([3]), torch.zeros(0, dtype=torch.int64), hid)
-    with pytest.raises(ValueError, match=r"hidden_states must have at least one row"):
-        split(state, torch.tensor([3]), ids, torch.zeros(0, 2))
-    with pytest.raises(ValueError, match=r"num_rows must be a positive int"):
-        split(state, torch.tensor([3]), ids, hid, 0)
+    split = pcp_fn.split_prefill_for_draft
+    ids, hid = torch.zeros(96, dtype=torch.int64), torch.zeros(4 * 64, 2)
+    with pytest.raises(ValueError, match=r"input_ids_full"):
+        split(state, torch.zeros(8, dtype=torch.int64), hid)
+    with pytest.raises(ValueError, match=r"hidden_states"):
+        split(state, ids, torch.zeros(8, 2))
 
 
 def test_hybrid_ops_do_not_mutate_their_inputs():

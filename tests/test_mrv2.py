@@ -17,7 +17,9 @@ from oracle_mrv2 import oracle_dispatch, oracle_layout, oracle_local, rank_piece
 
 import pcp_fn
 from pcp_fn import Bucket, graph, mrv2
-from pcp_fn.mrv2 import MRV2Config, init_state, make_batch
+from pcp_fn.mrv2 import MRV2Config, init_state, make_batch, token_rows
+
+INT32_MAX = 2**31 - 1
 
 
 def _cfg(P, rank=0, R=4, T=16, **kw):
@@ -83,12 +85,21 @@ def test_golden_sharded_decodes_vllm():
     assert [o.global_batch_req_idx[: int(o.num_reqs)].tolist() for o in owned] == [[0, 2], [1]]
 
     state, lay = mrv2.build_layout(init_state(cfg), _three_decodes(cfg, Bucket(2, 2)))
-    _, slots = mrv2.gathered_slot_mappings(state, torch.tensor([[123, 456, 789]]))
+    assert state.bucket == Bucket(2, 2) and token_rows(cfg, state.bucket) == 4
+    _, slots = mrv2.gathered_slot_mappings(state, torch.tensor([[123, 456, 789, 0]]))
     assert slots.tolist() == [[123, 789, 456, -1]]
-    assert lay.hidden_restore_idx[:3].tolist() == [0, 2, 1]
+    assert lay.hidden_restore_idx.tolist() == [0, 2, 1, 0]
     gathered = torch.tensor([[11.0], [33.0], [22.0], [0.0]])
-    _, hidden = mrv2.restore_hidden_states(state, gathered, num_tokens=3)
-    assert hidden.flatten().tolist() == [11.0, 22.0, 33.0]
+    _, hidden = mrv2.restore_hidden_states(state, gathered)
+    # [F_b] rows: the three tokens, then the padding row repeating gathered row 0
+    assert hidden.flatten().tolist() == [11.0, 22.0, 33.0, 11.0]
+
+
+def test_golden_replicated_slot_mappings_docstring():
+    cfg = _cfg(2)
+    state, _ = mrv2.build_layout(init_state(cfg), _three_decodes(cfg, Bucket(4, 4)))
+    _, slots = mrv2.gathered_slot_mappings(state, torch.tensor([[123, 456, 789, 0, 0, 0, 0, 0]]))
+    assert slots.tolist() == [[123, 456, 789, -1, -1, -1, -1, -1]]  # rank 0's copies write
 
 
 def test_golden_round_robin_owners_follow_the_decode_order():
@@ -124,16 +135,37 @@ def test_golden_dcp_keeps_decodes_replicated():
         assert local.dcp_local_seq_lens_cpu_upper_bound.tolist() == [9, 9, 9, 0]  # ceil(17 / 2)
 
 
-def test_golden_seed_comment_seven_token_prefill():
+def test_golden_vllm_build_batch_layout_comment_seven_token_prefill():
+    # the PCP=2 example in vLLM PCPManager._build_batch_layout
     cfg = _cfg(2)
     state, lay = mrv2.build_layout(init_state(cfg), make_batch(cfg, [7], [0], [7]))
-    assert lay.padded_num_tokens == 4
-    assert lay.hidden_restore_idx[:7].tolist() == [0, 1, 4, 5, 6, 7, 2]
+    assert lay.padded_num_tokens == 4 and state.bucket.num_tokens == 4
+    assert lay.hidden_restore_idx.tolist() == [0, 1, 4, 5, 6, 7, 2, 0]  # [F_b = 8]
     assert lay.padded_gather_idx.tolist() == [0, 1, 6, 0, 2, 3, 4, 5]
-    batch = make_batch(cfg, [7], [0], [7])
-    state1, local = mrv2.partition_batch(init_state(dataclasses.replace(cfg, pcp_rank=1)), batch)
-    _, draft = mrv2.prepare_draft_prefill(state1, local, torch.arange(10, 17))
+    cfg1 = dataclasses.replace(cfg, pcp_rank=1)
+    state1, local = mrv2.partition_batch(init_state(cfg1), make_batch(cfg1, [7], [0], [7]))
+    _, draft = mrv2.prepare_draft_prefill(state1, local, torch.arange(10, 18, dtype=torch.int32))
     assert draft.input_ids.tolist() == [12, 13, 14, 15]
+
+
+def test_init_state_holds_an_empty_layout_at_the_smallest_bucket():
+    cfg = _cfg(2, request_buckets=(2, 8), token_buckets=(4, 16))
+    for state in (init_state(cfg), init_state(cfg, rank=1)):
+        assert state.bucket == Bucket(2, 4)
+        lay = state.layout
+        assert lay.per_rank_num_tokens.tolist() == [0, 0] and int(lay.num_tokens) == 0
+        assert lay.padded_gather_idx.tolist() == [0] * 8
+        assert lay.gathered_kv_write_mask.tolist() == [False] * 8
+        assert lay.hidden_restore_idx.tolist() == [0] * 8
+        # the consumers serve the fresh state at its bucket's shapes, padding only
+        _, slots = mrv2.gathered_slot_mappings(state, torch.arange(8).view(1, 8))
+        assert slots.tolist() == [[-1] * 8]
+        _, hidden = mrv2.restore_hidden_states(state, torch.arange(8.0).view(8, 1))
+        assert hidden.flatten().tolist() == [0.0] * 8
+        # the same layout as partitioning an empty batch in that bucket
+        built, _ = mrv2.partition_batch(state, make_batch(cfg, [], [], [], bucket=Bucket(2, 4)))
+        assert tree_equal(built, state)
+    assert tree_meta(init_state(cfg)) != tree_meta(init_state(cfg, rank=0))  # rank as data is a leaf
 
 
 def test_golden_partition_docstring_example():
@@ -346,28 +378,34 @@ def test_layout_and_every_rank_match_the_oracle(case):
     cfg = case.config()
     batch = case.batch(cfg)
     Lp, P, T = case.bucket.num_tokens, case.P, case.T
-    orc = oracle_layout(P, case.sched, case.prefilling, Lp, case.shard, case.dcp)
+    orc = oracle_layout(P, case.sched, case.prefilling, Lp, case.shard, case.dcp, T=T)
     state, lay = mrv2.build_layout(init_state(cfg), batch)
-    N = sum(case.sched)
+    N, F = sum(case.sched), orc.global_rows
+    assert token_rows(cfg, case.bucket) == F and state.bucket == case.bucket
     assert lay.padded_num_tokens == Lp
     assert lay.per_rank_num_tokens.tolist() == orc.per_rank_num_tokens
     assert int(lay.num_tokens) == N
-    assert lay.hidden_restore_idx.tolist() == orc.hidden_restore_idx + [0] * (T - N)
+    assert lay.hidden_restore_idx.tolist() == orc.padded_restore_idx()
     assert lay.padded_gather_idx.tolist() == orc.padded_gather_idx
     assert lay.gathered_kv_write_mask.tolist() == orc.write_mask
 
-    slots = torch.randint(0, 1 << 40, (2, T))
+    slots = torch.randint(0, 1 << 40, (2, F))
     _, gathered_slots = mrv2.gathered_slot_mappings(state, slots)
     want = [
         [row[t] if w else -1 for t, w in zip(orc.padded_gather_idx, orc.write_mask)] for row in slots.tolist()
     ]
     assert gathered_slots.tolist() == want
+    gathered = torch.randn(P * Lp, 2, dtype=torch.float64)
+    _, restored = mrv2.restore_hidden_states(state, gathered)
+    assert restored.tolist() == orc.restore(gathered.tolist())
 
     for rank in range(P):
         rank_cfg = dataclasses.replace(cfg, pcp_rank=rank)
-        rstate, local = mrv2.partition_batch(init_state(rank_cfg), batch)
-        assert tree_equal(rstate.layout, lay)
+        rstate, local = mrv2.partition_batch(init_state(rank_cfg), case.batch(rank_cfg))
+        assert tree_equal(rstate.layout, lay) and rstate.bucket == case.bucket
         _check_local(case, rank, local)
+        # rank as data gives the same local batch
+        assert tree_equal(mrv2.partition_batch(init_state(cfg, rank=rank), batch)[1], local)
 
 
 @given(case=mcases(), H=st.integers(1, 3))
@@ -377,7 +415,8 @@ def test_identities(case, H):
     cfg = case.config()
     batch = case.batch(cfg)
     P, Lp, N = case.P, case.bucket.num_tokens, sum(case.sched)
-    glob = torch.randn(case.T, H, dtype=torch.float64)
+    F = token_rows(cfg, case.bucket)
+    glob = torch.randn(F, H, dtype=torch.float64)
     locals_ = [mrv2.partition_batch(init_state(cfg, rank=r), batch) for r in range(P)]
     state = locals_[0][0]
     lay = state.layout
@@ -385,7 +424,9 @@ def test_identities(case, H):
     bufs = [torch.where(l.is_padding[:, None], torch.nan, glob[l.gather_idx]) for _, l in locals_]
     gathered = torch.cat(bufs)
     _, restored = mrv2.restore_hidden_states(state, gathered)
+    assert restored.shape == (F, H)  # the bucket's global token rows, whatever N is
     assert torch.equal(restored[:N], glob[:N])
+    assert torch.equal(lay.hidden_restore_idx[N:], torch.zeros(F - N, dtype=torch.int64))  # row 0 repeats
     real = ~torch.cat([l.is_padding for _, l in locals_])
     assert torch.equal(glob[lay.padded_gather_idx][real], gathered[real])
 
@@ -411,12 +452,15 @@ def test_identities(case, H):
             assert any(t in p.tokens for p in pieces[q])
 
     # restore_for_sampling / restore_draft_prefill restore the same way
-    _, out = mrv2.restore_for_sampling(state, gathered, [gathered * 2], num_tokens=N)
-    assert torch.equal(out.hidden_states, glob[:N]) and torch.equal(out.aux_hidden_states[0], 2 * glob[:N])
+    _, out = mrv2.restore_for_sampling(state, gathered, [gathered * 2])
+    assert out.hidden_states.shape == (F, H) and out.aux_hidden_states[0].shape == (F, H)
+    assert torch.equal(out.hidden_states[:N], glob[:N])
+    assert torch.equal(out.aux_hidden_states[0][:N], 2 * glob[:N])
     _, draft = mrv2.restore_draft_prefill(state, gathered, gathered)
     assert draft.last_hidden_states is draft.hidden_states and torch.equal(draft.hidden_states[:N], glob[:N])
-    _, draft = mrv2.restore_draft_prefill(state, gathered, gathered + 1, num_tokens=N)
-    assert torch.equal(draft.hidden_states, glob[:N] + 1)
+    _, draft = mrv2.restore_draft_prefill(state, gathered, gathered + 1)
+    assert draft.hidden_states.shape == (F, H) and torch.equal(draft.hidden_states[:N], glob[:N] + 1)
+    assert torch.equal(draft.last_hidden_states[:N], glob[:N])
 
 
 @given(case=mcases())
@@ -470,12 +514,17 @@ def _batch(name, cfg=CFG, bucket=BUCKET):
     return make_batch(cfg, sched, comp, plen, input_ids=ids, bucket=bucket)
 
 
+def _slots(cfg, bucket, device=None):
+    F = token_rows(cfg, bucket)
+    return torch.arange(2 * F, dtype=torch.int64, device=device).view(2, F)
+
+
 def _ops(state, batch):
     built, local = mrv2.partition_batch(state, batch)
     Lp = batch.bucket.num_tokens
-    gathered = torch.randn(CFG.pcp_size * Lp, 4)
-    slots = torch.arange(2 * CFG.max_num_tokens, dtype=torch.int64).view(2, -1)
-    draft_ids = torch.arange(CFG.max_num_tokens, dtype=torch.int32)
+    gathered = torch.randn(state.config.pcp_size * Lp, 4)
+    slots = _slots(state.config, batch.bucket)
+    draft_ids = torch.arange(token_rows(state.config, batch.bucket), dtype=torch.int32)
     return [
         (mrv2.build_layout, (state, batch)),
         (mrv2.partition_batch, (state, batch)),
@@ -548,7 +597,8 @@ def test_rank_as_data_traces_one_graph_and_vmaps(fresh_dynamo):
     batch = _batch("mixed")
     for r in range(CFG.pcp_size):
         got = compiled(init_state(CFG, rank=r), batch)[1]
-        want = mrv2.partition_batch(init_state(dataclasses.replace(CFG, pcp_rank=r)), batch)[1]
+        static = dataclasses.replace(CFG, pcp_rank=r)
+        want = mrv2.partition_batch(init_state(static), _batch("mixed", static))[1]
         assert tree_equal(got, want)
     assert len(frames) == 1
     state = init_state(CFG, rank=0)
@@ -592,7 +642,7 @@ def _random_batch(rng, cfg=CFG, bucket=BUCKET):
 def test_mixed_batch_captured_and_replayed_with_other_compositions(fresh_dynamo):
     rng = random.Random(5)
     state = init_state(CFG)
-    slots = torch.arange(2 * CFG.max_num_tokens, dtype=torch.int64).view(2, -1)
+    slots = _slots(CFG, BUCKET)
     mixed = _batch("mixed")
     captured = graph.capture(_step, state, mixed, slots, backend="eager")
     later = [_batch("decode-only"), _batch("prefill-only"), _batch("empty")]
@@ -602,10 +652,69 @@ def test_mixed_batch_captured_and_replayed_with_other_compositions(fresh_dynamo)
     assert len(captured) == 1  # one bucket, one graph, whatever the composition
 
 
+# six buckets ((2, 16) x (8, 32, 64)): a plain torch.compile stays under Dynamo's recompile limit (8)
+BUCKETED = MRV2Config(4, 1, 8, 64, request_buckets=(2,), token_buckets=(8, 32))
+
+
+def _walk(cfg, seed):
+    """Every bucket of ``cfg`` in a random order, then again in another, each with a random batch
+    that fits it (forced into that bucket)."""
+    rng = random.Random(seed)
+    buckets = cfg.buckets()
+    order = rng.sample(buckets, len(buckets)) + rng.sample(buckets, len(buckets))
+    return [_random_batch(rng, cfg, b) for b in order]
+
+
+def _unique_graphs():
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("rank_as_data", [False, True])
+@pytest.mark.parametrize("how", ["capture", "compile"])
+def test_one_graph_per_bucket_feeding_each_step_the_previous_state(fresh_dynamo, how, rank_as_data):
+    """partition_batch is an entry op: the state out of any bucket's step feeds any bucket's graph."""
+    cfg = BUCKETED
+    batches = _walk(cfg, seed=11)
+    state = init_state(cfg, rank=1) if rank_as_data else init_state(cfg)
+    torch._dynamo.utils.counters.clear()
+    if how == "capture":
+        fn = graph.capture(mrv2.partition_batch, state, batches[0], backend="eager")
+    else:
+        fn = torch.compile(mrv2.partition_batch, fullgraph=True, dynamic=False, backend="eager")
+    seen = set()
+    for batch in batches:
+        prev_bucket = state.bucket
+        state, local = fn(state, batch)
+        seen.add(batch.bucket)
+        assert state.bucket == batch.bucket and local.bucket == batch.bucket
+        fresh = init_state(cfg, rank=1) if rank_as_data else init_state(cfg)
+        assert tree_equal((state, local), mrv2.partition_batch(fresh, batch))
+        assert _unique_graphs() == len(seen), (prev_bucket, batch.bucket)
+    assert seen == set(cfg.buckets()) and _unique_graphs() == len(cfg.buckets())
+    if how == "capture":
+        assert len(fn) == len(cfg.buckets())
+
+
+def test_consumers_compile_one_graph_per_bucket(fresh_dynamo):
+    """The consumers are keyed by the state's bucket: restoring in the walk's order compiles one
+    graph per bucket at most (the restore reads only Lp: one per token bucket)."""
+    cfg = BUCKETED
+    restore = torch.compile(mrv2.restore_hidden_states, fullgraph=True, dynamic=False, backend="eager")
+    state = init_state(cfg)
+    torch._dynamo.utils.counters.clear()
+    for batch in _walk(cfg, seed=12):
+        state, local = mrv2.partition_batch(state, batch)
+        gathered = torch.randn(cfg.pcp_size * batch.bucket.num_tokens, 3)
+        _, got = restore(state, gathered)
+        assert got.shape == (token_rows(cfg, batch.bucket), 3)
+        assert torch.equal(got, mrv2.restore_hidden_states(state, gathered)[1])
+    assert _unique_graphs() == len(cfg.token_buckets)
+
+
 def test_export_has_no_symbolic_shapes_and_equals_eager(fresh_dynamo):
     cfg = dataclasses.replace(CFG, dcp_size=2, moe_gathers_tokens=True)
     state = init_state(cfg, rank=2)
-    slots = torch.arange(2 * CFG.max_num_tokens, dtype=torch.int64).view(2, -1)
+    slots = _slots(cfg, BUCKET)
     module = graph.export(_step, state, _batch("mixed", cfg), slots).module()
     for name in COMPOSITIONS:
         batch = _batch(name, cfg)
@@ -615,7 +724,7 @@ def test_export_has_no_symbolic_shapes_and_equals_eager(fresh_dynamo):
 def test_inductor_compiled_partition_equals_eager(fresh_dynamo):
     compiled = torch.compile(_step, fullgraph=True, dynamic=False)
     state = init_state(CFG, rank=3)
-    slots = torch.arange(2 * CFG.max_num_tokens, dtype=torch.int64).view(2, -1)
+    slots = _slots(CFG, BUCKET)
     for name in COMPOSITIONS:
         batch = _batch(name)
         assert tree_equal(compiled(state, batch, slots), _step(state, batch, slots))
@@ -629,7 +738,7 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
     dev = torch.device("cuda")
     rng = random.Random(9)
     state = init_state(CFG, dev)
-    slots = torch.arange(2 * CFG.max_num_tokens, dtype=torch.int64, device=dev).view(2, -1)
+    slots = _slots(CFG, BUCKET, dev)
     batches = [to_device(_batch("mixed"), dev)] + [to_device(_random_batch(rng), dev) for _ in range(30)]
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -644,6 +753,16 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
         torch.cuda.set_sync_debug_mode(0)
 
 
+@cuda
+def test_device_input_ids_must_be_int32():
+    cfg = _cfg(2)
+    ids = torch.tensor([5, 2**40, 7], device="cuda")
+    with pytest.raises(TypeError, match=r"input_ids is a torch\.int64 cuda tensor; it must be torch\.int32"):
+        make_batch(cfg, [1, 2], [0, 0], [1, 2], input_ids=ids, device="cuda")
+    batch = make_batch(cfg, [1, 2], [0, 0], [1, 2], input_ids=ids.to(torch.int32), device="cuda")
+    assert batch.input_ids.dtype == torch.int32 and batch.input_ids.shape == (token_rows(cfg, batch.bucket),)
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -654,13 +773,34 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
         (([1, -2], [0, 0], [1, 2]), {}, r"num_scheduled_tokens\[1\] = -2 is negative"),
         (([1] * 5, [0] * 5, [1] * 5), {}, r"5 requests; max_num_reqs is 4"),
         (([10, 7], [0, 0], [10, 7]), {}, r"sums to 17 tokens; max_num_tokens is 16"),
-        (([1, 2], [0, 0], [1, 2]), dict(is_prefilling=[1, 0]), r"is_prefilling must hold bools"),
         (([1, 2], [0, 0], [1, 2]), dict(is_prefilling=[True]), r"is_prefilling has 1"),
         (([1, 2], [0, 0], [1, 2]), dict(idx_mapping=[0, -1]), r"idx_mapping\[1\] = -1 is negative"),
         (([1, 2], [0, 0], [1, 2]), dict(input_ids=[5, 6]), r"input_ids has 2 entries; it must cover the 3"),
         (([1, 2], [0, 0], [1, 2]), dict(positions=list(range(17))), r"not exceed max_num_tokens=16"),
         (([1, 2], [0, 0], [1, 2]), dict(input_ids=torch.zeros(3, 1)), r"input_ids must be 1-D"),
-        (([1, 2], [0, 0], [1, 2]), dict(positions=torch.zeros(3)), r"positions must hold integers"),
+        # issue 11: ids past int32 (vLLM's input_ids buffers are int32) were cast to 0
+        (([1, 2], [0, 0], [1, 2]), dict(input_ids=[5, 2**40, 7]), r"input_ids\[1\] = 1099511627776 exceeds"),
+        (
+            ([1, 2], [0, 0], [1, 2]),
+            dict(input_ids=torch.tensor([5, 6, 2**31])),
+            r"input_ids\[2\] = 2147483648 exceeds the limit 2147483647",
+        ),
+        (
+            ([1, 2], [0, 0], [1, 2]),
+            dict(input_ids=np.array([2**40, 0, 0], dtype=np.int64)),
+            r"input_ids\[0\] = 1099511627776 exceeds",
+        ),
+        # issue 11: a sequence length (seq_lens_cpu_upper_bound) past int32
+        (
+            ([1, 2], [0, INT32_MAX - 1], [1, 2]),
+            {},
+            r"num_computed_tokens\[1\] \+ num_scheduled_tokens\[1\] = 2147483648 exceeds the int32",
+        ),
+        (
+            ([1, 2], [0, 0], [1, 2]),
+            dict(positions=[0, 1, INT32_MAX]),
+            r"positions\[2\] = 2147483647 exceeds the limit 2147483646",
+        ),
         (
             ([1, 2], [0, 0], [1, 2]),
             dict(bucket=Bucket(9, 8)),
@@ -676,7 +816,6 @@ def test_cuda_graph_replay_equals_eager_without_syncs():
             dict(bucket=Bucket(2, 16)),
             r"request capacity must cover the rank-local batch: 2 < 3",
         ),
-        (([1, 2], [0, 0], [1, 2]), dict(bucket=(4, 4)), r"bucket must be a pcp_fn.Bucket"),
     ],
 )
 def test_make_batch_rejects(args, kwargs, match):
@@ -687,49 +826,131 @@ def test_make_batch_rejects(args, kwargs, match):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(pcp_size=0), "pcp_size must be >= 1"),
-        (dict(pcp_rank=2), "pcp_rank must be < pcp_size=2"),
-        (dict(max_num_reqs=0), "max_num_reqs must be >= 1"),
-        (dict(dcp_size=2, shard_decode_requests=True), "shard_decode_requests requires dcp_size == 1"),
-        (dict(cp_interleave=0), "cp_interleave must be >= 1"),
-        (dict(moe_gathers_tokens=1), "moe_gathers_tokens must be a bool"),
-        (dict(token_buckets=(32,)), "token_buckets size 32 exceeds the capacity 16"),
+        (dict(is_prefilling=[1, 0]), r"is_prefilling must hold bools"),
+        (dict(positions=torch.zeros(3)), r"positions must hold integers"),
+        (dict(input_ids=[1.0, 2.0, 3.0]), r"input_ids must hold integers"),
+        (dict(bucket=(4, 4)), r"bucket must be a pcp_fn.Bucket"),
     ],
 )
-def test_config_rejects(kwargs, match):
+def test_make_batch_rejects_wrong_types(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        make_batch(_cfg(2), [1, 2], [0, 0], [1, 2], **kwargs)
+    with pytest.raises(TypeError, match="config must be an MRV2Config"):
+        make_batch(pcp_fn.PCPConfig(2, 0, 4, 16), [1, 2], [0, 0], [1, 2])
+
+
+def test_make_batch_accepts_the_int32_limits():
+    cfg = _cfg(2)
+    batch = make_batch(
+        cfg, [1, 2], [0, INT32_MAX - 2], [1, 2], input_ids=[INT32_MAX, 0, 1], positions=[0, 1, INT32_MAX - 1]
+    )
+    assert batch.input_ids[:3].tolist() == [INT32_MAX, 0, 1] and batch.input_ids.dtype == torch.int32
+    assert batch.positions[:3].tolist() == [0, 1, INT32_MAX - 1]
+    # per-token arrays are carried as [F_b]: padding entries past F_b are dropped, never real ones
+    batch = make_batch(cfg, [1, 2], [0, 0], [1, 2], input_ids=list(range(3)) + [9] * 13)
+    assert batch.input_ids.tolist() == [0, 1, 2, 9] and token_rows(cfg, batch.bucket) == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(pcp_size=0), ValueError, "pcp_size must be >= 1"),
+        (dict(pcp_rank=2), ValueError, "pcp_rank must be < pcp_size=2"),
+        (dict(max_num_reqs=0), ValueError, "max_num_reqs must be >= 1"),
+        (dict(dcp_size=2, shard_decode_requests=True), ValueError, "shard_decode_requests requires dcp_size"),
+        (dict(cp_interleave=0), ValueError, "cp_interleave must be >= 1"),
+        (dict(moe_gathers_tokens=1), TypeError, "moe_gathers_tokens must be a bool"),
+        (dict(token_buckets=(32,)), ValueError, "token_buckets size 32 exceeds the capacity 16"),
+    ],
+)
+def test_config_rejects(kwargs, error, match):
     base = dict(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=16)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         MRV2Config(**{**base, **kwargs})
 
 
-def test_ops_reject_bad_arguments_and_never_mutate_inputs():
+def test_entry_ops_reject_a_batch_of_another_config_or_past_capacity():
     cfg = _cfg(2)
     batch = make_batch(cfg, [3, 8], [16, 0], [4, 8])
-    with pytest.raises(ValueError, match="needs a layout: call build_layout or partition_batch first"):
-        mrv2.restore_hidden_states(init_state(cfg), torch.zeros(16, 2))
-    with pytest.raises(ValueError, match="padded_num_tokens=4 is smaller than the batch's bucket"):
-        mrv2.build_layout(init_state(cfg), batch, 4)
-    with pytest.raises(ValueError, match="padded_num_tokens=17 exceeds the local token capacity"):
-        mrv2.build_layout(init_state(cfg), batch, 17)
-    state, _ = mrv2.build_layout(init_state(cfg), batch, 16)
-    assert state.layout.padded_num_tokens == 16
-    with pytest.raises(ValueError, match=r"gathered must stack the 2 ranks' \[16, ...\] buffers \(32 rows\)"):
-        mrv2.restore_hidden_states(state, torch.zeros(16, 2))
-    with pytest.raises(ValueError, match=r"num_tokens=17 must be in \[0, max_num_tokens=16\]"):
-        mrv2.restore_hidden_states(state, torch.zeros(32, 2), num_tokens=17)
-    with pytest.raises(ValueError, match=r"global_slot_mappings must be \[num_kv_cache_groups, num_tokens\]"):
-        mrv2.gathered_slot_mappings(state, torch.zeros(16, dtype=torch.int64))
+    for fn in (mrv2.partition_batch, mrv2.build_layout):
+        name = "global_batch" if fn is mrv2.partition_batch else "batch"
+        # issue 11: a batch of another config used to be laid out silently
+        with pytest.raises(
+            ValueError, match=rf"{name} was built for another MRV2Config.*max_num_tokens \(16 vs 32\)"
+        ):
+            fn(init_state(_cfg(2, T=32)), batch)
+        with pytest.raises(ValueError, match=r"pcp_rank \(0 vs 1\)"):
+            fn(init_state(_cfg(2, 1)), batch)
+        with pytest.raises(
+            ValueError, match=rf"{name}.bucket Bucket\(num_reqs=9, num_tokens=8\) exceeds the capacity"
+        ):
+            fn(init_state(cfg), dataclasses.replace(batch, bucket=Bucket(9, 8)))
+        with pytest.raises(ValueError, match=rf"{name}.input_ids must be \[16\], got shape \(8,\)"):
+            fn(init_state(cfg), dataclasses.replace(batch, input_ids=batch.input_ids[:8]))
+        with pytest.raises(TypeError, match=f"{name} must be an mrv2.GlobalBatch"):
+            fn(init_state(cfg), pcp_fn.make_batch(pcp_fn.PCPConfig(2, 0, 4, 16), [1], [0], [1]))
+        with pytest.raises(TypeError, match=r"state must be an mrv2\.MRV2State"):
+            fn(pcp_fn.init_state(pcp_fn.PCPConfig(2, 0, 4, 16)), batch)
     with pytest.raises(ValueError, match="rank must be in"):
         init_state(cfg, rank=2)
+    with pytest.raises(TypeError, match="config must be an MRV2Config"):
+        init_state(pcp_fn.PCPConfig(2, 0, 4, 16))
 
+
+def test_consumers_reject_inputs_of_the_wrong_rows():
+    cfg = _cfg(2)
+    batch = make_batch(cfg, [3, 8], [16, 0], [4, 8], bucket=Bucket(4, 16))
+    state, local = mrv2.partition_batch(init_state(cfg), batch)
+    assert state.bucket == Bucket(4, 16) and state.layout.padded_num_tokens == 16
+    assert token_rows(cfg, state.bucket) == 16
+    rows = r"must have 32 rows \(the 2 ranks' \[16, \.\.\.\] buffers stacked\)"
+    with pytest.raises(ValueError, match="restore_hidden_states: gathered " + rows):
+        mrv2.restore_hidden_states(state, torch.zeros(16, 2))
+    with pytest.raises(ValueError, match="restore_for_sampling: hidden_states " + rows):
+        mrv2.restore_for_sampling(state, torch.zeros(33, 2))
+    with pytest.raises(ValueError, match=r"restore_for_sampling: aux_hidden_states\[1\] " + rows):
+        mrv2.restore_for_sampling(state, torch.zeros(32, 2), [torch.zeros(32, 2), torch.zeros(8, 2)])
+    with pytest.raises(ValueError, match="restore_draft_prefill: hidden_states " + rows):
+        mrv2.restore_draft_prefill(state, torch.zeros(32, 2), torch.zeros(64, 2))
+    with pytest.raises(ValueError, match="restore_draft_prefill: last_hidden_states " + rows):
+        mrv2.restore_draft_prefill(state, torch.zeros(0, 2), torch.zeros(32, 2))
+    # a size argument is gone: the bucket decides (num_tokens used to truncate)
+    with pytest.raises(TypeError):
+        mrv2.restore_hidden_states(state, torch.zeros(32, 2), num_tokens=11)
+    token_rows_msg = r"must have 16 rows \(F_b = min\(max_num_tokens, pcp_size \* 16\) global tokens\)"
+    with pytest.raises(ValueError, match="global_slot_mappings " + token_rows_msg):
+        mrv2.gathered_slot_mappings(state, torch.zeros(1, 32, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"global_slot_mappings must be \[num_kv_cache_groups, F_b\]"):
+        mrv2.gathered_slot_mappings(state, torch.zeros(16, dtype=torch.int64))
+    with pytest.raises(ValueError, match="input_ids " + token_rows_msg):
+        mrv2.prepare_draft_prefill(state, local, torch.zeros(17, dtype=torch.int32))
+    with pytest.raises(TypeError, match="input_ids must be a 1-D int32 tensor"):
+        mrv2.prepare_draft_prefill(state, local, torch.zeros(16, dtype=torch.int64))
+    small, small_local = mrv2.partition_batch(state, make_batch(cfg, [3, 8], [16, 0], [4, 8]))
+    with pytest.raises(ValueError, match=r"local_batch.bucket .* is not the state's bucket"):
+        mrv2.prepare_draft_prefill(small, local, torch.zeros(16, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"state must be an mrv2\.MRV2State"):
+        mrv2.restore_hidden_states(local, torch.zeros(32, 2))
+    _, ok = mrv2.prepare_draft_prefill(small, small_local, torch.zeros(16, dtype=torch.int32))
+    assert ok.input_ids.shape == (8,)
+
+
+def test_ops_never_mutate_inputs():
+    cfg = _cfg(2)
+    batch = make_batch(cfg, [3, 8], [16, 0], [4, 8])
     sched = np.array([3, 8])
     make_batch(cfg, sched, [16, 0], [4, 8])
     assert sched.tolist() == [3, 8]
     before = snapshot(batch)
     fresh = init_state(cfg)
+    fresh_before = snapshot(fresh)
     state, local = mrv2.partition_batch(fresh, batch)
+    local_before = snapshot(local)
     gathered = torch.randn(16, 2)
     kept = gathered.clone()
     mrv2.restore_for_sampling(state, gathered, [gathered])
-    mrv2.prepare_draft_prefill(state, local, torch.arange(16))
-    assert tree_equal(batch, before) and torch.equal(gathered, kept) and fresh.layout is None
+    mrv2.restore_draft_prefill(state, gathered, gathered)
+    mrv2.prepare_draft_prefill(state, local, torch.arange(16, dtype=torch.int32))
+    mrv2.gathered_slot_mappings(state, torch.zeros(1, 16, dtype=torch.int64))
+    assert tree_equal(batch, before) and torch.equal(gathered, kept)
+    assert tree_equal(fresh, fresh_before) and tree_equal(local, local_before)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from helpers import batch_for, config_for, to_device, tree_equal, tree_meta
+from helpers import batch_for, config_for, no_slots, to_device, tree_equal, tree_meta
 from hypothesis import given
 from hypothesis import strategies as st
 from oracle_attention import (
@@ -58,7 +58,7 @@ def test_golden_mrope_table_shorter_than_the_prompt_takes_its_last_column():
 def _step(P, rank, sched, comp, prompt, R=None):
     cfg = pcp_fn.PCPConfig(P, rank, R or max(len(sched), 1), 256)
     batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
-    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, torch.zeros(1, dtype=torch.int32))
+    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, no_slots(batch))
     return batch, out
 
 
@@ -83,7 +83,7 @@ def test_remap_mrope_and_prompt_embeds_match_the_oracle(case, data):
     rank = data.draw(st.integers(0, case.P - 1), label="rank")
     cfg = config_for(case, rank)
     batch = batch_for(case, cfg)
-    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, torch.zeros(1, dtype=torch.int32))
+    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, no_slots(batch))
     N, L, Rb = int(out.layout.num_tokens), out.positions.shape[0], batch.bucket.num_reqs
     positions = out.positions[:N].tolist()
     owners = out.layout.request_index[:N].tolist()
@@ -163,7 +163,7 @@ def test_host_schedule_helpers_match_the_oracle_and_mutate_nothing(case, data):
     rank = data.draw(st.integers(0, case.P - 1), label="rank")
     rng = random.Random(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     cfg = config_for(case, rank)
-    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch_for(case, cfg), torch.zeros(1, dtype=torch.int32))
+    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch_for(case, cfg), no_slots(batch_for(case, cfg)))
     n, N = case.num_reqs, int(out.layout.num_tokens)
     local = out.layout.pcp_tokens[:n].numpy()
     positions = out.positions[:N].numpy()
@@ -265,7 +265,7 @@ H = 4
 
 def _device_args(name):
     batch = pcp_fn.make_batch(CFG, *COMPOSITIONS[name], bucket=BUCKET)
-    _, out = pcp_fn.step(pcp_fn.init_state(CFG), batch, torch.zeros(1, dtype=torch.int32))
+    _, out = pcp_fn.step(pcp_fn.init_state(CFG), batch, no_slots(batch))
     gen = torch.Generator().manual_seed(0)
     tables = [
         torch.randint(0, 50, (3, p), generator=gen) if i % 2 == 0 else None
@@ -341,6 +341,27 @@ def test_pack_mrope_tables_rejects(tables, deltas, rows, max_len, match):
 def test_pack_prompt_embeds_rejects(embeds, match):
     with pytest.raises(ValueError, match=match):
         mm.pack_prompt_embeds(embeds, 2, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (
+            lambda: mm.pack_mrope_tables([None], [1.5], 2, 8),
+            TypeError,
+            r"deltas\[0\] must be an int, got float",
+        ),
+        (lambda: mm.pack_mrope_tables([None], [0], -2, 8), ValueError, r"num_rows must be >= 1, got -2"),
+        (lambda: mm.pack_mrope_tables([None], [0], 2, 2.0), TypeError, r"max_len must be an int"),
+        (lambda: mm.pack_prompt_embeds({}, -1, 4, 8), ValueError, r"num_rows must be >= 1, got -1"),
+        (lambda: mm.pack_prompt_embeds({}, 2, 4, -8), ValueError, r"capacity must be >= 1, got -8"),
+        (lambda: mm.pack_prompt_embeds({}, 2, 0, 8), ValueError, r"hidden_size must be >= 1, got 0"),
+        (lambda: mm.pack_prompt_embeds({-1: torch.zeros(1, 4)}, 2, 4, 8), ValueError, r"index must be >= 0"),
+    ],
+)
+def test_packers_reject_bad_sizes_and_fractional_deltas_before_allocating(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
 
 
 def test_gather_prompt_embeds_rejects_an_output_of_the_wrong_width_or_dtype():

@@ -15,10 +15,10 @@ def test_update_tokens_and_consumers_match_the_oracle(case):
     orc = oracle_step(case.P, case.sched, case.comp, case.prompt, case.spec)
     n, P = case.num_reqs, case.P
     N = orc.num_tokens
-    slots = torch.randperm(10_000, dtype=torch.int64)[: max(sum(case.sched), 1)]
+    slots = torch.randperm(10_000, dtype=torch.int64)[: sum(case.sched)]
     for rank in range(P):
         cfg = config_for(case, rank)
-        batch = batch_for(case, cfg)
+        batch = batch_for(case, cfg, slot_mapping=slots)
         Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
         assert N <= Lb <= cfg.max_local_tokens and n <= Rb
         state, lay = pcp_fn.update_tokens(pcp_fn.init_state(cfg), batch)
@@ -35,15 +35,14 @@ def test_update_tokens_and_consumers_match_the_oracle(case):
         assert lay.unpad_mask.tolist() == orc.unpad_mask + [False] * (P * (Lb - N))
         assert lay.restore_index.tolist() == orc.restore_index(Lb) + [0] * (P * (Lb - N))
 
-        _, logits = pcp_fn.get_logits_indices(state, Rb)
+        assert state.bucket == batch.bucket
+        _, logits = pcp_fn.get_logits_indices(state)
         assert logits.tolist() == orc.logits + [0] * (Rb - n)
-        _, logits_cap = pcp_fn.get_logits_indices(state)
-        assert logits_cap.shape == (case.R,) and logits_cap[:Rb].tolist() == logits.tolist()
 
-        _, sm = pcp_fn.padded_slot_mapping(state, slots, Lb)
+        _, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
         assert sm.tolist() == orc.padded_slot_mapping(slots.tolist(), -1) + [-1] * (P * (Lb - N))
 
-        _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, slots)
+        _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch)
         absolute = [case.comp[i] + p for i, p in zip(owners, orc.positions[rank])]
         assert out.positions.tolist() == absolute + [0] * (Lb - N)
         qsl = [sum(orc.pcp_tokens[:i]) for i in range(n + 1)]
@@ -67,8 +66,8 @@ def test_restore_hidden_states_puts_every_token_back(case, H):
     assert restored[: P * N, 0].long().tolist() == expected
     assert (restored[P * N :] == 0).all()
     # the logits indices land on each request's last real token
-    _, logits = pcp_fn.get_logits_indices(state, case.num_reqs)
-    for i, row in enumerate(logits.tolist()):
+    _, logits = pcp_fn.get_logits_indices(state)
+    for i, row in enumerate(logits[: case.num_reqs].tolist()):
         if case.sched[i] == 0:
             continue
         r, l = divmod(int(restored[row, 0]), Lb)

@@ -50,8 +50,8 @@ def test_replace_makes_the_next_state():
 
 def test_outputs_are_pytrees():
     cfg = PCPConfig(2, 1, 4, 32)
-    batch = make_batch(cfg, [1, 5, 8], [7, 0, 0], [3, 5, 8])
-    state, out = pcp_fn.step(init_state(cfg), batch, torch.arange(14))
+    batch = make_batch(cfg, [1, 5, 8], [7, 0, 0], [3, 5, 8], slot_mapping=range(14))
+    state, out = pcp_fn.step(init_state(cfg), batch)
     for tree in (batch, out, out.layout):
         leaves, spec = pytree.tree_flatten(tree)
         assert tree_equal(pytree.tree_unflatten(leaves, spec), tree)

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pcp_fn.ragged import expand_runs, masked_gather, offsets, ragged_index, scatter_to
+from pcp_fn.core.ragged import expand_runs, masked_gather, offsets, ragged_index, scatter_to
 
 
 @given(lengths=st.lists(st.integers(0, 6), max_size=8), extra=st.integers(0, 5))

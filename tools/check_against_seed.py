@@ -46,7 +46,7 @@ def check(b, data):
         m = seed_loader.make_manager(P, rank, R, T, num_spec_tokens=spec)
         seed = seed_loader.seed_step(m, sched, comp, prompt, slots)
         cfg = pcp_fn.PCPConfig(P, rank, R, T, num_spec_tokens=spec)
-        batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
+        batch = pcp_fn.make_batch(cfg, sched, comp, prompt, slot_mapping=slots)
         st_, lay = pcp_fn.update_tokens(pcp_fn.init_state(cfg), batch)
         N = int(lay.num_tokens)
         Lb = batch.bucket.num_tokens
@@ -61,11 +61,11 @@ def check(b, data):
         # our index addresses fixed [Lb] rank buffers, the seed's compact [N] ones
         ours = lay.restore_index[: N * P].numpy()
         np.testing.assert_array_equal(ours - (ours // Lb) * (Lb - N), seed["restore_index"])
-        _, logits = pcp_fn.get_logits_indices(st_, n)
-        np.testing.assert_array_equal(logits.numpy(), seed["logits"])
-        _, sm = pcp_fn.padded_slot_mapping(st_, slots, Lb)
+        _, logits = pcp_fn.get_logits_indices(st_)
+        np.testing.assert_array_equal(logits[:n].numpy(), seed["logits"])
+        _, sm = pcp_fn.padded_slot_mapping(st_, batch.slot_mapping)
         np.testing.assert_array_equal(sm[: N * P].numpy(), seed["slot_mapping"][: N * P].numpy())
-        assert (sm[N * P :] == -1).all()
+        assert (sm[N * P :] == -1).all() and sm.shape == (P * Lb,)
         # the oracle agrees with the seed too
         assert orc.positions[rank] == seed["positions"].tolist()
         assert orc.pcp_tokens == seed["pcp_tokens"].tolist()

@@ -245,7 +245,9 @@ def check_multimodal(step):
     cfg = pcp_fn.PCPConfig(P, rank, max(n, 1), 256)
     batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
     Rb = batch.bucket.num_reqs
-    _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, torch.zeros(1, dtype=torch.int32))
+    _, out = pcp_fn.step(
+        pcp_fn.init_state(cfg), batch, torch.full((pcp_fn.dcs.batch.token_rows(cfg, batch.bucket),), -1)
+    )
     N = int(out.layout.num_tokens)
     local = out.layout.pcp_tokens[:n].numpy().astype(np.int32)
     positions_np = out.positions[:N].numpy().astype(np.int64)

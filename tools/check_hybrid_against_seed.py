@@ -119,18 +119,30 @@ def batches():
 
 def check_draft_split(m, cfg, state, rng):
     """``_split_spec_decode_pcp_prefill_input_hybrid`` on random prefill lengths."""
-    K = int(rng.integers(1, 5))
-    lens = [int(x) for x in rng.integers(1, 30, size=K)]
+    # prefills that one step of this config can hold (at most R requests and T tokens)
+    K = int(rng.integers(1, min(5, cfg.max_num_reqs + 1)))
+    lens, budget = [], cfg.max_num_tokens
+    for _ in range(K):
+        if budget == 0:
+            break
+        lens.append(int(rng.integers(1, min(30, budget + 1))))
+        budget -= lens[-1]
+    K = len(lens)
     S, H = sum(lens), 3
     ids = torch.randint(1, 50_000, (S,), dtype=torch.int32)
     hid = torch.randn(S, H, dtype=torch.float64)
     num, s_ids, s_hid, s_max, s_lens, s_cu = m._split_spec_decode_pcp_prefill_input_hybrid(
         {f"r{i}": x for i, x in enumerate(lens)}, ids, hid
     )
-    rows = 2 * S + 2 * K
-    _, ours = pcp_fn.split_prefill_for_draft_hybrid(
-        state, torch.tensor(lens + [0], dtype=torch.int32), ids, hid, rows
-    )
+    # the draft pass of a step whose prefills are these: its bucket holds this rank's slices
+    batch = pcp_fn.make_batch(cfg, lens, [0] * K, lens)
+    state, _ = pcp_fn.update_tokens(state, batch)
+    Fb, Lb = pcp_fn.dcs.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    full = torch.zeros(Fb, dtype=ids.dtype)
+    full[:S] = ids
+    restored = torch.zeros(cfg.pcp_size * Lb, H, dtype=hid.dtype)  # no decodes: FA rows = prefill tokens
+    restored[:S] = hid
+    _, ours = pcp_fn.split_prefill_for_draft(state, full, restored)
     assert int(ours.num_tokens) == num
     assert torch.equal(ours.input_ids[:num], s_ids) and (ours.input_ids[num:] == 0).all()
     assert torch.equal(ours.hidden_states[:num], s_hid) and (ours.hidden_states[num:] == 0).all()
@@ -168,7 +180,7 @@ def check(b, seed):
         m = seed_loader.make_manager(P, rank, R, T, num_spec_tokens=spec, hybrid=True)
         seed_hybrid_step(m, sched, comp, prompt, slots)  # leave this manager in the step's state
         cfg = pcp_fn.PCPConfig(P, rank, R, T, num_spec_tokens=spec, hybrid_attn=True)
-        batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
+        batch = pcp_fn.make_batch(cfg, sched, comp, prompt, slot_mapping=slots)
         state, lay = pcp_fn.update_tokens(pcp_fn.init_state(cfg), batch)
         Lb = batch.bucket.num_tokens
         N, D, N_dcs = seed["num_tokens"], seed["num_decode_tokens"], seed["num_tokens_padded"]
@@ -217,13 +229,13 @@ def check(b, seed):
         else:
             assert meta.pcp_fa_padding_restore_idx.tolist() == fa_pad.tolist()
 
-        _, logits = pcp_fn.get_logits_indices(state, n)
-        assert logits.tolist() == seed["logits"].tolist()
-        _, adjusted = pcp_fn.adjust_cu_num_scheduled_tokens(
-            state, torch.from_numpy(np.cumsum(seed["pcp_tokens"]))
-        )
-        assert adjusted.tolist() == seed["adjusted_cu"].tolist()
-        _, sm = pcp_fn.padded_slot_mapping(state, slots, Lb)
+        _, logits = pcp_fn.get_logits_indices(state)
+        assert logits[:n].tolist() == seed["logits"].tolist()
+        cu = np.zeros(batch.bucket.num_reqs, dtype=np.int64)
+        cu[:n] = np.cumsum(seed["pcp_tokens"])
+        _, adjusted = pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.from_numpy(cu))
+        assert adjusted[:n].tolist() == seed["adjusted_cu"].tolist()
+        _, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
         assert sm[: P * N_dcs].tolist() == seed["slot_mapping"].tolist() and (sm[P * N_dcs :] == -1).all()
 
         # restore: the seed pads each rank to M and all-gathers; ours reads fixed [Lb] buffers
@@ -235,7 +247,7 @@ def check(b, seed):
         _, restored = pcp_fn.restore_hidden_states(state, fixed)
         assert torch.equal(restored[:fa_len], seed_restored)
 
-        _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch, slots)
+        _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch)
         req = np.repeat(np.arange(n), seed["pcp_tokens"])
         assert out.positions[:N].tolist() == (np.asarray(comp)[req] + seed["positions"]).tolist()
         assert out.logits_indices[:n].tolist() == seed["logits"].tolist()

@@ -10,7 +10,11 @@ path header) is executed. For each random global batch, configuration (P, replic
 sharded decodes, DCP 1 or 2, interleave, MoE gather) and graph mode (NONE,
 PIECEWISE, FULL), every rank's ``partition_batch`` and the consumers of its
 layout are compared with pcp_fn.mrv2 on the seed's rows, and pcp_fn's padding
-rows with their documented values. It prints how many batches matched.
+rows with their documented values. Each rank builds its batch with its own config
+(even ranks keep the rank static, odd ones give it as data); the global inputs
+are handed over at the bucket's ``F_b = min(T, P * Lp)`` rows and the restored
+hidden states come back at ``F_b`` rows (the seed's ``num_tokens`` rows first).
+It prints how many batches matched.
 """
 
 from __future__ import annotations
@@ -238,9 +242,29 @@ def seed_global_batch(c, Tg):
     )
 
 
-def check_rank(c, cfg, batch, rank, mode, Lp, Rl):
+def _rows(t, rows):
+    """``t`` cut or zero-padded to ``rows`` along its last dim (only entries past the tokens change)."""
+    n = t.shape[-1]
+    return t[..., :rows] if n >= rows else torch.nn.functional.pad(t, (0, rows - n))
+
+
+def check_rank(c, cfg, rank, mode, Lp, Rl):
     P, N = c["P"], sum(c["sched"])
     Tg = N + c["extra_tokens"]
+    # every rank builds its own batch with its own config (a batch of another config is refused)
+    rank_cfg = dataclasses.replace(cfg, pcp_rank=rank)
+    batch = mrv2.make_batch(
+        rank_cfg,
+        c["sched"],
+        c["computed"],
+        c["prefill_len"],
+        is_prefilling=c["prefilling"],
+        idx_mapping=c["idx_mapping"],
+        input_ids=c["input_ids"],
+        positions=c["positions"],
+        bucket=Bucket(Rl, Lp),
+    )
+    F = mrv2.token_rows(rank_cfg, batch.bucket)
     mgr = PCPManager(
         P,
         rank,
@@ -254,9 +278,11 @@ def check_rank(c, cfg, batch, rank, mode, Lp, Rl):
     )
     gb = seed_global_batch(c, Tg)
     desc = types.SimpleNamespace(cg_mode=CUDAGraphMode[mode], num_tokens=Lp, num_reqs=Rl)
-    state = mrv2.init_state(dataclasses.replace(cfg, pcp_rank=rank))
+    # alternate a static rank and rank as data
+    state = mrv2.init_state(rank_cfg) if rank % 2 == 0 else mrv2.init_state(rank_cfg, rank=rank)
     state, ours = mrv2.partition_batch(state, batch)
     lay = state.layout
+    assert state.bucket == batch.bucket and lay.hidden_restore_idx.shape == (F,)
     if mode == "FULL" and gb.has_prefill:
         try:
             mgr.partition_batch(gb, desc)
@@ -273,6 +299,7 @@ def check_rank(c, cfg, batch, rank, mode, Lp, Rl):
     _eq("padded_gather_idx", lay.padded_gather_idx, mgr._padded_gather_idx)
     _eq("gathered_kv_write_mask", lay.gathered_kv_write_mask, mgr._gathered_kv_write_mask)
     _eq("hidden_restore_idx", lay.hidden_restore_idx[:N], mgr._hidden_restore_idx)
+    _eq("hidden_restore_idx padding", lay.hidden_restore_idx[N:], [0] * (F - N))
     _eq("local gather idx", ours.gather_idx, mgr._local_gather_idx)
     _eq(
         "num_tokens_for_dispatch",
@@ -336,7 +363,7 @@ def check_rank(c, cfg, batch, rank, mode, Lp, Rl):
 
     # slot mappings
     slots = torch.randint(0, 1 << 30, (2, Tg), dtype=torch.int64)
-    _, got = mrv2.gathered_slot_mappings(state, torch.nn.functional.pad(slots, (0, c["T"] - Tg)))
+    _, got = mrv2.gathered_slot_mappings(state, _rows(slots, F))
     _eq("gathered slot mappings", got, mgr._convert_to_gathered_slot_mappings(slots))
 
     # hidden-state restores (the seed all-gathers; we hand both the same gathered rows)
@@ -345,20 +372,22 @@ def check_rank(c, cfg, batch, rank, mode, Lp, Rl):
     gathered_h = torch.randn(P * Lp, H, dtype=torch.float64)
     gathered_a = torch.randn(P * Lp, H, dtype=torch.float64)
     GROUP.table = {id(local_h): gathered_h, id(local_a): gathered_a}
-    _, got = mrv2.restore_hidden_states(state, gathered_h, num_tokens=N)
-    assert torch.equal(got, mgr.restore_hidden_states(local_h))
+    _, got = mrv2.restore_hidden_states(state, gathered_h)
+    assert got.shape == (F, H) and torch.equal(got[:N], mgr.restore_hidden_states(local_h))
+    assert all(torch.equal(row, gathered_h[0]) for row in got[N:])  # the documented padding rows
     seed_h, seed_aux, _ = mgr.restore_for_sampling(local_h, [local_a])
-    _, got = mrv2.restore_for_sampling(state, gathered_h, [gathered_a], num_tokens=N)
-    assert torch.equal(got.hidden_states, seed_h) and torch.equal(got.aux_hidden_states[0], seed_aux[0])
+    _, got = mrv2.restore_for_sampling(state, gathered_h, [gathered_a])
+    assert torch.equal(got.hidden_states[:N], seed_h)
+    assert torch.equal(got.aux_hidden_states[0][:N], seed_aux[0])
 
     # draft prefill: gather the drafter's ids, then restore its outputs
     draft_ids = torch.randint(0, 30_000, (Tg,), dtype=torch.int32)
     mgr.prepare_draft_prefill(gb, draft_ids)
-    _, draft = mrv2.prepare_draft_prefill(state, ours, torch.nn.functional.pad(draft_ids, (0, c["T"] - Tg)))
+    _, draft = mrv2.prepare_draft_prefill(state, ours, _rows(draft_ids, F))
     _eq("draft input_ids", draft.input_ids, mgr.draft_prefill_batch.input_ids)
     s_last, s_hidden = mgr.restore_draft_prefill(local_h, local_a)
-    _, got = mrv2.restore_draft_prefill(state, gathered_h, gathered_a, num_tokens=N)
-    assert torch.equal(got.last_hidden_states, s_last) and torch.equal(got.hidden_states, s_hidden)
+    _, got = mrv2.restore_draft_prefill(state, gathered_h, gathered_a)
+    assert torch.equal(got.last_hidden_states[:N], s_last) and torch.equal(got.hidden_states[:N], s_hidden)
     STATS["rank_checks"] += 1
 
 
@@ -423,19 +452,8 @@ def check(c):
         mode = "PIECEWISE"  # the seed would size its buffers 0; a bucket has at least one row
     Lp = need_tokens if mode == "NONE" else min(max(need_tokens, 1) + c["slack_tokens"], c["T"])
     Rl = min(need_reqs + c["slack_reqs"], cfg.max_local_reqs)
-    batch = mrv2.make_batch(
-        cfg,
-        c["sched"],
-        c["computed"],
-        c["prefill_len"],
-        is_prefilling=c["prefilling"],
-        idx_mapping=c["idx_mapping"],
-        input_ids=c["input_ids"],
-        positions=c["positions"],
-        bucket=Bucket(Rl, Lp),
-    )
     for rank in range(c["P"]):
-        check_rank(c, cfg, batch, rank, mode, Lp, Rl)
+        check_rank(c, cfg, rank, mode, Lp, Rl)
     check_too_small(c, cfg, need_tokens)
     STATS["batches"] += 1
 

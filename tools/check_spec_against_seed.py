@@ -1,16 +1,19 @@
-"""Differential check: pcp_fn.spec against the REAL seed spec-decode code, on random batches.
+"""Differential check: pcp_fn.spec against the REAL vllm-ascend spec-decode code, on random batches.
 
-Development only (needs the seed files; see seed_loader.py). Run:
+Development only (needs the reference files; see reference.py). Run:
 
     python tools/check_spec_against_seed.py [num_examples]
 
 For every random batch (P in {1, 2, 4}, DCP in {1, 2, 4}, interleave 1 or
-128 (the seed's MTP mask ignores the interleave: compared at 1 only), 1-3 spec tokens,
-decodes first, then fresh prefills; every rank) it runs the seed's
-``PCPManager`` methods (seed 000) and the runner's
-``_calc_spec_decode_metadata`` (seed 002, extracted from the file and bound
-to a stand-in runner) next to the pcp_fn ops and asserts equality on the real
-rows. It prints how many (batch, rank) pairs matched per function.
+128 (vllm-ascend's MTP mask ignores the interleave: compared at 1 only), 1-3
+spec tokens, the DualChunkSwap or the hybrid-attention layout
+(``hybrid_attn=True`` / a ``qwen3_next`` manager), decodes first, then fresh
+prefills; every rank) it runs vllm-ascend's ``PCPManager`` methods
+(``pcp_utils.py``) and the runner's ``_calc_spec_decode_metadata``
+(``model_runner_v1.py``, extracted from the file and bound to a stand-in
+runner, which switches to ``adjust_cu_num_scheduled_tokens_for_pcp`` under
+hybrid attention) next to the pcp_fn ops and asserts equality on the real
+rows. It prints how many (batch, rank) pairs matched per function and layout.
 
 Stand-ins added here (not in seed_loader): the vLLM runner helper
 ``_get_cumsum_and_arange`` (returns the cumsum, writes the per-request arange
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import collections
-import glob
 import os
 import sys
 import types
@@ -40,11 +42,19 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 import seed_loader  # noqa: E402
+from reference import reference_source  # noqa: E402
 
 import pcp_fn  # noqa: E402
 from pcp_fn import PCPConfig, init_state  # noqa: E402
 
-COUNT: collections.Counter = collections.Counter()
+COUNT: collections.Counter = collections.Counter()  # (check, layout) -> (batch, rank) pairs that matched
+LAYOUT = ["dcs"]  # the layout of the batch being checked
+
+
+def count(name):
+    COUNT[(name, LAYOUT[0])] += 1
+
+
 MAX_MODEL_LEN = 256
 H = 3
 
@@ -108,33 +118,9 @@ def _load_seed_module():
     return mod
 
 
-def _find_seed(prefix):
-    """``shared/seeds/<prefix>_*.txt`` in the nearest parent directory that has one."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    while True:
-        hits = glob.glob(os.path.join(here, "shared", "seeds", f"{prefix}_*.txt"))
-        if hits:
-            return hits[0]
-        if os.path.dirname(here) == here:
-            return None
-        here = os.path.dirname(here)
-
-
-if not os.environ.get("PCP_FN_SEED") and _find_seed("000"):
-    os.environ["PCP_FN_SEED"] = _find_seed("000")
-
-
-def _runner_seed_path():
-    path = os.environ.get("PCP_FN_RUNNER_SEED") or _find_seed("002")
-    if path is None:
-        raise FileNotFoundError("seed 002 (the runner) not found: set PCP_FN_RUNNER_SEED")
-    return path
-
-
 def _load_calc_spec_decode_metadata():
-    """The runner's ``_calc_spec_decode_metadata``, compiled from seed 002's own text."""
-    path = _runner_seed_path()
-    text = open(path).read().split("\n", 1)[1]
+    """The runner's ``_calc_spec_decode_metadata``, compiled from vllm-ascend's ``model_runner_v1.py``."""
+    path, text = reference_source("vllm_ascend_model_runner")
     tree = ast.parse(text)
     fn = next(
         node
@@ -169,6 +155,7 @@ CALC = _load_calc_spec_decode_metadata()
 def batches(draw):
     P = draw(st.sampled_from([1, 2, 4]))
     dcp = draw(st.sampled_from([1, 2, 4]))
+    hybrid = draw(st.booleans())
     interleave = draw(st.sampled_from([1, 1, 128]))
     spec = draw(st.integers(1, 3))
     decode_only = draw(st.booleans())
@@ -190,7 +177,7 @@ def batches(draw):
         drafts.append(0)
     R = len(sched) + draw(st.integers(0, 3))
     T = sum(sched) + draw(st.integers(0, 20))
-    return P, dcp, interleave, spec, R, T, sched, comp, prompt, drafts
+    return P, dcp, interleave, spec, hybrid, R, T, sched, comp, prompt, drafts
 
 
 def _table(R, sched, comp, rng):
@@ -199,14 +186,12 @@ def _table(R, sched, comp, rng):
 
 
 # ---------------------------------------------------------------- checks
-def check_spec_decode_indices(cfg, batch, spec, state, m, sched, drafts, rng):
+def check_spec_decode_indices(cfg, batch, spec, state, m, sched, drafts, local, rng):
+    """``local``: this rank's token counts (update_tokens_for_pcp's first output: the linear ones
+    under hybrid attention), whose cumsum the runner hands ``_calc_spec_decode_metadata``."""
     n = len(sched)
     P = cfg.pcp_size
-    if P > 1:
-        local = m.pcp_tokens[:n].astype(np.int64)
-        pads = m.num_pcp_pads_cpu[:n]
-    else:
-        local, pads = np.asarray(sched, dtype=np.int64), None
+    pads = m.num_pcp_pads_cpu[:n] if P > 1 else None
     N = int(local.sum())
     ids = torch.from_numpy(rng.integers(0, 50_000, size=batch.bucket.num_tokens, dtype=np.int32))
     arange_np = np.arange(4096, dtype=np.int64)
@@ -220,17 +205,26 @@ def check_spec_decode_indices(cfg, batch, spec, state, m, sched, drafts, rng):
         device="cpu",
     )
     seed = CALC(runner, np.asarray(drafts, dtype=np.int32), np.cumsum(local), pads)
-    _, ours = pcp_fn.spec_decode_indices(state, spec.num_draft_tokens, ids, bucket=batch.bucket)
+    _, ours = pcp_fn.spec_decode_indices(state, spec.num_draft_tokens, ids)
     S, D = int(ours.num_sampled), int(ours.num_drafts)
     assert ours.logits_indices[:S].tolist() == seed.logits_indices.tolist()
+    assert ours.local_logits_indices[:S].tolist() == np.maximum(_local_logits(local, drafts), 0).tolist()
     assert ours.target_logits_indices[:D].tolist() == seed.target_logits_indices.tolist()
     assert ours.bonus_logits_indices[:n].tolist() == seed.bonus_logits_indices.tolist()
     assert ours.cu_num_draft_tokens[:n].tolist() == seed.cu_num_draft_tokens.tolist()
     assert ours.cu_num_sampled_tokens[:n].tolist() == seed.cu_num_sampled_tokens.tolist()
     assert ours.draft_token_ids[:D].tolist() == seed.draft_token_ids.tolist()
     assert N <= batch.bucket.num_tokens
-    COUNT["spec_decode_indices"] += 1
+    count("spec_decode_indices")
     return seed, ours
+
+
+def _local_logits(local, drafts):
+    """The runner's logits indices before the PCP adjustment: the last ``drafts + 1`` rows of each
+    request in this rank's local order (what it reads the draft token ids with)."""
+    cu = np.cumsum(local)
+    s = np.asarray(drafts) + 1
+    return np.concatenate([np.arange(c - k, c) for c, k in zip(cu, s)])
 
 
 def run_generate(m, cfg, sched, comp, table, *, with_prefill, prev=None, draft=None):
@@ -283,22 +277,20 @@ def check_full_input_ids(cfg, batch, state, m, sched, comp, table, rng, with_pre
     )
     F = int(cu[-1])
     Rb = batch.bucket.num_reqs
-    _, full = pcp_fn.full_input_ids(state, table, batch.num_computed, bucket=batch.bucket, slot_fn=slot_of)
+    _, full = pcp_fn.full_input_ids(state, table, batch.num_computed, slot_fn=slot_of)
     ids = full.input_ids
     if async_mode:
         padded_prev = torch.full((Rb,), -1, dtype=torch.int64)
         padded_prev[:n] = prev_positions
-        _, ids = pcp_fn.repair_full_input_ids(
-            state, ids, prev_sampled, draft, padded_prev, bucket=batch.bucket
-        )
-        COUNT["repair_full_input_ids"] += 1
+        _, ids = pcp_fn.repair_full_input_ids(state, ids, prev_sampled, draft, padded_prev)
+        count("repair_full_input_ids")
     assert int(full.num_tokens) == F
     assert ids[:F].tolist() == m.input_ids_pcp_full.gpu[:F].tolist()
     assert full.positions[:F].tolist() == m.positions_pcp_full_np[:F].tolist()
     qsl = m.query_start_loc_pcp_full.gpu
     k = min(Rb + 1, qsl.shape[0])
     assert full.query_start_loc[:k].tolist() == qsl[:k].tolist()
-    COUNT["full_input_ids"] += 1
+    count("full_input_ids")
     builds_mtp = cfg.decode_threshold > 2 and (
         not with_prefill or (cfg.pcp_size == 1 and cfg.dcp_size > 1 and with_prefill)
     )
@@ -307,7 +299,7 @@ def check_full_input_ids(cfg, batch, state, m, sched, comp, table, rng, with_pre
         P = cfg.pcp_size
         assert full.mtp.slot_mapping[: M * P].tolist() == m.mtp_slot_pad.tolist()
         assert (full.mtp.slot_mapping[M * P :] == -1).all()
-        COUNT["full_input_ids.mtp_slot_pad"] += 1
+        count("full_input_ids.mtp_slot_pad")
     return full, ids
 
 
@@ -326,20 +318,20 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
     D = m.num_decode_reqs
     Dt = m.num_decode_tokens
     # decode_hidden_states
-    _, dh = pcp_fn.decode_hidden_states(state, ours_h, bucket=batch.bucket)
+    _, dh = pcp_fn.decode_hidden_states(state, ours_h)
     if Dt:
         seed_dh = m.get_spec_decode_decode_hidden_states(seed_h[: Dt * P], D, Dt)
         assert torch.equal(dh[:Dt], seed_dh)
-    COUNT["decode_hidden_states"] += 1
+    count("decode_hidden_states")
 
     F = sum(sched)
     Fb = full_ids.shape[0]
     ids_full = torch.from_numpy(rng.integers(1, 50_000, size=Fb, dtype=np.int32))
-    # split_prefill_for_draft (the non-hybrid path)
+    # split_prefill_for_draft (vllm-ascend dispatches to its _hybrid variant under hybrid attention)
     if P > 1:
         req_p = {str(i): sched[i] for i in range(D, n)}
         seed_split = m._split_spec_decode_pcp_prefill_input(req_p, ids_full[Dt:F], seed_h[Dt * P :])
-        _, split = pcp_fn.split_prefill_for_draft(state, ids_full, ours_h, bucket=batch.bucket)
+        _, split = pcp_fn.split_prefill_for_draft(state, ids_full, ours_h)
         num_tokens, s_ids, s_h, s_max, s_lens, s_cu = seed_split
         assert int(split.num_tokens) == num_tokens
         assert split.input_ids[:num_tokens].tolist() == s_ids.tolist()
@@ -348,7 +340,7 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
         np_ = n - D
         assert split.seq_lens[:np_].tolist() == s_lens.tolist()
         assert split.cu_num_tokens[: np_ + 1].tolist() == s_cu.tolist()
-        COUNT["split_prefill_for_draft"] += 1
+        count("split_prefill_for_draft")
 
     # first_pass_inputs
     if P * cfg.dcp_size > 1:
@@ -400,7 +392,6 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
             ours_idx.logits_indices,
             ours_idx.num_sampled,
             seq_lens=seq_b,
-            bucket=batch.bucket,
         )
         K = seed_fp.num_tokens
         assert int(fp.num_tokens) == K
@@ -414,11 +405,11 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
             assert fp.seq_lens[:n].tolist() == cam.seq_lens.tolist()
             assert fp.query_start_loc[: n + 1].tolist() == cam.query_start_loc.tolist()
             assert int(fp.max_query_len) == cam.max_query_len
-            COUNT["first_pass_inputs (P > 1, with prefills)"] += 1
+            count("first_pass_inputs (P > 1, with prefills)")
         else:
             assert fp.seq_lens[:n].tolist() == seq_lens.tolist()
             assert fp.query_start_loc[: n + 1].tolist() == qsl_full.tolist()
-        COUNT["first_pass_inputs"] += 1
+        count("first_pass_inputs")
 
 
 def check_mtp(cfg, batch, state, m, sched, comp, full, rng):
@@ -432,27 +423,27 @@ def check_mtp(cfg, batch, state, m, sched, comp, full, rng):
     built = m.mtp_slot_pad is not None  # the seed built the MTP slots (decode-only, or DCP-only prefill)
     if built:
         seed_idx, _ = m._get_spec_decode_mtp_slot_inputs(ori.clone(), n, k)
-        _, ours = pcp_fn.mtp_slot_inputs(state, ori_b, full.mtp.slot_mapping, bucket=batch.bucket)
+        _, ours = pcp_fn.mtp_slot_inputs(state, ori_b, full.mtp.slot_mapping)
         assert ours.slot_indices[: n * P].tolist() == seed_idx.tolist()
         assert (ours.slot_indices[n * P :] == 0).all()
-        COUNT["mtp_slot_inputs"] += 1
+        count("mtp_slot_inputs")
     seq = torch.from_numpy(rng.integers(1, 500, size=Rb, dtype=np.int32))
     cam = SimpleNamespace(block_table_tensor=torch.zeros(Rb, 4))
     attn = SimpleNamespace(seq_lens=seq.clone(), seq_lens_cpu=None)
     seed_in = m.prepare_spec_decode_mtp_drafting_inputs(cam, attn, ori.clone(), n, D, D < n, k)
     slots = full.mtp.slot_mapping if full.mtp is not None else torch.zeros(1, dtype=torch.int32)
-    _, ours_in = pcp_fn.mtp_drafting_inputs(state, ori_b, seq, slots, bucket=batch.bucket)
+    _, ours_in = pcp_fn.mtp_drafting_inputs(state, ori_b, seq, slots)
     if seed_in is None:
         assert ours_in is None or not bool(ours_in.active)
-        COUNT["mtp_drafting_inputs (seed: None)"] += 1
+        count("mtp_drafting_inputs (vllm-ascend: None)")
     else:
         assert built and bool(ours_in.active)
         r = int(ours_in.num_reqs)
         assert ours_in.slot_indices[: r * P].tolist() == seed_in.slot_indices.tolist()
         assert ours_in.seq_lens[:n].tolist() == seed_in.seq_lens.tolist()
         assert torch.equal(ours_in.slot_mapping, full.mtp.slot_mapping)
-        COUNT["mtp_drafting_inputs (active)"] += 1
-    COUNT["mtp_drafting_inputs"] += 1
+        count("mtp_drafting_inputs (active)")
+    count("mtp_drafting_inputs")
 
 
 def check_mask(cfg, batch, state, m, sched, comp):
@@ -460,30 +451,30 @@ def check_mask(cfg, batch, state, m, sched, comp):
     if C == 1 or cfg.cp_kv_cache_interleave_size != 1:
         return
     D = m.num_decode_reqs
-    _, ours = pcp_fn.mtp_attention_mask(state, batch.num_computed, MAX_MODEL_LEN, bucket=batch.bucket)
+    _, ours = pcp_fn.mtp_attention_mask(state, batch.num_computed, MAX_MODEL_LEN)
     if D:
-        seed = m.generate_mtp_attention_mask_for_decode(comp[:D], np.asarray(sched[:D]))
-        assert torch.equal(ours.mask[:D], seed)
-        if seed.any():
-            COUNT["mtp_attention_mask (some entry blocked)"] += 1
+        ref = m.generate_mtp_attention_mask_for_decode(comp[:D], np.asarray(sched[:D]))
+        assert torch.equal(ours.mask[:D], ref)
+        if ref.any():
+            count("mtp_attention_mask (some entry blocked)")
     assert not ours.mask[D:].any()
     assert int(ours.num_rows) == (D if D else len(sched))
-    COUNT["mtp_attention_mask"] += 1
+    count("mtp_attention_mask")
 
 
 def check_restore_mask(cfg, state, m, rng):
-    length = int(rng.integers(1, min(64, m.pcp_allgather_restore_idx.gpu.shape[0]) + 1))
+    length = cfg.pcp_size * state.bucket.num_tokens  # the state's [P * L_b] restore index
     idx = torch.from_numpy(rng.integers(0, 1000, size=length, dtype=np.int64))
     _, ours = pcp_fn.mask_restore_index_for_graph(state, idx)
-    seed = idx.clone()
-    m.mask_spec_decode_restore_idx_for_graph(seed)
-    assert ours.tolist() == seed.tolist()
+    ref = idx.clone()
+    m.mask_spec_decode_restore_idx_for_graph(ref)
+    assert ours.tolist() == ref.tolist()
     assert m.pcp_allgather_restore_idx.gpu[:length].tolist() == ours.tolist()
-    COUNT["mask_restore_index_for_graph"] += 1
+    count("mask_restore_index_for_graph")
 
 
 def check_drafting_seq_lens(cfg, state, m, rng):
-    seq = torch.from_numpy(rng.integers(0, 600, size=int(rng.integers(1, 8)), dtype=np.int64))
+    seq = torch.from_numpy(rng.integers(0, 600, size=state.bucket.num_reqs, dtype=np.int64))
     d = int(rng.integers(0, 3))
     _, ours = pcp_fn.drafting_cp_seq_lens(state, seq, d)
     mla = SimpleNamespace(decode=SimpleNamespace())
@@ -495,11 +486,11 @@ def check_drafting_seq_lens(cfg, state, m, rng):
         ours.num_computed_tokens_of_pcp_dcp.tolist()
         == other.decode_meta.num_computed_tokens_of_pcp_dcp.tolist()
     )
-    COUNT["drafting_cp_seq_lens"] += 1
+    count("drafting_cp_seq_lens")
 
 
 def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
-    """The seed's device branch (decode-only batches, P * dcp > 1, async)."""
+    """vllm-ascend's device branch (decode-only batches, P * dcp > 1, async)."""
     n, P = len(sched), cfg.pcp_size
     m = seed_loader.make_manager(
         P,
@@ -509,6 +500,7 @@ def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
         num_spec_tokens=cfg.num_spec_tokens,
         dcp=cfg.dcp_size,
         dcp_rank=cfg.dcp_rank,
+        hybrid=cfg.hybrid_attn,
         max_model_len=MAX_MODEL_LEN,
     )
     sched_np = np.asarray(sched, dtype=np.int32)
@@ -563,7 +555,7 @@ def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
         prepare_input_ids=None,
     )
     assert result.rebuilt and result.positions_ready_on_device
-    _, ours = pcp_fn.rebuild_spec_positions(state, corrected_b, bucket=batch.bucket, slot_fn=slot_of)
+    _, ours = pcp_fn.rebuild_spec_positions(state, corrected_b, slot_fn=slot_of)
     assert ours.positions[:N].tolist() == positions[:N].tolist()
     assert (ours.positions[N:] == 0).all()
     F = int(cu_full[-1])
@@ -574,13 +566,14 @@ def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
     if cfg.decode_threshold > 2:
         M = int(ours.mtp.num_tokens)
         assert ours.mtp.slot_mapping[: M * P].tolist() == m.mtp_slot_pad[: M * P].tolist()
-    COUNT["rebuild_spec_positions"] += 1
+    count("rebuild_spec_positions")
 
 
 @settings(max_examples=int(sys.argv[1]) if len(sys.argv) > 1 else 200, deadline=None)
 @given(batches(), st.integers(0, 2**31 - 1))
 def check(b, seed):
-    P, dcp, interleave, spec, R, T, sched, comp, prompt, drafts = b
+    P, dcp, interleave, spec, hybrid, R, T, sched, comp, prompt, drafts = b
+    LAYOUT[0] = "hybrid" if hybrid else "dcs"
     rng = np.random.default_rng(seed)
     n = len(sched)
     table = _table(R, sched, comp, rng)
@@ -595,6 +588,7 @@ def check(b, seed):
                 dcp_size=dcp,
                 dcp_rank=dcp_rank,
                 cp_kv_cache_interleave_size=interleave,
+                hybrid_attn=hybrid,
             )
             batch, sp = pcp_fn.make_spec_batch(cfg, sched, comp, prompt, drafts, token_ids=table)
             state, _ = pcp_fn.update_tokens(init_state(cfg), batch)
@@ -607,32 +601,40 @@ def check(b, seed):
                 dcp=dcp,
                 dcp_rank=dcp_rank,
                 interleave=interleave,
+                hybrid=hybrid,
                 max_model_len=MAX_MODEL_LEN,
             )
             sched_np = np.asarray(sched, dtype=np.int32)
             m.init_batch_info(
                 sched_np, n, np.asarray(comp, dtype=np.int32), np.asarray(prompt, dtype=np.int32)
             )
+            local = np.asarray(sched, dtype=np.int64)
             if P > 1:
-                m.update_tokens_for_pcp(sched_np.copy(), np.arange(8192, dtype=np.int64))
+                counts, _ = m.update_tokens_for_pcp(sched_np.copy(), np.arange(8192, dtype=np.int64))
+                local = np.asarray(counts)[:n].astype(np.int64).copy()
             with_prefill = m.num_decode_reqs < n
-            seed_idx, ours_idx = check_spec_decode_indices(cfg, batch, sp, state, m, sched, drafts, rng)
+            ref_idx, ours_idx = check_spec_decode_indices(cfg, batch, sp, state, m, sched, drafts, local, rng)
             check_restore_mask(cfg, state, m, rng)
             check_drafting_seq_lens(cfg, state, m, rng)
             check_mask(cfg, batch, state, m, sched, comp)
             if P * dcp == 1:
-                continue  # the seed has no full-input buffers without context parallelism
+                continue  # vllm-ascend has no full-input buffers without context parallelism
             full, ids = check_full_input_ids(cfg, batch, state, m, sched, comp, table, rng, with_prefill)
-            check_drafts(cfg, batch, state, m, sched, ids, seed_idx, ours_idx, rng)
+            check_drafts(cfg, batch, state, m, sched, ids, ref_idx, ours_idx, rng)
             check_mtp(cfg, batch, state, m, sched, comp, full, rng)
             if not with_prefill:
                 check_rebuild(cfg, batch, state, sched, comp, table, rank, rng)
-    COUNT["batches"] += 1
+    COUNT[("batches", LAYOUT[0])] += 1
 
 
 if __name__ == "__main__":
     check()
-    print(f"{COUNT['batches']} random batches (every PCP and DCP rank of each); pcp_fn == seed on:")
-    for name, k in sorted(COUNT.items()):
-        if name != "batches":
-            print(f"  {name:32s} {k} (batch, rank) pairs")
+    layouts = ("dcs", "hybrid")
+    print(
+        f"{sum(COUNT[('batches', k)] for k in layouts)} random batches "
+        f"({COUNT[('batches', 'dcs')]} DualChunkSwap, {COUNT[('batches', 'hybrid')]} hybrid attention; "
+        "every PCP and DCP rank of each); pcp_fn == vllm-ascend on (batch, rank) pairs:"
+    )
+    print(f"  {'':44s} {'dcs':>6s} {'hybrid':>7s}")
+    for name in sorted({name for name, _ in COUNT if name != "batches"}):
+        print(f"  {name:44s} {COUNT[(name, 'dcs')]:6d} {COUNT[(name, 'hybrid')]:7d}")

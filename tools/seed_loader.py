@@ -4,19 +4,18 @@ The seed (vllm-ascend ``worker/pcp_utils.py``) imports vllm and vllm_ascend.
 This loader puts small stand-ins for those imports in ``sys.modules`` and
 executes the seed text, so benchmarks and ``tools/check_against_seed.py`` can
 run the real host path next to pcp_fn. Nothing in ``pcp_fn`` or ``tests``
-imports it; it needs the seed file (``$PCP_FN_SEED`` or ``../shared/seeds``).
+imports it; it finds the reference through :mod:`reference`.
 """
 
 from __future__ import annotations
 
-import glob
-import os
 import sys
 import types
 from types import SimpleNamespace
 
 import numpy as np
 import torch
+from reference import reference_path, reference_source
 
 
 class CpuGpuBuffer:
@@ -76,12 +75,8 @@ def _install_stubs():
 
 
 def seed_path() -> str | None:
-    env = os.environ.get("PCP_FN_SEED")
-    if env and os.path.exists(env):
-        return env
-    here = os.path.dirname(os.path.abspath(__file__))
-    hits = glob.glob(os.path.join(here, "..", "..", "shared", "seeds", "000_*.txt"))
-    return hits[0] if hits else None
+    """The vllm-ascend ``pcp_utils.py`` reference (:mod:`reference`), or ``None``."""
+    return reference_path("vllm_ascend_pcp_utils")
 
 
 _CLASS = None
@@ -91,11 +86,8 @@ def load_pcp_manager_class():
     global _CLASS
     if _CLASS is not None:
         return _CLASS
-    path = seed_path()
-    if path is None:
-        raise FileNotFoundError("seed 000 not found: set PCP_FN_SEED")
+    path, text = reference_source("vllm_ascend_pcp_utils")
     _install_stubs()
-    text = open(path).read().split("\n", 1)[1]  # first line is the file's path
     mod = types.ModuleType("seed_pcp_utils")
     sys.modules["seed_pcp_utils"] = mod  # dataclasses look their module up
     exec(compile(text, path, "exec"), mod.__dict__)

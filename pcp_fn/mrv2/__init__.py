@@ -1,20 +1,26 @@
-"""The vLLM model-runner-V2 PCP layout (``v1/worker/gpu/pcp_manager.py``) as pure, fixed-shape functions.
+"""The vLLM model-runner-V2 PCP layout (``v1/worker/gpu/pcp_manager.py``, ``PCPManager``) as pure,
+fixed-shape functions.
 
     cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=256, max_num_tokens=8192)
-    state = init_state(cfg)                                   # no layout yet
+    state = init_state(cfg)                                   # empty layout, smallest bucket
     batch = make_batch(cfg, num_scheduled, num_computed, prefill_len,
                        input_ids=ids, positions=pos)          # host: validates, picks the bucket
     state, local = partition_batch(state, batch)              # layout + this rank's LocalBatch
-    state, slots = gathered_slot_mappings(state, global_slots)      # [K, P*Lp]
-    state, hidden = restore_hidden_states(state, all_gathered)      # [T, H], global order
+    state, slots = gathered_slot_mappings(state, global_slots)      # [K, F_b] -> [K, P*Lp]
+    state, hidden = restore_hidden_states(state, all_gathered)      # [P*Lp, H] -> [F_b, H]
 
 Unlike the DualChunkSwap layout (``pcp_fn.update_tokens``), prefills are not
 padded (chunks are cut at the request's end), decodes are replicated or sharded,
 every rank orders its rows decodes first, and the gathered buffer is mapped by
 ``padded_gather_idx`` / ``hidden_restore_idx`` with a KV write mask.
+
+Sizes come with the data: ``partition_batch`` and ``build_layout`` (entry
+ops: they read only the state's config and rank) record the batch's bucket
+``(Rl, Lp)`` in the state, and every consumer shapes its outputs from it
+(``F_b = token_rows(config, bucket) = min(T, P * Lp)`` global token rows).
 """
 
-from .batch import GlobalBatch, check_bucket, make_batch, num_tokens_for_dispatch, rank_counts
+from .batch import GlobalBatch, check_bucket, make_batch, num_tokens_for_dispatch, rank_counts, token_rows
 from .config import MRV2Config
 from .layout import MRV2Layout, MRV2State, build_layout, init_state
 from .partition import LocalBatch, expand_moe_padding, partition_batch
@@ -49,4 +55,5 @@ __all__ = [
     "restore_draft_prefill",
     "restore_for_sampling",
     "restore_hidden_states",
+    "token_rows",
 ]

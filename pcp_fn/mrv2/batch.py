@@ -2,26 +2,31 @@
 
 The only place that reads values on the host. It validates the scheduler's
 per-request arrays, counts every rank's local tokens and segments (O(P * R)
-integer arithmetic on arrays the host already has, the seed's
-``get_num_tokens_for_dispatch``), picks or checks the graph bucket, and moves
-the arrays to the device. Per-token work all happens on the device.
+integer arithmetic on arrays the host already has, vLLM's
+``PCPManager.get_num_tokens_for_dispatch``), picks or checks the graph bucket,
+pads the per-token arrays to the bucket's ``F_b`` global token rows and moves
+everything to the device. Per-token work all happens on the device.
 
     >>> cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=16)
     >>> num_tokens_for_dispatch(cfg, [3, 8], [False, True])   # decode 3 + prefill 8 -> 3 + 4
     7
-    >>> make_batch(cfg, [3, 8], [16, 0], [4, 8]).bucket       # rank 0: decode, head, tail
+    >>> b = make_batch(cfg, [3, 8], [16, 0], [4, 8])
+    >>> b.bucket                                              # rank 0: decode, head, tail
     Bucket(num_reqs=4, num_tokens=8)
+    >>> token_rows(cfg, b.bucket), b.input_ids.shape          # F_b = min(T, P * Lp)
+    (16, torch.Size([16]))
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..batch import ArrayLike, _as_host_ints
-from ..config import Bucket
-from ..pytree import pytree_dataclass, static_field
+from ..core.buckets import Bucket
+from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_bools, host_ints
+from ..core.pytree import pytree_dataclass, static_field
 from . import host
 from .config import MRV2Config
 
@@ -30,8 +35,10 @@ from .config import MRV2Config
 class GlobalBatch:
     """One step's global (scheduler-order) batch in fixed shapes.
 
-    Fields (``R = max_num_reqs``, ``T = max_num_tokens``; rows past the real
-    requests / tokens are 0 / False):
+    Fields (``R = max_num_reqs``, ``F_b = token_rows(config, bucket)``; rows
+    past the real requests / tokens are 0 / False):
+        config: static :class:`MRV2Config` the batch was validated for; an op
+            given a state of another config raises ``ValueError``.
         bucket: static :class:`pcp_fn.Bucket` ``(local request rows, local
             tokens per rank)`` the local batch is padded to.
         num_reqs: 0-d int32, real requests.
@@ -40,10 +47,12 @@ class GlobalBatch:
         prefill_len: ``[R]`` int32 prompt (prefill) length.
         is_prefilling: ``[R]`` bool, the request still prefills.
         idx_mapping: ``[R]`` int32 persistent request-state index of each row.
-        input_ids: ``[T]`` int32 token ids in scheduler order.
-        positions: ``[T]`` int64 absolute positions (the device cursor).
+        input_ids: ``[F_b]`` int32 token ids in scheduler order (vLLM's
+            ``input_ids`` buffers are int32).
+        positions: ``[F_b]`` int64 absolute positions (the device cursor).
     """
 
+    config: MRV2Config = static_field()
     bucket: Bucket = static_field()
     num_reqs: torch.Tensor
     num_scheduled: torch.Tensor
@@ -55,15 +64,18 @@ class GlobalBatch:
     positions: torch.Tensor
 
 
-def _as_host_bools(name: str, values: ArrayLike) -> np.ndarray:
-    if isinstance(values, torch.Tensor):
-        values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one entry per request), got shape {arr.shape}")
-    if arr.size and arr.dtype != np.bool_:
-        raise ValueError(f"{name} must hold bools, got dtype {arr.dtype}")
-    return arr.astype(np.bool_)
+def token_rows(config: MRV2Config, bucket: Bucket) -> int:
+    """``F_b``: global (scheduler-order) token rows of a bucket, ``min(T, P * Lp)``.
+
+    Every global token is written by exactly one rank's copy, so a batch whose
+    ranks each hold at most ``Lp`` tokens has at most ``P * Lp`` (and ``T``)
+    tokens. ``P = 2``, ``T = 16``: ``Bucket(4, 4)`` -> 8, ``Bucket(4, 16)`` -> 16.
+    The global inputs (``GlobalBatch.input_ids``, the slot mappings of
+    :func:`pcp_fn.mrv2.gathered_slot_mappings`, the drafter's ids of
+    :func:`pcp_fn.mrv2.prepare_draft_prefill`) and the restored hidden states
+    have this many rows.
+    """
+    return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
 
 
 def rank_counts(
@@ -71,7 +83,8 @@ def rank_counts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``([P], [P])``: local tokens and local segments (request rows) of every rank.
 
-    Host twin of the device layout (:mod:`pcp_fn.mrv2.host`). ``P = 2``, scheduled
+    The host twin of the device layout (:func:`pcp_fn.mrv2.host.local_segments`, vLLM
+    ``PCPManager._iter_rank_chunks`` for every rank). ``P = 2``, scheduled
     ``[3, 8]``, request 1 prefilling: the decode is replicated (3 tokens on each
     rank), the prefill is cut in 4 chunks of 2, rank 0 takes chunks 0 and 3, rank 1
     chunks 1 and 2: tokens ``[7, 7]``, segments ``[3, 3]``.
@@ -82,38 +95,42 @@ def rank_counts(
 def num_tokens_for_dispatch(
     config: MRV2Config, num_scheduled_tokens: ArrayLike, is_prefilling: ArrayLike
 ) -> int:
-    """The largest real rank-local batch, before graph padding (seed ``get_num_tokens_for_dispatch``).
+    """The largest real rank-local batch, before graph padding.
+
+    vLLM ``PCPManager.get_num_tokens_for_dispatch``.
 
     ``P = 2``: ``[8]`` prefill -> 4; ``[7]`` prefill -> 4; ``[3]`` decode -> 3;
     ``[3, 8]`` decode + prefill -> 7. ``P = 4``, ``[2, 9]`` -> 5 (replicated
     decodes) or 4 (sharded: rank 0 takes the decode, rank 3 has 3 tokens).
     """
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    prefilling = _as_host_bools("is_prefilling", is_prefilling)
-    if sched.size != prefilling.size:
-        raise ValueError(
-            f"num_scheduled_tokens has {sched.size} entries but is_prefilling has {prefilling.size}"
-        )
+    _check_config(config)
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    prefilling = host_bools("is_prefilling", is_prefilling)
+    check_same_length(num_scheduled_tokens=sched, is_prefilling=prefilling)
     tokens, _ = rank_counts(config, sched, prefilling)
-    return int(tokens.max()) if tokens.size else 0
+    return int(tokens.max()) if sched.size else 0
 
 
 def check_bucket(config: MRV2Config, bucket: Bucket, num_local_tokens: int, num_local_reqs: int) -> None:
-    """The seed's capture validations, as ``ValueError``\\ s.
+    """vLLM's capture validations (``PCPManager._build_batch_layout``,
+    ``_resolve_num_reqs_after_padding``), as ``ValueError``\\ s.
 
     Args:
         num_local_tokens: the largest rank-local batch (``num_tokens_for_dispatch``).
         num_local_reqs: the most local request rows of any rank (at least 1:
-            a rank without tokens keeps one placeholder row, like the seed).
+            a rank without tokens keeps one placeholder row, like vLLM).
 
     A mixed prefill + decode batch is allowed in every bucket that holds it
-    (the seed only lets decode-only batches into FULL graphs). ``P = 2``, three
+    (vLLM only lets decode-only batches into FULL graphs). ``P = 2``, three
     replicated one-token decodes (3 tokens and 3 rows on each rank):
     ``Bucket(4, 2)`` raises "... smaller than the largest rank-local batch: 2 < 3";
     ``Bucket(2, 4)`` raises "... request capacity must cover the rank-local batch".
+
+    Raises:
+        TypeError: ``bucket`` is not a :class:`pcp_fn.Bucket`.
     """
     if not isinstance(bucket, Bucket):
-        raise ValueError(f"bucket must be a pcp_fn.Bucket, got {type(bucket).__name__}")
+        raise TypeError(f"bucket must be a pcp_fn.Bucket, got {type(bucket).__name__}")
     if bucket.num_tokens < num_local_tokens:
         raise ValueError(
             "PCP padded token count is smaller than the largest rank-local batch: "
@@ -137,29 +154,51 @@ def check_bucket(config: MRV2Config, bucket: Bucket, num_local_tokens: int, num_
         )
 
 
+def _check_config(config: object) -> None:
+    if not isinstance(config, MRV2Config):
+        raise TypeError(f"config must be an MRV2Config, got {type(config).__name__}")
+
+
 def _token_array(
-    name: str, values: ArrayLike | None, total: int, T: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor | None:
-    """Validate a per-token array and pad it to ``[T]`` (device tensors are not read)."""
-    if values is None:
-        return None
-    if isinstance(values, torch.Tensor):
-        if values.dim() != 1:
-            raise ValueError(f"{name} must be 1-D (one entry per token), got shape {tuple(values.shape)}")
-        if values.dtype == torch.bool or values.is_floating_point() or values.is_complex():
-            raise ValueError(f"{name} must hold integers, got dtype {values.dtype}")
-        n = values.shape[0]
-        out = values
-    else:
-        arr = _as_host_ints(name, values)
-        n = arr.size
-        out = torch.from_numpy(arr)
+    name: str,
+    values: ArrayLike,
+    total: int,
+    T: int,
+    rows: int,
+    dtypes: tuple[torch.dtype, ...],
+    maximum: int,
+    device: torch.device,
+) -> tuple[np.ndarray | None, torch.Tensor | None]:
+    """Validate a per-token array of ``total <= n <= T`` entries.
+
+    Host data (lists, numpy arrays, CPU tensors) is read and checked value by
+    value (``[0, maximum]``) and returned as ``[rows]`` int64 numpy; a tensor on
+    another device is never read: its dtype must be one of ``dtypes`` (no cast
+    that could wrap a value), and it is returned as a ``[rows]`` device tensor.
+    Only padding entries (past ``total <= rows``) are cut or added.
+    """
+    shape = tuple(values.shape) if isinstance(values, torch.Tensor) else np.shape(values)
+    if len(shape) != 1:
+        raise ValueError(f"{name} must be 1-D (one entry per scheduled token), got shape {shape}")
+    n = shape[0]
     if not total <= n <= T:
         raise ValueError(
             f"{name} has {n} entries; it must cover the {total} scheduled tokens "
             f"and not exceed max_num_tokens={T}"
         )
-    return F.pad(out.to(device=device, dtype=dtype), (0, T - n))
+    if isinstance(values, torch.Tensor) and values.device.type not in ("cpu", "meta"):
+        if values.dtype not in dtypes:
+            raise TypeError(
+                f"{name} is a {values.dtype} {values.device.type} tensor; it must be "
+                f"{' or '.join(map(str, dtypes))} (a device tensor is not read on the host, so a "
+                "narrowing cast could wrap values silently); pass host data to have it checked"
+            )
+        out = values[:rows].to(device=device, dtype=dtypes[0])
+        return None, torch.nn.functional.pad(out, (0, rows - out.shape[0]))
+    arr = host_ints(name, values, maximum=maximum)
+    host = np.zeros(rows, dtype=np.int64)
+    host[: min(n, rows)] = arr[:rows]
+    return host, None
 
 
 def make_batch(
@@ -185,42 +224,57 @@ def make_batch(
         idx_mapping: persistent request-state index per request; default
             ``arange``.
         input_ids, positions: per-token arrays covering at least the scheduled
-            tokens, at most ``T`` entries (padded to ``T``). Device tensors are
-            used as they are, never read on the host. Defaults: zeros, and
-            ``num_computed + offset inside the request``.
+            tokens, at most ``T`` entries; carried as ``[F_b]``
+            (:func:`token_rows`): zeros added, or padding entries past
+            ``F_b`` dropped. Host data (lists, numpy, CPU tensors) is checked
+            value by value: ids must fit int32 (vLLM's ``input_ids`` buffers
+            are int32), positions must be below ``2**31 - 1`` (the int32
+            ``seq_lens`` are ``position + 1``). A tensor on another device is
+            never read: ``input_ids`` must then be int32, ``positions`` int64
+            or int32. Defaults: zeros, and ``num_computed + offset inside the
+            request``.
         bucket: the graph bucket ``(local request rows, local tokens per
             rank)``; default the smallest configured one holding every rank.
         device: where the batch lives (default CPU).
 
     Raises:
-        ValueError: arrays of different lengths, not 1-D, not integers (bools
-            for ``is_prefilling``), negative; more than ``max_num_reqs`` requests
-            or ``max_num_tokens`` tokens; a token array too short or too long;
-            a bucket smaller than the largest rank-local batch ("smaller than
-            the largest rank-local batch"), a request capacity below the local
-            requests of a rank, or a bucket beyond the capacities.
+        TypeError: ``config`` not an :class:`MRV2Config`, ``bucket`` not a
+            :class:`pcp_fn.Bucket`, non-integer arrays (non-bool
+            ``is_prefilling``), or a device ``input_ids`` not int32.
+        ValueError: arrays of different lengths, not 1-D, negative or past
+            int32 (an ``input_ids`` entry past int32 names its index);
+            ``num_computed_tokens + num_scheduled_tokens`` (a sequence length,
+            vLLM's ``seq_lens_cpu_upper_bound``) past int32; more than
+            ``max_num_reqs`` requests or ``max_num_tokens`` tokens; a token
+            array too short or too long; a bucket smaller than the largest
+            rank-local batch ("smaller than the largest rank-local batch"), a
+            request capacity below the local requests of a rank, or a bucket
+            beyond the capacities.
     """
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
-    plen = _as_host_ints("prefill_len", prefill_len)
-    pf = None if is_prefilling is None else _as_host_bools("is_prefilling", is_prefilling)
-    mapping = None if idx_mapping is None else _as_host_ints("idx_mapping", idx_mapping)
-    sizes = {
-        "num_scheduled_tokens": sched.size,
-        "num_computed_tokens": comp.size,
-        "prefill_len": plen.size,
-        "is_prefilling": sched.size if pf is None else pf.size,
-        "idx_mapping": sched.size if mapping is None else mapping.size,
-    }
-    if len(set(sizes.values())) != 1:
+    _check_config(config)
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    comp = host_ints("num_computed_tokens", num_computed_tokens)
+    plen = host_ints("prefill_len", prefill_len)
+    arrays = dict(num_scheduled_tokens=sched, num_computed_tokens=comp, prefill_len=plen)
+    pf = None if is_prefilling is None else host_bools("is_prefilling", is_prefilling)
+    mapping = None if idx_mapping is None else host_ints("idx_mapping", idx_mapping)
+    if pf is not None:
+        arrays["is_prefilling"] = pf
+    if mapping is not None:
+        arrays["idx_mapping"] = mapping
+    num_reqs = check_same_length(**arrays)
+    seq_end = comp + sched
+    over = np.flatnonzero(seq_end > INT32_MAX)
+    if over.size:
+        i = int(over[0])
         raise ValueError(
-            "per-request arrays differ in length: " + ", ".join(f"{k} has {v}" for k, v in sizes.items())
+            f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
+            f"limit {INT32_MAX} (request {i}'s sequence length, vLLM's seq_lens_cpu_upper_bound)"
         )
     if pf is None:
         pf = comp < plen
     if mapping is None:
-        mapping = np.arange(sched.size, dtype=np.int64)
-    num_reqs = sched.size
+        mapping = np.arange(num_reqs, dtype=np.int64)
     R, T = config.max_num_reqs, config.max_num_tokens
     if num_reqs > R:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {R}")
@@ -236,23 +290,38 @@ def make_batch(
     else:
         check_bucket(config, bucket, need_tokens, need_reqs)
 
+    F = token_rows(config, bucket)
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    host = np.zeros(5 * R + 1, dtype=np.int32)
+    host_ids, dev_ids = (None, None)
+    if input_ids is not None:
+        host_ids, dev_ids = _token_array("input_ids", input_ids, total, T, F, (torch.int32,), INT32_MAX, dev)
+    host_pos, dev_pos = (None, None)
+    if positions is not None:
+        host_pos, dev_pos = _token_array(
+            "positions", positions, total, T, F, (torch.int64, torch.int32), INT32_MAX - 1, dev
+        )
+    elif total:
+        starts = np.cumsum(sched) - sched
+        host_pos = np.zeros(F, dtype=np.int64)
+        host_pos[:total] = np.repeat(comp, sched) + np.arange(total) - np.repeat(starts, sched)
+
+    # one int32 copy of the per-request arrays (and host ids), one int64 copy of host positions
+    host = np.zeros(5 * R + 1 + (F if dev_ids is None else 0), dtype=np.int32)
     for k, arr in enumerate((sched, comp, plen, pf, mapping)):
         host[k * R : k * R + num_reqs] = arr
     host[5 * R] = num_reqs
-    packed = torch.from_numpy(host).to(dev)  # the one copy of the per-request arrays
-    ids = _token_array("input_ids", input_ids, total, T, torch.int32, dev)
-    pos = _token_array("positions", positions, total, T, torch.int64, dev)
-    if ids is None:
-        ids = torch.zeros(T, dtype=torch.int32, device=dev)
-    if pos is None:
-        starts = np.cumsum(sched) - sched
-        offset = np.arange(total) - np.repeat(starts, sched)
-        host_pos = np.zeros(T, dtype=np.int64)
-        host_pos[:total] = np.repeat(comp, sched) + offset
+    if host_ids is not None:
+        host[5 * R + 1 :] = host_ids
+    packed = torch.from_numpy(host).to(dev)
+    ids = dev_ids if dev_ids is not None else packed[5 * R + 1 :]
+    if dev_pos is not None:
+        pos = dev_pos
+    elif host_pos is not None:
         pos = torch.from_numpy(host_pos).to(dev)
+    else:
+        pos = torch.zeros(F, dtype=torch.int64, device=dev)
     return GlobalBatch(
+        config=config,
         bucket=bucket,
         num_reqs=packed[5 * R],
         num_scheduled=packed[0:R],
@@ -263,3 +332,44 @@ def make_batch(
         input_ids=ids,
         positions=pos,
     )
+
+
+def check_global_batch(config: MRV2Config, batch: object, name: str = "global_batch") -> None:
+    """``batch`` is a :class:`GlobalBatch` of ``config``, its bucket within capacity, its leaves
+    of the shapes ``make_batch`` gives (checked on static shapes only: nothing is read).
+
+    Raises:
+        TypeError: not a :class:`GlobalBatch`.
+        ValueError: built for another config (the differing fields are named),
+            a bucket past the capacities, or a leaf of the wrong rows.
+    """
+    if not isinstance(batch, GlobalBatch):
+        raise TypeError(f"{name} must be an mrv2.GlobalBatch, got {type(batch).__name__}")
+    if batch.config != config:
+        diff = [
+            f"{f.name} ({getattr(batch.config, f.name)!r} vs {getattr(config, f.name)!r})"
+            for f in dataclasses.fields(MRV2Config)
+            if getattr(batch.config, f.name) != getattr(config, f.name)
+        ]
+        raise ValueError(
+            f"{name} was built for another MRV2Config than the state's: it differs in "
+            f"{', '.join(diff) or 'its type'}; build the batch with the state's config"
+        )
+    if not config.capacity.holds(batch.bucket):
+        raise ValueError(
+            f"{name}.bucket {batch.bucket} exceeds the capacity {config.capacity} "
+            "(2 * max_num_reqs local request rows, max_num_tokens local tokens per rank)"
+        )
+    R, F = config.max_num_reqs, token_rows(config, batch.bucket)
+    for field, rows in (
+        ("num_scheduled", R),
+        ("num_computed", R),
+        ("prefill_len", R),
+        ("is_prefilling", R),
+        ("idx_mapping", R),
+        ("input_ids", F),
+        ("positions", F),
+    ):
+        shape = tuple(getattr(batch, field).shape)
+        if shape != (rows,):
+            raise ValueError(f"{name}.{field} must be [{rows}], got shape {shape}; build it with make_batch")

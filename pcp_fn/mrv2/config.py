@@ -10,21 +10,23 @@ Capacities (``P = pcp_size``, ``R = max_num_reqs``, ``T = max_num_tokens``)::
                                              the T scheduled tokens
     local request rows        Rl <= 2R       a request puts at most two segments
                                              (head and tail chunk) on a rank
-                                             (the seed's ``2 * max_num_reqs`` buffers)
+                                             (vLLM ``PCPManager``'s ``2 * max_num_reqs``
+                                             local input buffers)
     gathered rows             P * Lp
 
 A graph bucket is a :class:`pcp_fn.Bucket` ``(num_reqs=Rl, num_tokens=Lp)``:
-local request rows (the FULL-graph request capacity, the seed's
-``num_reqs_after_padding``) and local tokens per rank (the seed's
-``padded_num_tokens``). The global batch keeps the scheduler's fixed shapes:
-``[R]`` request rows and ``[T]`` token rows.
+local request rows (the FULL-graph request capacity, vLLM
+``PCPManager.partition_batch``'s ``num_reqs_after_padding``) and local tokens
+per rank (its ``padded_num_tokens``). The global batch keeps ``[R]`` request
+rows and ``F_b = min(T, P * Lp)`` token rows (:func:`pcp_fn.mrv2.token_rows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..config import SHARED_INTS, Bucket, _check_common, _normalise_buckets, _smallest_bucket
+from ..core.buckets import Bucket, normalise_buckets, smallest_bucket
+from ..core.checks import SHARED_INTS, check_config_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,7 @@ class MRV2Config:
         ValueError: a field out of range, or ``shard_decode_requests`` with
             ``dcp_size > 1``: vLLM never combines them
             (``ParallelConfig.pcp_shard_decode_requests`` is False when DCP > 1),
-            and the seed would leave the KV of a replicated short prefill owned
+            and vLLM's ``PCPManager`` would leave the KV of a replicated short prefill owned
             by a rank other than 0 unwritten and its hidden-restore rows unset.
     """
 
@@ -76,7 +78,7 @@ class MRV2Config:
     token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
-        _check_common(
+        check_config_fields(
             self, dict(SHARED_INTS, cp_interleave=1), ("shard_decode_requests", "moe_gathers_tokens")
         )
         if self.shard_decode_requests and self.dcp_size > 1:
@@ -88,12 +90,12 @@ class MRV2Config:
         object.__setattr__(
             self,
             "request_buckets",
-            _normalise_buckets("request_buckets", self.request_buckets, self.max_local_reqs),
+            normalise_buckets("request_buckets", self.request_buckets, self.max_local_reqs),
         )
         object.__setattr__(
             self,
             "token_buckets",
-            _normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
+            normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
         )
 
     @property
@@ -128,7 +130,7 @@ class MRV2Config:
                 f"{num_local_tokens} local tokens exceed the local token capacity "
                 f"max_num_tokens = {self.max_local_tokens}"
             )
-        return _smallest_bucket(self.request_buckets, self.token_buckets, num_local_reqs, num_local_tokens)
+        return smallest_bucket(self.request_buckets, self.token_buckets, num_local_reqs, num_local_tokens)
 
     def buckets(self) -> list[Bucket]:
         """Every configured bucket (for capturing up front)."""

@@ -1,7 +1,8 @@
 """The MRV2 segment layout on the device: ``build_layout`` and the state that carries it.
 
-Every rank's rows are *segments* of global requests (seed ``RankSegment``),
-``P`` ranks, ``2P`` chunks of ``c = ceil(n / 2P)`` tokens per split prefill:
+Every rank's rows are *segments* of global requests (vLLM ``RankSegment``),
+``P`` ranks, ``2P`` chunks of ``c = ceil(n / 2P)`` tokens per split prefill
+(vLLM ``PCPManager._iter_rank_chunks``):
 
 - a prefill is split: rank ``q`` takes chunk ``q`` (head) and chunk
   ``2P-1-q`` (tail), each cut at the request's end (no padding), an empty
@@ -10,10 +11,10 @@ Every rank's rows are *segments* of global requests (seed ``RankSegment``),
   ``shard_decode_requests``, given whole to rank ``ordinal % P`` where
   ``ordinal`` counts the non-empty replicated requests before it;
 - with ``dcp_size > 1`` a prefill too short to fill all ``2P`` chunks
-  (``(2P-1) * c >= n``) is replicated as well;
+  (``(2P-1) * c >= n``) is replicated as well (``PCPManager.replicated_requests``);
 - a request with no scheduled token has no segment;
 - each rank orders its segments decodes (non-prefilling) first, then
-  prefills, by request, head before tail.
+  prefills, by request, head before tail (``PCPManager._reorder_segments``).
 
 ``P = 2``, global batch ``[A B C D E F G]`` = one prefill of 7 tokens (``c = 2``)::
 
@@ -32,76 +33,85 @@ layout needs every rank, the local batch one row of it.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
-from ..pytree import pytree_dataclass, static_field
-from ..ragged import expand_runs, offsets, scatter_to
-from .batch import GlobalBatch
+from ..core.buckets import Bucket
+from ..core.entry import entry_op
+from ..core.pytree import pytree_dataclass, static_field
+from ..core.ragged import expand_runs, offsets, scatter_to
+from ..core.rank import rank_leaf
+from .batch import GlobalBatch, check_global_batch, make_batch, token_rows
 from .config import MRV2Config
 
 
 @pytree_dataclass
 class MRV2Layout:
-    """The gathered-row maps of one step (``Lp = padded_num_tokens``, ``T = max_num_tokens``).
+    """The gathered-row maps of one step (``Lp`` local rows per rank, ``F_b = min(T, P * Lp)``).
 
     Fields:
-        padded_num_tokens: static ``Lp``, local rows per rank (the graph bucket).
         per_rank_num_tokens: ``[P]`` int64 real local tokens of every rank.
         num_tokens: 0-d int64 real global tokens (``sum(num_scheduled)``).
-        hidden_restore_idx: ``[T]`` int64 gathered row of each global token
+        hidden_restore_idx: ``[F_b]`` int64 gathered row of each global token
             (the writing copy); 0 past ``num_tokens``.
         padded_gather_idx: ``[P*Lp]`` int64 global token of each gathered row;
-            0 on padding rows (the seed's zeros).
+            0 on padding rows (vLLM's zeros).
         gathered_kv_write_mask: ``[P*Lp]`` bool, the row writes the KV cache.
+
+    The sizes come with the data: ``Lp`` is :attr:`padded_num_tokens` (read
+    off the static shapes), and the state holding the layout carries the
+    bucket it was built for.
     """
 
-    padded_num_tokens: int = static_field()
     per_rank_num_tokens: torch.Tensor
     num_tokens: torch.Tensor
     hidden_restore_idx: torch.Tensor
     padded_gather_idx: torch.Tensor
     gathered_kv_write_mask: torch.Tensor
 
+    @property
+    def padded_num_tokens(self) -> int:
+        """``Lp``, local rows per rank (static: from the shapes)."""
+        return self.padded_gather_idx.shape[0] // self.per_rank_num_tokens.shape[0]
+
 
 @pytree_dataclass
 class MRV2State:
-    """State of one rank of the MRV2 layout.
+    """State of one rank of the MRV2 layout: a fixed tree structure.
 
     Fields:
         config: static :class:`MRV2Config`.
+        bucket: static :class:`pcp_fn.Bucket` of the last layout (of the
+            empty layout at the smallest bucket for a fresh state): the
+            shapes the consumer ops take and return.
         rank: ``None`` (the rank is ``config.pcp_rank``, static) or a 0-d int64
             tensor (rank as data: one graph serves every rank).
         layout: the :class:`MRV2Layout` of the last ``build_layout`` /
-            ``partition_batch``, or ``None`` before the first. Those two read
-            only ``config`` and ``rank``; pass them the initial state (layout
-            ``None``) when capturing, so the signature does not change between
-            steps.
+            ``partition_batch`` (for a fresh state, the layout of an empty
+            batch at the smallest bucket: no token, every row padding).
+
+    ``build_layout`` and ``partition_batch`` are entry ops
+    (:mod:`pcp_fn.core.entry`): of the state they read only ``config`` and the
+    fields in ``ENTRY_FIELDS``, so the state returned by any step may be fed to
+    the graph of any bucket.
     """
 
+    ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ("rank",)
+
     config: MRV2Config = static_field()
+    bucket: Bucket = static_field()
     rank: torch.Tensor | None
-    layout: MRV2Layout | None
+    layout: MRV2Layout
 
     @property
     def pcp_rank(self) -> int | torch.Tensor:
         """The rank: the static int, or the 0-d tensor when the rank is data."""
         return self.config.pcp_rank if self.rank is None else self.rank
 
-    def require_layout(self, op: str) -> MRV2Layout:
-        """The layout, or a ``ValueError`` naming ``op`` when none was built yet."""
-        if self.layout is None:
-            raise ValueError(f"{op} needs a layout: call build_layout or partition_batch first")
-        return self.layout
-
-
-def rank_row(table: torch.Tensor, rank: int | torch.Tensor) -> torch.Tensor:
-    """``table[rank]`` for a static rank or a 0-d tensor one, without reading the tensor
-    (indexing by a 0-d tensor would call ``.item()``)."""
-    if isinstance(rank, int):
-        return table[rank]
-    return table.index_select(0, rank.reshape(1)).squeeze(0)
+    @property
+    def device(self) -> torch.device:
+        return self.layout.per_rank_num_tokens.device
 
 
 def init_state(
@@ -110,18 +120,30 @@ def init_state(
     *,
     rank: torch.Tensor | int | None = None,
 ) -> MRV2State:
-    """A state without a layout. ``rank=None`` keeps the rank static
-    (``config.pcp_rank``); an int or 0-d tensor makes it a tensor leaf on
-    ``device`` (``config.pcp_rank`` is then ignored by the ops)."""
+    """A state holding the layout of an empty batch at the smallest configured bucket.
+
+    ``rank=None`` keeps the rank static (``config.pcp_rank``); an int, numpy
+    integer or 0-d integer tensor (checked against ``pcp_size`` here) makes it
+    a tensor leaf on ``device`` (``config.pcp_rank`` is then ignored by the
+    ops). The empty layout is a real one (built by the same code as every
+    other): consumers given the fresh state return its bucket's shapes, with
+    padding values only. ``P = 2``, default buckets: ``Bucket(1, 1)``,
+    ``padded_gather_idx [0, 0]``, write mask ``[F, F]``, ``hidden_restore_idx [0, 0]``.
+    """
+    if not isinstance(config, MRV2Config):
+        raise TypeError(f"config must be an MRV2Config, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
-    if isinstance(rank, int) and not 0 <= rank < config.pcp_size:
-        raise ValueError(f"rank must be in [0, pcp_size={config.pcp_size}), got {rank}")
-    leaf = None
-    if rank is not None:
-        leaf = torch.as_tensor(rank, dtype=torch.int64).to(device)
-        if leaf.dim() != 0:
-            raise ValueError(f"rank must be a 0-d tensor or an int, got shape {tuple(leaf.shape)}")
-    return MRV2State(config=config, rank=leaf, layout=None)
+    leaf = rank_leaf(config.pcp_size, rank, device)
+    smallest = Bucket(config.request_buckets[0], config.token_buckets[0])
+    empty = make_batch(config, [], [], [], bucket=smallest, device=device)
+    return MRV2State(config=config, bucket=smallest, rank=leaf, layout=build(config, empty).layout)
+
+
+def check_state(state: object, op: str) -> MRV2State:
+    """``state`` is an :class:`MRV2State` (``TypeError`` naming ``op`` otherwise)."""
+    if not isinstance(state, MRV2State):
+        raise TypeError(f"{op}: state must be an mrv2.MRV2State, got {type(state).__name__}")
+    return state
 
 
 class Segments(NamedTuple):
@@ -197,28 +219,10 @@ class Built(NamedTuple):
     segments: Segments
 
 
-def _padded_rows(config: MRV2Config, batch: GlobalBatch, padded_num_tokens: int | None) -> int:
-    Lp = batch.bucket.num_tokens if padded_num_tokens is None else padded_num_tokens
-    if isinstance(Lp, bool) or not isinstance(Lp, int):
-        raise ValueError(f"padded_num_tokens must be a static int, got {type(Lp).__name__}")
-    if Lp < batch.bucket.num_tokens:
-        raise ValueError(
-            f"padded_num_tokens={Lp} is smaller than the batch's bucket.num_tokens="
-            f"{batch.bucket.num_tokens}, the only size make_batch checked against the largest "
-            "rank-local batch; use make_batch(..., bucket=...) to choose a smaller bucket"
-        )
-    if Lp > config.max_local_tokens:
-        raise ValueError(
-            f"padded_num_tokens={Lp} exceeds the local token capacity "
-            f"max_num_tokens={config.max_local_tokens}"
-        )
-    return Lp
-
-
-def build(config: MRV2Config, batch: GlobalBatch, padded_num_tokens: int | None = None) -> Built:
-    """The layout and the segment tables it came from."""
-    P, T = config.pcp_size, config.max_num_tokens
-    Lp = _padded_rows(config, batch, padded_num_tokens)
+def build(config: MRV2Config, batch: GlobalBatch) -> Built:
+    """The layout of ``batch`` at its bucket (``Lp = batch.bucket.num_tokens``) and the
+    segment tables it came from. ``batch`` must already be checked against ``config``."""
+    P, Lp = config.pcp_size, batch.bucket.num_tokens
     seg = segments(config, batch)
     per_rank = seg.length.sum(1)
 
@@ -232,37 +236,40 @@ def build(config: MRV2Config, batch: GlobalBatch, padded_num_tokens: int | None 
     gather = torch.where(valid, row + shift, 0)
     write = valid & (written > 0)
     layout = MRV2Layout(
-        padded_num_tokens=Lp,
         per_rank_num_tokens=per_rank,
         num_tokens=batch.num_scheduled.to(torch.int64).sum(),
         # every global token has exactly one writing copy: invert gather on the written rows
-        hidden_restore_idx=scatter_to(gather, write, row, T),
+        hidden_restore_idx=scatter_to(gather, write, row, token_rows(config, batch.bucket)),
         padded_gather_idx=gather,
         gathered_kv_write_mask=write,
     )
     return Built(layout, seg)
 
 
-def build_layout(
-    state: MRV2State, batch: GlobalBatch, padded_num_tokens: int | None = None
-) -> tuple[MRV2State, MRV2Layout]:
-    """Every rank's rows of ``batch`` in a padded gathered buffer (seed ``_build_batch_layout``).
+@entry_op
+def build_layout(state: MRV2State, batch: GlobalBatch) -> tuple[MRV2State, MRV2Layout]:
+    """Every rank's rows of ``batch`` in a padded gathered buffer (vLLM ``PCPManager._build_batch_layout``).
 
-    Args:
-        batch: from :func:`pcp_fn.mrv2.make_batch`.
-        padded_num_tokens: static local rows per rank ``Lp`` (the graph
-            bucket); default ``batch.bucket.num_tokens``, which the host
-            checked holds the largest rank-local batch. Larger is fine (up to
-            ``max_num_tokens``); smaller raises ``ValueError``.
+    ``Lp`` (vLLM's ``padded_num_tokens``) is ``batch.bucket.num_tokens``,
+    which :func:`pcp_fn.mrv2.make_batch` checked holds the largest rank-local
+    batch; to pad further, pass ``make_batch(..., bucket=...)``.
 
-    ``P = 2``, three one-token decodes, ``Lp = 4``: per-rank tokens ``[3, 3]``,
-    ``hidden_restore_idx [0, 1, 2]`` (then zeros), ``padded_gather_idx
+    ``P = 2``, three one-token decodes, bucket ``(4, 4)``: per-rank tokens
+    ``[3, 3]``, ``hidden_restore_idx [0, 1, 2]`` (then zeros), ``padded_gather_idx
     [0, 1, 2, 0, 0, 1, 2, 0]``, write mask ``[T, T, T, F, F, F, F, F]``; with
     ``shard_decode_requests``: ``[2, 1]``, ``[0, 4, 1]``,
     ``[0, 2, 0, 0, 1, 0, 0, 0]``, ``[T, T, F, F, T, F, F, F]``.
 
-    Reads only ``state.config`` (the layout covers every rank); returns the
-    state with the new layout.
+    An entry op: reads only ``state.config`` (the layout covers every rank)
+    and returns the state with the new layout and bucket.
+
+    Raises:
+        TypeError: ``state`` / ``batch`` of the wrong type.
+        ValueError: ``batch`` built for another config, its bucket past
+            the capacities, or its leaves of the wrong rows.
     """
-    built = build(state.config, batch, padded_num_tokens)
-    return MRV2State(config=state.config, rank=state.rank, layout=built.layout), built.layout
+    check_state(state, "build_layout")
+    check_global_batch(state.config, batch, "batch")
+    built = build(state.config, batch)
+    new = MRV2State(config=state.config, bucket=batch.bucket, rank=state.rank, layout=built.layout)
+    return new, built.layout

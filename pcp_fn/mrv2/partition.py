@@ -1,4 +1,4 @@
-"""The rank-local batch of the MRV2 layout: ``partition_batch`` (seed ``PCPManager.partition_batch``).
+"""The rank-local batch of the MRV2 layout: ``partition_batch`` (vLLM ``PCPManager.partition_batch``).
 
 Each of this rank's segments becomes one local request row: a split prefill
 gives two rows (head and tail chunk), a decode one. ``P = 2``, scheduled
@@ -15,31 +15,33 @@ prefill), rank 1, bucket ``(4, 8)``::
     logits_indices    [2, 4, 6, 6]        (query_start_loc[1:] - 1)
 
 A rank with no segment keeps one placeholder row (global row 0, no tokens),
-as the seed does.
+as vLLM's ``PCPManager.partition_batch`` does.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..pytree import pytree_dataclass, static_field
-from ..ragged import offsets, scatter_to
-from ..seqlens import cp_local_seq_lens
-from .batch import GlobalBatch
+from ..core.buckets import Bucket
+from ..core.entry import entry_op
+from ..core.pytree import pytree_dataclass, static_field
+from ..core.ragged import offsets, scatter_to
+from ..core.rank import select_rank
+from ..core.seqlens import cp_local_seq_lens
+from .batch import GlobalBatch, check_global_batch
 from .config import MRV2Config
-from .layout import MRV2State, Segments, build, rank_row
+from .layout import MRV2State, Segments, build, check_state
 
 
 @pytree_dataclass
 class LocalBatch:
     """This rank's batch (``Rl, Lp`` = the bucket's request rows and local tokens).
 
-    Per-request fields are ``[Rl]`` and hold 0 (False) past ``num_reqs``; the
-    seed keeps the unpadded ones ``[num_reqs]`` long.
+    Per-request fields are ``[Rl]`` and hold 0 (False) past ``num_reqs``;
+    vLLM keeps the unpadded ones ``[num_reqs]`` long.
 
     Fields:
-        bucket: static ``(Rl, Lp)`` (the seed's ``num_reqs_after_padding``,
+        bucket: static ``(Rl, Lp)`` (vLLM's ``num_reqs_after_padding``,
             ``num_tokens_after_padding``).
         num_reqs: 0-d int64 local request rows, at least 1 (placeholder).
         num_tokens: 0-d int64 real local tokens.
@@ -63,7 +65,7 @@ class LocalBatch:
         positions: ``[Lp]`` int64 global positions of the local rows; 0 on padding.
         is_padding: ``[Lp]`` bool, rows past ``num_tokens``.
         moe_is_padding: ``[P*Lp]`` bool padding of the gathered rows the MoE
-            routes (``moe_gathers_tokens``; the seed hands it to the runner as
+            routes (``moe_gathers_tokens``; vLLM hands it to the runner as
             the local batch's ``is_padding``), else ``None``.
         logits_indices: ``[Rl]`` int32 ``query_start_loc[1:] - 1`` (never
             sampled: sampling uses the restored global hidden states).
@@ -102,37 +104,46 @@ def gathered_padding(config: MRV2Config, per_rank_num_tokens: torch.Tensor, rows
 
 
 def expand_moe_padding(config: MRV2Config, is_padding: torch.Tensor) -> torch.Tensor:
-    """Seed ``moe_is_padding``: a capture/dummy mask ``[L]``, identical on every
+    """vLLM ``PCPManager.moe_is_padding``: a capture/dummy mask ``[L]``, identical on every
     rank, tiled to the ``[P*L]`` rows the MoE routes; unchanged without
     ``moe_gathers_tokens``. ``P = 2``: ``[F, T]`` -> ``[F, T, F, T]``."""
     return is_padding.repeat(config.pcp_size) if config.moe_gathers_tokens else is_padding
 
 
 def _rank_row(seg: Segments, rank: int | torch.Tensor) -> Segments:
-    return Segments(*(rank_row(t, rank) for t in seg))
+    return Segments(*(select_rank(t, rank) for t in seg))
 
 
+@entry_op
 def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2State, LocalBatch]:
     """Build the layout of ``global_batch`` and this rank's local batch from it.
 
-    Reads only ``state.config`` and ``state.rank``; returns the state with the
-    layout (for the slot mappings, restores and draft prefill). The bucket is
-    ``global_batch.bucket``, checked on the host by
-    :func:`pcp_fn.mrv2.make_batch` for every rank. A mixed prefill + decode
-    batch is served in any bucket that holds it (the seed's FULL graphs take
-    decode-only batches).
+    vLLM ``PCPManager.partition_batch`` (with ``_build_batch_layout``). An
+    entry op: reads only ``state.config`` and ``state.rank``, and returns the
+    state with the new layout and bucket (for the slot mappings, restores and
+    draft prefill). The bucket is ``global_batch.bucket``, checked on the host
+    by :func:`pcp_fn.mrv2.make_batch` for every rank. A mixed prefill + decode
+    batch is served in any bucket that holds it (vLLM's FULL graphs take
+    decode-only batches). Example: the module docstring.
+
+    Raises:
+        TypeError: ``state`` / ``global_batch`` of the wrong type.
+        ValueError: ``global_batch`` built for another config, its bucket past
+            the capacities, or its leaves of the wrong rows.
     """
+    check_state(state, "partition_batch")
     cfg = state.config
+    check_global_batch(cfg, global_batch)
     built = build(cfg, global_batch)
     lay = built.layout
-    P, Lp, Rl = cfg.pcp_size, lay.padded_num_tokens, global_batch.bucket.num_reqs
+    P, Lp, Rl = cfg.pcp_size, global_batch.bucket.num_tokens, global_batch.bucket.num_reqs
     rank = state.pcp_rank
     mine = _rank_row(built.segments, rank)
     dev = lay.per_rank_num_tokens.device
 
     # token rows: gather the global arrays, zero the padding
-    gather_idx = rank_row(lay.padded_gather_idx.view(P, Lp), rank)
-    num_tokens = rank_row(lay.per_rank_num_tokens, rank)
+    gather_idx = select_rank(lay.padded_gather_idx.view(P, Lp), rank)
+    num_tokens = select_rank(lay.per_rank_num_tokens, rank)
     is_padding = torch.arange(Lp, device=dev) >= num_tokens
     input_ids = torch.where(is_padding, 0, global_batch.input_ids[gather_idx])
     positions = torch.where(is_padding, 0, global_batch.positions[gather_idx])
@@ -194,4 +205,4 @@ def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2St
         cu_num_logits=torch.arange(Rl + 1, dtype=i32, device=dev).clamp(max=count.to(i32)),
         gather_idx=gather_idx,
     )
-    return MRV2State(config=cfg, rank=state.rank, layout=lay), local
+    return MRV2State(config=cfg, bucket=global_batch.bucket, rank=state.rank, layout=lay), local

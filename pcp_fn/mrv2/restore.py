@@ -1,8 +1,12 @@
 """Consumers of the MRV2 layout: KV slot mappings, hidden-state restore, draft prefill, sampling.
 
-They read the layout a previous ``build_layout`` / ``partition_batch`` left in
-the state. The collective is the caller's: hidden states come in as
-``gathered [P*Lp, ...]``, the ``P`` ranks' fixed-size ``[Lp, ...]`` local
+They read the layout and bucket the last ``build_layout`` / ``partition_batch``
+left in the state, and take no size argument: every shape comes from the
+state's bucket (``Lp`` local rows per rank, ``F_b = min(T, P * Lp)`` global
+token rows, :func:`pcp_fn.mrv2.token_rows`). An input of the wrong rows is a
+``ValueError`` naming the argument and the rows expected; nothing is
+truncated or extended. The collective is the caller's: hidden states come in
+as ``gathered [P*Lp, ...]``, the ``P`` ranks' fixed-size ``[Lp, ...]`` local
 buffers stacked rank-major (what ``all_gather(local, dim=0)`` yields).
 """
 
@@ -13,64 +17,75 @@ from collections.abc import Sequence
 
 import torch
 
-from ..pytree import pytree_dataclass
-from .layout import MRV2State, rank_row
+from ..core.pytree import pytree_dataclass
+from ..core.rank import select_rank
+from .batch import token_rows
+from .layout import MRV2State, check_state
 from .partition import LocalBatch
+
+
+def _check_rows(op: str, name: str, value: object, rows: int, what: str, dim: int = 0) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a tensor, got {type(value).__name__}")
+    if value.dim() <= dim or value.shape[dim] != rows:
+        raise ValueError(f"{op}: {name} must have {rows} rows ({what}), got shape {tuple(value.shape)}")
+    return value
+
+
+def _gathered_rows(state: MRV2State) -> tuple[int, str]:
+    Lp = state.bucket.num_tokens
+    return state.config.pcp_size * Lp, f"the {state.config.pcp_size} ranks' [{Lp}, ...] buffers stacked"
+
+
+def _global_rows(state: MRV2State) -> tuple[int, str]:
+    F = token_rows(state.config, state.bucket)
+    return F, f"F_b = min(max_num_tokens, pcp_size * {state.bucket.num_tokens}) global tokens"
 
 
 def gathered_slot_mappings(
     state: MRV2State, global_slot_mappings: torch.Tensor
 ) -> tuple[MRV2State, torch.Tensor]:
-    """``[K, T'] -> [K, P*Lp]``: the KV slot of every gathered row.
+    """``[K, F_b] -> [K, P*Lp]``: the KV slot of every gathered row.
 
-    Seed ``_convert_to_gathered_slot_mappings``: gathers each KV-cache group's
-    global slot mapping by ``padded_gather_idx`` and puts ``pad_slot_id`` where
-    the row must not write (padding, and the copies of a replicated request on
-    ranks other than 0). ``T'`` must cover the global tokens. ``P = 2``, three
-    decodes with slots ``[[123, 456, 789]]``: replicated, ``Lp = 3`` ->
-    ``[[123, 456, 789, -1, -1, -1]]``; sharded (rank 0 owns requests 0 and 2,
-    rank 1 request 1), ``Lp = 2`` -> ``[[123, 789, 456, -1]]``.
+    vLLM ``PCPManager._convert_to_gathered_slot_mappings``: gathers each
+    KV-cache group's global slot mapping by ``padded_gather_idx`` and puts
+    ``pad_slot_id`` where the row must not write (padding, and the copies of
+    a replicated request on ranks other than 0). ``global_slot_mappings``
+    must have the bucket's ``F_b`` global token rows (slice vLLM's
+    ``[K, max_num_tokens]`` buffer). ``P = 2``, three one-token decodes with
+    slots ``123, 456, 789``: sharded (rank 0 owns requests 0 and 2, rank 1
+    request 1), bucket ``(2, 2)``: ``[[123, 456, 789, 0]] -> [[123, 789, 456, -1]]``;
+    replicated, bucket ``(4, 4)``: ``[[123, 456, 789, 0, 0, 0, 0, 0]] ->
+    [[123, 456, 789, -1, -1, -1, -1, -1]]`` (rank 0's copies write).
     """
-    layout = state.require_layout("gathered_slot_mappings")
-    if global_slot_mappings.dim() != 2:
-        raise ValueError(
-            "global_slot_mappings must be [num_kv_cache_groups, num_tokens], "
-            f"got shape {tuple(global_slot_mappings.shape)}"
-        )
+    op = "gathered_slot_mappings"
+    check_state(state, op)
+    if not isinstance(global_slot_mappings, torch.Tensor) or global_slot_mappings.dim() != 2:
+        got = getattr(global_slot_mappings, "shape", type(global_slot_mappings).__name__)
+        raise ValueError(f"{op}: global_slot_mappings must be [num_kv_cache_groups, F_b], got {got}")
+    _check_rows(op, "global_slot_mappings", global_slot_mappings, *_global_rows(state), dim=1)
+    layout = state.layout
     rows = global_slot_mappings.index_select(1, layout.padded_gather_idx)
     return state, torch.where(layout.gathered_kv_write_mask, rows, state.config.pad_slot_id)
 
 
-def _restore(state: MRV2State, gathered: torch.Tensor, num_tokens: int | None, op: str) -> torch.Tensor:
-    layout = state.require_layout(op)
-    rows = state.config.pcp_size * layout.padded_num_tokens
-    if gathered.dim() < 1 or gathered.shape[0] != rows:
-        raise ValueError(
-            f"{op}: gathered must stack the {state.config.pcp_size} ranks' [{layout.padded_num_tokens}, ...] "
-            f"buffers ({rows} rows), got shape {tuple(gathered.shape)}"
-        )
-    index = layout.hidden_restore_idx
-    if num_tokens is not None:
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
-            raise ValueError(f"{op}: num_tokens must be a static int, got {type(num_tokens).__name__}")
-        if not 0 <= num_tokens <= index.shape[0]:
-            raise ValueError(f"{op}: num_tokens={num_tokens} must be in [0, max_num_tokens={index.shape[0]}]")
-        index = index[:num_tokens]
-    return gathered.index_select(0, index)
+def _restore(state: MRV2State, op: str, name: str, gathered: torch.Tensor) -> torch.Tensor:
+    _check_rows(op, name, gathered, *_gathered_rows(state))
+    return gathered.index_select(0, state.layout.hidden_restore_idx)
 
 
-def restore_hidden_states(
-    state: MRV2State, gathered: torch.Tensor, num_tokens: int | None = None
-) -> tuple[MRV2State, torch.Tensor]:
-    """``[P*Lp, ...] -> [T, ...]``: the all-gathered hidden states in global token order.
+def restore_hidden_states(state: MRV2State, gathered: torch.Tensor) -> tuple[MRV2State, torch.Tensor]:
+    """``[P*Lp, ...] -> [F_b, ...]``: the all-gathered hidden states in global token order.
 
-    ``gathered[hidden_restore_idx]`` (seed ``restore_hidden_states`` after its
-    all-gather): row ``g`` is the writing copy of global token ``g``; rows past
-    the real tokens repeat gathered row 0. ``num_tokens`` (static) keeps only
-    the first rows. ``P = 2``, sharded decodes ``[1, 1, 1]``, ``Lp = 2``,
-    gathered ``[h0, h2, h1, _]`` -> ``[h0, h1, h2, ...]``.
+    ``gathered[hidden_restore_idx]`` (vLLM ``PCPManager.restore_hidden_states``
+    after its all-gather): row ``g`` is the writing copy of global token
+    ``g``; rows past the real tokens (``layout.num_tokens``) repeat gathered
+    row 0 (vLLM returns exactly the real rows). ``P = 2``, sharded decodes
+    ``[1, 1, 1]``, bucket ``(2, 2)`` (``Lp = 2``, ``F_b = 4``), gathered
+    ``[h0, h2, h1, _]`` -> ``[h0, h1, h2, h0]``.
     """
-    return state, _restore(state, gathered, num_tokens, "restore_hidden_states")
+    check_state(state, "restore_hidden_states")
+    return state, _restore(state, "restore_hidden_states", "gathered", gathered)
 
 
 def prepare_draft_prefill(
@@ -78,49 +93,68 @@ def prepare_draft_prefill(
 ) -> tuple[MRV2State, LocalBatch]:
     """The local batch with the drafter's ids ``input_ids[local gather index]``.
 
-    Seed ``prepare_draft_prefill``. ``input_ids`` is in global token order
-    (``[T']``, covering the tokens). Like the seed, every one of the ``Lp``
-    rows is gathered, so padding rows take ``input_ids[0]`` (the seed does not
-    zero them here). ``P = 2``, rank 1 of a 7-token prefill (rows
-    ``[2, 3, 4, 5]``), ids ``[10 .. 16]`` -> ``[12, 13, 14, 15]``.
+    vLLM ``PCPManager.prepare_draft_prefill``. ``input_ids`` is ``[F_b]``
+    int32 (vLLM's ``input_ids`` buffers are int32) in global token order.
+    Like vLLM, every one of the ``Lp`` rows is gathered, so padding rows take
+    ``input_ids[0]`` (vLLM does not zero them here). ``P = 2``, rank 1 of a
+    7-token prefill (rows ``[2, 3, 4, 5]``), ids ``[10 .. 16, 0]`` ->
+    ``[12, 13, 14, 15]``.
+
+    Raises:
+        TypeError: ``input_ids`` not an int32 tensor, ``local_batch`` not a
+            :class:`LocalBatch`.
+        ValueError: ``local_batch`` of another bucket than the state's, or
+            ``input_ids`` not ``[F_b]``.
     """
-    layout = state.require_layout("prepare_draft_prefill")
-    P, Lp = state.config.pcp_size, layout.padded_num_tokens
-    rows = rank_row(layout.padded_gather_idx.view(P, Lp), state.pcp_rank)
-    ids = input_ids.index_select(0, rows).to(local_batch.input_ids.dtype)
-    return state, dataclasses.replace(local_batch, input_ids=ids)
+    op = "prepare_draft_prefill"
+    check_state(state, op)
+    if not isinstance(local_batch, LocalBatch):
+        raise TypeError(f"{op}: local_batch must be an mrv2.LocalBatch, got {type(local_batch).__name__}")
+    if local_batch.bucket != state.bucket:
+        raise ValueError(
+            f"{op}: local_batch.bucket {local_batch.bucket} is not the state's bucket {state.bucket}; "
+            "pass the local batch partition_batch returned with this state"
+        )
+    _check_rows(op, "input_ids", input_ids, *_global_rows(state))
+    if input_ids.dim() != 1 or input_ids.dtype != torch.int32:
+        raise TypeError(
+            f"{op}: input_ids must be a 1-D int32 tensor (the local batch's dtype; no cast that could "
+            f"wrap a value), got {input_ids.dtype} of shape {tuple(input_ids.shape)}"
+        )
+    P, Lp = state.config.pcp_size, state.bucket.num_tokens
+    rows = select_rank(state.layout.padded_gather_idx.view(P, Lp), state.pcp_rank)
+    return state, dataclasses.replace(local_batch, input_ids=input_ids.index_select(0, rows))
 
 
 @pytree_dataclass
 class DraftHiddenStates:
-    """Restored draft-prefill hidden states, ``[T, ...]`` each (the same tensor when given once)."""
+    """Restored draft-prefill hidden states, ``[F_b, ...]`` each (the same tensor when given once)."""
 
     last_hidden_states: torch.Tensor
     hidden_states: torch.Tensor
 
 
 def restore_draft_prefill(
-    state: MRV2State,
-    last_hidden_states: torch.Tensor,
-    hidden_states: torch.Tensor,
-    num_tokens: int | None = None,
+    state: MRV2State, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
 ) -> tuple[MRV2State, DraftHiddenStates]:
-    """Restore the drafter's gathered outputs (seed ``restore_draft_prefill``).
+    """Restore the drafter's gathered outputs, ``[P*Lp, ...] -> [F_b, ...]`` each
+    (vLLM ``PCPManager.restore_draft_prefill``).
 
     When ``hidden_states`` is ``last_hidden_states`` (the same object) it is
-    restored once and both fields hold the result, like the seed. The seed
-    skips this when no draft prefill was prepared; here the caller decides.
+    restored once and both fields hold the result, like vLLM. vLLM skips this
+    when no draft prefill was prepared; here the caller decides.
     """
-    last = _restore(state, last_hidden_states, num_tokens, "restore_draft_prefill")
+    op = "restore_draft_prefill"
+    check_state(state, op)
+    last = _restore(state, op, "last_hidden_states", last_hidden_states)
     if hidden_states is last_hidden_states:
         return state, DraftHiddenStates(last, last)
-    hidden = _restore(state, hidden_states, num_tokens, "restore_draft_prefill")
-    return state, DraftHiddenStates(last, hidden)
+    return state, DraftHiddenStates(last, _restore(state, op, "hidden_states", hidden_states))
 
 
 @pytree_dataclass
 class SamplingInputs:
-    """Global-order hidden states for sampling: ``[T, H]`` and the auxiliary ones (or ``None``)."""
+    """Global-order hidden states for sampling: ``[F_b, H]`` and the auxiliary ones (or ``None``)."""
 
     hidden_states: torch.Tensor
     aux_hidden_states: tuple[torch.Tensor, ...] | None
@@ -130,12 +164,16 @@ def restore_for_sampling(
     state: MRV2State,
     hidden_states: torch.Tensor,
     aux_hidden_states: Sequence[torch.Tensor] | None = None,
-    num_tokens: int | None = None,
 ) -> tuple[MRV2State, SamplingInputs]:
-    """Restore the gathered hidden states (and each auxiliary one) to global order
-    (seed ``restore_for_sampling``); the caller samples with its global batch."""
-    hidden = _restore(state, hidden_states, num_tokens, "restore_for_sampling")
+    """Restore the gathered hidden states (and each auxiliary one) to global order,
+    ``[P*Lp, ...] -> [F_b, ...]`` (vLLM ``PCPManager.restore_for_sampling``); the
+    caller samples with its global batch (rows past ``layout.num_tokens`` are padding)."""
+    op = "restore_for_sampling"
+    check_state(state, op)
+    hidden = _restore(state, op, "hidden_states", hidden_states)
     aux = None
     if aux_hidden_states is not None:
-        aux = tuple(_restore(state, a, num_tokens, "restore_for_sampling") for a in aux_hidden_states)
+        aux = tuple(
+            _restore(state, op, f"aux_hidden_states[{i}]", a) for i, a in enumerate(aux_hidden_states)
+        )
     return state, SamplingInputs(hidden, aux)

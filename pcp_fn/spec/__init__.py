@@ -1,18 +1,17 @@
 """Speculative-decode (MTP) preparation under PCP as pure, fixed-shape functions.
 
-The seeds prepare the MTP drafter's inputs on the host (vllm-ascend
-``PCPManager``'s spec-decode methods and the runner's
-``_calc_spec_decode_metadata``); here every piece is an op on fixed-shape
-device buffers with its length beside it:
+vllm-ascend prepares the MTP drafter's inputs on the host (``PCPManager``'s
+spec-decode methods and the runner's ``_calc_spec_decode_metadata``); here
+every piece is an op on fixed-shape device buffers with its length beside it:
 
 =================================  ===================================================
-seed                               pcp_fn
+vllm-ascend                        pcp_fn
 =================================  ===================================================
 ``_calc_spec_decode_metadata``     :func:`spec_decode_indices`
 ``generate_pcp_mtp_input``         :func:`full_input_ids`
 ``_update_input_ids_pcp_full_ids`` :func:`repair_full_input_ids`
 ``get_spec_decode_decode_hidden``  :func:`decode_hidden_states`
-``_split_spec_decode_pcp_prefill`` :func:`split_prefill_for_draft`
+``_split_spec_decode_pcp_prefill`` :func:`split_prefill_for_draft` (-> :class:`DraftSplit`)
 ``prepare_spec_decode_first_pass`` :func:`first_pass_inputs`
 ``_get_spec_decode_mtp_slot_in..`` :func:`mtp_slot_inputs`
 ``prepare_spec_decode_mtp_draft..`` :func:`mtp_drafting_inputs`
@@ -23,8 +22,15 @@ seed                               pcp_fn
 =================================  ===================================================
 
 :func:`make_spec_batch` is the host boundary (draft counts, token table
-width); :func:`spec_step` composes :func:`pcp_fn.step` with the pre-forward
-spec inputs into one capturable function. Capacities: :mod:`.inputs`.
+shape, slot mapping); :func:`spec_step` composes :func:`pcp_fn.step` with the
+pre-forward spec inputs into one capturable entry op. The ops take no size:
+they read the bucket of the state's last update, and every per-request or
+per-token input must have exactly its rows (capacities: :mod:`.inputs`).
+
+Both PCP layouts are served, DualChunkSwap and hybrid attention
+(``PCPConfig(..., hybrid_attn=True)``): what depends on the layout (local
+rows, where each request sits in the restored hidden states, the drafter's
+prefill split) comes from :func:`pcp_fn.layouts.layout_of`'s package.
 """
 
 from .draft import (
@@ -46,10 +52,10 @@ from .indices import SpecDecodeIndices, spec_decode_indices
 from .inputs import (
     SpecInputs,
     draft_rows,
-    full_rows,
     make_spec_batch,
     mtp_rows,
     sampled_rows,
+    token_rows,
 )
 from .mtp import (
     DraftingSeqLens,
@@ -83,7 +89,6 @@ __all__ = [
     "drafting_cp_seq_lens",
     "first_pass_inputs",
     "full_input_ids",
-    "full_rows",
     "make_spec_batch",
     "mask_restore_index_for_graph",
     "mtp_attention_mask",
@@ -96,4 +101,5 @@ __all__ = [
     "spec_decode_indices",
     "spec_step",
     "split_prefill_for_draft",
+    "token_rows",
 ]

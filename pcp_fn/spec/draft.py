@@ -1,35 +1,73 @@
 """Inputs of the drafter's first pass under PCP: its token ids and hidden states back on this rank's rows.
 
-After the target model, the hidden states are all-gathered and restored to
-the padded request order (``[P*L_b, H]``: a decode's ``n`` tokens ``P`` times,
-rank-major; a prefill padded to a multiple of ``2P``). The drafter runs on the
-same split as the target, so each local row takes:
+After the target model, the hidden states are all-gathered and restored
+(``[P*L_b, ...]``, what ``restore_hidden_states`` returns: the padded request
+order, or under hybrid attention the FA order). The drafter's first pass runs
+on this rank's rows, which the layout gives (:func:`pcp_fn.layouts.layout_of`):
+``first_pass_rows`` (request ``i``, offset ``o`` inside its padded tokens, the
+decode tokens first) and ``restored_spans`` (where request ``i``'s rows start
+in the restored buffer, and how many of them there are). Each row then takes:
 
-- a decode token ``j`` of request ``i``: restored row ``padded_start[i] + j``
-  (rank 0's copy), input id ``full[token_start[i] + j]``;
-- a prefill row at padded offset ``o`` (head chunk ``r`` or tail chunk
-  ``2P-1-r``): restored row ``padded_start[i] + o``, input id
-  ``full[token_start[i] + o]`` when ``o < n`` else 0 (the seed pads with 0).
+- input id ``full[token_start[i] + o]`` when ``o < n`` else 0 (a pad);
+- hidden state: restored row ``start[i] + o`` when ``o < length[i]``, else 0.
 
-That is exactly :func:`pcp_fn.layout.local_rows`' (request, offset) of every
-local row, so the selection is two gathers, no loop over requests.
+DualChunkSwap: the rows are the target's local rows (a prefill's head chunk
+``r`` and tail chunk ``2P-1-r`` of its ``2P``-padded tokens, vllm-ascend
+``_split_spec_decode_pcp_prefill_input``), and a prefill's padded rows,
+pads included, are in the restored buffer. Hybrid: a prefill's rows are the
+linear slice ``[r*k, (r+1)*k)`` of its padded tokens (vllm-ascend
+``_split_spec_decode_pcp_prefill_input_hybrid``), the FA order has no pads,
+so pads take zeros. Either way two gathers, no loop over requests.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from ..config import Bucket
-from ..layout import LocalRows, RequestGeometry, local_rows
-from ..pytree import pytree_dataclass
-from ..ragged import ragged_index
-from ..state import PCPState
-from ._shared import bucket_of, check_rows, geometry, take
-from .inputs import full_rows
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import masked_gather, ragged_index, take
+from ..dcs.batch import token_rows
+from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
+from ..dcs.state import PCPState
+from ..layouts import layout_of
+from .inputs import check_rows, real_requests, sampled_rows
 
 
-def _check_hidden(state: PCPState, bucket: Bucket, hidden: torch.Tensor) -> None:
-    rows = state.config.pcp_size * bucket.num_tokens
+@pytree_dataclass
+class DraftSplit:
+    """This rank's share of the prefill requests' inputs for the MTP drafter's first pass.
+
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input`` (and its ``_hybrid`` variant)
+    return these six values as a tuple, plus ``num_reqs``; :func:`split_prefill_for_draft`
+    returns them for either layout.
+
+    Fields (``K = R_b`` prefill rows):
+        num_tokens: 0-d int64 rows of this rank (``sum(seq_lens)``).
+        input_ids: ``[L_b]`` ids (input dtype), each prefill's rows back to back, pads 0;
+            0 past ``num_tokens``.
+        hidden_states: ``[L_b, ...]`` their hidden states (input dtype); 0 past ``num_tokens``.
+        max_query_len: 0-d int64 ``max(seq_lens)`` (0 without prefills).
+        seq_lens: ``[K]`` int32 rows of each prefill on this rank (``2 * ceil(n / 2P)``;
+            0 for an empty request and past the prefills).
+        cu_num_tokens: ``[K + 1]`` int64 ``[0, cumsum(seq_lens)]``.
+        num_reqs: 0-d int64 prefill requests.
+    """
+
+    num_tokens: torch.Tensor
+    input_ids: torch.Tensor
+    hidden_states: torch.Tensor
+    max_query_len: torch.Tensor
+    seq_lens: torch.Tensor
+    cu_num_tokens: torch.Tensor
+    num_reqs: torch.Tensor
+
+
+def _check_hidden(state: PCPState, hidden: torch.Tensor) -> None:
+    rows = state.config.pcp_size * state.bucket.num_tokens
+    if not isinstance(hidden, torch.Tensor):
+        raise TypeError(f"hidden_states must be a tensor, got {type(hidden).__name__}")
     if hidden.dim() < 1 or hidden.shape[0] != rows:
         raise ValueError(
             f"hidden_states must be the restored [P * L_b, ...] = [{rows}, ...] buffer, "
@@ -37,121 +75,110 @@ def _check_hidden(state: PCPState, bucket: Bucket, hidden: torch.Tensor) -> None
         )
 
 
+class _Sources(NamedTuple):
+    ids: torch.Tensor  # [L_b] input id of each row (0 on pads and past the rows)
+    hidden: torch.Tensor  # [L_b, ...] hidden state of each row (0 where the restored buffer has none)
+
+
 def _sources(
-    geo: RequestGeometry, rows: LocalRows, full_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, restored_row)`` of each local row (0 / row 0 on padding rows)."""
+    geo: RequestGeometry,
+    spans: RestoredSpans,
+    rows: LocalRows,
+    full_ids: torch.Tensor,
+    hidden_states: torch.Tensor,
+) -> _Sources:
+    """Input id and restored hidden state of each first-pass row."""
     req, off = rows.request, rows.position
     real = rows.valid & (off < take(geo.num_scheduled, req))
-    ids = take(full_ids, take(geo.token_start, req) + off)
-    ids = torch.where(real, ids, torch.zeros_like(ids))
-    restored = torch.where(rows.valid, take(geo.padded_start, req) + off, 0)
-    return ids, restored
+    ids = masked_gather(full_ids, take(geo.token_start, req) + off, real, 0)
+    held = rows.valid & (off < take(spans.length, req))
+    hidden = masked_gather(hidden_states, take(spans.start, req) + off, held, 0)
+    return _Sources(ids, hidden)
 
 
-def decode_hidden_states(
-    state: PCPState, hidden_states: torch.Tensor, *, bucket: Bucket | None = None
-) -> tuple[PCPState, torch.Tensor]:
+def decode_hidden_states(state: PCPState, hidden_states: torch.Tensor) -> tuple[PCPState, torch.Tensor]:
     """Drop the PCP decode replication: the decode tokens' rows of the restored hidden states.
 
-    Seed ``get_spec_decode_decode_hidden_states``: decode token ``j`` of
-    request ``i`` is restored row ``query_start[i] * P + j`` (rank 0's copy).
-    ``P = 2``, decodes of 2 and 1 tokens: restored rows ``[0, 1, 4]``.
+    vllm-ascend ``get_spec_decode_decode_hidden_states``: decode token ``j`` of
+    request ``i`` is restored row ``query_start[i] * P + j`` (rank 0's copy);
+    under hybrid attention (spec tokens configured: rank-major decodes) the
+    first ``num_decode_tokens`` rows. The layout's ``restored_spans`` gives
+    both. ``P = 2``, decodes of 2 and 1 tokens: restored rows ``[0, 1, 4]``
+    (hybrid: ``[0, 1, 2]``).
 
     Args:
-        hidden_states: ``[P * L_b, ...]`` restored hidden states.
+        hidden_states: ``[P * L_b, ...]`` restored hidden states (the state's bucket).
 
     Returns ``[L_b, ...]``: rows ``[:num_decode_tokens]`` the decode tokens in
-    order, the rest copies of row 0.
+    order, the rest 0. Without spec tokens a hybrid config's decodes are
+    token-major (rank 0's copy of decode token ``t`` at row ``t * P``), and so
+    are the rows read here; vllm-ascend's hybrid branch assumes the rank-major
+    order, which it only builds with spec tokens.
     """
-    bucket = bucket_of(state, bucket)
-    _check_hidden(state, bucket, hidden_states)
-    geo, real = geometry(state, bucket)
-    decode = torch.where(real & state.is_decode[: bucket.num_reqs], geo.num_scheduled, 0)
-    rows = ragged_index(decode, bucket.num_tokens)
-    index = torch.where(rows.valid, take(geo.padded_start, rows.segment) + rows.offset, 0)
-    return state, hidden_states.index_select(0, index)
-
-
-@pytree_dataclass
-class DraftSplit:
-    """This rank's share of the prefill requests' draft inputs.
-
-    Seed ``_split_spec_decode_pcp_prefill_input``.
-
-    Prefill ``k`` is request ``num_decode_reqs + k``.
-
-    Fields:
-        input_ids: ``[L_b]`` ids of this rank's prefill rows, head then tail
-            chunk per request, pads 0; 0 past ``num_tokens``.
-        hidden_states: ``[L_b, ...]`` their restored hidden states (row 0 past ``num_tokens``).
-        num_tokens: 0-d int64, this rank's prefill rows.
-        max_query_len: 0-d int64, the largest ``seq_lens`` entry (0 without prefills).
-        seq_lens: ``[R_b]`` int32 rows of prefill ``k`` on this rank (0 past the prefills).
-        cu_num_tokens: ``[R_b + 1]`` int32 ``[0, cumsum(seq_lens)]``.
-        num_reqs: 0-d int64, prefill requests.
-    """
-
-    input_ids: torch.Tensor
-    hidden_states: torch.Tensor
-    num_tokens: torch.Tensor
-    max_query_len: torch.Tensor
-    seq_lens: torch.Tensor
-    cu_num_tokens: torch.Tensor
-    num_reqs: torch.Tensor
+    _check_hidden(state, hidden_states)
+    Lb = state.bucket.num_tokens
+    spans = layout_of(state.config).restored_spans(state)
+    decode = torch.where(real_requests(state) & state.is_decode[: state.bucket.num_reqs], spans.length, 0)
+    rows = ragged_index(decode, Lb)
+    index = take(spans.start, rows.segment) + rows.offset
+    return state, masked_gather(hidden_states, index, rows.valid, 0)
 
 
 def split_prefill_for_draft(
-    state: PCPState,
-    input_ids_full: torch.Tensor,
-    hidden_states: torch.Tensor,
-    *,
-    bucket: Bucket | None = None,
+    state: PCPState, input_ids_full: torch.Tensor, hidden_states: torch.Tensor
 ) -> tuple[PCPState, DraftSplit]:
-    """Pad each prefill to ``2P`` chunks and keep this rank's head and tail chunks.
+    """This rank's share of every prefill's drafter inputs, by the layout's split.
 
-    Seed ``_split_spec_decode_pcp_prefill_input`` (not the hybrid-attention
-    variant). ``P = 2``, rank 0, one prefill of 5 tokens ``[a, b, c, d, e]``
-    (padded to 8, chunks of 2): ``input_ids [a, b, 0, 0]``, hidden rows
-    ``[0, 1, 6, 7]`` of the prefill region, ``seq_lens [4]``.
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input``: DualChunkSwap pads
+    each prefill to ``2P`` chunks and keeps this rank's head and tail chunks;
+    under hybrid attention (its ``_hybrid`` variant, also
+    ``_split_spec_decode_pcp_prefill_input_hybrid``) the rank takes the
+    linear slice ``[r*k, (r+1)*k)`` of the padded prefill, ``k = padded / P``.
+    ``P = 2``, rank 0, one prefill of 5 tokens ``[a, b, c, d, e]`` (padded to
+    8): ``input_ids [a, b, 0, 0]`` from prefill rows ``[0, 1, 6, 7]``
+    (hybrid: ``[a, b, c, d]`` from rows ``[0, 1, 2, 3]``), ``seq_lens [4]``.
 
     Args:
-        input_ids_full: ``[F_b]`` the whole batch's ids in scheduler order (the
-            seed is handed the prefill part, ``input_ids[num_decode_tokens:]``).
-        hidden_states: ``[P * L_b, ...]`` the whole restored buffer (the seed:
-            its prefill part, from row ``num_decode_tokens * P``).
+        input_ids_full: ``[F_b]`` the whole batch's ids in scheduler order
+            (vllm-ascend is handed the prefill part, ``input_ids[num_decode_tokens:]``).
+        hidden_states: ``[P * L_b, ...]`` the whole restored buffer
+            (vllm-ascend: its prefill part, from row ``num_decode_tokens * P``).
+
+    Returns a :class:`DraftSplit` with ``K = R_b`` (prefill ``k`` is request
+    ``num_decode_reqs + k``).
     """
-    cfg = state.config
-    bucket = bucket_of(state, bucket)
+    cfg, bucket = state.config, state.bucket
     Rb, Lb = bucket.num_reqs, bucket.num_tokens
-    check_rows("input_ids_full", input_ids_full, full_rows(cfg, bucket))
-    _check_hidden(state, bucket, hidden_states)
-    geo, real = geometry(state, bucket)
+    check_rows(
+        "input_ids_full", input_ids_full, token_rows(cfg, bucket), "F_b, the bucket's scheduler-order tokens"
+    )
+    _check_hidden(state, hidden_states)
+    layout = layout_of(cfg)
+    geo = state_geometry(state)
     is_decode = state.is_decode[:Rb]
-    prefill = real & ~is_decode
+    prefill = real_requests(state) & ~is_decode
     num_decode_reqs = is_decode.sum()
     num_decode_tokens = torch.where(is_decode, geo.num_scheduled, 0).sum()
-    mine = local_rows(geo, state.pcp_rank, cfg.pcp_size, Lb)
-    ids, restored = _sources(geo, mine, input_ids_full)
+    src = _sources(
+        geo, layout.restored_spans(state), layout.first_pass_rows(state), input_ids_full, hidden_states
+    )
 
-    # the prefill rows are the local rows after the decode tokens (decodes come first, one row per token)
-    k = torch.arange(Lb, device=ids.device)
+    # the prefill rows are the first-pass rows after the decode tokens (decodes come first, one row per token)
+    k = torch.arange(Lb, device=geo.num_scheduled.device)
     num_tokens = torch.where(prefill, geo.local, 0).sum()
-    keep = k < num_tokens
     at = (k + num_decode_tokens).clamp(max=Lb - 1)
-    ids = torch.where(keep, ids[at], torch.zeros_like(ids))
-    restored = torch.where(keep, restored[at], 0)
+    keep = k < num_tokens
 
     # prefill k is request num_decode_reqs + k
-    j = torch.arange(Rb, device=ids.device)
+    j = torch.arange(Rb, device=k.device)
     lens = torch.where(j + num_decode_reqs < state.num_reqs, take(geo.local, j + num_decode_reqs), 0)
     out = DraftSplit(
-        input_ids=ids,
-        hidden_states=hidden_states.index_select(0, restored),
         num_tokens=num_tokens,
+        input_ids=masked_gather(src.ids, at, keep, 0),
+        hidden_states=masked_gather(src.hidden, at, keep, 0),
         max_query_len=lens.max(),
         seq_lens=lens.to(torch.int32),
-        cu_num_tokens=torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)]).to(torch.int32),
+        cu_num_tokens=torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)]),
         num_reqs=prefill.sum(),
     )
     return state, out
@@ -159,25 +186,26 @@ def split_prefill_for_draft(
 
 @pytree_dataclass
 class FirstPassInputs:
-    """PCP-adjusted inputs of the first draft pass (seed ``PCPSpecDecodeFirstPassInputs`` + metadata).
+    """PCP-adjusted inputs of the first draft pass (vllm-ascend ``PCPSpecDecodeFirstPassInputs`` + metadata).
 
     Fields (``L_b`` rows; at ``P = 1`` the inputs pass through unchanged):
-        num_tokens: 0-d int64 rows of this pass (this rank's local tokens).
-        input_ids: ``[L_b]`` decode ids then this rank's prefill rows.
-        positions: ``[L_b]`` the target positions, unchanged (the seed slices them).
-        hidden_states: ``[L_b, ...]`` decode tokens' then prefill rows' hidden states.
+        num_tokens: 0-d int64 rows of this pass (this rank's first-pass rows).
+        input_ids: ``[L_b]`` decode ids then this rank's prefill rows (0 on pads and past them).
+        positions: ``[L_b]`` the target positions, unchanged (vllm-ascend slices them).
+        hidden_states: ``[L_b, ...]`` decode tokens' then prefill rows' hidden
+            states (0 past them, and on a hybrid prefill's pads).
         token_indices_to_sample: ``[R_b]`` restored rows to sample: a decode's
             ``logits_indices[token_indices_to_sample[i]]``, a prefill's entry
             of the last ``num_prefill_reqs`` logits indices.
         query_start_loc: ``[R_b + 1]`` int32 query starts of this pass (decode
             tokens, then this rank's prefill rows; the total past ``num_reqs``).
         seq_lens: ``[R_b]`` the given ``seq_lens`` with prefills replaced by
-            their local row counts (``None`` when none given).
+            their row counts on this rank (``None`` when none given).
         max_query_len: 0-d int64, ``max(decode_threshold, largest prefill
-            share)`` with prefills (the seed's); without, the largest decode
-            query (the seed leaves the metadata's own value).
+            share)`` with prefills (vllm-ascend's); without, the largest decode
+            query (vllm-ascend leaves the metadata's own value).
         decode_query_lens: ``[R_b]`` int32 scheduled tokens of the decodes
-            (seed ``long_seq_args[0]``, ``query_lens_pcp_full[:num_decode_reqs]``).
+            (vllm-ascend ``long_seq_args[0]``, ``query_lens_pcp_full[:num_decode_reqs]``).
         ori_token_indices_to_sample: ``[R_b]`` the input indices (``long_seq_args[1]``).
     """
 
@@ -203,14 +231,16 @@ def first_pass_inputs(
     num_logits: torch.Tensor | int,
     *,
     seq_lens: torch.Tensor | None = None,
-    bucket: Bucket | None = None,
 ) -> tuple[PCPState, FirstPassInputs]:
-    """The drafter's first-pass inputs on this rank (seed ``prepare_spec_decode_first_pass_inputs``).
+    """The drafter's first-pass inputs on this rank (vllm-ascend ``prepare_spec_decode_first_pass_inputs``).
 
     ``P = 2``, rank 0, a decode of 2 tokens ``[a, b]`` and a prefill of 5
     ``[c, d, e, f, g]`` (padded to 8): ``input_ids [a, b, c, d, 0, 0]``,
     hidden rows ``[0, 1, 4, 5, 10, 11]`` of the restored buffer,
-    ``query_start_loc [0, 2, 6]``, prefill ``seq_lens 4``.
+    ``query_start_loc [0, 2, 6]``, prefill ``seq_lens 4``. Hybrid attention
+    (one spec token): ``input_ids [a, b, c, d, e, f]``, hidden rows
+    ``[0, 1, 4, 5, 6, 7]`` of the FA order (decode rows ``0 .. 3``, prefill
+    tokens from row 4).
 
     Args:
         input_ids_full: ``[F_b]`` drafter ids in scheduler order (``FullInputs.input_ids``).
@@ -218,27 +248,38 @@ def first_pass_inputs(
         hidden_states: ``[P * L_b, ...]`` restored target hidden states.
         token_indices_to_sample: ``[R_b]`` the drafter's indices (first
             ``num_reqs`` real): for decodes, entries of ``logits_indices``.
-        logits_indices: ``[S]`` the step's logits indices
-            (``SpecDecodeIndices.logits_indices``, or ``get_logits_indices``),
-            ``num_logits`` of them real.
+        logits_indices: the step's logits indices: ``[S_b]``
+            (``SpecDecodeIndices.logits_indices``) or ``[R_b]``
+            (``get_logits_indices``), ``num_logits`` of them real.
         seq_lens: optional ``[R_b]`` drafter sequence lengths to adjust.
     """
-    cfg = state.config
-    bucket = bucket_of(state, bucket)
+    cfg, bucket = state.config, state.bucket
     Rb, Lb, P = bucket.num_reqs, bucket.num_tokens, cfg.pcp_size
-    check_rows("input_ids_full", input_ids_full, full_rows(cfg, bucket))
-    check_rows("positions", positions, Lb)
-    _check_hidden(state, bucket, hidden_states)
-    check_rows("token_indices_to_sample", token_indices_to_sample, Rb)
-    check_rows("logits_indices", logits_indices, 1, at_least=True)
+    check_rows(
+        "input_ids_full", input_ids_full, token_rows(cfg, bucket), "F_b, the bucket's scheduler-order tokens"
+    )
+    check_rows("positions", positions, Lb, "L_b, this rank's local rows")
+    _check_hidden(state, hidden_states)
+    check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
+    S = sampled_rows(cfg, bucket)
+    if (
+        not isinstance(logits_indices, torch.Tensor)
+        or logits_indices.dim() != 1
+        or logits_indices.shape[0] not in (S, Rb)
+    ):
+        raise ValueError(
+            f"logits_indices must have {S} rows (S_b, SpecDecodeIndices.logits_indices) or {Rb} "
+            f"(R_b, get_logits_indices), got shape {tuple(getattr(logits_indices, 'shape', ()))}"
+        )
     if seq_lens is not None:
-        check_rows("seq_lens", seq_lens, Rb)
-    geo, real = geometry(state, bucket)
+        check_rows("seq_lens", seq_lens, Rb, "R_b, one per request row")
+    geo = state_geometry(state)
+    real = real_requests(state)
     is_decode = state.is_decode[:Rb] & real
     prefill = real & ~is_decode
     decode_lens = torch.where(is_decode, geo.num_scheduled, 0).to(torch.int32)
     tis = token_indices_to_sample
-    if P == 1:  # nothing is split: the seed hands everything back as it came
+    if P == 1:  # nothing is split: vllm-ascend hands everything back as it came
         return state, FirstPassInputs(
             num_tokens=geo.token_start[-1],
             input_ids=input_ids_full,
@@ -252,11 +293,13 @@ def first_pass_inputs(
             ori_token_indices_to_sample=tis,
         )
 
-    mine = local_rows(geo, state.pcp_rank, P, Lb)
-    ids, restored = _sources(geo, mine, input_ids_full)
+    layout = layout_of(cfg)
+    src = _sources(
+        geo, layout.restored_spans(state), layout.first_pass_rows(state), input_ids_full, hidden_states
+    )
     # decodes: logits_indices[tis]; prefill i (one of the last num_prefill entries):
     # logits_indices[num_logits - num_prefill + (i - num_decode)] = logits_indices[num_logits - num_reqs + i]
-    i = torch.arange(Rb, device=ids.device)
+    i = torch.arange(Rb, device=tis.device)
     from_decode = take(logits_indices, tis.to(torch.int64))
     from_prefill = take(logits_indices, num_logits - state.num_reqs + i)
     new_tis = torch.where(is_decode, from_decode, torch.where(prefill, from_prefill, tis))
@@ -268,9 +311,9 @@ def first_pass_inputs(
     )
     out = FirstPassInputs(
         num_tokens=geo.local_start[-1],
-        input_ids=ids,
+        input_ids=src.ids,
         positions=positions,
-        hidden_states=hidden_states.index_select(0, restored),
+        hidden_states=src.hidden,
         token_indices_to_sample=new_tis.to(tis.dtype),
         query_start_loc=geo.local_start.to(torch.int32),
         seq_lens=None if seq_lens is None else torch.where(prefill, geo.local.to(seq_lens.dtype), seq_lens),

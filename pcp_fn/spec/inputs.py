@@ -8,7 +8,7 @@ value; each buffer has a static capacity derived from ``(config, bucket)``:
 ==================  =================================  ==========================================
 name                rows                               why it holds every batch
 ==================  =================================  ==========================================
-``full_rows``       ``F_b = min(T, P * L_b)``          scheduler-order tokens: a request puts
+``token_rows``       ``F_b = min(T, P * L_b)``          scheduler-order tokens: a request puts
                                                        ``n <= P * local`` rows in the gathered
                                                        buffer, so ``sum(n) <= P * L_b``; and
                                                        ``sum(n) <= T``
@@ -20,6 +20,11 @@ name                rows                               why it holds every batch
 
 (``k = num_spec_tokens``, ``R_b``/``L_b`` the bucket's request/local-token rows,
 ``P = pcp_size``, ``T = max_num_tokens``.) At ``P = 1``, ``F_b = L_b``.
+
+The ops take no size: they read the bucket of the state's last update
+(``state.bucket``; ``spec_step``: the batch's), and every per-request or
+per-token input must have exactly its bucket rows (:func:`check_rows`: a
+``ValueError`` naming the argument and the rows, never a silent truncation).
 """
 
 from __future__ import annotations
@@ -29,16 +34,12 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..batch import SchedulerBatch, _as_host_ints, make_batch
-from ..config import Bucket, PCPConfig
-from ..pytree import pytree_dataclass
-
-ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
-
-
-def full_rows(config: PCPConfig, bucket: Bucket) -> int:
-    """``F_b``: scheduler-order (pre-split) token rows, ``min(T, P * L_b)``."""
-    return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
+from ..core.buckets import Bucket
+from ..core.checks import ArrayLike, host_ints
+from ..core.pytree import pytree_dataclass, static_field
+from ..dcs.batch import SchedulerBatch, make_batch, token_rows
+from ..dcs.config import PCPConfig
+from ..dcs.state import PCPState
 
 
 def sampled_rows(config: PCPConfig, bucket: Bucket) -> int:
@@ -58,7 +59,7 @@ def mtp_extra_tokens(config: PCPConfig) -> int:
 
 def mtp_rows(config: PCPConfig, bucket: Bucket) -> int:
     """``M_b``: MTP draft-slot rows, ``F_b + R_b * (k - 1)``."""
-    return full_rows(config, bucket) + bucket.num_reqs * mtp_extra_tokens(config)
+    return token_rows(config, bucket) + bucket.num_reqs * mtp_extra_tokens(config)
 
 
 @pytree_dataclass
@@ -69,9 +70,29 @@ class SpecInputs:
         num_draft_tokens: ``[R_b]`` int32 draft tokens of each request (the
             runner's ``num_draft_tokens``: ``len(scheduled_spec_decode_tokens)``);
             0 past ``num_reqs``.
+        token_ids_shape: static ``(rows, width)`` of the token table
+            :func:`make_spec_batch` checked the batch against (every request's
+            ``num_computed + num_scheduled`` fits its width), or ``None`` when it
+            was given none. :func:`pcp_fn.spec.spec_step` refuses a table with
+            fewer rows or columns. A static field: one per token-table shape (a
+            runner's table is one fixed buffer), so it costs no graph per step.
     """
 
     num_draft_tokens: torch.Tensor
+    token_ids_shape: tuple[int, int] | None = static_field(default=None)
+
+
+def check_rows(name: str, tensor: object, rows: int, what: str) -> None:
+    """An op's input must be ``[rows, ...]``, the bucket's ``what`` rows: never truncated or extended."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(tensor).__name__}")
+    if tensor.dim() < 1 or tensor.shape[0] != rows:
+        raise ValueError(f"{name} must have {rows} rows ({what}), got shape {tuple(tensor.shape)}")
+
+
+def real_requests(state: PCPState) -> torch.Tensor:
+    """``[R_b]`` bool: the rows of the state's bucket that are requests of its last update."""
+    return torch.arange(state.bucket.num_reqs, device=state.device) < state.num_reqs
 
 
 def check_num_draft_tokens(config: PCPConfig, num_scheduled: np.ndarray, drafts: np.ndarray) -> None:
@@ -127,17 +148,20 @@ def make_spec_batch(
     device: torch.device | str | None = None,
     *,
     token_ids: torch.Tensor | Sequence[int] | None = None,
+    slot_mapping: ArrayLike | None = None,
     bucket: Bucket | None = None,
 ) -> tuple[SchedulerBatch, SpecInputs]:
     """``make_batch`` plus the draft counts, validated, in one host-to-device copy.
 
     Args:
-        num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, bucket:
-            as for :func:`pcp_fn.make_batch`.
+        num_scheduled_tokens, num_computed_tokens, num_prompt_tokens,
+            slot_mapping, bucket: as for :func:`pcp_fn.make_batch` (the slot
+            mapping, padded to ``[F_b]``, is a second copy).
         num_draft_tokens: draft tokens per request (``0 .. num_spec_tokens``,
             and at most ``num_scheduled - 1``).
         token_ids: the ``[rows, max_model_len]`` token table the spec ops will
-            read, or just its shape; only the shape is looked at.
+            read, or just its shape; only the shape is looked at, and recorded
+            (``SpecInputs.token_ids_shape``) for :func:`pcp_fn.spec.spec_step`.
 
     Raises:
         ValueError: everything ``make_batch`` rejects; a draft count above
@@ -150,13 +174,21 @@ def make_spec_batch(
         batch, spec = make_spec_batch(cfg, [2, 2, 8], [6, 8, 0], [6, 8, 8], [1, 1, 0])
         spec.num_draft_tokens      # [1, 1, 0, 0]  (bucket of 4 requests)
     """
-    host = make_batch(config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, bucket=bucket)
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
-    drafts = _as_host_ints("num_draft_tokens", num_draft_tokens)
+    host = make_batch(
+        config,
+        num_scheduled_tokens,
+        num_computed_tokens,
+        num_prompt_tokens,
+        slot_mapping=slot_mapping,
+        bucket=bucket,
+    )
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    comp = host_ints("num_computed_tokens", num_computed_tokens)
+    drafts = host_ints("num_draft_tokens", num_draft_tokens)
     check_num_draft_tokens(config, sched, drafts)
+    shape = None
     if token_ids is not None:
-        shape = token_ids.shape if isinstance(token_ids, torch.Tensor) else token_ids
+        shape = tuple(int(x) for x in (token_ids.shape if isinstance(token_ids, torch.Tensor) else token_ids))
         check_token_table(shape, sched, comp)
 
     Rb = host.bucket.num_reqs
@@ -172,12 +204,15 @@ def make_spec_batch(
             torch.from_numpy(padded),
         ]
     )
-    dev = packed.to(torch.device(device) if device is not None else "cpu")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    dev = packed.to(device)
     batch = SchedulerBatch(
+        config=host.config,
         bucket=host.bucket,
         num_reqs=dev[3 * Rb],
         num_scheduled=dev[0:Rb],
         num_computed=dev[Rb : 2 * Rb],
         num_prompt=dev[2 * Rb : 3 * Rb],
+        slot_mapping=None if host.slot_mapping is None else host.slot_mapping.to(device),
     )
-    return batch, SpecInputs(num_draft_tokens=dev[3 * Rb + 1 :])
+    return batch, SpecInputs(num_draft_tokens=dev[3 * Rb + 1 :], token_ids_shape=shape)

@@ -4,17 +4,36 @@ Context parallelism (``C = pcp * dcp`` ranks) deals each request's KV out
 round-robin in blocks of ``I = cp_kv_cache_interleave_size`` tokens, so a
 rank holds ``local_len(n)`` of a request's first ``n`` tokens
 (:func:`pcp_fn.cp_local_seq_lens`). Every function here reads that, the
-state's layout and the MTP slot layout of :func:`pcp_fn.spec.full_input_ids`.
+scheduler order of the state's last update and the MTP slot layout of
+:func:`pcp_fn.spec.full_input_ids`; none depends on the token layout
+(DualChunkSwap or hybrid: the FA layers' KV is dealt the same way).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..config import Bucket
-from ..pytree import pytree_dataclass
-from ..state import PCPState
-from ._shared import bucket_of, check_rows, geometry, my_cp_lens
+from ..core.pytree import pytree_dataclass
+from ..core.rank import select_rank
+from ..core.seqlens import cp_local_seq_lens
+from ..dcs.layout import state_geometry
+from ..dcs.state import PCPState
+from .inputs import check_rows, mtp_rows, real_requests
+
+
+def my_cp_lens(state: PCPState, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(all, mine)``: :func:`pcp_fn.cp_local_seq_lens` of ``seq_lens`` and this rank's entry.
+
+    ``all`` is ``[..., P, dcp]``, ``mine`` is ``[...]``; the rank may be data (a 0-d tensor).
+    """
+    cfg = state.config
+    lens = cp_local_seq_lens(seq_lens, cfg.pcp_size, cfg.dcp_size, cfg.cp_kv_cache_interleave_size)
+    return lens, select_rank(lens.select(-1, cfg.dcp_rank), state.pcp_rank, dim=-1)
+
+
+def _check_mtp_slots(state: PCPState, mtp_slot_mapping: torch.Tensor) -> None:
+    rows = mtp_rows(state.config, state.bucket) * state.config.pcp_size
+    check_rows("mtp_slot_mapping", mtp_slot_mapping, rows, "M_b * P, MTPLayout.slot_mapping")
 
 
 @pytree_dataclass
@@ -37,9 +56,10 @@ def mtp_slot_inputs(
     *,
     num_reqs: torch.Tensor | int | None = None,
     num_speculative_tokens: int | None = None,
-    bucket: Bucket | None = None,
 ) -> tuple[PCPState, MTPSlotInputs]:
-    """Where each draft request's next MTP token writes its KV (seed ``_get_spec_decode_mtp_slot_inputs``).
+    """Where each draft request's next MTP token writes its KV.
+
+    vllm-ascend ``_get_spec_decode_mtp_slot_inputs``.
 
     Request ``i``'s MTP rows start at ``query_start[i] + i * (k - 1)``; its
     last accepted token is offset ``accepted - 1`` (``accepted = query_len -
@@ -54,16 +74,16 @@ def mtp_slot_inputs(
     Args:
         token_indices_to_sample: ``[R_b]`` scheduler-order index of each
             request's last accepted token (the drafter's ``prepare_inputs_padded``).
-        mtp_slot_mapping: ``[M_b * P]`` from :func:`full_input_ids`.
+        mtp_slot_mapping: ``[M_b * P]`` from :func:`full_input_ids` (``FullInputs.mtp.slot_mapping``).
         num_reqs: requests that draft (default: the batch's).
         num_speculative_tokens: ``k`` (default ``config.num_spec_tokens``).
     """
     cfg = state.config
-    bucket = bucket_of(state, bucket)
-    Rb, P = bucket.num_reqs, cfg.pcp_size
-    check_rows("token_indices_to_sample", token_indices_to_sample, Rb)
+    Rb, P = state.bucket.num_reqs, cfg.pcp_size
+    check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
+    _check_mtp_slots(state, mtp_slot_mapping)
     k = cfg.num_spec_tokens if num_speculative_tokens is None else num_speculative_tokens
-    geo, _ = geometry(state, bucket)
+    geo = state_geometry(state)
     starts, ends = geo.token_start[:-1], geo.token_start[1:]
     rejected = ends - token_indices_to_sample.to(torch.int64) - 1
     accepted = geo.num_scheduled - rejected
@@ -78,7 +98,7 @@ def mtp_slot_inputs(
 
 @pytree_dataclass
 class MTPDraftingInputs:
-    """Seed ``PCPSpecDecodeMTPInputs`` (the seed returns ``None`` where ``active`` is False).
+    """vllm-ascend ``PCPSpecDecodeMTPInputs`` (it returns ``None`` where ``active`` is False).
 
     Fields:
         active: 0-d bool: a decode-only batch (or a DCP prefill batch at ``P = 1``).
@@ -102,18 +122,19 @@ def mtp_drafting_inputs(
     *,
     is_prefill_batch: torch.Tensor | bool | None = None,
     num_speculative_tokens: int | None = None,
-    bucket: Bucket | None = None,
 ) -> tuple[PCPState, MTPDraftingInputs | None]:
-    """MTP drafting metadata (seed ``prepare_spec_decode_mtp_drafting_inputs``).
+    """MTP drafting metadata (vllm-ascend ``prepare_spec_decode_mtp_drafting_inputs``).
 
-    ``None`` (static) when ``k <= 1``. Otherwise ``active`` says whether the
-    seed would build it: a batch of decodes only, or a prefill batch under
+    ``None`` (static) when ``k <= 1``. Otherwise ``active`` says whether
+    vllm-ascend would build it: a batch of decodes only, or a prefill batch under
     DCP alone (``P = 1``, ``dcp > 1``: then every request gets slot indices).
     ``P = 2``, ``k = 2``, two decodes of 3 tokens: ``active True``,
     ``num_reqs 2``, slot indices as in :func:`mtp_slot_inputs`.
 
     Args:
+        token_indices_to_sample: ``[R_b]``, as for :func:`mtp_slot_inputs`.
         seq_lens: ``[R_b]`` the drafter's attention ``seq_lens``.
+        mtp_slot_mapping: ``[M_b * P]``, as for :func:`mtp_slot_inputs`.
         is_prefill_batch: the runner's flag; default: the batch has a
             request that is not a decode.
     """
@@ -121,11 +142,11 @@ def mtp_drafting_inputs(
     k = cfg.num_spec_tokens if num_speculative_tokens is None else num_speculative_tokens
     if k <= 1:
         return state, None
-    bucket = bucket_of(state, bucket)
-    Rb = bucket.num_reqs
-    check_rows("seq_lens", seq_lens, Rb)
-    geo, real = geometry(state, bucket)
-    num_decode = (state.is_decode[:Rb] & real).sum()
+    Rb = state.bucket.num_reqs
+    check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
+    check_rows("seq_lens", seq_lens, Rb, "R_b, one per request row")
+    _check_mtp_slots(state, mtp_slot_mapping)
+    num_decode = (state.is_decode[:Rb] & real_requests(state)).sum()
     if is_prefill_batch is None:
         prefill = num_decode < state.num_reqs
     elif isinstance(is_prefill_batch, bool):  # a static flag: a fill kernel, no host-to-device copy
@@ -141,7 +162,6 @@ def mtp_drafting_inputs(
         mtp_slot_mapping,
         num_reqs=num_reqs,
         num_speculative_tokens=k,
-        bucket=bucket,
     )
     out = MTPDraftingInputs(
         active=decode_only | dcp_prefill,
@@ -158,8 +178,8 @@ class MTPAttentionMask:
     """Fields:
     mask: ``[R_b, decode_threshold, num_cols]`` bool, True where attention is
         blocked; rows of requests that are not decodes all False.
-    num_rows: 0-d int64 rows the runner exposes (seed ``mask_n``: the
-        decodes, or all requests when there is none).
+    num_rows: 0-d int64 rows the runner exposes (vllm-ascend ``mask_n``:
+        the decodes, or all requests when there is none).
     """
 
     mask: torch.Tensor
@@ -170,20 +190,18 @@ def mtp_attention_mask(
     state: PCPState,
     num_computed_tokens: torch.Tensor,
     num_cols: int,
-    *,
-    bucket: Bucket | None = None,
 ) -> tuple[PCPState, MTPAttentionMask]:
     """Causal mask of each decode's spec queries over this rank's local KV (True = blocked).
 
-    Seed ``generate_mtp_attention_mask_for_decode``, interleave-aware: query
+    vllm-ascend ``generate_mtp_attention_mask_for_decode``, interleave-aware: query
     ``q`` of a decode with history ``h`` and ``n`` scheduled tokens sees local
     KV index ``k`` iff ``k <= local_len(h + q + 1) - 1``, where
     ``local_len(x) = x // I // C * I + clip(x - (x // I // C * I) * C - c * I, 0, I)``
     counts this rank's (``c``) tokens among the first ``x``. Entries outside the
     request's queries (``q >= n``) and local KV (``k >= local_len(h + n)``) are
-    False, and so is a query that sees no local key at all (the seed's
-    ``k_upper >= 0`` guard). For ``I = 1`` this is the seed's formula; for
-    ``I > 1`` the corrected one (the seed's ignores the interleave).
+    False, and so is a query that sees no local key at all (vllm-ascend's
+    ``k_upper >= 0`` guard). For ``I = 1`` this is vllm-ascend's formula; for
+    ``I > 1`` the corrected one (vllm-ascend's ignores the interleave).
 
     ``C = 2`` (rank 0), ``I = 1``, ``h = 5``, ``n = 3``: local KV holds
     tokens 0, 2, 4, 6 (``k < 4``); query 0 (token 5) sees ``k <= 2``, query 1
@@ -193,17 +211,18 @@ def mtp_attention_mask(
 
     Args:
         num_computed_tokens: ``[R_b]`` history of each request (``batch.num_computed``).
-        num_cols: static width (the seed's is ``max_model_len``, which a
-            request's local KV never exceeds); keys past it are dropped.
+        num_cols: the mask's static KV width, the model's ``max_model_len``
+            (vllm-ascend's width; a request's local KV never exceeds it); keys
+            past it are dropped. Not a row count: the rows are the state's
+            bucket's.
     """
     cfg = state.config
-    bucket = bucket_of(state, bucket)
-    Rb, T = bucket.num_reqs, cfg.decode_threshold
-    check_rows("num_computed_tokens", num_computed_tokens, Rb)
+    Rb, T = state.bucket.num_reqs, cfg.decode_threshold
+    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row")
     if isinstance(num_cols, bool) or not isinstance(num_cols, int) or num_cols < 1:
         raise ValueError(f"num_cols must be a positive int, got {num_cols!r}")
-    geo, real = geometry(state, bucket)
-    decode = state.is_decode[:Rb] & real
+    geo = state_geometry(state)
+    decode = state.is_decode[:Rb] & real_requests(state)
     h, n = num_computed_tokens.to(torch.int64), geo.num_scheduled
     q = torch.arange(T, device=h.device)
     _, seen = my_cp_lens(state, h[:, None] + q + 1)  # [R_b, T] local keys query q sees
@@ -232,16 +251,22 @@ def mask_restore_index_for_graph(
 ) -> tuple[PCPState, torch.Tensor]:
     """Zero the restore-index rows a padded draft batch never uses.
 
-    Seed ``mask_spec_decode_restore_idx_for_graph``.
+    vllm-ascend ``mask_spec_decode_restore_idx_for_graph``.
 
     A graph-padded draft batch gives every request ``decode_threshold`` tokens
     replicated on ``P`` ranks: ``P * thr`` rows per request, of which only the
     first ``thr`` (rank 0's copy) are read. Row ``j`` is kept iff
     ``j % (P * thr) < thr``. ``P = 2``, ``thr = 2``: ``[0, 1, 2, 3, 4, 5, 6, 7]
-    -> [0, 1, 0, 0, 4, 5, 0, 0]``. Returns a new tensor (the seed writes its
-    buffer in place).
+    -> [0, 1, 0, 0, 4, 5, 0, 0]``. Returns a new tensor (vllm-ascend writes
+    its buffer in place).
+
+    Args:
+        restore_index: ``[P * L_b]`` (``TokenLayout.restore_index`` of the
+            draft batch's state: the state's bucket).
     """
     cfg = state.config
+    rows = cfg.pcp_size * state.bucket.num_tokens
+    check_rows("restore_index", restore_index, rows, "P * L_b, the state's gathered rows")
     row = torch.arange(restore_index.shape[0], device=restore_index.device)
     drop = row % (cfg.pcp_size * cfg.decode_threshold) >= cfg.decode_threshold
     return state, torch.where(drop, torch.zeros_like(restore_index), restore_index)
@@ -250,8 +275,8 @@ def mask_restore_index_for_graph(
 @pytree_dataclass
 class DraftingSeqLens:
     """Fields:
-    cp_seq_len: ``[N]`` this rank's KV length of each request (seed ``cp_seq_len``).
-    num_computed_tokens_of_pcp_dcp: ``[N, P, dcp]`` every rank's (the seed's
+    cp_seq_len: ``[R_b]`` this rank's KV length of each request (vllm-ascend ``cp_seq_len``).
+    num_computed_tokens_of_pcp_dcp: ``[R_b, P, dcp]`` every rank's (vllm-ascend's
         non-MLA metadata).
     """
 
@@ -262,15 +287,18 @@ class DraftingSeqLens:
 def drafting_cp_seq_lens(
     state: PCPState, seq_lens: torch.Tensor, draft_index: int | torch.Tensor
 ) -> tuple[PCPState, DraftingSeqLens]:
-    """Per-rank KV lengths at draft step ``draft_index`` (seed ``update_spec_decode_drafting_cp_metadata``).
+    """Per-rank KV lengths at draft step ``draft_index``.
+
+    vllm-ascend ``update_spec_decode_drafting_cp_metadata``.
 
     Draft step ``d`` has written ``d + 1`` more tokens: ``cp_local_seq_lens(seq_lens
     + d + 1)``. ``P = 2``, ``I = 1``, ``seq_lens [5]``, ``d = 0``: ``[[3], [3]]``
     on the two ranks; rank 1's ``cp_seq_len [3]``.
 
     Args:
-        seq_lens: ``[N]`` the drafter's sequence lengths (any N).
+        seq_lens: ``[R_b]`` the drafter's sequence lengths (the state's bucket).
         draft_index: int or 0-d tensor.
     """
+    check_rows("seq_lens", seq_lens, state.bucket.num_reqs, "R_b, one per request row")
     lens, mine = my_cp_lens(state, seq_lens + draft_index + 1)
     return state, DraftingSeqLens(cp_seq_len=mine, num_computed_tokens_of_pcp_dcp=lens)

@@ -1,7 +1,8 @@
 """``spec_step``: a decode step with speculative tokens as one pure function (one graph per bucket).
 
-    batch, spec = make_spec_batch(cfg, sched, computed, prompt, num_draft_tokens, token_ids=table)
-    state, out = spec_step(state, batch, slot_mapping, spec, table)
+    batch, spec = make_spec_batch(cfg, sched, computed, prompt, num_draft_tokens,
+                                  token_ids=table, slot_mapping=slots)
+    state, out = spec_step(state, batch, spec, table)
     # forward on out.input_ids / out.step.positions / out.step.slot_mapping,
     # restore, sample at out.indices.logits_indices; the drafter reads out.full.
 
@@ -9,22 +10,27 @@ It is :func:`pcp_fn.step` (left as it is) plus everything the spec-decode
 path prepares before the forward: the scheduler-order ids and positions
 (repaired with the previous step's tokens under async scheduling), this rank's
 local input ids, the spec-decode sampling indices and the MTP attention mask.
-Every output shape derives from ``(config, bucket)`` and the token table's
-static shape.
+Every output shape derives from ``(config, batch.bucket)`` and the token
+table's static shape. Like ``step`` it is an entry op
+(:mod:`pcp_fn.core.entry`): of the incoming state it reads only the config and
+the entry fields, so a state from any step replays the graph of any bucket.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..batch import SchedulerBatch
-from ..pytree import pytree_dataclass
-from ..state import PCPState
+from ..core.entry import entry_op
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import masked_gather, take
+from ..dcs.batch import SchedulerBatch
+from ..dcs.layout import state_geometry
+from ..dcs.state import PCPState
+from ..layouts import check_batch
 from ..step import StepOutputs, step
-from ._shared import geometry, take
 from .full import FullInputs, SlotFn, full_input_ids, repair_full_input_ids
 from .indices import SpecDecodeIndices, spec_decode_indices
-from .inputs import SpecInputs
+from .inputs import SpecInputs, check_rows
 from .mtp import MTPAttentionMask, mtp_attention_mask
 
 
@@ -66,37 +72,69 @@ class SpecStepOutputs:
     attention_mask: MTPAttentionMask | None
 
 
+def _check_token_table(spec: SpecInputs, token_ids: torch.Tensor) -> None:
+    """``token_ids`` is at least as large as the table :func:`make_spec_batch` checked the batch against."""
+    if not isinstance(token_ids, torch.Tensor):
+        raise TypeError(f"token_ids must be a tensor, got {type(token_ids).__name__}")
+    if spec.token_ids_shape is None:
+        raise ValueError(
+            "spec_step reads the token table: build the spec inputs with "
+            "make_spec_batch(..., token_ids=table) so that the table is checked against the batch"
+        )
+    rows, width = spec.token_ids_shape
+    if token_ids.dim() != 2 or token_ids.shape[0] < rows or token_ids.shape[1] < width:
+        raise ValueError(
+            f"token_ids must be a [num_rows >= {rows}, max_model_len >= {width}] table (the one "
+            f"make_spec_batch checked the batch against), got shape {tuple(token_ids.shape)}: a narrower "
+            "table would be read past its end"
+        )
+
+
+@entry_op
 def spec_step(
     state: PCPState,
     batch: SchedulerBatch,
-    slot_mapping: torch.Tensor,
     spec: SpecInputs,
     token_ids: torch.Tensor,
     prev: PrevStep | None = None,
     *,
+    slot_mapping: torch.Tensor | None = None,
     slot_fn: SlotFn | None = None,
 ) -> tuple[PCPState, SpecStepOutputs]:
     """One spec-decode step's PCP bookkeeping for this rank.
 
     Args:
-        state, batch, slot_mapping: as for :func:`pcp_fn.step` (``batch`` from
-            :func:`make_spec_batch`).
-        spec: the draft counts (:func:`make_spec_batch`).
-        token_ids: ``[rows, max_model_len]`` the request token table.
+        state: any state of the batch's config (only its config and entry
+            fields are read).
+        batch, spec: from :func:`make_spec_batch` (one bucket: the outputs' sizes).
+        token_ids: ``[rows, max_model_len]`` the request token table; at least
+            as large as the one given to ``make_spec_batch(..., token_ids=...)``
+            (a narrower table is a ``ValueError``, never a truncated read).
         prev: the previous step's tokens (async scheduling), or ``None``.
+        slot_mapping: ``[F_b]`` KV slots in scheduler order, padded to the
+            bucket; default ``batch.slot_mapping`` (``make_spec_batch(...,
+            slot_mapping=...)``), as for :func:`pcp_fn.step`.
         slot_fn: maps MTP rows to KV slots (see :func:`full_input_ids`).
 
     ``P = 2``, one spec token, two decodes of 2 tokens (one draft each):
     ``indices.logits_indices [0, 1, 4, 5]``, ``input_ids`` the two requests'
-    tokens, ``full.query_start_loc [0, 2, 4]``.
+    tokens, ``full.query_start_loc [0, 2, 4]`` (hybrid attention:
+    ``logits_indices [0, 1, 2, 3]``, rank 0's rows of the FA order).
     """
+    check_batch(state, batch)
+    if not isinstance(spec, SpecInputs):
+        raise TypeError(f"spec must be SpecInputs (make_spec_batch), got {type(spec).__name__}")
+    check_rows("spec.num_draft_tokens", spec.num_draft_tokens, batch.bucket.num_reqs, "R_b, the batch's")
+    _check_token_table(spec, token_ids)
+    if prev is not None:
+        check_rows("prev.positions", prev.positions, batch.bucket.num_reqs, "R_b, the batch's")
     cfg = state.config
-    bucket = batch.bucket
     state, out = step(state, batch, slot_mapping)
-    state, full = full_input_ids(state, token_ids, batch.num_computed, bucket=bucket, slot_fn=slot_fn)
+    # from here on `state` records this batch (its bucket): the consumer ops read it
+    state, full = full_input_ids(state, token_ids, batch.num_computed, slot_fn=slot_fn)
     if prev is not None:
         state, ids = repair_full_input_ids(
-            state, full.input_ids, prev.sampled_token_ids, prev.draft_token_ids, prev.positions, bucket=bucket
+            state, full.input_ids, prev.sampled_token_ids, prev.draft_token_ids, prev.positions
         )
         full = FullInputs(
             input_ids=ids,
@@ -106,18 +144,17 @@ def spec_step(
             mtp=full.mtp,
         )
     # local ids: a local row at offset o < n of request i is scheduler-order token token_start[i] + o
-    geo, _ = geometry(state, bucket)
+    geo = state_geometry(state)
     layout = out.layout
     request, offset = layout.request_index, layout.positions
-    real = (torch.arange(bucket.num_tokens, device=offset.device) < layout.num_tokens) & (
+    real = (torch.arange(batch.bucket.num_tokens, device=offset.device) < layout.num_tokens) & (
         offset < take(geo.num_scheduled, request)
     )
-    local_ids = take(full.input_ids, take(geo.token_start, request) + offset)
-    local_ids = torch.where(real, local_ids, torch.zeros_like(local_ids))
-    state, indices = spec_decode_indices(state, spec.num_draft_tokens, local_ids, bucket=bucket)
+    local_ids = masked_gather(full.input_ids, take(geo.token_start, request) + offset, real, 0)
+    state, indices = spec_decode_indices(state, spec.num_draft_tokens, local_ids)
     mask = None
     if cfg.pcp_size * cfg.dcp_size > 1 and cfg.num_spec_tokens > 0:
-        state, mask = mtp_attention_mask(state, batch.num_computed, token_ids.shape[1], bucket=bucket)
+        state, mask = mtp_attention_mask(state, batch.num_computed, token_ids.shape[1])
     return state, SpecStepOutputs(
         step=out, input_ids=local_ids, full=full, indices=indices, attention_mask=mask
     )

@@ -11,7 +11,7 @@ def cp_local_seq_lens(
     """``[N] -> [N, pcp_size, dcp_size]``: KV tokens of each request held by each CP rank.
 
     KV is dealt round-robin to the ``C = pcp_size * dcp_size`` ranks in blocks of
-    ``interleave`` tokens (seed ``_get_cp_local_seq_lens``). ``seq_lens = [129]``,
+    ``interleave`` tokens (vllm-ascend ``_get_cp_local_seq_lens``). ``seq_lens = [129]``,
     ``pcp_size = 2``, ``interleave = 128``: rank 0 holds 128, rank 1 holds 1.
     """
     C, I = pcp_size * dcp_size, interleave

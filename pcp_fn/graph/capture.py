@@ -12,6 +12,18 @@ Backends, chosen from the device of the example's tensors:
 - anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
   one compiled graph per bucket (``backend="inductor"`` unless told).
 
+:func:`compile_per_bucket` takes the compile path on every device: one
+``torch.compile`` per signature, each under its own code object, so Dynamo
+keeps one cache entry per code object and a function serving any number of
+buckets compiles exactly one graph per bucket within torch's default
+recompile limit (``torch._dynamo.config.recompile_limit``, left untouched).
+
+Entry ops (:func:`pcp_fn.core.entry.entry_op`: ``update_tokens``, ``step``,
+``spec_step``, MRV2 ``partition_batch``...) read only the config and rank of
+the state they are given, so for them the state is keyed by its config and
+rank alone: a state coming out of any step, built for any bucket, replays the
+graph of the new batch's bucket. Other functions are keyed by every argument.
+
 One graph per *signature*: the tree structure of the arguments (configs and
 buckets are static parts of it) plus every tensor leaf's shape and dtype. A
 call with a new signature captures a new graph on first use (``grow=True``) or
@@ -29,6 +41,7 @@ the compile backend every call returns fresh tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +49,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .config import Bucket
+from ..core.buckets import Bucket
+from ..core.entry import is_entry_op
 
 
 class CaptureError(ValueError):
@@ -60,8 +74,9 @@ def _signature(spec: pytree.TreeSpec, leaves: list[Any]) -> tuple[Any, ...]:
 
 
 def _is_state(x: Any) -> bool:
-    """A layout state (``PCPState``, ``mrv2.MRV2State``): a static config with a capacity."""
-    return hasattr(x, "config") and hasattr(getattr(x, "config", None), "capacity")
+    """A layout state (``PCPState``, ``mrv2.MRV2State``): it lists the fields entry ops read
+    (a batch carries its config too, but no entry fields)."""
+    return hasattr(type(x), "ENTRY_FIELDS") and hasattr(x, "config")
 
 
 def _is_batch(x: Any) -> bool:
@@ -93,6 +108,13 @@ def _check_fits(args: tuple[Any, ...], configs: list[Any]) -> None:
                 raise CaptureError(
                     f"batch bucket {batch.bucket} exceeds the captured capacity {cap} "
                     "(request rows, local tokens per rank)"
+                )
+            # a batch records the (rank-free) config it was validated for: another group's batch
+            # would replay silently when its bucket happens to fit
+            made_for = getattr(batch, "config", None)
+            if made_for is not None and made_for != getattr(cfg, "shared", made_for):
+                raise CaptureError(
+                    f"the batch was built for {made_for}, the captured config is {cfg} (ranks aside)"
                 )
 
 
@@ -154,15 +176,24 @@ class Captured:
     """A callable with ``fn``'s signature that replays one captured graph per signature."""
 
     def __init__(
-        self, fn: Callable[..., Any], *, grow: bool = True, backend: str = "inductor", warmup: int = 2
+        self,
+        fn: Callable[..., Any],
+        *,
+        grow: bool = True,
+        backend: str = "inductor",
+        warmup: int = 2,
+        compile_only: bool = False,
     ) -> None:
         self.fn = fn
         self.grow = grow
         self.backend = backend
         self.warmup = warmup
+        self.compile_only = compile_only
         self._graphs: dict[tuple[Any, ...], Any] = {}
         self._configs: list[Any] | None = None
         self._device: torch.device | None = None
+        self._entry = is_entry_op(fn)
+        self._templates: dict[tuple[Any, ...], Any] = {}
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -172,7 +203,23 @@ class Captured:
         """``"cuda-graph"``, ``"npu-graph"`` or ``"compile"`` (set by the first capture)."""
         if self._device is None:
             return "unset"
+        if self.compile_only:
+            return "compile"
         return {"cuda": "cuda-graph", "npu": "npu-graph"}.get(self._device.type, "compile")
+
+    def _as_entry(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """For an entry op: each state argument becomes the first state seen of its
+        config and rank kind, with this call's entry fields (rank, constants)."""
+        if not self._entry:
+            return args
+        out = []
+        for arg in args:
+            if _is_state(arg):
+                key = (type(arg), arg.config, arg.rank is None)
+                template = self._templates.setdefault(key, arg)
+                arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in type(arg).ENTRY_FIELDS})
+            out.append(arg)
+        return tuple(out)
 
     def _lookup(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], tuple[Any, ...]]:
         leaves, spec = pytree.tree_flatten(args)
@@ -188,17 +235,19 @@ class Captured:
 
     def capture(self, *args: Any) -> None:
         """Capture the graph for ``args``' signature now (no-op when it exists)."""
+        args = self._as_entry(args)
         graph, _, sig = self._lookup(args)
         if graph is None:
             self._graphs[sig] = self._build(args)
 
     def _build(self, args: tuple[Any, ...]) -> Any:
         assert self._device is not None
-        if self._device.type in ("cuda", "npu"):
+        if self._device.type in ("cuda", "npu") and not self.compile_only:
             return _DeviceGraph(self.fn, self._device, args, self.warmup)
         return _CompiledGraph(self.fn, self.backend, args)
 
     def __call__(self, *args: Any) -> Any:
+        args = self._as_entry(args)
         graph, leaves, sig = self._lookup(args)
         if graph is None:
             if not self.grow:
@@ -235,28 +284,22 @@ def capture(
     return captured
 
 
-class _AsModule(torch.nn.Module):
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        super().__init__()
-        self.fn = fn
+def compile_per_bucket(fn: Callable[..., Any], *, backend: str = "inductor", grow: bool = True) -> Captured:
+    """``torch.compile(fn, fullgraph=True, dynamic=False)``, one graph per bucket, on any device.
 
-    def forward(self, *args: Any) -> Any:
-        return self.fn(*args)
+    The returned :class:`Captured` compiles a graph the first time it sees a
+    signature (the arguments' tree structure, which holds the configs and
+    buckets, plus every tensor leaf's shape and dtype), each under its own code
+    object: Dynamo's recompile limit counts graphs per code object, so any
+    number of buckets compiles without raising it and without a recompile.
+    With bucket-shaped inputs (``make_batch(..., slot_mapping=...)``) and an
+    entry op keyed by its batch alone (:func:`pcp_fn.core.entry.entry_op`), a
+    run compiles exactly as many graphs as it meets buckets, ``len(result)``;
+    a state with its rank as data (``init_state(cfg, rank=r)``) shares them
+    across ranks. Unlike :func:`capture` it never records a CUDA/NPU graph,
+    and compiles lazily (nothing up front).
 
-
-def export(fn: Callable[..., Any], *example_args: Any) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``fn`` for the example's bucket, with every shape static.
-
-    Raises :class:`CaptureError` if the program has any symbolic (data-dependent
-    or dynamic) size, which would mean an op read a value to decide a shape.
+        compiled = compile_per_bucket(pcp_fn.step, backend="eager")
+        state, out = compiled(state, batch)      # compiles batch.bucket's graph once
     """
-    ep = torch.export.export(_AsModule(fn), tuple(example_args), strict=False)
-    symbolic = [
-        f"{node.name}: {tuple(val.shape)}"
-        for node in ep.graph.nodes
-        for val in pytree.tree_leaves(node.meta.get("val"))
-        if isinstance(val, torch.Tensor) and not all(isinstance(d, int) for d in val.shape)
-    ]
-    if symbolic or ep.range_constraints:
-        raise CaptureError(f"exported program has symbolic shapes: {symbolic or ep.range_constraints}")
-    return ep
+    return Captured(fn, grow=grow, backend=backend, compile_only=True)

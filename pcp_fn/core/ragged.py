@@ -84,11 +84,23 @@ def scatter_to(dest: torch.Tensor, valid: torch.Tensor, values: torch.Tensor, si
     return out.scatter(0, dest, values.reshape(-1))[:size]
 
 
+def take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[index]`` along dim 0 with ``index`` clamped in range: the one safe gather.
+
+    Fixed-shape code computes indices on padding rows too; clamping keeps those
+    reads in bounds (their results are masked or documented by the caller), so
+    a gather never faults on a device where nothing checks bounds.
+    """
+    return values[index.clamp(0, max(values.shape[0] - 1, 0))]
+
+
 def masked_gather(values: torch.Tensor, index: torch.Tensor, mask: torch.Tensor, fill: int) -> torch.Tensor:
-    """``values[index]`` where ``mask``, else ``fill``; ``index`` is clamped in range first.
+    """``values[index]`` where ``mask``, else ``fill`` (:func:`take`, then a select).
 
     The fixed-shape replacement for ``out[mask] = values`` (compaction read
     backwards: each output row knows which input row it takes).
     """
-    safe = index.clamp(0, max(values.shape[0] - 1, 0))
-    return torch.where(mask, values[safe], fill)
+    gathered = take(values, index)
+    if gathered.dim() > mask.dim():
+        mask = mask.reshape(*mask.shape, *([1] * (gathered.dim() - mask.dim())))
+    return torch.where(mask, gathered, fill)

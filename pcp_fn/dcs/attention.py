@@ -1,4 +1,4 @@
-"""Attention index metadata: the seed's ``generate_pcp_metadata`` as one fixed-shape op.
+"""Attention index metadata: vllm-ascend's ``generate_pcp_metadata`` as one fixed-shape op.
 
 For a prefill split DualChunkSwap-style, rank ``r`` holds two query chunks of
 each prefill request: the head chunk ``h = r`` and the tail chunk
@@ -20,23 +20,23 @@ prefill of 8 tokens (``local_len = 4``, ``c = 2``, ``h = 0``, ``t = 3``)::
 
 Every index tensor is one or two runs of consecutive integers per request, so
 the whole metadata is a handful of index kernels: ONE ``expand_runs``
-(``pcp_fn.ragged``) paints all ten index tensors laid end to end in one buffer,
-one scan of the chunk sizes gives every offset and per-request length. The
-seed builds the same lists with Python loops over every token.
+(``pcp_fn.core.ragged``) paints all ten index tensors laid end to end in one buffer,
+one scan of the chunk sizes gives every offset and per-request length.
+vllm-ascend builds the same lists with Python loops over every token.
 
-Differences from the seed (all forced by fixed shapes or by the device):
+Differences from vllm-ascend (all forced by fixed shapes or by the device):
 
 - index tensors are padded to a static capacity (:class:`PaddedIndex`: the
-  seed's tensor is ``index[:length]``, the rest 0);
-- the per-request lengths the seed returns as Python lists
+  vllm-ascend's tensor is ``index[:length]``, the rest 0);
+- the per-request lengths vllm-ascend returns as Python lists
   (``attn_mask_seqlens``... via ``.tolist()``) are ``[R_b]`` int32 device
   tensors, padded past the prefills with the running total (empty requests);
 - ``pcp_allgather_restore_idx`` is the layout's, addressing fixed ``[L_b]``
-  rank buffers (``rank * L_b + row``; the seed's ``rank * num_tokens + row``,
+  rank buffers (``rank * L_b + row``; vllm-ascend's ``rank * num_tokens + row``,
   identical when the bucket is exact);
-- at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in the seed,
+- at ``P == 1`` (DCP only) the head/tail fields are ``None`` as in vllm-ascend,
   whose ``pcp_unpad_mask`` is then empty; here it is the identity layout's;
-- names drop the seed's ``_tensor`` / ``_cpu`` suffixes;
+- names drop vllm-ascend's ``_tensor`` / ``_cpu`` suffixes;
 - the hybrid-attention fields live in the step's ``HybridLayout`` and the
   speculative-decode ``dcp_mtp_attn_mask`` in ``pcp_fn.spec`` (see
   :class:`AttentionMetadata`).
@@ -45,15 +45,20 @@ Differences from the seed (all forced by fixed shapes or by the device):
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 
-from .batch import SchedulerBatch
-from .layout import classify_decodes, gathered_order, request_geometry
-from .pytree import pytree_dataclass
-from .ragged import expand_runs, masked_gather, offsets
-from .seqlens import cp_local_seq_lens
-from .state import PCPState
+from ..core.entry import entry_op
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import expand_runs, masked_gather, offsets
+from ..core.seqlens import cp_local_seq_lens
+from .attention_tables import range_tables
+from .batch import SchedulerBatch, classify_decodes
+from .layout import gathered_order, request_geometry
+
+if TYPE_CHECKING:
+    from .state import PCPState
 
 
 @pytree_dataclass
@@ -61,9 +66,9 @@ class PaddedIndex:
     """An index tensor padded to a static capacity, with its real length.
 
     Fields:
-        index: ``[cap]`` int32; ``index[:length]`` is the seed's tensor, the
+        index: ``[cap]`` int32; ``index[:length]`` is vllm-ascend's tensor, the
             rest is 0 (an in-range row whenever the indexed tensor is non-empty).
-        length: 0-d int64, the seed tensor's ``numel()``.
+        length: 0-d int64, vllm-ascend's tensor's ``numel()``.
     """
 
     index: torch.Tensor
@@ -72,7 +77,7 @@ class PaddedIndex:
 
 @pytree_dataclass
 class AttentionMetadata:
-    """Per-step PCP attention metadata of one rank (seed ``AscendPrefillContextParallelMetadata``).
+    """Per-step PCP attention metadata of one rank (vllm-ascend ``AscendPrefillContextParallelMetadata``).
 
     Shapes derive from ``(config, bucket)`` only: ``R_b`` request rows, ``L_b``
     local token rows, ``C_b = L_b // 2`` chunk rows. ``None`` fields are absent
@@ -107,7 +112,7 @@ class AttentionMetadata:
     ``(h+1)*C`` with ``C = sum of c <= C_b`` because ``2C <= L_b``.)
 
     ``P > 1`` only, per-request vectors ``[R_b]`` int32, entry ``j`` for the
-    ``j``-th prefill request (the seed's lists, which skip decodes):
+    ``j``-th prefill request (vllm-ascend's lists, which skip decodes):
         attn_chunk_seqlens: ``c``; 0 past ``num_prefill_reqs``.
         attn_mask_seqlens, head_attn_nomask_seqlens, tail_attn_nomask_seqlens,
         head_actual_seq_lengths_kv, tail_actual_seq_lengths_kv: inclusive
@@ -116,7 +121,7 @@ class AttentionMetadata:
             requests).
 
     With ``config.hybrid_attn`` every field here is the DualChunkSwap one the
-    full-attention layers use, as in the seed; the seed's hybrid fields
+    full-attention layers use, as in vllm-ascend; vllm-ascend's hybrid fields
     (``pcp_exit_fa_scatter_idx``, ``pcp_fa_query_idx``,
     ``pcp_enter_fa_restore_idx``, ``pcp_fa_padding_restore_idx``,
     ``max_num_tokens_across_pcp``, ``total_num_scheduled_tokens``,
@@ -169,66 +174,6 @@ _INDEX_NAMES = (
 )
 
 
-def _range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[list[int]]]]:
-    """Capacities (in chunk rows ``C_b``) and the run tables ``A + B*h`` of every index tensor.
-
-    Request ``i`` of tensor ``k`` is three runs ``e = 0, 1, 2`` (``b = c_before[i]``,
-    ``c = c[i]``). Run ``e`` starts at local slot ``sb*b + sc*c`` and holds
-    ``slot + hb*b + hc*c + ht*total``; ``(sb, sc, hb, hc, ht)`` are rows of the
-    tables, each entry ``A + B*h``. A plain range (length ``m*c``, first value
-    ``a*b + beta*c``) is runs 0 and 1 at ``m*b`` with shift ``(a-m)*b + beta*c``.
-    Run 2 starts at the request's end and closes it (its values are made
-    negative, i.e. padding, unless the next request starts there too).
-    """
-    T = 2 * P - 1  # t = T - h; every coefficient below is written as (A, B) for A + B*h
-    one, zero, h, t, t1, h1 = (1, 0), (0, 0), (0, 1), (T, -1), (T + 1, -1), (1, 1)
-    q, kv = (2, 0), (2 * P, 0)  # q_off = 2*b, kv_off = 2P*b
-
-    def sub(a, b):
-        return (a[0] - b[0], a[1] - b[1])
-
-    def plain(m, a, beta):  # one range per request: length m*c, first value a*b + beta*c
-        shift_b = sub(a, m)
-        return [[m, m, m], [zero, zero, m], [shift_b, shift_b, zero], [beta, beta, zero], [zero, zero, zero]]
-
-    rows = [
-        plain(one, q, zero),  # q_head: rows [q_off, q_off + c)
-        plain(one, q, one),  # q_tail: [q_off + c, q_off + 2c)
-        plain(h, kv, zero),  # kv head nomask: chunks before h
-        plain(one, kv, h),  # kv head mask: chunk h
-        plain(t, kv, zero),  # kv tail nomask: chunks before t
-        plain(one, kv, t),  # kv tail mask: chunk t
-        plain(t1, kv, zero),  # tail projection: chunks 0..t
-        plain(h1, t1, zero),  # head attn in tail: first (h+1)*c rows of the request's projection
-        plain(t1, t1, zero),  # tail attn in tail: all (t+1)*c of them
-        # q_full = argsort(q_head ++ q_tail): head row q_off + j <- slot b + j, tail row
-        # q_off + c + j <- slot total + b + j
-        [[q, q, q], [zero, one, q], [(-1, 0), (-1, 0), zero], [zero, (-1, 0), zero], [zero, one, zero]],
-    ]
-    caps = [1, 1, P - 1, 1, 2 * P - 1, 1, 2 * P, P, 2 * P, 2]
-    A = [[[e[0] for e in coef] for coef in row] for row in rows]
-    B = [[[e[1] for e in coef] for coef in row] for row in rows]
-    return caps, A, B
-
-
-def attention_constants(P: int) -> dict[str, list]:
-    """The static tables of :func:`attention_metadata` for ``P`` ranks, as nested lists.
-
-    :func:`pcp_fn.init_state` puts them on the device once (``state.constants``),
-    so the op itself never copies host data to the device.
-    """
-    if P == 1:
-        return {}
-    caps_c, A, B = _range_tables(P)
-    return {
-        "attn_coef_a": A,  # [10, 5, 3]
-        "attn_coef_b": B,
-        "attn_caps": caps_c,  # [10] capacities in chunk rows
-        "attn_sums_a": [1, 0, 2 * P - 1, 1, 2 * P],  # [5] cumulative-length scales, A + B*h
-        "attn_sums_b": [0, 1, -1, 1, -1],
-    }
-
-
 def _index_tensors(
     P: int, Cb: int, c: torch.Tensor, h: torch.Tensor, constants: dict[str, torch.Tensor]
 ) -> dict[str, PaddedIndex]:
@@ -238,7 +183,7 @@ def _index_tensors(
     requests of all tensors are non-decreasing; a closing run with negative
     values turns each tensor's tail into padding (clamped to 0).
     """
-    caps_c = _range_tables(P)[0]
+    caps_c = range_tables(P)[0]
     caps = [k * Cb for k in caps_c]
     size = sum(caps)
     device = c.device
@@ -260,22 +205,23 @@ def _index_tensors(
     }
 
 
+@entry_op
 def attention_metadata(
     state: PCPState,
     batch: SchedulerBatch,
     *,
     decode_seq_lens: torch.Tensor | None = None,
 ) -> tuple[PCPState, AttentionMetadata]:
-    """The rank's attention index metadata for ``batch`` (seed ``generate_pcp_metadata``).
+    """The rank's attention index metadata for ``batch`` (vllm-ascend ``generate_pcp_metadata``).
 
     Reads only ``state.config`` and ``state.rank``; the state passes through
-    unchanged. On the real rows every field equals the seed's for the same
+    unchanged. On the real rows every field equals vllm-ascend's for the same
     step (the runner passes the post-split local query lengths, which this op
     derives from the batch itself).
 
     Args:
         decode_seq_lens: ``[R_b]`` optional context lengths of the decodes (the
-            seed's ``fixed_decode_seq_lens_cpu`` under async speculative
+            vllm-ascend's ``fixed_decode_seq_lens_cpu`` under async speculative
             decoding); default ``num_computed + num_scheduled``.
 
     Example, ``P = 4``, rank 3, fresh prefills ``[8, 12]`` (local lengths
@@ -290,7 +236,7 @@ def attention_metadata(
     cfg = state.config
     P, D = cfg.pcp_size, cfg.dcp_size
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
-    is_decode = classify_decodes(cfg, batch)
+    is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
     order = gathered_order(geo, P, Lb)
 

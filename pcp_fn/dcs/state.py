@@ -1,22 +1,30 @@
-"""``PCPState``: the frozen pytree every op takes and returns.
+"""``PCPState``: the frozen pytree every DualChunkSwap-family op takes and returns.
 
-The config is static tree structure; the leaves are device tensors whose shapes
-depend on the config alone, never on a batch or its bucket. So any state can be
-fed to a step compiled, exported or captured for any bucket: the state's
-signature never changes from one step to the next.
+The config and the bucket of the last update are static tree structure; the
+leaves are device tensors whose shapes depend on the config alone. What a
+state holds is the per-request record of the last ``update_tokens`` (``[R]``
+rows, the tail past ``num_reqs`` zero) and the bucket it was built for, so the
+consumer ops (``get_logits_indices(state)``, ``padded_slot_mapping(state,
+slots)``, ``restore_hidden_states(state, gathered)``, the spec-decode and
+attention ops) return bucket-shaped outputs with no size argument: they
+rebuild the per-token indices they need from the record, at the bucket's size.
 
-What a state holds is the per-request record of the last ``update_tokens``
-(``[R]`` rows, the tail past ``num_reqs`` zero). Ops that need per-token
-indices rebuild them from it at the size they are asked for (a few index
-kernels), so nothing ``[G]``-sized is carried between ops.
+The entry ops (``update_tokens``, ``step``, ``spec_step``) read only the
+incoming state's ``ENTRY_FIELDS`` (its rank and constant tables), so a state
+coming out of any step may be fed to the graph of any bucket.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
+from ..core.buckets import Bucket
+from ..core.pytree import pytree_dataclass, static_field
+from ..core.rank import rank_leaf
+from .attention_tables import attention_constants
 from .config import PCPConfig
-from .pytree import pytree_dataclass, static_field
 
 
 @pytree_dataclass
@@ -25,6 +33,8 @@ class PCPState:
 
     Fields:
         config: static :class:`PCPConfig`.
+        bucket: static :class:`Bucket` of the last update (``config.capacity``
+            for a fresh state): the shapes the consumer ops return.
         rank: ``None`` (the rank is ``config.pcp_rank``, static) or a 0-d int64
             tensor (rank as data: every rank traces the same graph and
             ``torch.func.vmap`` can map over it).
@@ -37,7 +47,10 @@ class PCPState:
             uncapturable copy inside a CUDA graph).
     """
 
+    ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ("rank", "constants")
+
     config: PCPConfig = static_field()
+    bucket: Bucket = static_field()
     rank: torch.Tensor | None
     num_reqs: torch.Tensor
     num_scheduled: torch.Tensor
@@ -60,26 +73,20 @@ def init_state(
     *,
     rank: torch.Tensor | int | None = None,
 ) -> PCPState:
-    """Allocate a state for ``config`` on ``device``, every buffer at capacity.
+    """A state for ``config`` on ``device``: an empty batch at the capacity bucket.
 
     ``rank=None`` keeps the rank static (``config.pcp_rank``). Passing a rank
-    (an int or a 0-d tensor) makes it a tensor leaf instead; ``config.pcp_rank``
-    is then ignored by the ops.
+    (an int or a 0-d integer tensor, checked against ``pcp_size`` here) makes
+    it a tensor leaf instead; ``config.pcp_rank`` is then ignored by the ops.
     """
+    if not isinstance(config, PCPConfig):
+        raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
     R = config.max_num_reqs
-    rank_leaf = None
-    if isinstance(rank, int) and not 0 <= rank < config.pcp_size:
-        raise ValueError(f"rank must be in [0, pcp_size={config.pcp_size}), got {rank}")
-    if rank is not None:
-        rank_leaf = torch.as_tensor(rank, dtype=torch.int64).to(device)
-        if rank_leaf.dim() != 0:
-            raise ValueError(f"rank must be a 0-d tensor or an int, got shape {tuple(rank_leaf.shape)}")
-    from .attention import attention_constants  # the only tables so far
-
     return PCPState(
         config=config,
-        rank=rank_leaf,
+        bucket=config.capacity,
+        rank=rank_leaf(config.pcp_size, rank, device),
         num_reqs=torch.zeros((), dtype=torch.int64, device=device),
         num_scheduled=torch.zeros(R, dtype=torch.int32, device=device),
         is_decode=torch.zeros(R, dtype=torch.bool, device=device),

@@ -20,11 +20,20 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from .batch import classify_decodes, make_batch
-from .config import PCPConfig
-from .distributed import AllGather
-from .state import PCPState, init_state
-from .step import StepOutputs, step
+from .. import (
+    PCPConfig,
+    PCPState,
+    SchedulerBatch,
+    StepOutputs,
+    init_state,
+    make_batch,
+    spec_decode_indices,
+    step,
+)
+from ..dcs import classify_decodes
+from ..distributed import AllGather, CollectiveError, batch_digest, check_same_batch
+from .mrv2_path import MRV2Path
+from .tiny_model import PagedKVCache, TinyModel, dcs_wiring
 
 
 @dataclasses.dataclass
@@ -184,22 +193,39 @@ class StepRecord:
     slot_mapping: list[int]  # KV slot of every scheduled token, scheduler order
 
 
-StepFn = Callable[[PCPState, object, torch.Tensor], tuple[PCPState, StepOutputs]]
+def _identity(local: torch.Tensor) -> torch.Tensor:
+    return local
+
+
+StepFn = Callable[[PCPState, SchedulerBatch], tuple[PCPState, StepOutputs]]
 
 
 class Runner:
     """One rank of a PCP engine: scheduler, blocks, and (optionally) the tiny model.
 
-    ``layout="dcs"`` runs :func:`pcp_fn.step` (DualChunkSwap), ``layout="mrv2"``
-    :func:`pcp_fn.mrv2.partition_batch`; ``step_fn`` replaces either (a compiled
-    or captured one, say).
+    ``layout="dcs"`` runs :func:`pcp_fn.step` (DualChunkSwap) on a batch that
+    carries the step's slot mapping (``make_batch(..., slot_mapping=...)``
+    pads it to the bucket, so a compiled ``step_fn`` meets one shape per
+    bucket); ``layout="mrv2"`` runs :func:`pcp_fn.mrv2.partition_batch`
+    (:class:`pcp_fn.sim.mrv2_path.MRV2Path`). ``step_fn`` replaces either: a
+    compiled one (:func:`pcp_fn.graph.compile_per_bucket`) or a captured one
+    (:func:`pcp_fn.graph.capture`).
 
     With ``model=None`` it runs the bookkeeping only and samples tokens (and
-    drafts) from a seeded generator. With ``config.num_spec_tokens > 0`` the
-    ``drafter`` (a :class:`pcp_fn.tiny_model.TinyModel`, unsplit and unpaged)
-    proposes drafts, verified through :func:`pcp_fn.spec.spec_decode_indices`.
+    drafts) from a numpy generator. With ``config.num_spec_tokens > 0`` the
+    ``drafter`` (a :class:`pcp_fn.sim.tiny_model.TinyModel`, unsplit and
+    unpaged) proposes drafts, verified through :func:`pcp_fn.spec.spec_decode_indices`.
     Every rank of a group runs its own ``Runner`` on the same requests; they
     make the same decisions because everything is deterministic.
+
+    ``verify_batches`` (default on, when there is an ``all_gather``): once per
+    step, before any other collective, every rank all-gathers a digest of its
+    batch (schedule, KV slots, token ids) and
+    :func:`pcp_fn.distributed.check_same_batch` raises on every rank, naming
+    the step and the ranks that differ, when they disagree. Any
+    :class:`pcp_fn.distributed.CollectiveError` of a step (a mismatch, a peer
+    that stalled past the timeout or died) is raised with this rank and the
+    step in its message.
     """
 
     def __init__(
@@ -208,8 +234,8 @@ class Runner:
         requests: Sequence[Request],
         *,
         token_budget: int | None = None,
-        model: object = None,
-        drafter: object = None,
+        model: TinyModel | None = None,
+        drafter: TinyModel | None = None,
         all_gather: AllGather | None = None,
         layout: str = "dcs",
         step_fn: Callable[..., object] | None = None,
@@ -218,9 +244,8 @@ class Runner:
         num_blocks: int = 1024,
         max_model_len: int = 512,
         seed: int = 0,
+        verify_batches: bool = True,
     ) -> None:
-        from .tiny_model import PagedKVCache
-
         self.config = config
         self.device = torch.device(device)
         self.scheduler = Scheduler(
@@ -237,21 +262,21 @@ class Runner:
             self.cache = PagedKVCache(model.cfg, self.device)
         self.blocks = BlockManager(num_blocks, block_size, max_model_len)
         self.max_model_len = max_model_len
+        if model is not None and all_gather is None:
+            if config.pcp_size > 1:
+                raise ValueError(f"a model at pcp_size={config.pcp_size} needs all_gather (one per rank)")
+            all_gather = _identity  # P = 1: the rank's buffer is the whole gather
         self.all_gather = all_gather
+        self.verify_batches = verify_batches
         if layout not in ("dcs", "mrv2"):
             raise ValueError(f"layout must be 'dcs' or 'mrv2', got {layout!r}")
         self.layout = layout
+        self.mrv2: MRV2Path | None = None
         if layout == "dcs":
-            self.step_fn = step_fn or step
+            self.step_fn = step if step_fn is None else step_fn  # a Captured with no graph yet is falsy
             self.state = init_state(config, self.device)
         else:
-            from . import mrv2
-
-            self.step_fn = step_fn or mrv2.partition_batch
-            self.mrv2_config = mrv2.MRV2Config(
-                config.pcp_size, config.pcp_rank, config.max_num_reqs, config.max_num_tokens
-            )
-            self.mrv2_state = mrv2.init_state(self.mrv2_config, self.device)
+            self.mrv2 = MRV2Path(config, self.device, step_fn)
         self.rng = np.random.default_rng(seed)
 
     def _model_inputs(
@@ -276,67 +301,65 @@ class Runner:
             host[rows * T + tables.size :],
         )
 
-    def _dcs(self, sched: ScheduledStep, slot_mapping: torch.Tensor):
-        from .tiny_model import dcs_wiring
-
-        batch = make_batch(
-            self.config, sched.num_scheduled, sched.num_computed, sched.num_prompt, self.device
-        )
-        self.state, out = self.step_fn(self.state, batch, slot_mapping)
-        if self.model is None:
-            return out, None, batch.bucket.num_reqs
-        tokens, tables, seq_lens = self._model_inputs(sched, batch.bucket.num_reqs)
-        input_ids = tokens[out.layout.request_index, out.positions.clamp(max=self.max_model_len - 1)]
-        rows = None
-        if self.config.num_spec_tokens:
-            # the rows to verify drafts on: spec_decode_indices (the runner's _calc_spec_decode_metadata)
-            from .spec import spec_decode_indices
-
-            drafts = np.zeros(batch.bucket.num_reqs, dtype=np.int32)
-            drafts[: len(sched.req_ids)] = sched.drafts
-            num_drafts = torch.from_numpy(drafts).to(self.device)
-            _, idx = spec_decode_indices(self.state, num_drafts, input_ids, bucket=batch.bucket)
-            rows = idx.logits_indices
-        wiring = dcs_wiring(out, input_ids, self.config.pcp_size, self.cache.trash, rows)
-        return out, (wiring, tables, seq_lens), batch.bucket.num_reqs
-
-    def _mrv2(self, sched: ScheduledStep, slot_mapping: torch.Tensor):
-        from . import mrv2
-        from .tiny_model import mrv2_wiring
-
+    def _input_ids(self, sched: ScheduledStep) -> list[int]:
+        """The scheduled tokens' ids in scheduler order (known tokens, then drafts)."""
         reqs = {r.req_id: r for r in self.scheduler.running}
-        ids = [
+        return [
             t
             for rid, n, c in zip(sched.req_ids, sched.num_scheduled, sched.num_computed)
             for t in (reqs[rid].tokens + reqs[rid].drafts)[c : c + n]
         ]
-        batch = mrv2.make_batch(
-            self.mrv2_config,
+
+    def _dcs(self, sched: ScheduledStep, slots: list[int]):
+        batch = make_batch(
+            self.config,
             sched.num_scheduled,
             sched.num_computed,
             sched.num_prompt,
-            input_ids=ids,
-            device=self.device,
+            self.device,
+            slot_mapping=slots,
         )
-        # partition_batch reads only config and rank: start every step from the base state
-        state, local = self.step_fn(self.mrv2_state, batch)
+        self.state, out = self.step_fn(self.state, batch)
         if self.model is None:
-            return local, None, len(sched.req_ids)
-        T, rows = self.config.max_num_tokens, len(sched.req_ids)
-        total = sched.num_tokens
-        request_of_token = np.zeros(T, dtype=np.int64)
-        request_of_token[:total] = np.repeat(np.arange(rows), sched.num_scheduled)
-        global_slots = np.zeros(T, dtype=np.int64)
-        global_slots[:total] = slot_mapping.cpu().numpy()[:total]
-        # sample each request's last drafts + 1 global tokens (just the last without drafts)
-        end = np.cumsum(sched.num_scheduled)
-        last = np.concatenate(
-            [np.arange(e - d - 1, e) for e, d in zip(end, sched.drafts)] or [np.zeros(0, np.int64)]
-        ).astype(np.int64)
-        host = torch.from_numpy(np.concatenate([request_of_token, global_slots, last])).to(self.device)
-        _, tables, seq_lens = self._model_inputs(sched, rows)
-        wiring = mrv2_wiring(state, local, host[T : 2 * T], host[:T], host[2 * T :], self.cache.trash)
-        return local, (wiring, tables, seq_lens), rows
+            return out, None
+        tokens, tables, seq_lens = self._model_inputs(sched, batch.bucket.num_reqs)
+        input_ids = tokens[out.layout.request_index, out.positions.clamp(max=self.max_model_len - 1)]
+        rows = self._spec_rows(sched, batch, input_ids) if self.config.num_spec_tokens else None
+        wiring = dcs_wiring(out, input_ids, self.cache.trash, rows)
+        return out, (wiring, tables, seq_lens)
+
+    def _spec_rows(self, sched: ScheduledStep, batch: SchedulerBatch, input_ids: torch.Tensor):
+        """The rows to verify drafts on: :func:`pcp_fn.spec.spec_decode_indices` (the runner's
+        ``_calc_spec_decode_metadata``), from the state ``step`` just returned."""
+        drafts = np.zeros(batch.bucket.num_reqs, dtype=np.int32)
+        drafts[: len(sched.req_ids)] = sched.drafts
+        num_drafts = torch.from_numpy(drafts).to(self.device)
+        _, idx = spec_decode_indices(self.state, num_drafts, input_ids)
+        return idx.logits_indices
+
+    def _mrv2(self, sched: ScheduledStep, slots: list[int]):
+        assert self.mrv2 is not None
+        state, local = self.mrv2.partition(
+            sched.num_scheduled, sched.num_computed, sched.num_prompt, self._input_ids(sched)
+        )
+        if self.model is None:
+            return local, None
+        _, tables, seq_lens = self._model_inputs(sched, len(sched.req_ids))
+        wiring = self.mrv2.wiring(state, local, sched.num_scheduled, sched.drafts, slots, self.cache.trash)
+        return local, (wiring, tables, seq_lens)
+
+    def _verify(self, sched: ScheduledStep, slots: list[int]) -> None:
+        digest = batch_digest(
+            [sched.index],
+            sched.req_ids,
+            sched.num_scheduled,
+            sched.num_computed,
+            sched.num_prompt,
+            sched.drafts,
+            slots,
+            self._input_ids(sched),
+        )
+        check_same_batch(self.all_gather, digest.to(self.device))
 
     def step(self) -> StepRecord | None:
         sched = self.scheduler.schedule()
@@ -346,14 +369,20 @@ class Runner:
         for req_id, n, c in zip(sched.req_ids, sched.num_scheduled, sched.num_computed):
             self.blocks.ensure(req_id, c + n)
             slots += [self.blocks.slot(req_id, p) for p in range(c, c + n)]
-        slot_mapping = torch.tensor(slots or [0], dtype=torch.int64, device=self.device)
-        out, model_inputs, _ = (self._dcs if self.layout == "dcs" else self._mrv2)(sched, slot_mapping)
-        reqs = {r.req_id: r for r in self.scheduler.running}
         num_sampled = sum(d + 1 for d in sched.drafts)
         logits = None
-        if model_inputs is not None:
-            wiring, tables, seq_lens = model_inputs
-            logits = self.model.forward(self.cache, wiring, tables, seq_lens, self.all_gather)[:num_sampled]
+        try:
+            if self.verify_batches and self.all_gather is not None:
+                self._verify(sched, slots)
+            out, model_inputs = (self._dcs if self.layout == "dcs" else self._mrv2)(sched, slots)
+            if model_inputs is not None:
+                wiring, tables, seq_lens = model_inputs
+                logits = self.model.forward(self.cache, wiring, tables, seq_lens, self.all_gather)
+                logits = logits[:num_sampled]
+        except CollectiveError as e:
+            raise type(e)(f"rank {self.config.pcp_rank}, step {sched.index}: {e}") from e
+        reqs = {r.req_id: r for r in self.scheduler.running}
+        if logits is not None:
             target = logits.argmax(-1).tolist()
         else:
             target = self.rng.integers(0, 1000, num_sampled).tolist()

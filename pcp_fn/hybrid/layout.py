@@ -4,11 +4,11 @@ A hybrid model has linear-attention (FLA / GDN) layers and full-attention (FA)
 layers. The linear layers need each request's tokens *contiguous* on a rank, so
 a prefill of ``n`` tokens is split linearly: rank ``q`` holds ``n // P + (q < n % P)``
 consecutive tokens (``_get_cp_local_seq_lens`` with interleave 1). The FA layers
-keep the DualChunkSwap (DCS) layout of :mod:`pcp_fn.layout`. The index maps here
+keep the DualChunkSwap (DCS) layout of :mod:`pcp_fn.dcs.layout`. The index maps here
 move hidden states between the two around every FA layer. Decodes are not
 split (every rank holds all their tokens) and come first on every rank.
 
-Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills ``[3, 5]``::
+Worked example (vllm-ascend's own test), ``P = 2``, two fresh prefills ``[3, 5]``::
 
     request                   0 (n=3)          1 (n=5)
     linear split              r0: t0 t1        r0: t0 t1 t2
@@ -19,7 +19,7 @@ Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills `
 
     FA input (compact order: decodes, then prefill tokens in scheduler order)
       = gathered[enter_fa_restore_idx]; gathered = all_gather of the M-row buffers:
-      [0, 1, 5, 2, 3, 4, 6, 7]          (the seed's: rank 1's rows start at M = 5;
+      [0, 1, 5, 2, 3, 4, 6, 7]          (vllm-ascend's: rank 1's rows start at M = 5;
                                          pcp_fn's at L_b, see "Fixed shapes")
     DCS padded order (requests padded to 2P = 4, 4 and 8 rows, 3 pads)
       = fa_input_with_a_zero_row[fa_padding_restore_idx]:
@@ -30,18 +30,18 @@ Worked example (vllm-ascend's test of the seed), ``P = 2``, two fresh prefills `
 
 Fixed shapes: per-token outputs have the bucket's ``L_b`` local rows or
 ``P * L_b`` gathered rows. ``L_b`` holds the DCS local count ``N_dcs``, which
-bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.config`). Rank
+bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.dcs.config`). Rank
 buffers in a gathered tensor are the fixed ``[L_b]`` local buffers, so indices
-into gathered buffers read ``rank * L_b + row`` where the seed reads
+into gathered buffers read ``rank * L_b + row`` where vllm-ascend reads
 ``rank * M + row`` (enter) or ``rank * (N_dcs - D) + row`` (exit); with ``L_b``
-equal to those sizes they are the seed's, value for value.
+equal to those sizes they are vllm-ascend's, value for value.
 
-Decode order in the FA input (from the seed): without speculative tokens
+Decode order in the FA input (from vllm-ascend): without speculative tokens
 (``num_spec_tokens == 0``) token-major, ``[t0r0, t0r1, ..., t1r0, ...]``; with
-them (the seed's ``speculative_config`` set) rank-major,
-``[r0: t0 .. t(D-1), r1: ...]``. The seed's token-major branch counts decode
+them (vllm-ascend's ``speculative_config`` set) rank-major,
+``[r0: t0 .. t(D-1), r1: ...]``. vllm-ascend's token-major branch counts decode
 *requests*; here it counts decode *tokens*, the same whenever every decode has
-one token (the only case that branch handles: a zero-token decode makes the seed
+one token (the only case that branch handles: a zero-token decode makes vllm-ascend
 raise in ``_build_fa_padding_restore_idx``).
 """
 
@@ -52,20 +52,22 @@ from typing import NamedTuple
 
 import torch
 
-from .batch import SchedulerBatch
-from .layout import (
+from ..core.pytree import pytree_dataclass
+from ..core.ragged import expand_runs, offsets, take
+from ..dcs.batch import SchedulerBatch
+from ..dcs.layout import (
     GatheredOrder,
+    LayoutUpdate,
     LocalRows,
     RequestGeometry,
     TokenLayout,
-    classify_decodes,
+    batch_is_decode,
     gathered_order,
     local_rows,
+    next_state,
     request_geometry,
 )
-from .pytree import pytree_dataclass
-from .ragged import expand_runs, offsets
-from .state import PCPState
+from ..dcs.state import PCPState
 
 
 class LinearSplit(NamedTuple):
@@ -154,12 +156,12 @@ def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_
 def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -> torch.Tensor:
     """``[G]`` int64: compact FA-input row of each DCS padded-order row.
 
-    Seed ``_build_fa_padding_restore_idx``.
+    vllm-ascend ``_build_fa_padding_restore_idx``.
 
     Decode region (first ``P * D`` rows): the identity. Prefill region: a real
     row takes its token's compact row ``P * D + (token - D)``; a pad row, and
     every row past ``P * N_dcs``, takes ``fa_len`` (one past the compact rows:
-    the consumer appends one zero row there). Where the seed returns ``None``
+    the consumer appends one zero row there). Where vllm-ascend returns ``None``
     (no prefill pads) this is the identity on ``[:P * N_dcs]``.
     """
     D = split.num_decode_tokens
@@ -171,8 +173,7 @@ def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -
 def _shifted(values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor, fill: int = 0) -> torch.Tensor:
     """``out[j] = values[j + shift]`` for ``j < length``, ``fill`` elsewhere (``[cap]`` -> ``[cap]``)."""
     j = torch.arange(values.shape[0], dtype=torch.int64, device=values.device)
-    src = (j + shift).clamp(max=values.shape[0] - 1)
-    return torch.where(j < length, values[src], fill)
+    return torch.where(j < length, take(values, j + shift), fill)
 
 
 def fa_query_index(
@@ -180,7 +181,7 @@ def fa_query_index(
 ) -> torch.Tensor:
     """``[L_b]`` int64: DCS padded-order row (relative to the prefill region) of this rank's prefill queries.
 
-    This rank's DCS local rows after its ``D`` decode rows, i.e. the seed's
+    This rank's DCS local rows after its ``D`` decode rows, i.e. vllm-ascend's
     ``get_current_rank_positions(padded_start, rank)[D:] - P * D``; length
     ``N_dcs - D``, 0 past it.
     """
@@ -210,22 +211,6 @@ def exit_fa_scatter_index(
     return _shifted(row, D, split.local_start[-1] - D)
 
 
-def hybrid_logits(
-    num_scheduled: torch.Tensor, is_decode: torch.Tensor, num_reqs: torch.Tensor, P: int, rows: int
-) -> torch.Tensor:
-    """``[rows]`` int64: ``cumsum(n + (P-1)*decode) - 1``.
-
-    The seed's ``get_logits_indices`` with ``tokens_original``.
-
-    Rows of the FA-order restored hidden states (decodes ``P`` rows per token).
-    0 past ``num_reqs``; a leading request with no token is clamped to 0.
-    """
-    n = num_scheduled.to(torch.int64)
-    last = (torch.cumsum(n + torch.where(is_decode, P - 1, 0), 0) - 1).clamp(min=0)
-    real = torch.arange(n.shape[0], device=n.device) < num_reqs
-    return torch.where(real, last, 0)[:rows]
-
-
 @pytree_dataclass
 @dataclasses.dataclass(frozen=True)  # explicit: a subclass would otherwise reuse TokenLayout's fields
 class HybridLayout(TokenLayout):
@@ -235,16 +220,16 @@ class HybridLayout(TokenLayout):
     for the local rows:
 
     - ``pcp_tokens`` ``[R_b]`` int32: linear tokens of each request on this
-      rank (decodes: all ``n``); the seed's ``update_tokens_for_pcp(...)[0]``.
+      rank (decodes: all ``n``); vllm-ascend's ``update_tokens_for_pcp(...)[0]``.
     - ``positions``, ``request_index`` ``[L_b]``: of the linear local rows
-      (seed ``[1]``); ``num_tokens``: their count (seed ``total_num_scheduled_tokens``).
+      (vllm-ascend ``[1]``); ``num_tokens``: their count (vllm-ascend ``total_num_scheduled_tokens``).
     - ``num_pads``, ``unpad_mask``, ``restore_index``: of the DCS layout the FA
       layers use (identical to the non-hybrid ones).
 
     Hybrid-only fields (0-d int64 unless said otherwise):
         pcp_tokens_padded: ``[R_b]`` int32 DCS tokens of each request on each
-            rank (seed ``num_scheduled_tokens_padded``: the FA query lengths).
-        num_tokens_padded: ``N_dcs = sum(pcp_tokens_padded)`` (seed
+            rank (vllm-ascend ``num_scheduled_tokens_padded``: the FA query lengths).
+        num_tokens_padded: ``N_dcs = sum(pcp_tokens_padded)`` (vllm-ascend
             ``num_actual_tokens_pcp_padded // P``).
         max_num_tokens_across_pcp: ``M``, linear rows of the fullest rank;
             every rank's linear rows are padded to it before the all-gather.
@@ -252,7 +237,7 @@ class HybridLayout(TokenLayout):
         total_pcp_padding_tokens_fla: ``P * (M - D) - prefill tokens``.
         enter_fa_restore_idx: ``[P*L_b]`` gathered linear row of each compact
             FA-input row; length ``enter_fa_len``, 0 past it.
-        enter_fa_len: ``P * D + prefill tokens`` (the seed's ``actual_qkv_len``).
+        enter_fa_len: ``P * D + prefill tokens`` (vllm-ascend's ``actual_qkv_len``).
         fa_padding_restore_idx: ``[P*L_b]`` compact FA-input row of each DCS
             padded-order row; pads hold ``enter_fa_len``; length ``P * N_dcs``.
         fa_query_idx: ``[L_b]`` this rank's prefill queries in the DCS padded
@@ -276,19 +261,11 @@ class HybridLayout(TokenLayout):
     exit_fa_len: torch.Tensor
 
 
-class HybridUpdate(NamedTuple):
-    layout: HybridLayout
-    geometry: RequestGeometry  # DCS, [R_b] rows
-    split: LinearSplit
-    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row
-    rows: LocalRows  # [L_b] linear local rows
-
-
-def hybrid_update(state: PCPState, batch: SchedulerBatch) -> HybridUpdate:
+def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     """The hybrid layout of ``batch`` for ``state``'s rank (see :class:`HybridLayout`)."""
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
-    is_decode = classify_decodes(cfg, batch)
+    is_decode = batch_is_decode(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
     order = gathered_order(geo, P, Lb)
     split = linear_split(P, batch.num_scheduled, is_decode, rank)
@@ -321,52 +298,6 @@ def hybrid_update(state: PCPState, batch: SchedulerBatch) -> HybridUpdate:
         exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb),
         exit_fa_len=num_tokens - D,
     )
-    return HybridUpdate(layout, geo, split, order.token, lin)
-
-
-def adjust_cu_num_scheduled_tokens(
-    state: PCPState, cu_num_scheduled_tokens: torch.Tensor
-) -> tuple[PCPState, torch.Tensor]:
-    """Re-align cumulative scheduled tokens to the FA-order restored rows.
-
-    Seed ``adjust_cu_num_scheduled_tokens_for_pcp``.
-
-    For spec-decode logits indices under the hybrid layout. Decode rows are
-    returned unchanged; prefill request ``i`` ends at
-    ``P * cu[num_decode_reqs - 1] + (prefill tokens up to i)``, which is the
-    seed's ``(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)``. ``P = 2``,
-    tokens ``[1, 1, 3, 5]`` (two decodes), ``cu [1, 2, 5, 10]`` -> ``[1, 2, 7, 12]``.
-
-    Args:
-        cu_num_scheduled_tokens: ``[k]`` (``k <= max_num_reqs``) cumulative
-            tokens of the requests of the state's last update, as the runner
-            has them. Rows past ``num_reqs`` are returned unchanged.
-
-    Returns ``[k]`` in the input's dtype.
-    """
-    cu = cu_num_scheduled_tokens
-    R = state.config.max_num_reqs
-    if cu.dim() != 1 or cu.shape[0] > R:
-        raise ValueError(
-            f"cu_num_scheduled_tokens must be 1-D with at most max_num_reqs={R} entries, "
-            f"got shape {tuple(cu.shape)}"
-        )
-    k = cu.shape[0]
-    if k == 0:
-        return state, cu
-    P = state.config.pcp_size
-    n = state.num_scheduled[:k].to(torch.int64)
-    dec = state.is_decode[:k]
-    prefill = ~dec & (torch.arange(k, device=cu.device) < state.num_reqs)
-    num_dec = state.is_decode.sum()
-    last_decode = (num_dec - 1).clamp(min=0, max=k - 1).reshape(1)
-    base = torch.where(num_dec > 0, cu.index_select(0, last_decode)[0].to(torch.int64), 0)
-    adjusted = P * base + torch.cumsum(torch.where(prefill, n, 0), 0)
-    return state, torch.where(prefill, adjusted, cu.to(torch.int64)).to(cu.dtype)
-
-
-def state_enter_fa_restore_index(state: PCPState, rows_per_rank: int) -> torch.Tensor:
-    """The state's ``enter_fa_restore_idx`` for ``rows_per_rank`` local rows (rank-independent)."""
-    cfg = state.config
-    split = linear_split(cfg.pcp_size, state.num_scheduled, state.is_decode, 0)
-    return enter_fa_restore_index(split, cfg.pcp_size, rows_per_rank, cfg.num_spec_tokens > 0)
+    return LayoutUpdate(
+        next_state(state, batch, is_decode), layout, geo, order.token, lin.valid, split.local_start
+    )

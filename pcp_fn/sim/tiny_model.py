@@ -1,6 +1,6 @@
 """A tiny decoder wired the way a PCP model runner wires it: the example of composing pcp_fn.
 
-Two layers, a few heads, float64, random weights from a fixed seed, rotary
+Two layers, a few heads, float64, random weights from a fixed generator, rotary
 positions and a real paged KV cache. One rank's forward (``TinyModel.forward``):
 
 1. embed this rank's local tokens at their absolute positions;
@@ -13,8 +13,8 @@ positions and a real paged KV cache. One rank's forward (``TinyModel.forward``):
 The layout-specific part is a :class:`Wiring`: :func:`dcs_wiring` for the
 DualChunkSwap step (:func:`pcp_fn.step`: decode K/V from the local rows,
 compacted with the slot mapping's stride ``P``, decode token ``t``'s slot at
-row ``t * P``; prefill K/V from the restored rows), :func:`mrv2_wiring` for
-the MRV2 layout (:mod:`pcp_fn.mrv2`).
+row ``t * P``; prefill K/V from the restored rows),
+:func:`pcp_fn.sim.mrv2_path.mrv2_wiring` for the MRV2 layout (:mod:`pcp_fn.mrv2`).
 
 Every rank keeps the whole KV cache (each writes every token's K/V), which
 keeps the model small; the attention over the cache is what PCP splits.
@@ -29,8 +29,8 @@ from typing import NamedTuple
 
 import torch
 
-from .distributed import AllGather
-from .step import StepOutputs
+from .. import StepOutputs
+from ..distributed import AllGather
 
 DTYPE = torch.float64
 
@@ -81,7 +81,8 @@ class PagedKVCache:
 
 
 class Wiring(NamedTuple):
-    """How one rank's local rows meet the layout in one step (:func:`dcs_wiring`, :func:`mrv2_wiring`)."""
+    """How one rank's local rows meet the layout in one step (:func:`dcs_wiring`,
+    :func:`pcp_fn.sim.mrv2_path.mrv2_wiring`)."""
 
     input_ids: torch.Tensor  # [L] token of each local row
     positions: torch.Tensor  # [L] absolute position of each local row
@@ -94,16 +95,28 @@ class Wiring(NamedTuple):
 def dcs_wiring(
     out: StepOutputs,
     input_ids: torch.Tensor,
-    pcp_size: int,
     trash: int,
     logits_indices: torch.Tensor | None = None,
 ) -> Wiring:
     """DualChunkSwap (:func:`pcp_fn.step`): decode K/V from the local rows, compacted with the slot
     mapping's stride ``P`` (decode token ``t``'s slot is padded row ``t * P``); prefill K/V from the
     restored rows; sampling rows at ``logits_indices`` of the restored hidden states (default
-    ``out.logits_indices``; spec decode passes ``spec_decode_indices(...).logits_indices``)."""
-    P, lay = pcp_size, out.layout
+    ``out.logits_indices``; spec decode passes ``spec_decode_indices(...).logits_indices``).
+
+    Args:
+        out: :func:`pcp_fn.step`'s outputs; every size comes from their shapes (``[L_b]``
+            local rows, ``[P * L_b]`` padded slot mapping).
+        input_ids: ``[L_b]`` token of each local row.
+        trash: the cache's trash slot (rows that must not write).
+    """
+    lay = out.layout
     L = input_ids.shape[0]
+    if out.positions.shape[0] != L or out.slot_mapping.shape[0] % L:
+        raise ValueError(
+            f"input_ids must have the step's {out.positions.shape[0]} local rows, got shape "
+            f"{tuple(input_ids.shape)}"
+        )
+    P = out.slot_mapping.shape[0] // L
     rows = torch.arange(L, device=input_ids.device)
     local_dest = torch.where(rows < lay.num_decode_tokens, out.slot_mapping[rows * P], -1)
     padded = torch.arange(P * L, device=input_ids.device)
@@ -119,37 +132,6 @@ def dcs_wiring(
         sample_rows=lambda gathered: gathered[restore][
             out.logits_indices if logits_indices is None else logits_indices
         ],
-    )
-
-
-def mrv2_wiring(
-    state: object,
-    local: object,
-    global_slots: torch.Tensor,
-    request_of_token: torch.Tensor,
-    last_token: torch.Tensor,
-    trash: int,
-) -> Wiring:
-    """The MRV2 layout (:mod:`pcp_fn.mrv2`): every gathered row with a slot writes the cache
-    (replicated rows only from rank 0), sampling reads the restored global order.
-
-    Args:
-        state, local: from :func:`pcp_fn.mrv2.partition_batch`.
-        global_slots: ``[T]`` cache slot of each global token; ``request_of_token``: ``[T]`` its
-            batch row; ``last_token``: ``[S]`` the global tokens to sample (each request's last;
-            its last ``drafts + 1`` under spec decode).
-    """
-    from .mrv2 import gathered_slot_mappings, restore_hidden_states
-
-    _, slots = gathered_slot_mappings(state, global_slots.unsqueeze(0))
-    slots = slots[0].to(torch.int64)
-    return Wiring(
-        input_ids=local.input_ids.to(torch.int64),
-        positions=local.positions,
-        request=request_of_token[local.gather_idx],
-        kv_dest=torch.where(slots == state.config.pad_slot_id, trash, slots),
-        kv_rows=lambda local_rows, gathered: gathered,
-        sample_rows=lambda gathered: restore_hidden_states(state, gathered)[1][last_token],
     )
 
 

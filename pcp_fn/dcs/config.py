@@ -31,89 +31,16 @@ rows plus the prefill tokens for the FA input, ``P * N_dcs`` DCS rows) fit
 
 Buckets: a :class:`Bucket` is a pair (requests, local tokens per rank). The
 config carries the allowed sizes for each (defaults: powers of two, then the
-capacity); :func:`pcp_fn.make_batch` picks the smallest pair that holds a batch,
+capacity); ``make_batch`` picks the smallest pair that holds a batch,
 and every output shape derives from ``(config, bucket)`` only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 
-
-def _powers_of_two_then(cap: int) -> tuple[int, ...]:
-    sizes = []
-    size = 1
-    while size < cap:
-        sizes.append(size)
-        size *= 2
-    sizes.append(cap)
-    return tuple(sizes)
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def _check_common(cfg: object, ints: dict[str, int], flags: tuple[str, ...]) -> None:
-    """Validate the fields both layouts' configs share: ranks within their sizes, ``ints``
-    (name -> minimum) and boolean ``flags``."""
-    for name, minimum in ints.items():
-        _check_int(name, getattr(cfg, name), minimum)
-    for size, rank in (("pcp_size", "pcp_rank"), ("dcp_size", "dcp_rank")):
-        if getattr(cfg, rank) >= getattr(cfg, size):
-            raise ValueError(f"{rank} must be < {size}={getattr(cfg, size)}, got {getattr(cfg, rank)}")
-    for flag in flags:
-        if not isinstance(getattr(cfg, flag), bool):
-            raise ValueError(f"{flag} must be a bool, got {getattr(cfg, flag)!r}")
-
-
-def _smallest_bucket(
-    request_buckets: tuple[int, ...], token_buckets: tuple[int, ...], reqs: int, tokens: int
-):
-    """The smallest configured ``Bucket`` holding ``reqs`` and ``tokens`` (both within capacity)."""
-    return Bucket(
-        next(s for s in request_buckets if s >= reqs), next(s for s in token_buckets if s >= tokens)
-    )
-
-
-def _normalise_buckets(name: str, sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
-    if sizes is None:
-        return _powers_of_two_then(cap)
-    out = sorted(set(int(s) for s in sizes))
-    for s in out:
-        if s < 1:
-            raise ValueError(f"{name} must hold positive sizes, got {s}")
-        if s > cap:
-            raise ValueError(f"{name} size {s} exceeds the capacity {cap}")
-    # The capacity is always a bucket: only a batch beyond it is an error.
-    if not out or out[-1] != cap:
-        out.append(cap)
-    return tuple(out)
-
-
-# integer fields every layout's config has, with their minimum
-SHARED_INTS = dict(
-    pcp_size=1, pcp_rank=0, max_num_reqs=1, max_num_tokens=1, dcp_size=1, dcp_rank=0, pad_slot_id=-(2**31)
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class Bucket:
-    """A graph bucket: request rows ``[num_reqs]`` and local token rows ``[num_tokens]``.
-
-    The gathered buffer of a bucket has ``pcp_size * num_tokens`` rows.
-    """
-
-    num_reqs: int
-    num_tokens: int
-
-    def __post_init__(self) -> None:
-        _check_int("Bucket.num_reqs", self.num_reqs, 1)
-        _check_int("Bucket.num_tokens", self.num_tokens, 1)
+from ..core.buckets import Bucket, normalise_buckets, smallest_bucket
+from ..core.checks import SHARED_INTS, check_config_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +83,7 @@ class PCPConfig:
     pd_decode_recompute: bool = dataclasses.field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
-        _check_common(
+        check_config_fields(
             self,
             dict(SHARED_INTS, num_spec_tokens=0, cp_kv_cache_interleave_size=1),
             ("hybrid_attn", "pd_decode_recompute"),
@@ -165,15 +92,30 @@ class PCPConfig:
         object.__setattr__(
             self,
             "request_buckets",
-            _normalise_buckets("request_buckets", self.request_buckets, self.max_num_reqs),
+            normalise_buckets("request_buckets", self.request_buckets, self.max_num_reqs),
         )
         object.__setattr__(
             self,
             "token_buckets",
-            _normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
+            normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
         )
+        # A batch serves every rank: it records the config with the ranks zeroed (made once here,
+        # so the per-step check is one comparison).
+        shared = self
+        if self.pcp_rank or self.dcp_rank:
+            shared = dataclasses.replace(self, pcp_rank=0, dcp_rank=0)
+        object.__setattr__(self, "_shared", shared)
 
     # -- derived ------------------------------------------------------------
+    @property
+    def shared(self) -> PCPConfig:
+        """This config with ``pcp_rank = dcp_rank = 0``: what every rank of the group shares.
+
+        A :class:`SchedulerBatch` records it, so one batch serves every rank and a
+        batch of another group's config is refused.
+        """
+        return self._shared
+
     @property
     def decode_threshold(self) -> int:
         """Most scheduled tokens a decode request may have: ``1 + num_spec_tokens``."""
@@ -212,7 +154,7 @@ class PCPConfig:
             raise ValueError(
                 f"{num_local_tokens} local tokens exceed the local capacity L={self.max_local_tokens}"
             )
-        return _smallest_bucket(self.request_buckets, self.token_buckets, num_reqs, num_local_tokens)
+        return smallest_bucket(self.request_buckets, self.token_buckets, num_reqs, num_local_tokens)
 
     def buckets(self) -> list[Bucket]:
         """Every configured bucket (for capturing up front)."""

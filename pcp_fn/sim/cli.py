@@ -1,13 +1,20 @@
 """``pcp-fn``: simulate PCP scheduling, record traces, replay them.
 
-pcp-fn simulate                 # a synthetic workload at P=4, every rank, checked
-pcp-fn record trace.jsonl       # the same, written as a trace
-pcp-fn replay trace.jsonl       # replay through the pure step; prints the SHA-256 digest
+pcp-fn simulate                          # a synthetic workload at P=4, every rank, checked
+pcp-fn record trace.jsonl [--force]      # the same, written as a trace (never overwrites unless told)
+pcp-fn replay trace.jsonl [--expect D]   # replay through the pure step; prints the SHA-256 digest
+
+Exit status: 0 on success, 1 when ``replay --expect`` meets another digest, 2 on bad input
+(a malformed trace, a bad flag, a file that cannot be read or written: one line on stderr, no
+traceback), 130 / 143 when interrupted (SIGINT / SIGTERM; ``record`` leaves no file behind).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import signal
 import statistics
 import sys
 import time
@@ -16,12 +23,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from . import __version__
-from .batch import make_batch
-from .config import PCPConfig
+from .. import PCPConfig, __version__, init_state, make_batch, step
 from .engine import Runner, synthetic_requests
-from .state import init_state
-from .step import step
 from .trace import TraceError, TraceStep, replay, write_trace
 
 
@@ -146,27 +149,22 @@ def _check_restore(config: PCPConfig, outs, batch) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     config, runner = _simulate_schedule(args)
     P = config.pcp_size
-    states = [
-        init_state(
-            PCPConfig(
-                P, r, config.max_num_reqs, config.max_num_tokens, num_spec_tokens=config.num_spec_tokens
-            )
-        )
-        for r in range(P)
-    ]
+    # every rank's state carries its rank as data: one batch (and one graph per bucket) serves all
+    states = [init_state(config, rank=r) for r in range(P)]
     rows, eager_us, buckets = [], [], {}
     for rec in _schedule(args, runner, "simulate"):
         s = rec.sched
-        batch = make_batch(config, s.num_scheduled, s.num_computed, s.num_prompt)
-        slots = torch.arange(max(s.num_tokens, 1))
+        batch = make_batch(
+            config, s.num_scheduled, s.num_computed, s.num_prompt, slot_mapping=rec.slot_mapping
+        )
         outs = []
         t0 = time.perf_counter()
         for r in range(P):
-            states[r], out = step(states[r], batch, slots)
+            states[r], out = step(states[r], batch)
             outs.append(out)
         eager_us.append((time.perf_counter() - t0) * 1e6 / P)
         _check_restore(config, outs, batch)
-        buckets.setdefault(batch.bucket, []).append((states[0], batch, slots))
+        buckets.setdefault(batch.bucket, []).append((states[0], batch))
         n = int(outs[0].layout.num_tokens)
         # attention work of a rank: keys its real query rows see (causal: absolute position + 1)
         work = []
@@ -222,9 +220,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"  step time, eager:       median {statistics.median(eager_us):.0f} us per rank")
     if not args.no_compile:
         bucket, samples = max(buckets.items(), key=lambda kv: len(kv[1]))
-        compiled = torch.compile(step, fullgraph=True, dynamic=False)
+        compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=args.backend)
         print(
-            f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} (inductor) ...", flush=True
+            f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} ({args.backend}) ...",
+            flush=True,
         )
         compiled(*samples[0])
         times = []
@@ -246,13 +245,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_record(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.out):
+        raise IsADirectoryError(f"{args.out} is a directory")
+    if os.path.lexists(args.out) and not args.force:
+        raise FileExistsError(f"{args.out} exists; pass --force to overwrite it")
     config, runner = _simulate_schedule(args)
-    steps = [
+    steps = (
         TraceStep(r.sched.num_scheduled, r.sched.num_computed, r.sched.num_prompt, tuple(r.slot_mapping))
         for r in _schedule(args, runner, "record")
-    ]
-    write_trace(args.out, config, steps)
-    print(f"wrote {len(steps)} steps to {args.out}")
+    )
+    try:
+        count = write_trace(args.out, config, steps, overwrite=args.force)
+    except FileExistsError:
+        raise FileExistsError(f"{args.out} appeared while recording; pass --force to overwrite it") from None
+    print(f"wrote {count} steps to {args.out}")
     return 0
 
 
@@ -260,7 +266,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ranks = None if args.rank is None else [args.rank]
     result = replay(args.trace, mode=args.mode, ranks=ranks, backend=args.backend)
     print(f"{result.digest}  {args.trace} ({len(result.outputs)} steps, mode {args.mode})")
+    if args.expect is not None and result.digest != args.expect:
+        print(f"pcp-fn replay: digest mismatch: expected {args.expect}, got {result.digest}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _digest(text: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
+        raise argparse.ArgumentTypeError(f"expected a SHA-256 digest (64 hex digits), got {text!r}")
+    return text.lower()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_flags(sim)
     sim.add_argument("--quiet", action="store_true", help="summary only, no per-step table")
     sim.add_argument("--no-compile", action="store_true", help="skip the compiled timing (saves the compile)")
+    sim.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled timing")
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=cmd_simulate)
 
@@ -289,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate like `simulate` and write the schedule as a trace.",
     )
     rec.add_argument("out", help="trace file to write")
+    rec.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     _add_workload_flags(rec)
     rec.add_argument("--no-progress", action="store_true", help="no progress bar")
     rec.set_defaults(func=cmd_record)
@@ -308,18 +325,53 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.add_argument("--backend", default="inductor", help="torch.compile backend for compiled/captured")
     rep.add_argument("--rank", type=_non_negative, default=None, help="replay one rank only (default: all)")
+    rep.add_argument(
+        "--expect",
+        type=_digest,
+        default=None,
+        metavar="DIGEST",
+        help="exit with status 1 unless the digest is DIGEST",
+    )
     rep.set_defaults(func=cmd_replay)
     return p
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanups (``record``'s temporary file) run."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    try:
+        previous = signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
     try:
         return args.func(args)
-    except (TraceError, ValueError, FileNotFoundError) as e:
-        print(f"pcp-fn {args.command}: error: {e}", file=sys.stderr)
+    except (TraceError, ValueError, OSError) as e:
+        print(f"pcp-fn {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"pcp-fn {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print(f"pcp-fn {args.command}: terminated", file=sys.stderr)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return " ".join(str(e).split())
 
 
 if __name__ == "__main__":

@@ -17,15 +17,17 @@ device in ONE host-to-device copy. Per-token work all happens on the device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
 
-from .config import Bucket, PCPConfig
-from .pytree import pytree_dataclass, static_field
+from ..core.buckets import Bucket
+from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_ints
+from ..core.pytree import pytree_dataclass, static_field
+from .config import PCPConfig
 
-_INT32_MAX = np.iinfo(np.int32).max
+A = TypeVar("A", np.ndarray, torch.Tensor)
 
 
 @pytree_dataclass
@@ -33,54 +35,82 @@ class SchedulerBatch:
     """One step's scheduler inputs, padded to ``bucket.num_reqs`` rows (``R_b``).
 
     Fields (int32 unless said otherwise):
+        config: static :class:`PCPConfig` the batch was validated for, with
+            the ranks zeroed (``config.shared``: one batch serves every rank);
+            an op given a state of another config raises.
         bucket: static :class:`Bucket`; every output shape derives from it.
         num_reqs: 0-d, real requests (rows past it are empty requests).
         num_scheduled: ``[R_b]`` tokens scheduled this step (before the split).
         num_computed: ``[R_b]`` tokens already in the KV cache.
         num_prompt: ``[R_b]`` prompt lengths.
+        slot_mapping: ``[F_b]`` int64 KV slots of the scheduled tokens in
+            scheduler order, ``pad_slot_id`` past them (``F_b``:
+            :func:`token_rows`); ``None`` when ``make_batch`` was given none.
     """
 
+    config: PCPConfig = static_field()
     bucket: Bucket = static_field()
     num_reqs: torch.Tensor
     num_scheduled: torch.Tensor
     num_computed: torch.Tensor
     num_prompt: torch.Tensor
+    slot_mapping: torch.Tensor | None = None
 
 
-ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
+def token_rows(config: PCPConfig, bucket: Bucket) -> int:
+    """``F_b``: scheduler-order (pre-split) token rows of a bucket, ``min(T, P * L_b)``.
+
+    Every rank holds at least ``1/P`` of each request's tokens in its ``L_b``
+    rows, so a batch of the bucket has at most ``P * L_b`` (and ``T``) tokens.
+    """
+    return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
 
 
-def _as_host_ints(name: str, values: ArrayLike) -> np.ndarray:
+def check_token_input(name: str, values: torch.Tensor, config: PCPConfig, bucket: Bucket) -> None:
+    """A per-token input in scheduler order must be ``[F_b, ...]``: padded on the host
+    (``make_batch(..., slot_mapping=...)``), never truncated or extended inside an op."""
+    rows = token_rows(config, bucket)
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(values).__name__}")
+    if values.dim() < 1 or values.shape[0] != rows:
+        raise ValueError(
+            f"{name} must have the bucket's {rows} scheduler-order token rows (F_b = min(max_num_tokens, "
+            f"pcp_size * {bucket.num_tokens})), got shape {tuple(values.shape)}; pad it on the host "
+            "(make_batch(..., slot_mapping=...))"
+        )
+
+
+def _host_slots(config: PCPConfig, values: ArrayLike, num_tokens: int, rows: int) -> np.ndarray:
+    """``[rows]`` int64: the first ``num_tokens`` slots, then ``pad_slot_id``."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     arr = np.asarray(values)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one entry per request), got shape {arr.shape}")
-    if arr.size and not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    bad = np.flatnonzero(arr < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"{name}[{i}] = {arr[i]} is negative; counts must be >= 0")
-    big = np.flatnonzero(arr > _INT32_MAX)
-    if big.size:
-        i = int(big[0])
-        raise ValueError(f"{name}[{i}] = {arr[i]} exceeds the int32 limit {_INT32_MAX}")
-    return arr
+        raise ValueError(f"slot_mapping must be 1-D (one slot per scheduled token), got shape {arr.shape}")
+    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"slot_mapping must hold integers, got dtype {arr.dtype}")
+    if arr.shape[0] != num_tokens:
+        raise ValueError(
+            f"slot_mapping has {arr.shape[0]} entries; the batch schedules {num_tokens} tokens "
+            "(one slot each)"
+        )
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(2**63 - 1):
+        raise ValueError(f"slot_mapping holds {int(arr.max())}, past the int64 limit")
+    out = np.full(rows, config.pad_slot_id, dtype=np.int64)
+    out[:num_tokens] = arr
+    return out
 
 
-def classify_decodes(
-    config: PCPConfig,
-    num_scheduled: np.ndarray,
-    num_computed: np.ndarray,
-    num_prompt: np.ndarray,
-) -> np.ndarray:
-    """Host twin of the device classification: decode = has context, at most
-    ``decode_threshold`` scheduled tokens, and the prompt done."""
+def classify_decodes(config: PCPConfig, num_scheduled: A, num_computed: A, num_prompt: A) -> A:
+    """Decode requests: context, at most ``decode_threshold`` scheduled tokens, prompt done.
+
+    vllm-ascend ``classify_decode_request_mask``. Works on numpy arrays (the
+    host boundary) and on tensors (inside ops) alike; empty padding rows
+    (no context) are prefills.
+    """
     done = num_computed >= num_prompt
     if config.pd_decode_recompute:
-        done |= num_computed == num_prompt - 1
+        done = done | (num_computed == num_prompt - 1)
     return (num_computed > 0) & (num_scheduled <= config.decode_threshold) & done
 
 
@@ -106,6 +136,7 @@ def make_batch(
     num_prompt_tokens: ArrayLike,
     device: torch.device | str | None = None,
     *,
+    slot_mapping: ArrayLike | None = None,
     bucket: Bucket | None = None,
 ) -> SchedulerBatch:
     """Validate the scheduler's per-request arrays and build a device batch.
@@ -114,6 +145,8 @@ def make_batch(
         num_scheduled_tokens, num_computed_tokens, num_prompt_tokens: one entry
             per request, decodes first (the runner's order).
         device: where the batch lives (default CPU).
+        slot_mapping: optional ``[sum(num_scheduled_tokens)]`` KV slots in
+            scheduler order; carried padded to ``[F_b]`` (``pad_slot_id``).
         bucket: force this bucket (it must hold the batch); default the
             smallest configured one.
 
@@ -123,16 +156,22 @@ def make_batch(
             ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
             too small. The message names the field and the limit.
     """
-    sched = _as_host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = _as_host_ints("num_computed_tokens", num_computed_tokens)
-    prompt = _as_host_ints("num_prompt_tokens", num_prompt_tokens)
-    if not (sched.size == comp.size == prompt.size):
+    if not isinstance(config, PCPConfig):
+        raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
+    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
+    comp = host_ints("num_computed_tokens", num_computed_tokens)
+    prompt = host_ints("num_prompt_tokens", num_prompt_tokens)
+    num_reqs = check_same_length(
+        num_scheduled_tokens=sched, num_computed_tokens=comp, num_prompt_tokens=prompt
+    )
+    seq_end = comp + sched
+    over = np.flatnonzero(seq_end > INT32_MAX)
+    if over.size:
+        i = int(over[0])
         raise ValueError(
-            "per-request arrays differ in length: "
-            f"num_scheduled_tokens has {sched.size}, num_computed_tokens has {comp.size}, "
-            f"num_prompt_tokens has {prompt.size}"
+            f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
+            f"limit {INT32_MAX} (the sequence length of request {i})"
         )
-    num_reqs = sched.size
     if num_reqs > config.max_num_reqs:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {config.max_num_reqs}")
     total = int(sched.sum())
@@ -155,7 +194,7 @@ def make_batch(
         bucket = config.bucket_for(num_reqs, num_local)
     else:
         if not isinstance(bucket, Bucket):
-            raise ValueError(f"bucket must be a Bucket, got {type(bucket).__name__}")
+            raise TypeError(f"bucket must be a Bucket, got {type(bucket).__name__}")
         if bucket.num_reqs < num_reqs or bucket.num_reqs > config.max_num_reqs:
             raise ValueError(
                 f"bucket.num_reqs={bucket.num_reqs} must hold the batch's {num_reqs} requests "
@@ -173,11 +212,18 @@ def make_batch(
     host[Rb : Rb + num_reqs] = comp
     host[2 * Rb : 2 * Rb + num_reqs] = prompt
     host[3 * Rb] = num_reqs
-    dev = torch.from_numpy(host).to(torch.device(device) if device is not None else "cpu")  # the one copy
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    dev = torch.from_numpy(host).to(device)  # the one copy of the per-request arrays
+    slots = None
+    if slot_mapping is not None:
+        slots = torch.from_numpy(_host_slots(config, slot_mapping, total, token_rows(config, bucket)))
+        slots = slots.to(device)
     return SchedulerBatch(
+        config=config.shared,
         bucket=bucket,
         num_reqs=dev[3 * Rb],
         num_scheduled=dev[0:Rb],
         num_computed=dev[Rb : 2 * Rb],
         num_prompt=dev[2 * Rb : 3 * Rb],
+        slot_mapping=slots,
     )

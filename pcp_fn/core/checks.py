@@ -1,0 +1,115 @@
+"""Host-side validation: config fields and the scheduler's per-request integer arrays.
+
+Everything here runs on the host, at a boundary (a config's ``__post_init__``,
+a ``make_batch``), before anything is computed, and raises ``ValueError`` (or
+``TypeError`` for a wrong type) naming the field and the limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+
+ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
+
+
+def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    """``value`` is a Python int (not a bool) in ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+
+
+def check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+# integer fields every layout's config has, with their minimum
+SHARED_INTS = dict(
+    pcp_size=1, pcp_rank=0, max_num_reqs=1, max_num_tokens=1, dcp_size=1, dcp_rank=0, pad_slot_id=-(2**31)
+)
+
+
+def check_config_fields(cfg: Any, ints: dict[str, int], flags: tuple[str, ...]) -> None:
+    """Validate a layout config: ``ints`` (name -> minimum, at most int32), boolean
+    ``flags``, and each rank within its size."""
+    for name, minimum in ints.items():
+        check_int(name, getattr(cfg, name), minimum, INT32_MAX)
+    for size, rank in (("pcp_size", "pcp_rank"), ("dcp_size", "dcp_rank")):
+        if getattr(cfg, rank) >= getattr(cfg, size):
+            raise ValueError(f"{rank} must be < {size}={getattr(cfg, size)}, got {getattr(cfg, rank)}")
+    for flag in flags:
+        check_bool(flag, getattr(cfg, flag))
+
+
+def _host_array(name: str, values: ArrayLike) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        if values.device.type == "meta":
+            raise ValueError(f"{name} is a meta tensor: the host boundary needs real values")
+        values = values.detach().cpu().numpy()
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one entry per request), got shape {arr.shape}")
+    return arr
+
+
+def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.ndarray:
+    """``[n]`` int64 copy of a per-request count array, each entry in ``[0, maximum]``.
+
+    Rejects bools (``[1, True]``), floats, objects and values past ``maximum``
+    (int32 by default: the device buffers are int32) with the index of the
+    first bad entry.
+    """
+    if isinstance(values, list | tuple):
+        # numpy would turn [1, True] into [1, 1]: a bool among counts is a caller's bug
+        for i, v in enumerate(values):
+            if isinstance(v, bool | np.bool_):
+                raise TypeError(f"{name}[{i}] must be an int, got bool {v!r}")
+    arr = _host_array(name, values)
+    if arr.dtype == object:
+        for i, v in enumerate(arr.tolist()):
+            check_int(f"{name}[{i}]", v, 0, maximum)
+        return arr.astype(np.int64)
+    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64:  # compare before any cast: 2**63 would wrap negative
+        big = np.flatnonzero(arr > np.uint64(maximum))
+        if big.size:
+            i = int(big[0])
+            raise ValueError(f"{name}[{i}] = {int(arr[i])} exceeds the limit {maximum}")
+    arr = arr.astype(np.int64)
+    bad = np.flatnonzero(arr < 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}] = {arr[i]} is negative; counts must be >= 0")
+    big = np.flatnonzero(arr > maximum)
+    if big.size:
+        i = int(big[0])
+        raise ValueError(f"{name}[{i}] = {arr[i]} exceeds the limit {maximum}")
+    return arr
+
+
+def host_bools(name: str, values: ArrayLike) -> np.ndarray:
+    """``[n]`` bool copy of a per-request flag array (dtype must be bool)."""
+    arr = _host_array(name, values)
+    if arr.size and arr.dtype != np.bool_:
+        raise TypeError(f"{name} must hold bools, got dtype {arr.dtype}")
+    return arr.astype(np.bool_)
+
+
+def check_same_length(**arrays: np.ndarray) -> int:
+    """All per-request arrays have one length; returns it."""
+    sizes = {name: a.shape[0] for name, a in arrays.items()}
+    if len(set(sizes.values())) > 1:
+        listed = ", ".join(f"{name} has {n}" for name, n in sizes.items())
+        raise ValueError(f"per-request arrays differ in length: {listed}")
+    return next(iter(sizes.values()), 0)

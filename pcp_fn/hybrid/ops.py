@@ -1,0 +1,144 @@
+"""The hybrid layout's consumer ops: logits rows, the FA-entry restore, spec-decode re-alignment.
+
+They read the record of the state's last update (``PCPState``) at its bucket's
+sizes, like the DualChunkSwap ones in :mod:`pcp_fn.dcs.layout`, and offer the
+same interface (:mod:`pcp_fn.layouts`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..core.ragged import expand_runs
+from ..dcs.config import PCPConfig
+from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
+from ..dcs.state import PCPState
+from .layout import LinearSplit, enter_fa_restore_index, linear_rows, linear_split
+
+
+def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
+    """``[R_b]`` int64: ``cumsum(n + (P-1)*decode) - 1``.
+
+    vllm-ascend ``PCPManager.get_logits_indices`` with ``tokens_original``:
+    rows of the FA-order restored hidden states. Each decode counts ``P - 1``
+    extra rows even when it has no token (as vllm-ascend counts them). 0 past
+    ``num_reqs``; a leading request with no token is clamped to 0. ``P = 2``,
+    tokens ``[1, 1, 3, 5]`` (two decodes) -> ``[1, 3, 6, 11]``.
+    """
+    rows = geo.num_scheduled + torch.where(geo.replicated, config.pcp_size - 1, 0)
+    last = (torch.cumsum(rows, 0) - 1).clamp(min=0)
+    real = torch.arange(rows.shape[0], device=rows.device) < num_reqs
+    return torch.where(real, last, 0)
+
+
+def restore_index(state: PCPState) -> torch.Tensor:
+    """``[P*L_b]`` int64: the state's ``enter_fa_restore_idx`` (rank-independent)."""
+    cfg, Rb = state.config, state.bucket.num_reqs
+    split = linear_split(cfg.pcp_size, state.num_scheduled[:Rb], state.is_decode[:Rb], 0)
+    return enter_fa_restore_index(split, cfg.pcp_size, state.bucket.num_tokens, cfg.num_spec_tokens > 0)
+
+
+def adjust_cu_num_scheduled_tokens(
+    state: PCPState, cu_num_scheduled_tokens: torch.Tensor
+) -> tuple[PCPState, torch.Tensor]:
+    """Re-align cumulative scheduled tokens to the FA-order restored rows.
+
+    vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``.
+
+    For spec-decode logits indices under the hybrid layout. Decode rows are
+    returned unchanged; prefill request ``i`` ends at
+    ``P * cu[num_decode_reqs - 1] + (prefill tokens up to i)``, which is the
+    vllm-ascend's ``(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)``. ``P = 2``,
+    tokens ``[1, 1, 3, 5]`` (two decodes), ``cu [1, 2, 5, 10]`` -> ``[1, 2, 7, 12]``.
+
+    Args:
+        cu_num_scheduled_tokens: ``[R_b]`` cumulative tokens of the requests of
+            the state's last update (its bucket's request rows), as the runner
+            has them. Rows past ``num_reqs`` are returned unchanged.
+
+    Returns ``[R_b]`` in the input's dtype.
+    """
+    cu = cu_num_scheduled_tokens
+    k = state.bucket.num_reqs
+    if cu.dim() != 1 or cu.shape[0] != k:
+        raise ValueError(
+            f"cu_num_scheduled_tokens must be [{k}] (the state's bucket request rows), "
+            f"got shape {tuple(cu.shape)}"
+        )
+    P = state.config.pcp_size
+    n = state.num_scheduled[:k].to(torch.int64)
+    dec = state.is_decode[:k]
+    prefill = ~dec & (torch.arange(k, device=cu.device) < state.num_reqs)
+    num_dec = state.is_decode.sum()
+    last_decode = (num_dec - 1).clamp(min=0, max=k - 1).reshape(1)
+    base = torch.where(num_dec > 0, cu.index_select(0, last_decode)[0].to(torch.int64), 0)
+    adjusted = P * base + torch.cumsum(torch.where(prefill, n, 0), 0)
+    return state, torch.where(prefill, adjusted, cu.to(torch.int64)).to(cu.dtype)
+
+
+# -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layouts.layout_of) --
+def _state_split(state: PCPState) -> LinearSplit:
+    """The linear split of the state's last update for its rank, at the bucket's ``R_b`` rows."""
+    Rb = state.bucket.num_reqs
+    return linear_split(state.config.pcp_size, state.num_scheduled[:Rb], state.is_decode[:Rb], state.pcp_rank)
+
+
+def state_local_rows(state: PCPState) -> LocalRows:
+    """This rank's ``[L_b]`` linear rows of the state's last update (``HybridLayout.request_index`` /
+    ``positions``): request and offset inside its scheduled tokens, ``valid`` False past them."""
+    return linear_rows(_state_split(state), state.bucket.num_tokens)
+
+
+def state_local_start(state: PCPState) -> torch.Tensor:
+    """``[R_b + 1]`` int64: first linear row of each request on this rank, then the total.
+
+    ``StepOutputs.query_start_loc``: ``[0, cumsum(pcp_tokens)]`` of the linear counts, the runner's
+    ``cu_num_tokens`` with a leading 0. ``P = 2``, fresh prefills ``[3, 5]``: rank 0 ``[0, 2, 5]``,
+    rank 1 ``[0, 1, 3]``.
+    """
+    return _state_split(state).local_start
+
+
+def restored_spans(state: PCPState) -> RestoredSpans:
+    """Where each request's tokens sit in the FA order that ``restore_hidden_states`` returns.
+
+    The FA order holds the ``P * D`` decode rows (``D`` decode tokens), then every prefill
+    token in scheduler order, no pads: a prefill's tokens start at ``token_start + (P - 1) * D``.
+    With spec tokens configured the decode rows are rank-major, so rank 0's copy of decode
+    token ``t`` is row ``t``; without them token-major, row ``t * P``. So request ``i``'s last
+    token is row ``start + n - 1``: one less than vllm-ascend
+    ``adjust_cu_num_scheduled_tokens_for_pcp`` (which the runner's ``_calc_spec_decode_metadata``
+    uses under hybrid attention). ``length`` is ``n``. ``P = 2``, one spec token, decodes
+    ``[2, 2]`` then a prefill of 7: ``start [0, 2, 8]``, ``length [2, 2, 7]``.
+    """
+    cfg = state.config
+    geo = state_geometry(state)
+    Rb = state.bucket.num_reqs
+    is_decode = state.is_decode[:Rb]
+    n, token_start = geo.num_scheduled, geo.token_start[:-1]
+    D = torch.where(is_decode, n, 0).sum()
+    decode_start = token_start if cfg.num_spec_tokens > 0 else token_start * cfg.pcp_size
+    start = torch.where(is_decode, decode_start, token_start + (cfg.pcp_size - 1) * D)
+    return RestoredSpans(start, n)
+
+
+def first_pass_rows(state: PCPState) -> LocalRows:
+    """``[L_b]`` rows of the MTP drafter's first pass on this rank: request and offset inside the
+    request's padded tokens (``offset >= n``: a zero pad), decode tokens first, ``valid`` False past.
+
+    vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``: a prefill is padded to a
+    multiple of ``2P`` and rank ``r`` takes its ``k = padded / P`` consecutive rows from
+    ``r * k`` (a *linear* slice, not the layout's linear split of the unpadded tokens); a decode
+    keeps all its tokens. Each request has ``k`` (``pcp_tokens_padded``) rows, as in the
+    DualChunkSwap layout. ``P = 2``, rank 1, prefills ``[3, 5]``: requests ``[0, 0, 1, 1, 1, 1]``,
+    offsets ``[2, 3, 4, 5, 6, 7]`` (offsets 3, 5, 6, 7 are pads).
+    """
+    geo = state_geometry(state)
+    rows = state.bucket.num_tokens
+    start = geo.local_start
+    shift = torch.where(geo.replicated, 0, state.pcp_rank * geo.local) - start[:-1]
+    ids = torch.arange(start.shape[0] - 1, dtype=torch.int64, device=start.device)
+    shift, request = expand_runs(start[:-1], torch.stack([shift, ids]), rows)
+    row = torch.arange(rows, dtype=torch.int64, device=start.device)
+    valid = row < start[-1]
+    return LocalRows(torch.where(valid, request, 0), torch.where(valid, row + shift, 0), valid)

@@ -1,0 +1,20 @@
+"""The simulator beside the library: a small serving engine, a tiny paged-attention
+model, JSONL traces with deterministic replay, and the ``pcp-fn`` command.
+
+``import pcp_fn`` does not import this package; it builds on the public API:
+
+- :mod:`.engine`: chunked-prefill scheduler, paged blocks, the per-rank runner
+  (every step checks that all ranks run the same batch);
+- :mod:`.tiny_model`: a two-layer float64 decoder wired the way a PCP runner wires it;
+- :mod:`.mrv2_path`: the runner's MRV2 layout, the only module calling :mod:`pcp_fn.mrv2`;
+- :mod:`.trace`: ``write_trace`` / ``read_trace`` / ``replay`` (a SHA-256 digest; one
+  graph per bucket in the compiled and captured modes);
+- :mod:`.cli`: ``pcp-fn simulate | record | replay``.
+
+Per-token inputs enter bucket-shaped through the host boundary
+(``make_batch(..., slot_mapping=...)``), so a compiled step sees one shape per bucket.
+"""
+
+from .trace import read_trace, replay, write_trace
+
+__all__ = ["read_trace", "replay", "write_trace"]

@@ -1,0 +1,448 @@
+"""Scheduler traces (JSON Lines) and deterministic replay through the pure step.
+
+Format, one JSON object per line::
+
+    {"format": "pcp_fn.trace", "version": 1, "config": {"pcp_size": 4, "max_num_reqs": 16, ...}}
+    {"step": 0, "num_scheduled": [40, 7], "num_computed": [0, 0], "num_prompt": [40, 7],
+     "slot_mapping": [0, 1, ...]}                       # optional; default 0 .. total-1
+    ...
+
+The header's config is a :class:`pcp_fn.PCPConfig` without ``pcp_rank``:
+replay runs every rank. :func:`replay` returns every rank's ``StepOutputs`` of
+every step and a SHA-256 digest over all of them (dtype, shape and bytes of
+every leaf, in pytree order), so two replays agree exactly when their outputs
+do, bit for bit, whatever ran them: eager, compiled or a captured graph.
+
+The whole trace is validated before anything runs, and malformed input raises
+:class:`TraceError` naming the line and the field: not UTF-8, not JSON, nested
+too deeply, a line over :data:`MAX_LINE_BYTES`, a duplicate key, an unknown
+key (a typo such as ``slot_maping`` is an error, not a default), a wrong type,
+an integer out of range (counts are int32, slots int64; integers of any
+length are rejected without being converted). The header's sizes are checked
+against :data:`LIMITS` before anything is allocated. :func:`write_trace`
+writes to a temporary file and renames it, so a failed or interrupted write
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .. import PCPConfig, StepOutputs, init_state, make_batch, step
+from ..core.checks import INT32_MAX
+from ..graph import Captured, compile_per_bucket
+
+FORMAT, VERSION = "pcp_fn.trace", 1
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(PCPConfig) if f.name != "pcp_rank")
+_CONFIG_FLAGS = ("hybrid_attn", "pd_decode_recompute")
+_CONFIG_LISTS = ("request_buckets", "token_buckets")
+_HEADER_FIELDS = ("format", "version", "config")
+_ARRAYS = ("num_scheduled", "num_computed", "num_prompt")
+_STEP_FIELDS = ("step", *_ARRAYS, "slot_mapping")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+MAX_LINE_BYTES = 1 << 24
+"""Longest line a trace may have (16 MiB; a full step of a 1M-token batch is about 8 MiB)."""
+
+LIMITS = {"pcp_size": 256, "dcp_size": 256, "max_num_reqs": 1 << 16, "max_num_tokens": 1 << 20}
+"""Largest header values a trace may ask for, checked before anything is allocated.
+Besides these, ``request_buckets`` and ``token_buckets`` hold at most 64 sizes, and the
+all-gathered rows of the capacity, ``G = pcp_size * L``, are at most :data:`MAX_GATHERED_ROWS`."""
+_MAX_BUCKETS = 64
+MAX_GATHERED_ROWS = 1 << 24
+
+
+class TraceError(ValueError):
+    """A malformed trace: the message names the line and the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceStep:
+    num_scheduled: tuple[int, ...]
+    num_computed: tuple[int, ...]
+    num_prompt: tuple[int, ...]
+    slot_mapping: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    config: PCPConfig  # pcp_rank 0; replay runs every rank with its rank as data
+    steps: tuple[TraceStep, ...]
+
+
+def config_to_json(config: PCPConfig) -> dict[str, Any]:
+    out = {name: getattr(config, name) for name in _CONFIG_FIELDS}
+    for name in _CONFIG_LISTS:
+        out[name] = list(getattr(config, name))
+    return out
+
+
+def write_trace(
+    path: str | os.PathLike[str],
+    config: PCPConfig,
+    steps: Iterable[TraceStep],
+    *,
+    overwrite: bool = True,
+) -> int:
+    """Write a trace atomically: a temporary file beside ``path``, renamed once complete.
+
+    ``steps`` may be a generator (the trace streams to disk); whatever ends the
+    write early (an exception, ``KeyboardInterrupt``) removes the temporary
+    file. With ``overwrite=False`` an existing ``path`` raises
+    ``FileExistsError`` and is left alone (checked again at the rename, so a
+    file created meanwhile is not replaced). Returns the number of steps.
+    """
+    path = os.fspath(path)
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(f"{path} exists")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory")
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".trace-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            header = {"format": FORMAT, "version": VERSION, "config": config_to_json(config)}
+            f.write(json.dumps(header) + "\n")
+            count = 0
+            for i, s in enumerate(steps):
+                line: dict[str, Any] = {"step": i}
+                for name in _ARRAYS:
+                    line[name] = list(getattr(s, name))
+                if s.slot_mapping is not None:
+                    line["slot_mapping"] = list(s.slot_mapping)
+                f.write(json.dumps(line) + "\n")
+                count += 1
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a trace is an ordinary file
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if path appeared meanwhile: never clobbers
+            os.unlink(tmp)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return count
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+class _HugeInt:
+    """A JSON integer too long to be any valid field: kept as text, never converted
+    (Python refuses to convert integers over 4,300 digits, and no field needs 20)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        digits = self.text.lstrip("-")
+        return f"{self.text[:12]}... ({len(digits)} digits)"
+
+
+class _JSONProblem(Exception):
+    """Raised from a json hook; parse_trace adds the line number."""
+
+
+def _parse_int(text: str) -> int | _HugeInt:
+    return int(text) if len(text) <= 40 else _HugeInt(text)
+
+
+def _parse_constant(name: str) -> float:
+    raise _JSONProblem(f"not valid JSON ({name} is not a JSON number)")
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _JSONProblem(f"field {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+def _loads(lineno: int, raw: str | bytes) -> Any:
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(
+                f"line {lineno}: not valid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+            ) from None
+    try:
+        return json.loads(
+            raw, object_pairs_hook=_object, parse_int=_parse_int, parse_constant=_parse_constant
+        )
+    except json.JSONDecodeError as e:
+        raise TraceError(f"line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    except _JSONProblem as e:
+        raise TraceError(f"line {lineno}: {e}") from None
+    except RecursionError:
+        raise TraceError(f"line {lineno}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # anything else the decoder refuses
+        raise TraceError(f"line {lineno}: not valid JSON ({e})") from None
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, _HugeInt):
+        return "integer"
+    return {
+        bool: "boolean",
+        int: "integer",
+        str: "string",
+        float: "number",
+        list: "list",
+        dict: "object",
+    }.get(type(value), "null" if value is None else type(value).__name__)
+
+
+def _check_keys(
+    lineno: int, obj: dict[str, Any], allowed: Sequence[str], what: str, prefix: str = ""
+) -> None:
+    for key in obj:
+        if key not in allowed:
+            raise TraceError(
+                f"line {lineno}: field {prefix + key!r} is not a {what} field (expected one of "
+                f"{', '.join(allowed)})"
+            )
+
+
+def _int(lineno: int, name: str, value: Any, lo: int, hi: int, limit: str = "the limit") -> int:
+    if isinstance(value, _HugeInt) or (isinstance(value, int) and not isinstance(value, bool)):
+        if isinstance(value, _HugeInt) or value > hi:
+            raise TraceError(f"line {lineno}: field {name} = {value!r} exceeds {limit} {hi}")
+        if value < lo:
+            if lo == 0:
+                raise TraceError(f"line {lineno}: field {name} = {value} is negative")
+            raise TraceError(f"line {lineno}: field {name} = {value} is below {lo}")
+        return value
+    raise TraceError(f"line {lineno}: field {name} must be an integer, got {_type_name(value)}")
+
+
+def _int_list(lineno: int, name: str, value: Any, lo: int, hi: int, limit: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TraceError(f"line {lineno}: field {name!r} must be a list of integers, got {_type_name(value)}")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int | _HugeInt):
+            raise TraceError(
+                f"line {lineno}: field {name!r} must be a list of integers ({name}[{i}] is {_type_name(v)})"
+            )
+        _int(lineno, f"{name!r}[{i}]", v, lo, hi, limit)
+    return tuple(value)
+
+
+def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
+    _check_keys(lineno, obj, _HEADER_FIELDS, "header")
+    if obj.get("format") != FORMAT:
+        raise TraceError(f"line {lineno}: field 'format' must be {FORMAT!r} (the header comes first)")
+    version = obj.get("version")
+    if isinstance(version, bool) or version != VERSION:
+        raise TraceError(f"line {lineno}: field 'version' must be {VERSION}, got {version!r}")
+    raw = obj.get("config")
+    if not isinstance(raw, dict):
+        raise TraceError(f"line {lineno}: field 'config' must be an object, got {_type_name(raw)}")
+    _check_keys(lineno, raw, _CONFIG_FIELDS, "PCPConfig", "config.")
+    for name in ("pcp_size", "max_num_reqs", "max_num_tokens"):
+        if name not in raw:
+            raise TraceError(f"line {lineno}: field 'config.{name}' is missing")
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        field = f"'config.{name}'"
+        if name in _CONFIG_FLAGS:
+            if not isinstance(value, bool):
+                raise TraceError(f"line {lineno}: field {field} must be a boolean, got {_type_name(value)}")
+        elif name in _CONFIG_LISTS:
+            if value is not None:
+                if isinstance(value, list) and len(value) > _MAX_BUCKETS:
+                    raise TraceError(
+                        f"line {lineno}: field {field} has {len(value)} sizes; a trace allows {_MAX_BUCKETS}"
+                    )
+                value = _int_list(lineno, f"config.{name}", value, 1, INT32_MAX, "the int32 limit")
+        elif name in LIMITS:
+            _int(lineno, field, value, -INT32_MAX - 1, LIMITS[name], "the trace limit")
+        else:
+            _int(lineno, field, value, -INT32_MAX - 1, INT32_MAX, "the int32 limit")
+        kwargs[name] = value
+    try:
+        config = PCPConfig(pcp_rank=0, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise TraceError(f"line {lineno}: field 'config': {e}") from None
+    if config.max_gathered_tokens > MAX_GATHERED_ROWS:
+        raise TraceError(
+            f"line {lineno}: field 'config.pcp_size': {config.pcp_size} ranks of "
+            f"{config.max_local_tokens} local tokens make {config.max_gathered_tokens} gathered rows; "
+            f"a trace allows {MAX_GATHERED_ROWS}"
+        )
+    return config
+
+
+def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig) -> TraceStep:
+    _check_keys(lineno, obj, _STEP_FIELDS, "step")
+    for name in _ARRAYS:
+        if name not in obj:
+            raise TraceError(f"line {lineno}: field {name!r} is missing")
+    if "step" in obj:
+        _int(lineno, "'step'", obj["step"], 0, INT32_MAX)
+    arrays = {name: _int_list(lineno, name, obj[name], 0, INT32_MAX, "the int32 limit") for name in _ARRAYS}
+    slots = obj.get("slot_mapping")
+    if slots is not None:
+        slots = _int_list(lineno, "slot_mapping", slots, INT64_MIN, INT64_MAX, "the int64 limit")
+    lengths = [len(a) for a in arrays.values()]
+    if len(set(lengths)) > 1:
+        listed = ", ".join(f"{name!r} has {n}" for name, n in zip(arrays, lengths))
+        raise TraceError(f"line {lineno}: fields differ in length (one entry per request): {listed}")
+    if lengths[0] > config.max_num_reqs:
+        raise TraceError(
+            f"line {lineno}: field 'num_scheduled' has {lengths[0]} requests; "
+            f"max_num_reqs is {config.max_num_reqs}"
+        )
+    total = sum(arrays["num_scheduled"])
+    if total > config.max_num_tokens:
+        raise TraceError(
+            f"line {lineno}: field 'num_scheduled' sums to {total} tokens; "
+            f"max_num_tokens is {config.max_num_tokens}"
+        )
+    try:  # the rest against the config (sequence lengths, decodes first, the bucket)
+        make_batch(config, arrays["num_scheduled"], arrays["num_computed"], arrays["num_prompt"])
+    except ValueError as e:
+        raise TraceError(f"line {lineno}: {e}") from None
+    if slots is not None and len(slots) != total:
+        raise TraceError(
+            f"line {lineno}: field 'slot_mapping' has {len(slots)} entries for {total} scheduled tokens"
+        )
+    return TraceStep(**arrays, slot_mapping=slots)
+
+
+def parse_trace(lines: Iterable[str | bytes]) -> Trace:
+    """Parse and validate a whole trace (every step against the config's capacities).
+
+    ``lines``: text or bytes lines (bytes are decoded as UTF-8, strictly).
+    """
+    config: PCPConfig | None = None
+    steps: list[TraceStep] = []
+    for lineno, raw in enumerate(lines, start=1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"line {lineno}: longer than {MAX_LINE_BYTES} bytes")
+        if not raw.strip():
+            continue
+        obj = _loads(lineno, raw)
+        if not isinstance(obj, dict):
+            raise TraceError(f"line {lineno}: expected a JSON object, got {_type_name(obj)}")
+        if config is None:
+            config = _parse_header(lineno, obj)
+        else:
+            steps.append(_parse_step(lineno, obj, config))
+    if config is None:
+        raise TraceError("line 1: the trace is empty (no header)")
+    return Trace(config, tuple(steps))
+
+
+def _binary_lines(f: Any) -> Iterable[bytes]:
+    """The file's lines, none read past ``MAX_LINE_BYTES + 1`` bytes."""
+    while True:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        yield line
+        if len(line) > MAX_LINE_BYTES:  # _loads reports it; never read the rest of the line
+            return
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace file (``OSError`` when it cannot be read, e.g. a directory)."""
+    with open(path, "rb") as f:
+        return parse_trace(_binary_lines(f))
+
+
+# -- replay --------------------------------------------------------------------------------------
+
+
+def digest_of(outputs: Iterable[Any]) -> str:
+    """SHA-256 over every tensor leaf (dtype, shape, bytes) of ``outputs``, in order."""
+    h = hashlib.sha256()
+    for tree in outputs:
+        for leaf in pytree.tree_leaves(tree):
+            if leaf is None:
+                h.update(b"none;")
+                continue
+            t = leaf.detach().to("cpu").contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+            data = t.numpy()
+            if data.dtype.byteorder == ">":  # canonical little-endian bytes
+                data = data.astype(data.dtype.newbyteorder("<"))
+            h.update(data.tobytes())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    outputs: list[list[StepOutputs]]  # [step][rank]
+    digest: str
+    num_graphs: int = 0  # graphs compiled or captured (0 in eager mode): one per bucket met
+
+
+def replay(
+    trace: Trace | str | os.PathLike[str] | Sequence[str],
+    *,
+    mode: str = "eager",
+    ranks: Sequence[int] | None = None,
+    device: torch.device | str = "cpu",
+    backend: str = "inductor",
+) -> ReplayResult:
+    """Run a trace through :func:`pcp_fn.step` for every rank and digest the outputs.
+
+    Every step's batch comes from ``make_batch(..., slot_mapping=...)``, which
+    pads the slot mapping to the bucket on the host, and every rank's state
+    carries its rank as data (``init_state(config, rank=r)``): the ranks share
+    one graph per bucket, so a trace compiles (or captures) exactly as many
+    graphs as it has buckets, within Dynamo's default recompile limit.
+
+    Args:
+        mode: ``"eager"``, ``"compiled"`` (:func:`pcp_fn.graph.compile_per_bucket`:
+            ``torch.compile(fullgraph=True, dynamic=False)`` per bucket) or
+            ``"captured"`` (:func:`pcp_fn.graph.capture`: CUDA/NPU graph on
+            those devices, compiled per bucket on the CPU).
+        ranks: which ranks (default all); the digest covers exactly these.
+        backend: ``torch.compile`` backend for the compiled and captured modes.
+    """
+    if not isinstance(trace, Trace):
+        trace = read_trace(trace) if isinstance(trace, str | os.PathLike) else parse_trace(trace)
+    cfg = trace.config
+    ranks = list(range(cfg.pcp_size)) if ranks is None else list(ranks)
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cfg.pcp_size:
+            raise ValueError(f"ranks must be ints in [0, pcp_size={cfg.pcp_size}), got {r!r}")
+    if mode == "eager":
+        run: Any = step
+    elif mode == "compiled":
+        run = compile_per_bucket(step, backend=backend)
+    elif mode == "captured":
+        run = Captured(step, backend=backend)
+    else:
+        raise ValueError(f"mode must be 'eager', 'compiled' or 'captured', got {mode!r}")
+    states = {r: init_state(cfg, device, rank=r) for r in ranks}
+    outputs: list[list[StepOutputs]] = []
+    for s in trace.steps:
+        slots = s.slot_mapping if s.slot_mapping is not None else range(sum(s.num_scheduled))
+        batch = make_batch(
+            cfg, s.num_scheduled, s.num_computed, s.num_prompt, device, slot_mapping=list(slots)
+        )
+        row = []
+        for r in ranks:
+            states[r], out = run(states[r], batch)
+            row.append(pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out))
+        outputs.append(row)
+    return ReplayResult(
+        outputs, digest_of(o for row in outputs for o in row), 0 if mode == "eager" else len(run)
+    )
