@@ -3,7 +3,7 @@
 A backend (:class:`Backend`) says where vLLM's names come from (vLLM 0.32.0
 itself, or ``vllm_standin``) and which manager is the reference (vLLM's
 ``PCPManager``, or ``oracle_vllm.OracleManager``). The workload is the
-simulator's chunked-prefill scheduler (``pcp_fn.engine.Scheduler``): mixed
+simulator's chunked-prefill scheduler (``pcp_fn.sim.engine.Scheduler``): mixed
 steps, decode-only steps, speculative drafts, arrivals and departures; each
 step is run with a CUDA-graph mode (``NONE``, ``PIECEWISE`` padded to a capture
 size above the batch, ``FULL``), sometimes with its rows shuffled, sometimes
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pcp_fn import PCPConfig
-from pcp_fn.engine import Scheduler, synthetic_requests
+from pcp_fn.sim.engine import Scheduler, synthetic_requests
 
 BLOCK_SIZE = 4
 MAX_BLOCKS = 64

@@ -9,26 +9,28 @@ Per step:
 1. ``segments``: the host twin (:func:`pcp_fn.mrv2.host.local_segments`),
    numpy on the scheduler's ``[R]`` arrays: every rank's counts and this rank's
    segments, for the bucket choice and the host fields.
-2. ``partition``: the per-request arrays go to the device in one copy (packed
-   ``[5R + 1]`` int32, the layout of :func:`pcp_fn.mrv2.make_batch`, whose
-   checks the adapter has already made), the global token ids and positions
-   into persistent ``[T]`` buffers; then :func:`pcp_fn.mrv2.partition_batch`
-   runs captured once per graph bucket ``(Rb, Lb)`` by
-   :func:`pcp_fn.graph.capture` (a CUDA/NPU graph, ``torch.compile`` on the
-   CPU, or plain calls with ``backend=None``), and one ``_foreach_copy_`` moves
-   its bucket-shaped results into the caller's persistent buffers, sliced to
-   vLLM's sizes. The graph bucket is a power of two at least vLLM's padded
-   sizes ``(Rpad, Lp)``, so a handful of graphs serve every step; gathered row
-   ``q * Lb + l`` of the bucket is row ``q * Lp + l`` of vLLM's all-gather
-   (rewritten on the copy).
-3. ``gathered_slot_mappings``, ``restore``, ``draft_input_ids``: the layout
-   consumers, run on a state whose layout *is* the persistent buffers (views).
+2. ``partition``: the per-request arrays and vLLM's padded local token count
+   ``Lp`` go to the device in one copy (packed ``[5R + 2]`` int32), the global
+   token ids and positions into persistent ``[T]`` buffers; then one graph per
+   bucket ``(Rb, Lb)`` (:func:`pcp_fn.graph.capture`: a CUDA/NPU graph,
+   ``torch.compile`` on the CPU, or plain calls with ``backend=None``) builds
+   the :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
+   :func:`pcp_fn.mrv2.partition_batch` and rewrites the gathered-row maps from
+   the bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row
+   ``q * Lb + l`` of the bucket is row ``q * Lp + l`` of vLLM's all-gather).
+   One ``_foreach_copy_`` moves the bucket-shaped results into the caller's
+   persistent buffers, through views made once per bucket. The bucket is a
+   power of two at least vLLM's padded sizes ``(Rpad, Lp)``, so a handful of
+   graphs serve every step.
+3. ``gathered_slot_mappings``, ``restore*``, ``draft_input_ids``: the layout
+   consumers. The slot mappings and restores run on a state whose layout *is*
+   the persistent buffers at vLLM's ``Lp`` (made once per ``Lp``); the draft
+   ids on the bucket's own state and local batch from the graph.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -37,9 +39,8 @@ import numpy as np
 import torch
 
 from .. import graph, mrv2
-from ..config import Bucket
+from ..core.buckets import Bucket
 from ..mrv2 import host
-from ..sync import no_host_syncs
 
 
 class Destinations(NamedTuple):
@@ -77,23 +78,50 @@ class StepSizes(NamedTuple):
     num_tokens: int
 
 
+def _to_vllm_rows(
+    config: mrv2.MRV2Config, layout: mrv2.MRV2Layout, Lb: int, Lp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bucket's gathered-row maps (``Lb`` rows per rank) at vLLM's ``Lp <= Lb`` rows per rank
+    (a 0-d tensor: one graph serves every ``Lp`` of the bucket).
+
+    Returns ``padded_gather_idx [P*Lb]`` and ``gathered_kv_write_mask [P*Lb]``
+    whose first ``P*Lp`` rows are vLLM's (0 / False after), and
+    ``hidden_restore_idx [F_b]`` pointing into vLLM's gathered rows.
+    """
+    P = config.pcp_size
+    row = torch.arange(P * Lb, dtype=torch.int64, device=Lp.device)
+    width = Lp.clamp(min=1)
+    src = (row // width) * Lb + row % width  # vLLM row q*Lp + l <- bucket row q*Lb + l
+    valid = row < P * Lp
+    src = torch.where(valid, src, 0)
+    gather = torch.where(valid, layout.padded_gather_idx[src], 0)
+    write = valid & layout.gathered_kv_write_mask[src]
+    restore = layout.hidden_restore_idx
+    restore = restore + (restore // Lb) * (Lp - Lb)
+    return gather, write, restore
+
+
 def _partition_step(
     state: mrv2.MRV2State,
+    bucket: Bucket,
     packed: torch.Tensor,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
-    *,
-    bucket: Bucket,
-) -> tuple[Any, ...]:
-    """The captured function: ``mrv2.partition_batch`` of the staged global batch and the outputs
-    the adapter copies (bucket shapes ``[Lb]``, ``[Rb(+1)]``, ``[T]``, ``[P*Lb]``).
+) -> tuple[tuple[torch.Tensor, ...], mrv2.MRV2State, mrv2.LocalBatch]:
+    """The captured function (``state`` and ``bucket`` bound): ``mrv2.partition_batch`` of the
+    staged global batch.
 
-    ``packed [5R + 1]`` int32: num_scheduled, num_computed, prefill_len,
+    ``packed [5R + 2]`` int32: num_scheduled, num_computed, prefill_len,
     is_prefilling, idx_mapping (``[R]`` each, zero past the requests), then
-    num_reqs; ``input_ids [T]`` int32, ``positions [T]`` int64.
+    num_reqs and vLLM's ``Lp``; ``input_ids [F_b]`` int32, ``positions
+    [F_b]`` int64. Returns the tensors to copy, in :class:`Destinations`
+    order then ``per_rank_num_tokens``, ``num_tokens`` (bucket shapes), and
+    the bucket's state and local batch (for the draft ids).
     """
-    R = state.config.max_num_reqs
+    cfg = state.config
+    R = cfg.max_num_reqs
     batch = mrv2.GlobalBatch(
+        config=cfg,
         bucket=bucket,
         num_reqs=packed[5 * R],
         num_scheduled=packed[0:R],
@@ -106,7 +134,8 @@ def _partition_step(
     )
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
-    return (
+    gather, write, restore = _to_vllm_rows(cfg, lay, bucket.num_tokens, packed[5 * R + 1].to(torch.int64))
+    copies = (
         local.input_ids,
         local.positions,
         local.is_padding,
@@ -115,12 +144,13 @@ def _partition_step(
         local.idx_mapping.to(torch.int64),
         local.logits_indices,
         local.cu_num_logits,
-        lay.hidden_restore_idx,
-        lay.padded_gather_idx,
-        lay.gathered_kv_write_mask,
+        restore,
+        gather,
+        write,
         lay.per_rank_num_tokens,
         lay.num_tokens,
     )
+    return copies, state, local
 
 
 class Bookkeeping:
@@ -136,7 +166,7 @@ class Bookkeeping:
         backend: ``torch.compile`` backend on the CPU (``"inductor"``,
             ``"eager"``, ...) or ``None`` for plain calls (no capture). CUDA and
             NPU devices always capture device graphs unless ``None``.
-        check_host_syncs: run the device part under :func:`pcp_fn.no_host_syncs`.
+        check_host_syncs: run the device part under :func:`pcp_fn.graph.no_host_syncs`.
     """
 
     def __init__(
@@ -172,21 +202,31 @@ class Bookkeeping:
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)
-        self._graphs: dict[Bucket, graph.Captured] = {}
-        self._view: mrv2.MRV2State | None = None
+        self._graphs: dict[Bucket, graph.Captured | functools.partial[Any]] = {}
         R, T = max_num_reqs, max_num_tokens
         # staging: what the captured graphs read (persistent, so each bucket's graph sees one address)
-        self._packed = torch.zeros(5 * R + 1, dtype=torch.int32, device=device)
+        self._packed = torch.zeros(5 * R + 2, dtype=torch.int32, device=device)
+        # on the CPU the host writes the staging buffer itself; elsewhere through a fresh pinned
+        # buffer per step (the caching host allocator keeps it until the async copy has run)
+        self._host_packed = self._packed.numpy() if device.type == "cpu" else None
+        self._pin = device.type == "cuda"
         self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
         self._positions = torch.zeros(T, dtype=torch.int64, device=device)
-        self._pin = device.type == "cuda"
+        self._draft_ids = torch.zeros(T, dtype=torch.int32, device=device)
+        # the layout the consumers read, at vLLM's sizes: persistent too
+        self._per_rank = torch.zeros(pcp_size, dtype=torch.int64, device=device)
+        self._num_tokens = torch.zeros((), dtype=torch.int64, device=device)
         self._buckets: dict[tuple[int, int], Bucket] = {}
-        self._views: dict[StepSizes, list[torch.Tensor]] = {}
+        self._per_bucket: dict[Bucket, tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self._views: dict[int, mrv2.MRV2State] = {}
+        self._view: mrv2.MRV2State | None = None
+        self._last: tuple[mrv2.MRV2State, mrv2.LocalBatch] | None = None
+        self._sync_guard = graph.no_host_syncs if check_host_syncs else contextlib.nullcontext
 
     @property
     def num_graphs(self) -> int:
-        """Graphs captured so far (one per bucket)."""
-        return len(self._graphs)
+        """Graphs captured so far (one per bucket; 0 with ``backend=None``)."""
+        return sum(isinstance(g, graph.Captured) for g in self._graphs.values())
 
     # ---------------------------------------------------------------- host twin
 
@@ -205,66 +245,61 @@ class Bookkeeping:
             bucket = self._buckets[key] = self.config.bucket_for(num_reqs, num_tokens)
         return bucket
 
-    def _destinations(self, sizes: StepSizes) -> list[torch.Tensor]:
-        """The persistent views one step writes (cached: steady decoding repeats its sizes)."""
-        views = self._views.get(sizes)
-        if views is None:
-            if len(self._views) > 256:  # bounded: sizes vary with the batch
-                self._views.clear()
-            Lp, Rpad, n, total = sizes
-            P, o = self.config.pcp_size, self.out
-            views = self._views[sizes] = [
-                o.input_ids[:Lp],
-                o.positions[:Lp],
-                o.is_padding[:Lp],
-                o.query_start_loc[: Rpad + 1],
-                o.seq_lens[:Rpad],
-                o.idx_mapping[:n],
-                o.logits_indices[:Rpad],
-                o.cu_num_logits[: n + 1],
-                o.padded_gather_idx[: P * Lp].view(P, Lp),
-                o.kv_write_mask[: P * Lp].view(P, Lp),
-                o.hidden_restore_idx[:total],
-                o.padded_gather_idx[: P * Lp],
-                o.kv_write_mask[: P * Lp],
+    def _bucket_io(self, bucket: Bucket) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+        """``bucket``'s destinations (views of the persistent buffers, in the order the graph
+        returns its copies) and graph arguments (the staging buffers at ``F_b`` rows): made once."""
+        io = self._per_bucket.get(bucket)
+        if io is None:
+            P, Rb, Lb, o = self.config.pcp_size, bucket.num_reqs, bucket.num_tokens, self.out
+            F = mrv2.token_rows(self.config, bucket)
+            dests = [
+                o.input_ids[:Lb],
+                o.positions[:Lb],
+                o.is_padding[:Lb],
+                o.query_start_loc[: Rb + 1],
+                o.seq_lens[:Rb],
+                o.idx_mapping[:Rb],
+                o.logits_indices[:Rb],
+                o.cu_num_logits[: Rb + 1],
+                o.hidden_restore_idx[:F],
+                o.padded_gather_idx[: P * Lb],
+                o.kv_write_mask[: P * Lb],
+                self._per_rank,
+                self._num_tokens,
             ]
-        return views
+            io = self._per_bucket[bucket] = (dests, (self._packed, self._input_ids[:F], self._positions[:F]))
+        return io
+
+    def _view_state(self, Lp: int) -> mrv2.MRV2State:
+        """The state the consumers read: the persistent buffers at vLLM's ``Lp`` (made once per ``Lp``)."""
+        state = self._views.get(Lp)
+        if state is None:
+            P, o = self.config.pcp_size, self.out
+            view_bucket = Bucket(self.config.max_local_reqs, max(Lp, 1))
+            layout = mrv2.MRV2Layout(
+                per_rank_num_tokens=self._per_rank,
+                num_tokens=self._num_tokens,
+                hidden_restore_idx=o.hidden_restore_idx[: mrv2.token_rows(self.config, view_bucket)],
+                padded_gather_idx=o.padded_gather_idx[: P * Lp],
+                gathered_kv_write_mask=o.kv_write_mask[: P * Lp],
+            )
+            state = self._views[Lp] = mrv2.MRV2State(
+                config=self.config, bucket=view_bucket, rank=self._state0.rank, layout=layout
+            )
+        return state
 
     # ---------------------------------------------------------------- device
 
-    def _sync_guard(self) -> contextlib.AbstractContextManager[None]:
-        return no_host_syncs() if self.check_host_syncs else contextlib.nullcontext()
-
     def _run(self, bucket: Bucket) -> tuple[Any, ...]:
         """The partition of the staged batch in ``bucket``'s graph (captured on first use)."""
-        args = (self._state0, self._packed, self._input_ids, self._positions)
-        if self.backend is None:
-            return _partition_step(*args, bucket=bucket)
-        captured = self._graphs.get(bucket)
-        if captured is None:
-            fn = functools.partial(_partition_step, bucket=bucket)
-            captured = self._graphs[bucket] = graph.capture(fn, *args, backend=self.backend)
-        return captured(*args)
-
-    def _stage(
-        self,
-        arrays: tuple[np.ndarray, ...],
-        num_tokens: int,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> None:
-        """One host-to-device copy of the per-request arrays, two device copies of the tokens."""
-        R, n = self.config.max_num_reqs, arrays[0].size
-        host_packed = torch.zeros(5 * R + 1, dtype=torch.int32, pin_memory=self._pin)
-        view = host_packed.numpy()
-        for k, values in enumerate(arrays):
-            view[k * R : k * R + n] = values
-        view[5 * R] = n
-        # non_blocking from pinned memory: the host allocator keeps the block until the copy ran
-        self._packed.copy_(host_packed, non_blocking=self._pin)
-        # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
-        self._input_ids[:num_tokens].copy_(input_ids[:num_tokens])
-        self._positions[:num_tokens].copy_(positions[:num_tokens])
+        args = self._bucket_io(bucket)[1]
+        fn = self._graphs.get(bucket)
+        if fn is None:
+            fn = functools.partial(_partition_step, self._state0, bucket)
+            if self.backend is not None:
+                fn = graph.capture(fn, *args, backend=self.backend)
+            self._graphs[bucket] = fn
+        return fn(*args)
 
     def partition(
         self,
@@ -285,44 +320,30 @@ class Bookkeeping:
         ``[>= num_tokens]`` device tensors (not read on the host). ``bucket``
         must hold every rank (rows and tokens) and ``(Rpad, Lp)``.
         """
-        P, Lb = self.config.pcp_size, bucket.num_tokens
-        Lp, Rpad, n, total = sizes
-        arrays = (num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping)
-        self._stage(arrays, total, input_ids, positions)
-        views = self._destinations(sizes)
+        R, n, total = self.config.max_num_reqs, num_scheduled.size, sizes.num_tokens
+        staged = self._host_packed
+        if staged is None:
+            staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
+        view = staged if isinstance(staged, np.ndarray) else staged.numpy()
+        view[:] = 0  # rows past the requests must read zero
+        view[0:n] = num_scheduled
+        view[R : R + n] = num_computed
+        view[2 * R : 2 * R + n] = prefill_len
+        view[3 * R : 3 * R + n] = is_prefilling
+        view[4 * R : 4 * R + n] = idx_mapping
+        view[5 * R] = n
+        view[5 * R + 1] = sizes.Lp
+        dests, _ = self._bucket_io(bucket)
         with self._sync_guard():
-            ids, pos, pad, qsl, seq, idx, logits, cu, restore, gather, write, per_rank, num = self._run(
-                bucket
-            )
-            src = [
-                ids[:Lp],
-                pos[:Lp],
-                pad[:Lp],
-                qsl[: Rpad + 1],
-                seq[:Rpad],
-                idx[:n],
-                logits[:Rpad],
-                cu[: n + 1],
-                gather.view(P, Lb)[:, :Lp],
-                write.view(P, Lb)[:, :Lp],
-            ]
-            restore = restore[:total]
-            if Lp == Lb:
-                torch._foreach_copy_(views[:11], [*src, restore])
-            else:  # bucket row q * Lb + l is vLLM's all-gather row q * Lp + l
-                torch._foreach_copy_(views[:10], src)
-                torch.add(
-                    restore, torch.div(restore, Lb, rounding_mode="floor"), alpha=Lp - Lb, out=views[10]
-                )
-        layout = mrv2.MRV2Layout(
-            padded_num_tokens=Lp,
-            per_rank_num_tokens=per_rank,
-            num_tokens=num,
-            hidden_restore_idx=views[10],
-            padded_gather_idx=views[11],
-            gathered_kv_write_mask=views[12],
-        )
-        self._view = dataclasses.replace(self._state0, layout=layout)
+            if self._host_packed is None:
+                self._packed.copy_(staged, non_blocking=self._pin)
+            # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
+            self._input_ids[:total].copy_(input_ids[:total])
+            self._positions[:total].copy_(positions[:total])
+            copies, state, local = self._run(bucket)
+            torch._foreach_copy_(dests, copies)
+        self._last = (state, local)
+        self._view = self._view_state(sizes.Lp)
 
     @property
     def has_layout(self) -> bool:
@@ -333,38 +354,66 @@ class Bookkeeping:
             raise RuntimeError("no batch was partitioned yet")
         return self._view
 
-    def gathered_slot_mappings(self, global_slot_mappings: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``[K, >= num_tokens] -> out[:, :P*Lp]``: the KV slot of each gathered row,
-        ``pad_slot_id`` where the row must not write."""
+    def gathered_slot_mappings(
+        self, global_slot_mappings: torch.Tensor, out: torch.Tensor, num_tokens: int
+    ) -> torch.Tensor:
+        """``[K, T] -> out[:, :P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the
+        row must not write. ``global_slot_mappings`` is the persistent ``[K, T]`` buffer whose
+        first ``num_tokens`` columns hold this step's slots (the others are never read)."""
+        state = self._state()
+        if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
+            return out[:, :0]
+        F = state.layout.hidden_restore_idx.shape[0]
         with self._sync_guard():
-            _, slots = mrv2.gathered_slot_mappings(self._state(), global_slot_mappings)
+            _, slots = mrv2.gathered_slot_mappings(state, global_slot_mappings[:, :F])
             view = out[:, : slots.shape[1]]
             view.copy_(slots)
         return view
 
-    def restore(self, gathered: torch.Tensor) -> torch.Tensor:
+    def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
+        if num_tokens == 0:
+            return gathered[:0]
         with self._sync_guard():
-            return mrv2.restore_hidden_states(self._state(), gathered)[1]
+            return mrv2.restore_hidden_states(self._state(), gathered)[1][:num_tokens]
 
     def restore_for_sampling(
-        self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None
+        self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None, num_tokens: int
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Restore the hidden (and auxiliary) states for sampling, ``[num_tokens, ...]`` each."""
+        if num_tokens == 0:
+            return gathered[:0], None if aux_gathered is None else [a[:0] for a in aux_gathered]
         with self._sync_guard():
             _, out = mrv2.restore_for_sampling(self._state(), gathered, aux_gathered)
-        return out.hidden_states, None if out.aux_hidden_states is None else list(out.aux_hidden_states)
+        hidden = out.hidden_states[:num_tokens]
+        if out.aux_hidden_states is None:
+            return hidden, None
+        return hidden, [a[:num_tokens] for a in out.aux_hidden_states]
 
     def restore_draft_prefill(
-        self, last_gathered: torch.Tensor, gathered: torch.Tensor
+        self, last_gathered: torch.Tensor, gathered: torch.Tensor, num_tokens: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Both restored; pass the same object twice to restore once (the result is shared)."""
+        if num_tokens == 0:
+            last = last_gathered[:0]
+            return last, last if gathered is last_gathered else gathered[:0]
         with self._sync_guard():
             _, out = mrv2.restore_draft_prefill(self._state(), last_gathered, gathered)
-        return out.last_hidden_states, out.hidden_states
+        last = out.last_hidden_states[:num_tokens]
+        if out.hidden_states is out.last_hidden_states:
+            return last, last
+        return last, out.hidden_states[:num_tokens]
 
-    def draft_input_ids(self, local_batch: Any, input_ids: torch.Tensor) -> torch.Tensor:
-        """``[Lp]``: the drafter's global ``input_ids`` at this rank's rows (padding rows read token 0).
-        ``local_batch`` is any dataclass with an ``input_ids`` field (its dtype is kept)."""
+    def draft_input_ids(self, input_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Write the drafter's global ``input_ids`` (int32, at least one row) at this rank's rows
+        into ``out`` (``[Lp]``; padding rows read token 0, like vLLM) and return ``out``."""
+        if self._last is None:
+            raise RuntimeError("no batch was partitioned yet")
+        state, local = self._last
+        F = mrv2.token_rows(self.config, state.bucket)
+        k = min(int(input_ids.shape[0]), F)
         with self._sync_guard():
-            _, batch = mrv2.prepare_draft_prefill(self._state(), local_batch, input_ids)
-        return batch.input_ids
+            self._draft_ids[:k].copy_(input_ids[:k])  # rows past the real tokens are never read
+            _, batch = mrv2.prepare_draft_prefill(state, local, self._draft_ids[:F])
+            out.copy_(batch.input_ids[: out.shape[0]])
+        return out

@@ -438,10 +438,13 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if self._block_tables is None:
                 raise RuntimeError("prepare_slot_mappings needs the block_tables given to the constructor")
             g = self.global_batch
-            global_slots = self._block_tables.compute_slot_mappings(
+            # vLLM's kernel writes the first num_tokens columns of the persistent [K, T] buffer
+            self._block_tables.compute_slot_mappings(
                 g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self._global_slot_mappings
             )
-            return self._pcp.gathered_slot_mappings(global_slots, self._gathered_slot_mappings)
+            return self._pcp.gathered_slot_mappings(
+                self._global_slot_mappings, self._gathered_slot_mappings, g.num_tokens
+            )
 
         def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
             """Zeroed views of the persistent local block tables (capture and dummy runs)."""
@@ -472,7 +475,8 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             ``[num_tokens, ...]`` (unchanged before the first ``partition_batch``)."""
             if not self._pcp.has_layout:
                 return hidden_states
-            return self._pcp.restore(api.get_pcp_group().all_gather(hidden_states, dim=0))
+            gathered = api.get_pcp_group().all_gather(hidden_states, dim=0)
+            return self._pcp.restore(gathered, self.global_batch.num_tokens)
 
         def restore_for_sampling(
             self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
@@ -484,7 +488,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             aux = (
                 None if aux_hidden_states is None else [group.all_gather(a, dim=0) for a in aux_hidden_states]
             )
-            hidden, aux = self._pcp.restore_for_sampling(gathered, aux)
+            hidden, aux = self._pcp.restore_for_sampling(gathered, aux, g.num_tokens)
             return hidden, aux, g
 
         # ------------------------------------------------------------ drafter
@@ -500,7 +504,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if input_batch is not self._global_batch or self._local_batch is None:
                 return
             local = self._local_batch
-            local.input_ids.copy_(self._pcp.draft_input_ids(local, input_ids))
+            self._pcp.draft_input_ids(input_ids, local.input_ids)
             self.draft_prefill_batch = local
 
         def restore_draft_prefill(
@@ -513,7 +517,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             last = group.all_gather(last_hidden_states, dim=0)
             other = last if hidden_states is last_hidden_states else group.all_gather(hidden_states, dim=0)
             self.draft_prefill_batch = None
-            return self._pcp.restore_draft_prefill(last, other)
+            return self._pcp.restore_draft_prefill(last, other, self.global_batch.num_tokens)
 
     FunctionalPCPManager.__name__ = FunctionalPCPManager.__qualname__ = name
     return FunctionalPCPManager
