@@ -51,7 +51,8 @@ class Destinations(NamedTuple):
     query_start_loc ``[R'+1]`` int32, seq_lens ``[R']`` int32 (vLLM ``InputBuffers``);
     idx_mapping ``[R']`` int64, logits_indices ``[R']`` int32, cu_num_logits ``[R'+1]`` int32;
     hidden_restore_idx ``[T]`` int64, padded_gather_idx ``[P*T]`` int64,
-    kv_write_mask ``[P*T]`` bool.
+    kv_write_mask ``[P*T]`` bool; global_slot_mappings ``[K, T]`` int64 (vLLM's kernel
+    writes it), gathered_slot_mappings ``[K, P*T]`` int64.
     """
 
     input_ids: torch.Tensor
@@ -65,17 +66,36 @@ class Destinations(NamedTuple):
     hidden_restore_idx: torch.Tensor
     padded_gather_idx: torch.Tensor
     kv_write_mask: torch.Tensor
+    global_slot_mappings: torch.Tensor
+    gathered_slot_mappings: torch.Tensor
 
 
-class StepSizes(NamedTuple):
-    """vLLM's sizes of one step (host ints): ``Lp`` local tokens per rank after padding,
-    ``Rpad`` local request rows after padding, ``num_local_reqs`` real local rows
-    (at least 1), ``num_tokens`` global tokens."""
+class _BucketGraph:
+    """One bucket's graph, captured on first use and bound to its arguments (the staging
+    buffers at the bucket's ``F_b`` rows): a call replays it with no lookup."""
+
+    def __init__(self, bucket: Bucket, args: tuple[torch.Tensor, ...]) -> None:
+        self.bucket = bucket
+        self.args = args
+        self.fn: Any = None
+        self.replay: Any = None
+
+
+class StepPlan(NamedTuple):
+    """Everything a step of given sizes reuses (made once per ``(Lp, Rpad, rows)``): the graph
+    bucket and its :class:`_BucketGraph`, the state the consumers read (the persistent layout
+    buffers at vLLM's ``Lp``), and the slot-mapping views.
+
+    ``Lp`` local tokens per rank after padding, ``Rpad`` local request rows after padding.
+    """
 
     Lp: int
     Rpad: int
-    num_local_reqs: int
-    num_tokens: int
+    bucket: Bucket
+    graph: _BucketGraph
+    view: mrv2.MRV2State
+    global_slots: torch.Tensor  # [K, F] view of the persistent global slot mappings
+    gathered_slots: torch.Tensor  # [K, P*Lp] view of the persistent gathered slot mappings
 
 
 def _to_vllm_rows(
@@ -104,22 +124,25 @@ def _to_vllm_rows(
 def _partition_step(
     state: mrv2.MRV2State,
     bucket: Bucket,
+    out: Destinations,
+    layout_out: tuple[torch.Tensor, torch.Tensor],
     packed: torch.Tensor,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
-) -> tuple[tuple[torch.Tensor, ...], mrv2.MRV2State, mrv2.LocalBatch]:
-    """The captured function (``state`` and ``bucket`` bound): ``mrv2.partition_batch`` of the
-    staged global batch.
+) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+    """The captured function (``state``, ``bucket`` and the persistent buffers bound):
+    ``mrv2.partition_batch`` of the staged global batch, written into the persistent buffers.
 
     ``packed [5R + 2]`` int32: num_scheduled, num_computed, prefill_len,
     is_prefilling, idx_mapping (``[R]`` each, zero past the requests), then
-    num_reqs and vLLM's ``Lp``; ``input_ids [F_b]`` int32, ``positions
-    [F_b]`` int64. Returns the tensors to copy, in :class:`Destinations`
-    order then ``per_rank_num_tokens``, ``num_tokens`` (bucket shapes), and
-    the bucket's state and local batch (for the draft ids).
+    num_reqs and vLLM's ``Lp``; ``input_ids [F_b]`` int32, ``positions [F_b]``
+    int64. The bucket-shaped results go into the first rows of ``out`` (and
+    ``layout_out``: per-rank and global token counts), inside the graph, so a
+    replay leaves them there; returns the bucket's state and local batch (for
+    the draft ids).
     """
     cfg = state.config
-    R = cfg.max_num_reqs
+    R, P, Rb, Lb = cfg.max_num_reqs, cfg.pcp_size, bucket.num_reqs, bucket.num_tokens
     batch = mrv2.GlobalBatch(
         config=cfg,
         bucket=bucket,
@@ -134,23 +157,39 @@ def _partition_step(
     )
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
-    gather, write, restore = _to_vllm_rows(cfg, lay, bucket.num_tokens, packed[5 * R + 1].to(torch.int64))
-    copies = (
-        local.input_ids,
-        local.positions,
-        local.is_padding,
-        local.query_start_loc,
-        local.seq_lens,
-        local.idx_mapping.to(torch.int64),
-        local.logits_indices,
-        local.cu_num_logits,
-        restore,
-        gather,
-        write,
-        lay.per_rank_num_tokens,
-        lay.num_tokens,
+    gather, write, restore = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))
+    torch._foreach_copy_(
+        [
+            out.input_ids[:Lb],
+            out.positions[:Lb],
+            out.is_padding[:Lb],
+            out.query_start_loc[: Rb + 1],
+            out.seq_lens[:Rb],
+            out.idx_mapping[:Rb],
+            out.logits_indices[:Rb],
+            out.cu_num_logits[: Rb + 1],
+            out.hidden_restore_idx[: restore.shape[0]],
+            out.padded_gather_idx[: P * Lb],
+            out.kv_write_mask[: P * Lb],
+            *layout_out,
+        ],
+        [
+            local.input_ids,
+            local.positions,
+            local.is_padding,
+            local.query_start_loc,
+            local.seq_lens,
+            local.idx_mapping.to(torch.int64),
+            local.logits_indices,
+            local.cu_num_logits,
+            restore,
+            gather,
+            write,
+            lay.per_rank_num_tokens,
+            lay.num_tokens,
+        ],
     )
-    return copies, state, local
+    return state, local
 
 
 class Bookkeeping:
@@ -202,7 +241,6 @@ class Bookkeeping:
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)
-        self._graphs: dict[Bucket, graph.Captured | functools.partial[Any]] = {}
         R, T = max_num_reqs, max_num_tokens
         # staging: what the captured graphs read (persistent, so each bucket's graph sees one address)
         self._packed = torch.zeros(5 * R + 2, dtype=torch.int32, device=device)
@@ -216,17 +254,19 @@ class Bookkeeping:
         # the layout the consumers read, at vLLM's sizes: persistent too
         self._per_rank = torch.zeros(pcp_size, dtype=torch.int64, device=device)
         self._num_tokens = torch.zeros((), dtype=torch.int64, device=device)
-        self._buckets: dict[tuple[int, int], Bucket] = {}
-        self._per_bucket: dict[Bucket, tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]] = {}
+        self._graphs: dict[Bucket, _BucketGraph] = {}
         self._views: dict[int, mrv2.MRV2State] = {}
-        self._view: mrv2.MRV2State | None = None
+        self._plans: dict[tuple[int, int, int], StepPlan] = {}
+        self._plan: StepPlan | None = None
         self._last: tuple[mrv2.MRV2State, mrv2.LocalBatch] | None = None
-        self._sync_guard = graph.no_host_syncs if check_host_syncs else contextlib.nullcontext
 
     @property
     def num_graphs(self) -> int:
         """Graphs captured so far (one per bucket; 0 with ``backend=None``)."""
-        return sum(isinstance(g, graph.Captured) for g in self._graphs.values())
+        return sum(g.replay is not None and self.backend is not None for g in self._graphs.values())
+
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return graph.no_host_syncs() if self.check_host_syncs else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- host twin
 
@@ -237,41 +277,41 @@ class Bookkeeping:
     def dcp_rank0_seq_lens(self, seq_lens: np.ndarray) -> np.ndarray:
         return host.dcp_rank0_seq_lens(seq_lens, self.config.dcp_size, self.config.cp_interleave)
 
-    def bucket(self, num_reqs: int, num_tokens: int) -> Bucket:
-        """The graph bucket holding ``num_reqs`` local rows and ``num_tokens`` local tokens."""
-        key = (num_reqs, num_tokens)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = self.config.bucket_for(num_reqs, num_tokens)
-        return bucket
+    # ---------------------------------------------------------------- plans (made once per size)
 
-    def _bucket_io(self, bucket: Bucket) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
-        """``bucket``'s destinations (views of the persistent buffers, in the order the graph
-        returns its copies) and graph arguments (the staging buffers at ``F_b`` rows): made once."""
-        io = self._per_bucket.get(bucket)
-        if io is None:
-            P, Rb, Lb, o = self.config.pcp_size, bucket.num_reqs, bucket.num_tokens, self.out
+    def plan(self, Lp: int, Rpad: int, rows: int) -> StepPlan:
+        """The plan of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks hold at most
+        ``rows`` local rows: the graph bucket holds every rank's rows and vLLM's sizes."""
+        key = (Lp, Rpad, rows)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 1024:  # bounded: a few sizes repeat in practice
+                self._plans.clear()
+            bucket = self.config.bucket_for(max(Rpad, rows, 1), Lp)
+            view = self._view_state(Lp)
+            F = view.layout.hidden_restore_idx.shape[0]
+            P, o = self.config.pcp_size, self.out
+            plan = self._plans[key] = StepPlan(
+                Lp,
+                Rpad,
+                bucket,
+                self._bucket_graph(bucket),
+                view,
+                o.global_slot_mappings[:, :F],
+                o.gathered_slot_mappings[:, : P * Lp],
+            )
+        return plan
+
+    def _bucket_graph(self, bucket: Bucket) -> _BucketGraph:
+        g = self._graphs.get(bucket)
+        if g is None:
             F = mrv2.token_rows(self.config, bucket)
-            dests = [
-                o.input_ids[:Lb],
-                o.positions[:Lb],
-                o.is_padding[:Lb],
-                o.query_start_loc[: Rb + 1],
-                o.seq_lens[:Rb],
-                o.idx_mapping[:Rb],
-                o.logits_indices[:Rb],
-                o.cu_num_logits[: Rb + 1],
-                o.hidden_restore_idx[:F],
-                o.padded_gather_idx[: P * Lb],
-                o.kv_write_mask[: P * Lb],
-                self._per_rank,
-                self._num_tokens,
-            ]
-            io = self._per_bucket[bucket] = (dests, (self._packed, self._input_ids[:F], self._positions[:F]))
-        return io
+            args = (self._packed, self._input_ids[:F], self._positions[:F])
+            g = self._graphs[bucket] = _BucketGraph(bucket, args)
+        return g
 
     def _view_state(self, Lp: int) -> mrv2.MRV2State:
-        """The state the consumers read: the persistent buffers at vLLM's ``Lp`` (made once per ``Lp``)."""
+        """The state the consumers read: the persistent buffers at vLLM's ``Lp`` (one per ``Lp``)."""
         state = self._views.get(Lp)
         if state is None:
             P, o = self.config.pcp_size, self.out
@@ -290,16 +330,16 @@ class Bookkeeping:
 
     # ---------------------------------------------------------------- device
 
-    def _run(self, bucket: Bucket) -> tuple[Any, ...]:
-        """The partition of the staged batch in ``bucket``'s graph (captured on first use)."""
-        args = self._bucket_io(bucket)[1]
-        fn = self._graphs.get(bucket)
-        if fn is None:
-            fn = functools.partial(_partition_step, self._state0, bucket)
-            if self.backend is not None:
-                fn = graph.capture(fn, *args, backend=self.backend)
-            self._graphs[bucket] = fn
-        return fn(*args)
+    def _run(self, g: _BucketGraph) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+        """The partition of the staged batch in ``g``'s graph (captured and bound on first use)."""
+        if g.replay is None:
+            layout_out = (self._per_rank, self._num_tokens)
+            g.fn = functools.partial(_partition_step, self._state0, g.bucket, self.out, layout_out)
+            if self.backend is None:
+                g.replay = functools.partial(g.fn, *g.args)
+            else:
+                g.replay = graph.capture(g.fn, *g.args, backend=self.backend).bind(*g.args)
+        return g.replay()
 
     def partition(
         self,
@@ -310,17 +350,17 @@ class Bookkeeping:
         idx_mapping: np.ndarray,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        bucket: Bucket,
-        sizes: StepSizes,
+        num_tokens: int,
+        plan: StepPlan,
     ) -> None:
         """Lay out the global batch on every rank and write this rank's rows into ``out``.
 
         The per-request arrays are ``[num_reqs]`` (checked by the caller: at most
         ``max_num_reqs``, ints); ``input_ids`` / ``positions`` the global
-        ``[>= num_tokens]`` device tensors (not read on the host). ``bucket``
-        must hold every rank (rows and tokens) and ``(Rpad, Lp)``.
+        ``[>= num_tokens]`` device tensors (not read on the host). ``plan``'s
+        bucket must hold every rank (rows and tokens).
         """
-        R, n, total = self.config.max_num_reqs, num_scheduled.size, sizes.num_tokens
+        R, n = self.config.max_num_reqs, num_scheduled.size
         staged = self._host_packed
         if staged is None:
             staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
@@ -332,50 +372,45 @@ class Bookkeeping:
         view[3 * R : 3 * R + n] = is_prefilling
         view[4 * R : 4 * R + n] = idx_mapping
         view[5 * R] = n
-        view[5 * R + 1] = sizes.Lp
-        dests, _ = self._bucket_io(bucket)
-        with self._sync_guard():
+        view[5 * R + 1] = plan.Lp
+        g = plan.graph
+        with self._guard():  # a nullcontext unless check_host_syncs
             if self._host_packed is None:
                 self._packed.copy_(staged, non_blocking=self._pin)
             # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
-            self._input_ids[:total].copy_(input_ids[:total])
-            self._positions[:total].copy_(positions[:total])
-            copies, state, local = self._run(bucket)
-            torch._foreach_copy_(dests, copies)
-        self._last = (state, local)
-        self._view = self._view_state(sizes.Lp)
+            self._input_ids[:num_tokens].copy_(input_ids[:num_tokens])
+            self._positions[:num_tokens].copy_(positions[:num_tokens])
+            self._last = self._run(g)
+        self._plan = plan
 
     @property
     def has_layout(self) -> bool:
-        return self._view is not None
+        return self._plan is not None
 
-    def _state(self) -> mrv2.MRV2State:
-        if self._view is None:
+    def _current(self) -> StepPlan:
+        if self._plan is None:
             raise RuntimeError("no batch was partitioned yet")
-        return self._view
+        return self._plan
 
-    def gathered_slot_mappings(
-        self, global_slot_mappings: torch.Tensor, out: torch.Tensor, num_tokens: int
-    ) -> torch.Tensor:
-        """``[K, T] -> out[:, :P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the
-        row must not write. ``global_slot_mappings`` is the persistent ``[K, T]`` buffer whose
-        first ``num_tokens`` columns hold this step's slots (the others are never read)."""
-        state = self._state()
+    def gathered_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        """``[K, P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the row must not
+        write, from the first ``num_tokens`` columns of the persistent global slot mappings (the
+        others are never read), written into the persistent gathered slot mappings."""
+        plan = self._current()
         if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
-            return out[:, :0]
-        F = state.layout.hidden_restore_idx.shape[0]
-        with self._sync_guard():
-            _, slots = mrv2.gathered_slot_mappings(state, global_slot_mappings[:, :F])
-            view = out[:, : slots.shape[1]]
-            view.copy_(slots)
-        return view
+            return plan.gathered_slots
+        with self._guard():
+            _, slots = mrv2.gathered_slot_mappings(plan.view, plan.global_slots)
+            plan.gathered_slots.copy_(slots)
+        return plan.gathered_slots
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
         if num_tokens == 0:
             return gathered[:0]
-        with self._sync_guard():
-            return mrv2.restore_hidden_states(self._state(), gathered)[1][:num_tokens]
+        with self._guard():
+            out = mrv2.restore_hidden_states(self._current().view, gathered)[1]
+        return out if out.shape[0] == num_tokens else out[:num_tokens]
 
     def restore_for_sampling(
         self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None, num_tokens: int
@@ -383,12 +418,15 @@ class Bookkeeping:
         """Restore the hidden (and auxiliary) states for sampling, ``[num_tokens, ...]`` each."""
         if num_tokens == 0:
             return gathered[:0], None if aux_gathered is None else [a[:0] for a in aux_gathered]
-        with self._sync_guard():
-            _, out = mrv2.restore_for_sampling(self._state(), gathered, aux_gathered)
-        hidden = out.hidden_states[:num_tokens]
+        with self._guard():
+            _, out = mrv2.restore_for_sampling(self._current().view, gathered, aux_gathered)
+        hidden = out.hidden_states
+        cut = hidden.shape[0] != num_tokens
+        if cut:
+            hidden = hidden[:num_tokens]
         if out.aux_hidden_states is None:
             return hidden, None
-        return hidden, [a[:num_tokens] for a in out.aux_hidden_states]
+        return hidden, [a[:num_tokens] if cut else a for a in out.aux_hidden_states]
 
     def restore_draft_prefill(
         self, last_gathered: torch.Tensor, gathered: torch.Tensor, num_tokens: int
@@ -397,8 +435,8 @@ class Bookkeeping:
         if num_tokens == 0:
             last = last_gathered[:0]
             return last, last if gathered is last_gathered else gathered[:0]
-        with self._sync_guard():
-            _, out = mrv2.restore_draft_prefill(self._state(), last_gathered, gathered)
+        with self._guard():
+            _, out = mrv2.restore_draft_prefill(self._current().view, last_gathered, gathered)
         last = out.last_hidden_states[:num_tokens]
         if out.hidden_states is out.last_hidden_states:
             return last, last
@@ -412,7 +450,7 @@ class Bookkeeping:
         state, local = self._last
         F = mrv2.token_rows(self.config, state.bucket)
         k = min(int(input_ids.shape[0]), F)
-        with self._sync_guard():
+        with self._guard():
             self._draft_ids[:k].copy_(input_ids[:k])  # rows past the real tokens are never read
             _, batch = mrv2.prepare_draft_prefill(state, local, self._draft_ids[:F])
             out.copy_(batch.input_ids[: out.shape[0]])

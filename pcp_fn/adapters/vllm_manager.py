@@ -26,6 +26,7 @@ body needs) so the same class body runs over vLLM 0.32.0
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bookkeeping import Bookkeeping, Destinations, StepSizes
+from .bookkeeping import Bookkeeping, Destinations
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +77,51 @@ class _Override:
 
 
 def _host_ints(name: str, values: Any, n: int | None = None) -> np.ndarray:
-    arr = np.asarray(values)
+    arr = values if type(values) is np.ndarray else np.asarray(values)
     if arr.ndim != 1 or (n is not None and arr.size != n):
         want = "1-D" if n is None else f"1-D with num_reqs={n} entries"
         raise ValueError(f"input_batch.{name} must be {want}, got shape {arr.shape}")
     return arr
+
+
+_NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
+_NO_TOKENS = np.zeros(1, dtype=np.int64)
+_NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+_ARANGE = np.arange(0, dtype=np.int32)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n, dtype=int32)``, a fresh array (copied from a cached one)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        _ARANGE = np.arange(max(n, 2 * _ARANGE.size), dtype=np.int32)
+    return _ARANGE[:n].copy()
+
+
+@functools.cache
+def _plain_fields(cls: type) -> frozenset[str] | None:
+    """The field names of ``cls`` when ``dataclasses.replace`` of one is a copy of its
+    ``__dict__`` (a non-frozen dataclass without ``__post_init__``, slots or ``init=False``
+    fields, like vLLM's ``InputBatch``), else ``None``."""
+    if not dataclasses.is_dataclass(cls) or "__slots__" in cls.__dict__ or hasattr(cls, "__post_init__"):
+        return None
+    fields = dataclasses.fields(cls)
+    if cls.__dataclass_params__.frozen or not all(f.init for f in fields):  # type: ignore[attr-defined]
+        return None
+    return frozenset(f.name for f in fields)
+
+
+def _replace(obj: Any, changes: dict[str, Any]) -> Any:
+    """``dataclasses.replace(obj, **changes)``, without the per-field Python loop when the class
+    allows it (the local ``InputBatch`` has 36 fields; this runs every step)."""
+    cls = type(obj)
+    names = _plain_fields(cls)
+    if names is None or not names.issuperset(changes):
+        return dataclasses.replace(obj, **changes)  # raises on an unknown field
+    new = object.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") -> type:
@@ -158,7 +199,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._local_block_table_ptrs = torch.tensor(
                     [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
                 )
-            self._views: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+            self._views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
             self._global_slot_mappings = torch.zeros(num_groups, T, dtype=torch.int64, device=dev)
             self._gathered_slot_mappings = torch.full(
                 (num_groups, P * T), api.PAD_SLOT_ID, dtype=torch.int64, device=dev
@@ -176,6 +217,8 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._hidden_restore_idx,
                 self._padded_gather_idx,
                 self._kv_write_mask,
+                self._global_slot_mappings,
+                self._gathered_slot_mappings,
             )
             self._pcp = Bookkeeping(
                 pcp_world_size,
@@ -284,25 +327,25 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             idx_np = _host_ints("idx_mapping_np", g.idx_mapping_np, num_reqs)
             if pf.dtype != np.bool_:
                 raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {pf.dtype}")
-            total = int(sched.sum())
+            total = int(np.add.reduce(sched))
             if total > T:
                 raise ValueError(
                     f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
                 )
-
-            for name in ("input_ids", "positions"):
-                if getattr(g, name).shape[0] < total:
-                    raise ValueError(
-                        f"input_batch.{name} has {getattr(g, name).shape[0]} rows; it must cover the "
-                        f"{total} scheduled tokens"
-                    )
+            if g.input_ids.shape[0] < total or g.positions.shape[0] < total:
+                short = "input_ids" if g.input_ids.shape[0] < total else "positions"
+                raise ValueError(
+                    f"input_batch.{short} has {getattr(g, short).shape[0]} rows; it must cover the "
+                    f"{total} scheduled tokens"
+                )
 
             seg = self._pcp.segments(sched, pf)
-            widest = int(seg.per_rank_num_tokens.max()) if num_reqs else 0
+            widest = int(np.maximum.reduce(seg.per_rank_num_tokens)) if num_reqs else 0
             Lp, pad_reqs = widest, None
-            if batch_desc.cg_mode != Mode.NONE:
+            mode = batch_desc.cg_mode
+            if mode != Mode.NONE:
                 Lp = batch_desc.num_tokens
-                if batch_desc.cg_mode == Mode.FULL:
+                if mode == Mode.FULL:
                     pad_reqs = batch_desc.num_reqs
             if Lp < widest:
                 raise ValueError(
@@ -313,9 +356,9 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 raise ValueError(f"batch_desc.num_tokens={Lp} exceeds max_num_tokens={T}")
 
             req, offset, length = seg.request, seg.offset, seg.length
-            if req.size == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
-                req, offset, length = np.zeros(1, np.intp), np.zeros(1, np.int64), np.zeros(1, np.int64)
-            n = int(req.size)
+            n = req.size
+            if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
+                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
             Rpad = n if pad_reqs is None else pad_reqs
             if Rpad < n:
                 raise ValueError(
@@ -327,45 +370,39 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     f"batch_desc.num_reqs={Rpad} exceeds the local request capacity "
                     f"2 * max_num_reqs = {2 * R}"
                 )
-            num_local_tokens = int(length.sum())
             # the graph bucket holds every rank's rows (the layout covers all ranks) and vLLM's sizes
-            most_rows = int(seg.per_rank_num_reqs.max()) if num_reqs else 1
-            bucket = self._pcp.bucket(max(Rpad, most_rows, 1), Lp)
-            self._pcp.partition(
-                sched,
-                computed,
-                plen,
-                pf,
-                idx_np,
-                g.input_ids,
-                g.positions,
-                bucket,
-                StepSizes(Lp, Rpad, n, total),
-            )
+            rows = int(np.maximum.reduce(seg.per_rank_num_reqs)) if num_reqs else 1
+            key = (Lp, Rpad, n, rows)
+            cached = self._views.get(key)
+            if cached is None:
+                cached = self._step_views(key)
+            plan, views = cached
+            self._pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
 
             # host fields: the numpy twin, never a device read
-            start = (computed[req] + offset).astype(np.int32)
             num_sched = length.astype(np.int32)
-            qsl_np = np.full(Rpad + 1, num_local_tokens, dtype=np.int32)
+            start = computed[req] if computed.dtype == np.int32 else computed[req].astype(np.int32)
+            np.add(start, offset, out=start, casting="unsafe")  # host start of each segment
+            num_local_tokens = int(np.add.reduce(length))
+            qsl_np = np.empty(Rpad + 1, dtype=np.int32)
             qsl_np[0] = 0
-            np.cumsum(num_sched, out=qsl_np[1 : n + 1])
+            np.add.accumulate(num_sched, out=qsl_np[1 : n + 1])
+            qsl_np[n + 1 :] = num_local_tokens
             local_plen = plen[req]
             computed_prefill = np.minimum(start, local_plen)
             is_prefilling = np.zeros(Rpad, dtype=np.bool_)
-            is_prefilling[:n] = computed_prefill < local_plen
+            np.less(computed_prefill, local_plen, out=is_prefilling[:n])
             has_prefill = bool(is_prefilling.any())
             upper = np.zeros(Rpad, dtype=np.int32)
-            upper[:n] = start + num_sched
+            np.add(start, num_sched, out=upper[:n])
             dcp_upper = None
             if self.dcp_world_size > 1:
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
                 dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
                 whole = (computed + sched)[req]
                 dcp_upper[:n] = torch.from_numpy(self._pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
-            cu_np = np.arange(n + 1, dtype=np.int32) if num_local_tokens > 0 else np.zeros(n + 1, np.int32)
             req_ids = g.req_ids
-            self._local_batch = dataclasses.replace(
-                g,
+            fields = dict(
                 req_ids=[req_ids[i] for i in req.tolist()],
                 num_reqs=n,
                 num_reqs_after_padding=Rpad,
@@ -387,36 +424,37 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 has_prefill=has_prefill,
                 decode_graph_eligible=not has_prefill,
                 prefill_runs_as_decode_np=None,
-                cu_num_logits_np=cu_np,
+                cu_num_logits_np=_arange(n + 1) if num_local_tokens > 0 else np.zeros(n + 1, np.int32),
                 prompt_lens=None,
-                **self._device_views(Lp, Rpad, n),
             )
+            fields.update(views)
+            self._local_batch = _replace(g, fields)
             self._global_batch = g
             self.draft_prefill_batch = None
             return self._local_batch
 
-        def _device_views(self, Lp: int, Rpad: int, n: int) -> dict[str, torch.Tensor]:
-            """The local batch's device fields: views of the persistent buffers (cached by size)."""
-            key = (Lp, Rpad, n)
-            views = self._views.get(key)
-            if views is None:
-                if len(self._views) > 256:
-                    self._views.clear()
-                ib = self._input_buffers
-                idx_mapping = self._idx_mapping[:n]
-                views = self._views[key] = dict(
-                    idx_mapping=idx_mapping,
-                    expanded_idx_mapping=idx_mapping,
-                    expanded_local_pos=self._expanded_local_pos[:n],
-                    query_start_loc=ib.query_start_loc[: Rpad + 1],
-                    seq_lens=ib.seq_lens[:Rpad],
-                    input_ids=ib.input_ids[:Lp],
-                    positions=ib.positions[:Lp],
-                    is_padding=ib.is_padding[:Lp],
-                    logits_indices=self._logits_indices[:Rpad],
-                    cu_num_logits=self._cu_num_logits[: n + 1],
-                )
-            return views
+        def _step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
+            """The bookkeeping's plan and the local batch's device fields (views of the persistent
+            buffers) for a step of these sizes: made once, steady steps repeat their sizes."""
+            if len(self._views) > 1024:
+                self._views.clear()
+            Lp, Rpad, n, rows = key
+            ib = self._input_buffers
+            idx_mapping = self._idx_mapping[:n]
+            views = dict(
+                idx_mapping=idx_mapping,
+                expanded_idx_mapping=idx_mapping,
+                expanded_local_pos=self._expanded_local_pos[:n],
+                query_start_loc=ib.query_start_loc[: Rpad + 1],
+                seq_lens=ib.seq_lens[:Rpad],
+                input_ids=ib.input_ids[:Lp],
+                positions=ib.positions[:Lp],
+                is_padding=ib.is_padding[:Lp],
+                logits_indices=self._logits_indices[:Rpad],
+                cu_num_logits=self._cu_num_logits[: n + 1],
+            )
+            cached = self._views[key] = (self._pcp.plan(Lp, Rpad, rows), views)
+            return cached
 
         # ------------------------------------------------------------ attention
 
@@ -442,9 +480,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._block_tables.compute_slot_mappings(
                 g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self._global_slot_mappings
             )
-            return self._pcp.gathered_slot_mappings(
-                self._global_slot_mappings, self._gathered_slot_mappings, g.num_tokens
-            )
+            return self._pcp.gathered_slot_mappings(g.num_tokens)
 
         def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
             """Zeroed views of the persistent local block tables (capture and dummy runs)."""

@@ -66,26 +66,28 @@ def local_segments(
     """
     # ufuncs and their methods, not the Python-level wrappers (clip, stack, sum): each call counts
     P, C = config.pcp_size, config.num_chunks
-    n = np.asarray(num_scheduled).astype(np.int64, copy=False)
+    n = np.asarray(num_scheduled)
+    if n.dtype != np.int64:
+        n = n.astype(np.int64)
     prefilling = np.asarray(is_prefilling, dtype=np.bool_)
     live = n > 0
     replicated = ~prefilling
     if config.dcp_size > 1:  # a prefill whose last chunk would be empty
         replicated |= (C - 1) * ((n + C - 1) // C) >= n
-    rep = np.flatnonzero(replicated & live)  # non-empty replicated requests, in order
+    rep = np.logical_and(replicated, live).nonzero()[0]  # non-empty replicated requests, in order
+    split = np.greater(live, replicated).nonzero()[0]  # non-empty split prefills
     k = rep.size
     if config.shard_decode_requests:  # round-robin: the j-th replicated request goes to rank j % P
         per_rank = np.zeros(-(-k // P) * P, dtype=np.int64)
         per_rank[:k] = n[rep]
         tokens = np.add.reduce(per_rank.reshape(-1, P), axis=0)
-        rows = (k // P) + (np.arange(P) < k % P)
+        rows = np.array([k // P + (q < k % P) for q in range(P)], dtype=np.int64)
         mine = rep[rank::P]
     else:
         tokens = np.full(P, np.add.reduce(n[rep]), dtype=np.int64)
         rows = np.full(P, k, dtype=np.int64)
         mine = rep
     request, offset, length = mine, np.zeros(mine.size, np.int64), n[mine]
-    split = np.flatnonzero(~replicated & live)
     if split.size:
         ns = n[split]
         chunk = (ns + C - 1) // C
@@ -106,7 +108,6 @@ def local_segments(
     if config.dcp_size > 1:  # replicated short prefills sit among the prefills, by request
         order = np.argsort(prefilling[request] * (2 * n.size + 2) + request, kind="stable")
         request, offset, length = request[order], offset[order], length[order]
-    rows = rows.astype(np.int64, copy=False)
     return LocalSegments(request, offset, length, tokens, rows)
 
 
