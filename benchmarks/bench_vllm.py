@@ -23,10 +23,12 @@ default without DCP) unless ``--replicated``.
 
 Columns: vLLM's manager; the adapter with plain eager calls (``graph_backend
 = None``); the adapter with the bookkeeping compiled by inductor (the CPU
-stand-in for graph capture: one compile per bucket, first); and the adapter's
-host part alone (numpy twin, ``make_batch``, the host fields and the local
-``InputBatch``), which is what a step costs the host on a GPU, where the rest is
-one graph replay and a few copy launches.
+stand-in for graph capture: one compile per bucket, first; its local batch is
+checked equal to the eager one's); and the adapter's host part alone (numpy
+twin, staging, the copies of the graph's inputs into its static buffers, the
+host fields and the local ``InputBatch``, the slot-mapping conversion and the
+restore), which is what a step costs the host on a GPU, where the rest is one
+graph launch (not counted) and the kernels of the slot mappings and restore.
 """
 
 from __future__ import annotations
@@ -81,13 +83,35 @@ def one_step(manager: Any, global_batch: Any, desc: Any, hidden: torch.Tensor) -
 
 
 def graph_replayed(manager: Any, step: Any) -> Any:
-    """``manager`` with its bookkeeping graph replaced by the outputs of its first run: what is
-    left is the host path (numpy twin, staging, copies, host fields, restores)."""
+    """``manager`` with its bookkeeping graph replaced by what a device graph replay costs the
+    host besides the launch: the copies of the graph's inputs into its static buffers
+    (``pcp_fn.graph.capture`` on CUDA/NPU), then the outputs of the first run (which wrote the
+    persistent buffers). What is left is the host path (numpy twin, staging, host fields, the
+    local ``InputBatch``, slot mappings, restores)."""
     run, seen = manager._pcp._run, {}
-    manager._pcp._run = lambda bucket: seen.setdefault("out", run(bucket))
+    manager._pcp._run = lambda g: seen.setdefault("out", run(g))
     step(manager)
-    manager._pcp._run = lambda bucket: seen["out"]
+    statics: dict[int, list[torch.Tensor]] = {}
+
+    def replay(g: Any) -> Any:
+        dst = statics.get(id(g))
+        if dst is None:
+            dst = statics[id(g)] = [a.clone() for a in g.args]
+        torch._foreach_copy_(dst, list(g.args))
+        return seen["out"]
+
+    manager._pcp._run = replay
     return manager
+
+
+def same_local_batch(a: Any, b: Any) -> None:
+    """Two managers' local batches hold the same values (the compiled one checked against eager)."""
+    for name, x in vars(a).items():
+        y = getattr(b, name)
+        if isinstance(x, torch.Tensor):
+            assert torch.equal(x, y), name
+        elif isinstance(x, np.ndarray):
+            assert np.array_equal(x, y), name
 
 
 def interleaved_medians(fns: dict[str, Any], iters: int, warmup: int = 10) -> dict[str, float]:
@@ -170,10 +194,12 @@ def main() -> None:
         fns["host"] = functools.partial(host_step_of, graph_replayed(plain(**kw), host_step_of))
         compile_s = float("nan")
         if not args.no_compile:
-            fns["inductor"] = functools.partial(step_of, compiled(**kw))
+            fast = compiled(**kw)
+            fns["inductor"] = functools.partial(step_of, fast)
             t0 = time.perf_counter()
             fns["inductor"]()  # compiles this bucket
             compile_s = time.perf_counter() - t0
+            same_local_batch(fast.partition_batch(g, desc), plain(**kw).partition_batch(g, desc))
         timings = interleaved_medians(fns, args.iters)
         timings.setdefault("inductor", float("nan"))
         t = timings

@@ -192,6 +192,9 @@ def _partition_step(
     return state, local
 
 
+_NO_GUARD = contextlib.nullcontext()  # reusable
+
+
 class Bookkeeping:
     """One rank's MRV2 bookkeeping for the adapter.
 
@@ -266,7 +269,7 @@ class Bookkeeping:
         return sum(g.replay is not None and self.backend is not None for g in self._graphs.values())
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return graph.no_host_syncs() if self.check_host_syncs else contextlib.nullcontext()
+        return graph.no_host_syncs() if self.check_host_syncs else _NO_GUARD
 
     # ---------------------------------------------------------------- host twin
 
@@ -378,8 +381,10 @@ class Bookkeeping:
             if self._host_packed is None:
                 self._packed.copy_(staged, non_blocking=self._pin)
             # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
-            self._input_ids[:num_tokens].copy_(input_ids[:num_tokens])
-            self._positions[:num_tokens].copy_(positions[:num_tokens])
+            torch._foreach_copy_(
+                [self._input_ids[:num_tokens], self._positions[:num_tokens]],
+                [input_ids[:num_tokens], positions[:num_tokens]],
+            )
             self._last = self._run(g)
         self._plan = plan
 
