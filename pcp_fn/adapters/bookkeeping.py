@@ -12,16 +12,17 @@ Per step:
 2. ``partition``: the per-request arrays and vLLM's padded local token count
    ``Lp`` go to the device in one copy (packed ``[5R + 2]`` int32), the global
    token ids and positions into persistent ``[T]`` buffers; then one graph per
-   bucket ``(Rb, Lb)`` (:func:`pcp_fn.graph.capture`: a CUDA/NPU graph,
-   ``torch.compile`` on the CPU, or plain calls with ``backend=None``) builds
-   the :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
-   :func:`pcp_fn.mrv2.partition_batch` and rewrites the gathered-row maps from
-   the bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row
-   ``q * Lb + l`` of the bucket is row ``q * Lp + l`` of vLLM's all-gather).
-   One ``_foreach_copy_`` moves the bucket-shaped results into the caller's
-   persistent buffers, through views made once per bucket. The bucket is a
-   power of two at least vLLM's padded sizes ``(Rpad, Lp)``, so a handful of
-   graphs serve every step.
+   bucket ``(Rb, Lb)`` (:func:`pcp_fn.graph.capture`, bound once to those
+   staging buffers with ``Captured.bind``: a CUDA/NPU graph, ``torch.compile``
+   on the CPU, or plain calls with ``backend=None``) builds the
+   :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
+   :func:`pcp_fn.mrv2.partition_batch`, rewrites the gathered-row maps from the
+   bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row ``q * Lb + l``
+   of the bucket is row ``q * Lp + l`` of vLLM's all-gather) and copies the
+   bucket-shaped results into the first rows of the persistent buffers. The
+   bucket is a power of two at least vLLM's padded sizes ``(Rpad, Lp)``, so a
+   handful of graphs serve every step; what a step of given sizes reuses (the
+   bucket, the bound graph, the views) is a :class:`StepPlan`, made once.
 3. ``gathered_slot_mappings``, ``restore*``, ``draft_input_ids``: the layout
    consumers. The slot mappings and restores run on a state whose layout *is*
    the persistent buffers at vLLM's ``Lp`` (made once per ``Lp``); the draft
