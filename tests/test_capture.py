@@ -6,7 +6,8 @@ import random
 
 import pytest
 import torch
-from helpers import to_device, tree_equal, tree_meta
+import torch.utils._pytree as pytree
+from helpers import snapshot, to_device, tree_equal, tree_meta
 
 import pcp_fn
 from pcp_fn import Bucket, PCPConfig, graph, init_state, make_batch
@@ -184,6 +185,33 @@ def test_capture_replays_50_random_batches_bit_for_bit():
     for batch in batches:
         assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
     assert len(captured) == len({b.bucket for b in batches})  # one graph per bucket
+
+
+def test_bind_replays_the_current_contents_of_the_bound_arguments():
+    rng = random.Random(5)
+    state = init_state(CFG)
+    bucket = CFG.capacity
+    staged = snapshot(make_batch(CFG, [], [], [], bucket=bucket, slot_mapping=[]))  # persistent inputs
+    captured = graph.capture(pcp_fn.step, state, staged, backend="eager")
+    replay = captured.bind(state, staged)
+    for _ in range(10):
+        b = _random_batch(rng)
+        n = int(b.num_reqs)
+        b = make_batch(
+            CFG,
+            b.num_scheduled[:n],
+            b.num_computed[:n],
+            b.num_prompt[:n],
+            bucket=bucket,
+            slot_mapping=_slots(b.num_scheduled),
+        )
+        for dst, src in zip(pytree.tree_leaves(staged), pytree.tree_leaves(b)):
+            dst.copy_(src)  # stage in place, then replay without the lookup
+        assert tree_equal(replay(), pcp_fn.step(state, b))
+    assert len(captured) == 1
+    fixed = graph.capture(pcp_fn.step, state, staged, grow=False, backend="eager")
+    with pytest.raises(graph.CaptureError, match="no graph was captured"):
+        fixed.bind(state, _batch("mixed", Bucket(8, 64)))
 
 
 def test_capture_with_inductor_in_one_bucket():

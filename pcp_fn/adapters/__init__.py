@@ -1,1 +1,15 @@
-"""Drop-in adapters that let serving runners use pcp_fn's ops (``import pcp_fn`` never imports them)."""
+"""Adapters that put ``pcp_fn`` behind a serving engine's own interfaces.
+
+- :mod:`pcp_fn.adapters.vllm`: ``FunctionalPCPManager``, a drop-in for vLLM
+  0.32.0's model-runner-V2 ``PCPManager``, and the ``vllm.general_plugins``
+  entry point ``register``. Importing it imports vLLM.
+- :mod:`pcp_fn.adapters.vllm_manager`: the manager's class body, built over any
+  base (vLLM's, or a test stand-in); imports no vLLM.
+- :mod:`pcp_fn.adapters.bookkeeping`: the only vLLM-adapter module that calls
+  ``pcp_fn`` (host twin, captured ``mrv2`` graph, restores).
+- :mod:`pcp_fn.adapters.vllm_ascend`: ``FunctionalDCSManager``, a drop-in for
+  vllm-ascend 0.23's DualChunkSwap ``PCPManager`` (``install()`` switches it in).
+
+This package imports nothing on its own: ``import pcp_fn`` never imports the
+adapters, vLLM or vllm-ascend.
+"""

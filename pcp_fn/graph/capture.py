@@ -42,6 +42,7 @@ the compile backend every call returns fresh tensors.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from collections.abc import Callable
 from typing import Any
@@ -246,8 +247,7 @@ class Captured:
             return _DeviceGraph(self.fn, self._device, args, self.warmup)
         return _CompiledGraph(self.fn, self.backend, args)
 
-    def __call__(self, *args: Any) -> Any:
-        args = self._as_entry(args)
+    def _graph_for(self, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
         graph, leaves, sig = self._lookup(args)
         if graph is None:
             if not self.grow:
@@ -256,7 +256,27 @@ class Captured:
                     f"{len(self._graphs)} captured up front and grow=False"
                 )
             graph = self._graphs[sig] = self._build(args)
+        return graph, leaves
+
+    def __call__(self, *args: Any) -> Any:
+        args = self._as_entry(args)
+        graph, leaves = self._graph_for(args)
         return graph(args, leaves)
+
+    def bind(self, *args: Any) -> Callable[[], Any]:
+        """A zero-argument callable replaying the graph of ``args`` on these very objects.
+
+        The signature lookup and the checks of a call run once, here (capturing
+        the graph now if it is missing and ``grow`` allows it), so each call of
+        the result costs the replay alone: for a caller that stages every step's
+        inputs into the same persistent tensors. Each call reads the tensors'
+        current contents (a device graph copies them into its static inputs, as
+        a call does); their shapes, dtypes and devices must stay as they are,
+        which the bound call does not check again. Returns what a call returns.
+        """
+        args = self._as_entry(args)
+        graph, leaves = self._graph_for(args)
+        return functools.partial(graph, args, leaves)
 
 
 def _describe(args: tuple[Any, ...]) -> str:

@@ -27,6 +27,7 @@ import torch
 from ..core.buckets import Bucket
 from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_bools, host_ints
 from ..core.pytree import pytree_dataclass, static_field
+from . import host
 from .config import MRV2Config
 
 
@@ -82,28 +83,13 @@ def rank_counts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``([P], [P])``: local tokens and local segments (request rows) of every rank.
 
-    Host twin of the device layout (vLLM ``PCPManager._iter_rank_chunks`` for
-    every rank). ``P = 2``, scheduled ``[3, 8]``, request 1 prefilling: the
-    decode is replicated (3 tokens on each rank), the prefill is cut in 4
-    chunks of 2, rank 0 takes chunks 0 and 3, rank 1 chunks 1 and 2: tokens
-    ``[7, 7]``, segments ``[3, 3]``.
+    The host twin of the device layout (:func:`pcp_fn.mrv2.host.local_segments`, vLLM
+    ``PCPManager._iter_rank_chunks`` for every rank). ``P = 2``, scheduled
+    ``[3, 8]``, request 1 prefilling: the decode is replicated (3 tokens on each
+    rank), the prefill is cut in 4 chunks of 2, rank 0 takes chunks 0 and 3, rank 1
+    chunks 1 and 2: tokens ``[7, 7]``, segments ``[3, 3]``.
     """
-    P, C = config.pcp_size, config.num_chunks
-    n = np.asarray(num_scheduled).astype(np.int64)
-    chunk = -(-n // C)
-    replicated = ~np.asarray(is_prefilling, dtype=np.bool_)
-    if config.dcp_size > 1:
-        replicated = replicated | ((C - 1) * chunk >= n)
-    q = np.arange(P)[:, None]
-    if config.shard_decode_requests:
-        live = replicated & (n > 0)
-        owner = (np.cumsum(live) - live) % P
-        rep_len = np.where(q == owner, n, 0)
-    else:
-        rep_len = np.broadcast_to(n, (P, n.size))
-    head = np.where(replicated, rep_len, np.clip(n - q * chunk, 0, chunk))
-    tail = np.where(replicated, 0, np.clip(n - (C - 1 - q) * chunk, 0, chunk))
-    return (head + tail).sum(axis=1), (head > 0).sum(axis=1) + (tail > 0).sum(axis=1)
+    return host.counts(config, num_scheduled, is_prefilling)
 
 
 def num_tokens_for_dispatch(

@@ -24,22 +24,19 @@ from .layout import MRV2State, check_state
 from .partition import LocalBatch
 
 
-def _check_rows(op: str, name: str, value: object, rows: int, what: str, dim: int = 0) -> torch.Tensor:
+def _check_rows(op: str, name: str, value: object, state: MRV2State, gathered: bool, dim: int = 0) -> None:
+    """``value`` is a tensor with the state's gathered (``P * Lp``) or global (``F_b``) rows in
+    ``dim`` (the message is only made on an error: the consumers run every step)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a tensor, got {type(value).__name__}")
+    cfg, Lp = state.config, state.bucket.num_tokens
+    rows = cfg.pcp_size * Lp if gathered else token_rows(cfg, state.bucket)
     if value.dim() <= dim or value.shape[dim] != rows:
+        if gathered:
+            what = f"the {cfg.pcp_size} ranks' [{Lp}, ...] buffers stacked"
+        else:
+            what = f"F_b = min(max_num_tokens, pcp_size * {Lp}) global tokens"
         raise ValueError(f"{op}: {name} must have {rows} rows ({what}), got shape {tuple(value.shape)}")
-    return value
-
-
-def _gathered_rows(state: MRV2State) -> tuple[int, str]:
-    Lp = state.bucket.num_tokens
-    return state.config.pcp_size * Lp, f"the {state.config.pcp_size} ranks' [{Lp}, ...] buffers stacked"
-
-
-def _global_rows(state: MRV2State) -> tuple[int, str]:
-    F = token_rows(state.config, state.bucket)
-    return F, f"F_b = min(max_num_tokens, pcp_size * {state.bucket.num_tokens}) global tokens"
 
 
 def gathered_slot_mappings(
@@ -63,14 +60,14 @@ def gathered_slot_mappings(
     if not isinstance(global_slot_mappings, torch.Tensor) or global_slot_mappings.dim() != 2:
         got = getattr(global_slot_mappings, "shape", type(global_slot_mappings).__name__)
         raise ValueError(f"{op}: global_slot_mappings must be [num_kv_cache_groups, F_b], got {got}")
-    _check_rows(op, "global_slot_mappings", global_slot_mappings, *_global_rows(state), dim=1)
+    _check_rows(op, "global_slot_mappings", global_slot_mappings, state, gathered=False, dim=1)
     layout = state.layout
     rows = global_slot_mappings.index_select(1, layout.padded_gather_idx)
     return state, torch.where(layout.gathered_kv_write_mask, rows, state.config.pad_slot_id)
 
 
 def _restore(state: MRV2State, op: str, name: str, gathered: torch.Tensor) -> torch.Tensor:
-    _check_rows(op, name, gathered, *_gathered_rows(state))
+    _check_rows(op, name, gathered, state, gathered=True)
     return gathered.index_select(0, state.layout.hidden_restore_idx)
 
 
@@ -115,7 +112,7 @@ def prepare_draft_prefill(
             f"{op}: local_batch.bucket {local_batch.bucket} is not the state's bucket {state.bucket}; "
             "pass the local batch partition_batch returned with this state"
         )
-    _check_rows(op, "input_ids", input_ids, *_global_rows(state))
+    _check_rows(op, "input_ids", input_ids, state, gathered=False)
     if input_ids.dim() != 1 or input_ids.dtype != torch.int32:
         raise TypeError(
             f"{op}: input_ids must be a 1-D int32 tensor (the local batch's dtype; no cast that could "

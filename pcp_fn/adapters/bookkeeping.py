@@ -1,0 +1,463 @@
+"""Everything the vLLM adapter asks of ``pcp_fn``, in one place: host twin, captured MRV2 graph, restores.
+
+The adapter (:mod:`pcp_fn.adapters.vllm_manager`) speaks vLLM; this module
+speaks ``pcp_fn.mrv2``. No other adapter module calls into ``pcp_fn`` (keep it
+that way: when the ``mrv2`` signatures change, only this file changes).
+
+Per step:
+
+1. ``segments``: the host twin (:func:`pcp_fn.mrv2.host.local_segments`),
+   numpy on the scheduler's ``[R]`` arrays: every rank's counts and this rank's
+   segments, for the bucket choice and the host fields.
+2. ``partition``: the per-request arrays and vLLM's padded local token count
+   ``Lp`` go to the device in one copy (packed ``[5R + 2]`` int32), the global
+   token ids and positions into persistent ``[T]`` buffers; then one graph per
+   bucket ``(Rb, Lb)`` (:func:`pcp_fn.graph.capture`, bound once to those
+   staging buffers with ``Captured.bind``: a CUDA/NPU graph, ``torch.compile``
+   on the CPU, or plain calls with ``backend=None``) builds the
+   :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
+   :func:`pcp_fn.mrv2.partition_batch`, rewrites the gathered-row maps from the
+   bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row ``q * Lb + l``
+   of the bucket is row ``q * Lp + l`` of vLLM's all-gather) and copies the
+   bucket-shaped results into the first rows of the persistent buffers. The
+   bucket is a power of two at least vLLM's padded sizes ``(Rpad, Lp)``, so a
+   handful of graphs serve every step; what a step of given sizes reuses (the
+   bucket, the bound graph, the views) is a :class:`StepPlan`, made once.
+3. ``gathered_slot_mappings``, ``restore*``, ``draft_input_ids``: the layout
+   consumers. The slot mappings and restores run on a state whose layout *is*
+   the persistent buffers at vLLM's ``Lp`` (made once per ``Lp``); the draft
+   ids on the bucket's own state and local batch from the graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .. import graph, mrv2
+from ..core.buckets import Bucket
+from ..mrv2 import host
+
+
+class Destinations(NamedTuple):
+    """Persistent device buffers the partition writes, at capacity (``R' = 2 * max_num_reqs``
+    local rows, ``T`` tokens, ``P`` ranks). Their addresses never change.
+
+    input_ids ``[T]`` int32, positions ``[T]`` int64, is_padding ``[T]`` bool,
+    query_start_loc ``[R'+1]`` int32, seq_lens ``[R']`` int32 (vLLM ``InputBuffers``);
+    idx_mapping ``[R']`` int64, logits_indices ``[R']`` int32, cu_num_logits ``[R'+1]`` int32;
+    hidden_restore_idx ``[T]`` int64, padded_gather_idx ``[P*T]`` int64,
+    kv_write_mask ``[P*T]`` bool; global_slot_mappings ``[K, T]`` int64 (vLLM's kernel
+    writes it), gathered_slot_mappings ``[K, P*T]`` int64.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    is_padding: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    idx_mapping: torch.Tensor
+    logits_indices: torch.Tensor
+    cu_num_logits: torch.Tensor
+    hidden_restore_idx: torch.Tensor
+    padded_gather_idx: torch.Tensor
+    kv_write_mask: torch.Tensor
+    global_slot_mappings: torch.Tensor
+    gathered_slot_mappings: torch.Tensor
+
+
+class _BucketGraph:
+    """One bucket's graph, captured on first use and bound to its arguments (the staging
+    buffers at the bucket's ``F_b`` rows): a call replays it with no lookup."""
+
+    def __init__(self, bucket: Bucket, args: tuple[torch.Tensor, ...]) -> None:
+        self.bucket = bucket
+        self.args = args
+        self.fn: Any = None
+        self.replay: Any = None
+
+
+class StepPlan(NamedTuple):
+    """Everything a step of given sizes reuses (made once per ``(Lp, Rpad, rows)``): the graph
+    bucket and its :class:`_BucketGraph`, the state the consumers read (the persistent layout
+    buffers at vLLM's ``Lp``), and the slot-mapping views.
+
+    ``Lp`` local tokens per rank after padding, ``Rpad`` local request rows after padding.
+    """
+
+    Lp: int
+    Rpad: int
+    bucket: Bucket
+    graph: _BucketGraph
+    view: mrv2.MRV2State
+    global_slots: torch.Tensor  # [K, F] view of the persistent global slot mappings
+    gathered_slots: torch.Tensor  # [K, P*Lp] view of the persistent gathered slot mappings
+
+
+def _to_vllm_rows(
+    config: mrv2.MRV2Config, layout: mrv2.MRV2Layout, Lb: int, Lp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The bucket's gathered-row maps (``Lb`` rows per rank) at vLLM's ``Lp <= Lb`` rows per rank
+    (a 0-d tensor: one graph serves every ``Lp`` of the bucket).
+
+    Returns ``padded_gather_idx [P*Lb]`` and ``gathered_kv_write_mask [P*Lb]``
+    whose first ``P*Lp`` rows are vLLM's (0 / False after), and
+    ``hidden_restore_idx [F_b]`` pointing into vLLM's gathered rows.
+    """
+    P = config.pcp_size
+    row = torch.arange(P * Lb, dtype=torch.int64, device=Lp.device)
+    width = Lp.clamp(min=1)
+    src = (row // width) * Lb + row % width  # vLLM row q*Lp + l <- bucket row q*Lb + l
+    valid = row < P * Lp
+    src = torch.where(valid, src, 0)
+    gather = torch.where(valid, layout.padded_gather_idx[src], 0)
+    write = valid & layout.gathered_kv_write_mask[src]
+    restore = layout.hidden_restore_idx
+    restore = restore + (restore // Lb) * (Lp - Lb)
+    return gather, write, restore
+
+
+def _partition_step(
+    state: mrv2.MRV2State,
+    bucket: Bucket,
+    out: Destinations,
+    layout_out: tuple[torch.Tensor, torch.Tensor],
+    packed: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+    """The captured function (``state``, ``bucket`` and the persistent buffers bound):
+    ``mrv2.partition_batch`` of the staged global batch, written into the persistent buffers.
+
+    ``packed [5R + 2]`` int32: num_scheduled, num_computed, prefill_len,
+    is_prefilling, idx_mapping (``[R]`` each, zero past the requests), then
+    num_reqs and vLLM's ``Lp``; ``input_ids [F_b]`` int32, ``positions [F_b]``
+    int64. The bucket-shaped results go into the first rows of ``out`` (and
+    ``layout_out``: per-rank and global token counts), inside the graph, so a
+    replay leaves them there; returns the bucket's state and local batch (for
+    the draft ids).
+    """
+    cfg = state.config
+    R, P, Rb, Lb = cfg.max_num_reqs, cfg.pcp_size, bucket.num_reqs, bucket.num_tokens
+    batch = mrv2.GlobalBatch(
+        config=cfg,
+        bucket=bucket,
+        num_reqs=packed[5 * R],
+        num_scheduled=packed[0:R],
+        num_computed=packed[R : 2 * R],
+        prefill_len=packed[2 * R : 3 * R],
+        is_prefilling=packed[3 * R : 4 * R].bool(),
+        idx_mapping=packed[4 * R : 5 * R],
+        input_ids=input_ids,
+        positions=positions,
+    )
+    state, local = mrv2.partition_batch(state, batch)
+    lay = state.layout
+    gather, write, restore = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))
+    torch._foreach_copy_(
+        [
+            out.input_ids[:Lb],
+            out.positions[:Lb],
+            out.is_padding[:Lb],
+            out.query_start_loc[: Rb + 1],
+            out.seq_lens[:Rb],
+            out.idx_mapping[:Rb],
+            out.logits_indices[:Rb],
+            out.cu_num_logits[: Rb + 1],
+            out.hidden_restore_idx[: restore.shape[0]],
+            out.padded_gather_idx[: P * Lb],
+            out.kv_write_mask[: P * Lb],
+            *layout_out,
+        ],
+        [
+            local.input_ids,
+            local.positions,
+            local.is_padding,
+            local.query_start_loc,
+            local.seq_lens,
+            local.idx_mapping.to(torch.int64),
+            local.logits_indices,
+            local.cu_num_logits,
+            restore,
+            gather,
+            write,
+            lay.per_rank_num_tokens,
+            lay.num_tokens,
+        ],
+    )
+    return state, local
+
+
+_NO_GUARD = contextlib.nullcontext()  # reusable
+
+
+class Bookkeeping:
+    """One rank's MRV2 bookkeeping for the adapter.
+
+    Args:
+        pcp_size, pcp_rank, max_num_reqs, max_num_tokens, shard_decode_requests,
+            dcp_size, dcp_rank, cp_interleave, pad_slot_id: the manager's
+            constructor arguments (they make the static
+            :class:`pcp_fn.mrv2.MRV2Config`; its ``ValueError`` names a bad one).
+        device: where the graphs run.
+        out: the persistent buffers (:class:`Destinations`).
+        backend: ``torch.compile`` backend on the CPU (``"inductor"``,
+            ``"eager"``, ...) or ``None`` for plain calls (no capture). CUDA and
+            NPU devices always capture device graphs unless ``None``.
+        check_host_syncs: run the device part under :func:`pcp_fn.graph.no_host_syncs`.
+    """
+
+    def __init__(
+        self,
+        pcp_size: int,
+        pcp_rank: int,
+        max_num_reqs: int,
+        max_num_tokens: int,
+        *,
+        shard_decode_requests: bool,
+        dcp_size: int,
+        dcp_rank: int,
+        cp_interleave: int,
+        pad_slot_id: int,
+        device: torch.device,
+        out: Destinations,
+        backend: str | None,
+        check_host_syncs: bool = False,
+    ) -> None:
+        self.config = mrv2.MRV2Config(
+            pcp_size,
+            pcp_rank,
+            max_num_reqs,
+            max_num_tokens,
+            shard_decode_requests=shard_decode_requests,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_rank,
+            cp_interleave=cp_interleave,
+            pad_slot_id=pad_slot_id,
+        )
+        self.device = device
+        self.out = out
+        self.backend = backend
+        self.check_host_syncs = check_host_syncs
+        self._state0 = mrv2.init_state(self.config, device)
+        R, T = max_num_reqs, max_num_tokens
+        # staging: what the captured graphs read (persistent, so each bucket's graph sees one address)
+        self._packed = torch.zeros(5 * R + 2, dtype=torch.int32, device=device)
+        # on the CPU the host writes the staging buffer itself; elsewhere through a fresh pinned
+        # buffer per step (the caching host allocator keeps it until the async copy has run)
+        self._host_packed = self._packed.numpy() if device.type == "cpu" else None
+        self._pin = device.type == "cuda"
+        self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
+        self._positions = torch.zeros(T, dtype=torch.int64, device=device)
+        self._draft_ids = torch.zeros(T, dtype=torch.int32, device=device)
+        # the layout the consumers read, at vLLM's sizes: persistent too
+        self._per_rank = torch.zeros(pcp_size, dtype=torch.int64, device=device)
+        self._num_tokens = torch.zeros((), dtype=torch.int64, device=device)
+        self._graphs: dict[Bucket, _BucketGraph] = {}
+        self._views: dict[int, mrv2.MRV2State] = {}
+        self._plans: dict[tuple[int, int, int], StepPlan] = {}
+        self._plan: StepPlan | None = None
+        self._last: tuple[mrv2.MRV2State, mrv2.LocalBatch] | None = None
+
+    @property
+    def num_graphs(self) -> int:
+        """Graphs captured so far (one per bucket; 0 with ``backend=None``)."""
+        return sum(g.replay is not None and self.backend is not None for g in self._graphs.values())
+
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return graph.no_host_syncs() if self.check_host_syncs else _NO_GUARD
+
+    # ---------------------------------------------------------------- host twin
+
+    def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
+        """This rank's segments and every rank's counts (host, ``O(P * R)``)."""
+        return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
+
+    def dcp_rank0_seq_lens(self, seq_lens: np.ndarray) -> np.ndarray:
+        return host.dcp_rank0_seq_lens(seq_lens, self.config.dcp_size, self.config.cp_interleave)
+
+    # ---------------------------------------------------------------- plans (made once per size)
+
+    def plan(self, Lp: int, Rpad: int, rows: int) -> StepPlan:
+        """The plan of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks hold at most
+        ``rows`` local rows: the graph bucket holds every rank's rows and vLLM's sizes."""
+        key = (Lp, Rpad, rows)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 1024:  # bounded: a few sizes repeat in practice
+                self._plans.clear()
+            bucket = self.config.bucket_for(max(Rpad, rows, 1), Lp)
+            view = self._view_state(Lp)
+            F = view.layout.hidden_restore_idx.shape[0]
+            P, o = self.config.pcp_size, self.out
+            plan = self._plans[key] = StepPlan(
+                Lp,
+                Rpad,
+                bucket,
+                self._bucket_graph(bucket),
+                view,
+                o.global_slot_mappings[:, :F],
+                o.gathered_slot_mappings[:, : P * Lp],
+            )
+        return plan
+
+    def _bucket_graph(self, bucket: Bucket) -> _BucketGraph:
+        g = self._graphs.get(bucket)
+        if g is None:
+            F = mrv2.token_rows(self.config, bucket)
+            args = (self._packed, self._input_ids[:F], self._positions[:F])
+            g = self._graphs[bucket] = _BucketGraph(bucket, args)
+        return g
+
+    def _view_state(self, Lp: int) -> mrv2.MRV2State:
+        """The state the consumers read: the persistent buffers at vLLM's ``Lp`` (one per ``Lp``)."""
+        state = self._views.get(Lp)
+        if state is None:
+            P, o = self.config.pcp_size, self.out
+            view_bucket = Bucket(self.config.max_local_reqs, max(Lp, 1))
+            layout = mrv2.MRV2Layout(
+                per_rank_num_tokens=self._per_rank,
+                num_tokens=self._num_tokens,
+                hidden_restore_idx=o.hidden_restore_idx[: mrv2.token_rows(self.config, view_bucket)],
+                padded_gather_idx=o.padded_gather_idx[: P * Lp],
+                gathered_kv_write_mask=o.kv_write_mask[: P * Lp],
+            )
+            state = self._views[Lp] = mrv2.MRV2State(
+                config=self.config, bucket=view_bucket, rank=self._state0.rank, layout=layout
+            )
+        return state
+
+    # ---------------------------------------------------------------- device
+
+    def _run(self, g: _BucketGraph) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+        """The partition of the staged batch in ``g``'s graph (captured and bound on first use)."""
+        if g.replay is None:
+            layout_out = (self._per_rank, self._num_tokens)
+            g.fn = functools.partial(_partition_step, self._state0, g.bucket, self.out, layout_out)
+            if self.backend is None:
+                g.replay = functools.partial(g.fn, *g.args)
+            else:
+                g.replay = graph.capture(g.fn, *g.args, backend=self.backend).bind(*g.args)
+        return g.replay()
+
+    def partition(
+        self,
+        num_scheduled: np.ndarray,
+        num_computed: np.ndarray,
+        prefill_len: np.ndarray,
+        is_prefilling: np.ndarray,
+        idx_mapping: np.ndarray,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens: int,
+        plan: StepPlan,
+    ) -> None:
+        """Lay out the global batch on every rank and write this rank's rows into ``out``.
+
+        The per-request arrays are ``[num_reqs]`` (checked by the caller: at most
+        ``max_num_reqs``, ints); ``input_ids`` / ``positions`` the global
+        ``[>= num_tokens]`` device tensors (not read on the host). ``plan``'s
+        bucket must hold every rank (rows and tokens).
+        """
+        R, n = self.config.max_num_reqs, num_scheduled.size
+        staged = self._host_packed
+        if staged is None:
+            staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
+        view = staged if isinstance(staged, np.ndarray) else staged.numpy()
+        view[:] = 0  # rows past the requests must read zero
+        view[0:n] = num_scheduled
+        view[R : R + n] = num_computed
+        view[2 * R : 2 * R + n] = prefill_len
+        view[3 * R : 3 * R + n] = is_prefilling
+        view[4 * R : 4 * R + n] = idx_mapping
+        view[5 * R] = n
+        view[5 * R + 1] = plan.Lp
+        g = plan.graph
+        with self._guard():  # a nullcontext unless check_host_syncs
+            if self._host_packed is None:
+                self._packed.copy_(staged, non_blocking=self._pin)
+            # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
+            torch._foreach_copy_(
+                [self._input_ids[:num_tokens], self._positions[:num_tokens]],
+                [input_ids[:num_tokens], positions[:num_tokens]],
+            )
+            self._last = self._run(g)
+        self._plan = plan
+
+    @property
+    def has_layout(self) -> bool:
+        return self._plan is not None
+
+    def _current(self) -> StepPlan:
+        if self._plan is None:
+            raise RuntimeError("no batch was partitioned yet")
+        return self._plan
+
+    def gathered_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        """``[K, P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the row must not
+        write, from the first ``num_tokens`` columns of the persistent global slot mappings (the
+        others are never read), written into the persistent gathered slot mappings."""
+        plan = self._current()
+        if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
+            return plan.gathered_slots
+        with self._guard():
+            _, slots = mrv2.gathered_slot_mappings(plan.view, plan.global_slots)
+            plan.gathered_slots.copy_(slots)
+        return plan.gathered_slots
+
+    def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
+        if num_tokens == 0:
+            return gathered[:0]
+        with self._guard():
+            out = mrv2.restore_hidden_states(self._current().view, gathered)[1]
+        return out if out.shape[0] == num_tokens else out[:num_tokens]
+
+    def restore_for_sampling(
+        self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None, num_tokens: int
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Restore the hidden (and auxiliary) states for sampling, ``[num_tokens, ...]`` each."""
+        if num_tokens == 0:
+            return gathered[:0], None if aux_gathered is None else [a[:0] for a in aux_gathered]
+        with self._guard():
+            _, out = mrv2.restore_for_sampling(self._current().view, gathered, aux_gathered)
+        hidden = out.hidden_states
+        cut = hidden.shape[0] != num_tokens
+        if cut:
+            hidden = hidden[:num_tokens]
+        if out.aux_hidden_states is None:
+            return hidden, None
+        return hidden, [a[:num_tokens] if cut else a for a in out.aux_hidden_states]
+
+    def restore_draft_prefill(
+        self, last_gathered: torch.Tensor, gathered: torch.Tensor, num_tokens: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both restored; pass the same object twice to restore once (the result is shared)."""
+        if num_tokens == 0:
+            last = last_gathered[:0]
+            return last, last if gathered is last_gathered else gathered[:0]
+        with self._guard():
+            _, out = mrv2.restore_draft_prefill(self._current().view, last_gathered, gathered)
+        last = out.last_hidden_states[:num_tokens]
+        if out.hidden_states is out.last_hidden_states:
+            return last, last
+        return last, out.hidden_states[:num_tokens]
+
+    def draft_input_ids(self, input_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """Write the drafter's global ``input_ids`` (int32, at least one row) at this rank's rows
+        into ``out`` (``[Lp]``; padding rows read token 0, like vLLM) and return ``out``."""
+        if self._last is None:
+            raise RuntimeError("no batch was partitioned yet")
+        state, local = self._last
+        F = mrv2.token_rows(self.config, state.bucket)
+        k = min(int(input_ids.shape[0]), F)
+        with self._guard():
+            self._draft_ids[:k].copy_(input_ids[:k])  # rows past the real tokens are never read
+            _, batch = mrv2.prepare_draft_prefill(state, local, self._draft_ids[:F])
+            out.copy_(batch.input_ids[: out.shape[0]])
+        return out

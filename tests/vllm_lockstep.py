@@ -1,0 +1,454 @@
+"""One lockstep driver for PCP managers: the same global ``InputBatch``es through a reference and the adapter.
+
+A backend (:class:`Backend`) says where vLLM's names come from (vLLM 0.32.0
+itself, or ``vllm_standin``) and which manager is the reference (vLLM's
+``PCPManager``, or ``oracle_vllm.OracleManager``). The workload is the
+simulator's chunked-prefill scheduler (``pcp_fn.sim.engine.Scheduler``): mixed
+steps, decode-only steps, speculative drafts, arrivals and departures; each
+step is run with a CUDA-graph mode (``NONE``, ``PIECEWISE`` padded to a capture
+size above the batch, ``FULL``), sometimes with its rows shuffled, sometimes
+with a draft prefill or a dummy/capture run.
+
+Per step and rank, :func:`run_lockstep` compares every field of the returned
+local batch, the block tables and gathered slot mappings, the restored hidden
+(and auxiliary) states, the draft prefill ids and restore, and the dummy-run
+buffers; it also checks that the restored rows equal the global batch's
+(semantics, not just agreement) and that the adapter's persistent buffers
+keep their ``data_ptr()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from pcp_fn import PCPConfig
+from pcp_fn.sim.engine import Scheduler, synthetic_requests
+
+BLOCK_SIZE = 4
+MAX_BLOCKS = 64
+
+
+@dataclasses.dataclass
+class Backend:
+    """Where the vLLM names come from, and how to build the two managers of one rank.
+
+    ``api`` has ``InputBatch``, ``InputBuffers``, ``CUDAGraphMode``,
+    ``BatchExecutionDescriptor``, ``PAD_SLOT_ID``, ``get_pcp_group``;
+    ``make_reference`` / ``make_adapter`` / ``make_oracle`` take the manager
+    constructor's keyword arguments. ``reference_takes_full_mixed``: the
+    reference serves FULL steps with a prefill (vLLM's does not; the oracle is
+    then the reference of those steps).
+    """
+
+    name: str
+    api: Any
+    block_tables_cls: type
+    make_reference: Callable[..., Any]
+    make_adapter: Callable[..., Any]
+    make_oracle: Callable[..., Any]
+    reference_takes_full_mixed: bool
+    group: Any  # vllm_standin.FakePCPGroup, the PCP group both managers see
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    P: int
+    shard: bool = True
+    dcp: int = 1
+    interleave: int = 1
+    spec: int = 0  # draft tokens per decode
+    R: int = 8
+    T: int = 48
+    requests: int = 10
+    seed: int = 0
+    max_steps: int = 40
+
+
+@dataclasses.dataclass
+class Summary:
+    steps: int = 0
+    rank_steps: int = 0
+    mixed: int = 0
+    decode_only: int = 0
+    modes: dict[str, int] = dataclasses.field(default_factory=dict)
+    full_mixed_vs_oracle: int = 0
+    drafts: int = 0
+    dummies: int = 0
+    shuffled: int = 0
+    tail: int = 0
+    fields: set[str] = dataclasses.field(default_factory=set)
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclasses.dataclass
+class GlobalStep:
+    req_ids: list[int]
+    states: list[int]
+    sched: list[int]
+    computed: list[int]
+    prompt: list[int]
+    drafts: list[int]
+    tokens: list[list[int]]  # each request's scheduled token ids
+
+
+def scheduler_steps(case: Case) -> Iterator[GlobalStep]:
+    """The simulator's schedule (decodes first, then chunked prompts), with drafts and departures."""
+    rng = np.random.default_rng(case.seed)
+    cfg = PCPConfig(case.P, 0, case.R, case.T, num_spec_tokens=case.spec)
+    requests = synthetic_requests(case.requests, max_prompt=90, max_new_tokens=(2, 16), seed=case.seed)
+    sched = Scheduler(cfg, requests, token_budget=case.T)
+    free = list(range(case.R))
+    state_of: dict[int, int] = {}
+    for _ in range(case.max_steps * 3):
+        if sched.idle:
+            return
+        step = sched.schedule()
+        if step is None:
+            continue
+        reqs = {r.req_id: r for r in sched.running}
+        for rid in step.req_ids:
+            if rid not in state_of:
+                state_of[rid] = free.pop(0)
+        yield GlobalStep(
+            list(step.req_ids),
+            [state_of[r] for r in step.req_ids],
+            list(step.num_scheduled),
+            list(step.num_computed),
+            list(step.num_prompt),
+            list(step.drafts),
+            [
+                (reqs[r].tokens + reqs[r].drafts)[c : c + n]
+                for r, c, n in zip(step.req_ids, step.num_computed, step.num_scheduled)
+            ],
+        )
+        sampled = []
+        for rid, d in zip(step.req_ids, step.drafts):
+            accepted = int(rng.integers(0, d + 1))
+            sampled.append(reqs[rid].drafts[:accepted] + [int(rng.integers(1, 100))])
+        for done in sched.advance(step, sampled):
+            free.append(state_of.pop(done.req_id))
+        for req in sched.running:
+            if case.spec and req.decoding:
+                req.drafts = rng.integers(1, 100, case.spec).tolist()
+
+
+def block_ids(req_id: int) -> list[list[int]]:
+    return [[1 + req_id * MAX_BLOCKS + j for j in range(MAX_BLOCKS)]]
+
+
+def make_global_batch(api: Any, step: GlobalStep, desc: Any, order: list[int], device: torch.device) -> Any:
+    """vLLM's global ``InputBatch`` of ``step`` (rows in ``order``) for ``desc``, as the runner's
+    ``prepare_inputs`` makes it."""
+    pick = lambda xs: [xs[i] for i in order]  # noqa: E731
+    sched, computed, prompt = pick(step.sched), pick(step.computed), pick(step.prompt)
+    tokens, drafts, states = pick(step.tokens), pick(step.drafts), pick(step.states)
+    n, total = len(order), sum(sched)
+    Rpad = desc.num_reqs or n
+    padded = max(total, desc.num_tokens)
+    i32 = np.int32
+    sched_np = np.array(sched, i32)
+    computed_np = np.array(computed, i32)
+    prompt_np = np.array(prompt, i32)
+    computed_prefill = np.minimum(computed_np, prompt_np)
+    prefilling = computed_prefill < prompt_np
+    qsl = np.full(Rpad + 1, total, i32)
+    qsl[0] = 0
+    np.cumsum(sched_np, out=qsl[1 : n + 1])
+    ids = np.zeros(padded, i32)
+    pos = np.zeros(padded, np.int64)
+    for k in range(n):
+        ids[qsl[k] : qsl[k + 1]] = tokens[k]
+        pos[qsl[k] : qsl[k + 1]] = np.arange(computed[k], computed[k] + sched[k])
+    seq = np.zeros(Rpad, i32)
+    seq[:n] = computed_np + sched_np
+    idx_np = np.array(states, np.intp)
+    idx = torch.tensor(states, dtype=torch.int64, device=device)
+    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+    return api.InputBatch(
+        req_ids=[f"req-{r}" for r in pick(step.req_ids)],
+        num_reqs=n,
+        num_reqs_after_padding=Rpad,
+        idx_mapping=idx,
+        idx_mapping_np=idx_np,
+        expanded_idx_mapping=idx,
+        expanded_local_pos=torch.zeros(n, dtype=torch.int32, device=device),
+        num_scheduled_tokens=sched_np,
+        num_tokens=total,
+        num_tokens_after_padding=padded,
+        num_draft_tokens=sum(drafts),
+        num_draft_tokens_per_req=np.array(drafts, i32) if any(drafts) else None,
+        query_start_loc=t(qsl),
+        query_start_loc_np=qsl,
+        seq_lens=t(seq),
+        seq_lens_cpu_upper_bound=torch.from_numpy(seq.copy()),
+        dcp_local_seq_lens=None,
+        num_computed_tokens_np=computed_np,
+        prefill_len_np=prompt_np,
+        num_computed_prefill_tokens_np=computed_prefill,
+        is_prefilling_np=prefilling,
+        has_prefill=bool(prefilling.any()),
+        decode_graph_eligible=not bool(prefilling.any()),
+        input_ids=t(ids),
+        positions=t(pos),
+        is_padding=t(np.arange(padded) >= total),
+        logits_indices=t(qsl[1 : n + 1] - 1),
+        cu_num_logits=torch.arange(n + 1, dtype=torch.int32, device=device),
+        cu_num_logits_np=np.arange(n + 1, dtype=i32),
+        has_structured_output_reqs=False,
+        prompt_lens=None,
+    )
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def assert_same(name: str, a: Any, b: Any) -> None:
+    """Equal values and types: tensors (dtype, shape, values), numpy arrays (dtype, values),
+    the rest ``==``."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor), f"{name}: {type(a)} vs {type(b)}"
+        assert a.dtype == b.dtype, f"{name}: dtype {a.dtype} vs {b.dtype}"
+        assert a.shape == b.shape, f"{name}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
+        assert torch.equal(a.cpu(), b.cpu()), f"{name}:\n{a}\nvs\n{b}"
+    elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), f"{name}: {type(a)} vs {type(b)}"
+        assert a.dtype == b.dtype, f"{name}: dtype {a.dtype} vs {b.dtype}"
+        assert np.array_equal(a, b), f"{name}:\n{a}\nvs\n{b}"
+    elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
+        assert len(a) == len(b), f"{name}: {len(a)} vs {len(b)} tensors"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(f"{name}[{i}]", x, y)
+    else:
+        assert type(a) is type(b) and a == b, f"{name}: {a!r} vs {b!r}"
+
+
+def assert_same_batch(what: str, a: Any, b: Any, summary: Summary) -> None:
+    for f in dataclasses.fields(a):
+        assert_same(f"{what}.{f.name}", getattr(a, f.name), getattr(b, f.name))
+        summary.fields.add(f.name)
+
+
+def _encode(batch: Any) -> torch.Tensor:
+    """``[L, 2]`` float hidden states that name their token: (input id, position); zeros on padding."""
+    return torch.stack([batch.input_ids.to(torch.float64), batch.positions.to(torch.float64)], dim=1)
+
+
+def assert_views(manager: Any, local: Any, ptrs: dict[str, int]) -> None:
+    """The adapter's buffers never move, and the local batch is made of views of them."""
+    bufs = manager.persistent_buffers()
+    assert {k: v.data_ptr() for k, v in bufs.items()} == ptrs, "a persistent buffer moved"
+    for field in ("input_ids", "positions", "is_padding", "query_start_loc", "seq_lens"):
+        assert getattr(local, field).data_ptr() == bufs[field].data_ptr(), field
+    for field in ("idx_mapping", "expanded_local_pos", "logits_indices", "cu_num_logits"):
+        assert getattr(local, field).data_ptr() == bufs[field].data_ptr(), field
+    assert local.expanded_idx_mapping is local.idx_mapping
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _capture_sizes(T: int) -> list[int]:
+    sizes, s = [], 1
+    while s < T:
+        sizes.append(s)
+        s *= 2
+    return [*sizes, T]
+
+
+def run_lockstep(backend: Backend, case: Case, device: torch.device | None = None) -> Summary:
+    """Run ``case``'s workload through the reference and the adapter on every rank; return what
+    was checked."""
+    api = backend.api
+    Mode, Desc = api.CUDAGraphMode, api.BatchExecutionDescriptor
+    device = device or torch.device("cpu")
+    rng = np.random.default_rng(case.seed + 1)
+    P = case.P
+    tables = []
+    refs, ads, oracles, ptrs = [], [], [], []
+    for q in range(P):
+        bt = backend.block_tables_cls(
+            [BLOCK_SIZE],
+            case.R,
+            case.T,
+            [MAX_BLOCKS],
+            device,
+            cp_size=case.dcp,
+            cp_rank=q % case.dcp,
+            cp_interleave=case.interleave,
+        )
+        tables.append(bt)
+        kw = dict(
+            pcp_world_size=P,
+            pcp_rank=q,
+            device=device,
+            shard_decode_requests=case.shard,
+            max_num_reqs=case.R,
+            max_num_tokens=case.T,
+            block_tables=bt,
+            dcp_world_size=case.dcp,
+            dcp_rank=q % case.dcp,
+            cp_interleave=case.interleave,
+        )
+        refs.append(backend.make_reference(**kw))
+        ads.append(backend.make_adapter(**kw))
+        oracles.append(refs[-1] if backend.reference_takes_full_mixed else backend.make_oracle(**kw))
+        ptrs.append({k: v.data_ptr() for k, v in ads[-1].persistent_buffers().items()})
+    caps = _capture_sizes(case.T)
+    summary = Summary()
+    seen_states: dict[int, int] = {}
+    for i, step in enumerate(scheduler_steps(case)):
+        if i >= case.max_steps:
+            break
+        for rid, s in zip(step.req_ids, step.states):
+            if seen_states.get(s) != rid:  # a new request in this state row: its blocks
+                seen_states[s] = rid
+                for bt in tables:
+                    bt.set_row(s, block_ids(rid))
+        order = list(range(len(step.req_ids)))
+        if i % 4 == 3:
+            rng.shuffle(order)
+            summary.shuffled += 1
+        sched = np.array([step.sched[k] for k in order], np.int32)
+        prefilling = np.minimum(step.computed, step.prompt) < np.array(step.prompt)
+        prefilling = prefilling[order]
+        widest = refs[0].get_num_tokens_for_dispatch(sched, prefilling)
+        for q in range(P):
+            assert ads[q].get_num_tokens_for_dispatch(sched, prefilling) == widest
+        mode = (Mode.NONE, Mode.PIECEWISE, Mode.FULL)[i % 3]
+        low = min(widest + (i % 2), case.T)  # sometimes a graph size above the batch
+        if mode == Mode.FULL:
+            # vLLM's FULL descriptors hold min(size, max_num_reqs) rows, at least the global requests
+            # and (for the graph to be valid) every rank's local rows
+            rows = max(len(order), *(_local_rows(o, sched, prefilling) for o in oracles))
+            fits = [c for c in caps if c >= low and min(c, case.R) >= rows]
+            if not fits:
+                mode = Mode.PIECEWISE
+        if mode == Mode.NONE:
+            desc = Desc(cg_mode=mode, num_tokens=widest, num_reqs=None)
+        elif mode == Mode.PIECEWISE:
+            desc = Desc(cg_mode=mode, num_tokens=next(c for c in caps if c >= low), num_reqs=None)
+        else:
+            desc = Desc(cg_mode=mode, num_tokens=fits[0], num_reqs=min(fits[0], case.R))
+        summary.tail += desc.num_tokens > widest
+        global_batch = make_global_batch(api, step, desc, order, device)
+        has_prefill = global_batch.has_prefill
+        use_oracle = mode == Mode.FULL and has_prefill and not backend.reference_takes_full_mixed
+        reference = oracles if use_oracle else refs
+        summary.full_mixed_vs_oracle += use_oracle
+        summary.modes[mode.name] = summary.modes.get(mode.name, 0) + 1
+        summary.steps += 1
+        summary.mixed += has_prefill
+        summary.decode_only += not has_prefill
+
+        ref_local = [reference[q].partition_batch(global_batch, desc) for q in range(P)]
+        ad_local = [ads[q].partition_batch(global_batch, desc) for q in range(P)]
+        for q in range(P):
+            assert_same_batch(f"step {i} rank {q} local", ref_local[q], ad_local[q], summary)
+            assert_views(ads[q], ad_local[q], ptrs[q])
+            summary.rank_steps += 1
+        for q in range(P):
+            ref_attn = reference[q].prepare_attn(ref_local[q])
+            ad_attn = ads[q].prepare_attn(ad_local[q])
+            assert_same(f"step {i} rank {q} block_tables", ref_attn[0], ad_attn[0])
+            assert_same(f"step {i} rank {q} slot_mappings", ref_attn[1], ad_attn[1])
+            bufs = ads[q].persistent_buffers()
+            assert ad_attn[1].data_ptr() == bufs["gathered_slot_mappings"].data_ptr()
+            assert ad_attn[0][0].data_ptr() == bufs["block_table_0"].data_ptr()
+
+        # hidden states: each rank's local rows name their token; the restore must give the global order
+        group = backend.group
+        group.clear()
+        local_hidden = [_encode(b) for b in ad_local]
+        aux_hidden = [h * 2 for h in local_hidden]
+        group.stage(local_hidden)
+        group.stage(aux_hidden)
+        expected = _encode(global_batch)[: global_batch.num_tokens]
+        for q in range(P):
+            r_h, r_aux, r_g = reference[q].restore_for_sampling(local_hidden[q], [aux_hidden[q]])
+            a_h, a_aux, a_g = ads[q].restore_for_sampling(local_hidden[q], [aux_hidden[q]])
+            assert_same(f"step {i} rank {q} restored", r_h, a_h)
+            assert_same(f"step {i} rank {q} restored aux", r_aux, a_aux)
+            assert r_g is global_batch and a_g is global_batch
+            assert torch.equal(a_h, expected), f"step {i} rank {q}: restored rows are not the global batch"
+            assert torch.equal(a_aux[0], expected * 2)
+            assert_same(
+                f"step {i} rank {q} restore_hidden_states",
+                reference[q].restore_hidden_states(local_hidden[q]),
+                ads[q].restore_hidden_states(local_hidden[q]),
+            )
+
+        if i % 2 == 1:  # a draft prefill on the drafter's ids
+            summary.drafts += 1
+            draft_ids = global_batch.input_ids + 1000
+            sentinel = object()
+            for q in range(P):
+                reference[q].prepare_draft_prefill(global_batch, draft_ids)
+                ads[q].prepare_draft_prefill(global_batch, draft_ids)
+                assert ads[q].get_draft_input_buffers(sentinel) is ads[q].draft_prefill_batch is ad_local[q]
+                assert_same_batch(
+                    f"step {i} rank {q} draft", reference[q].draft_prefill_batch, ad_local[q], summary
+                )
+            total = global_batch.num_tokens
+            expected_draft = torch.stack(
+                [draft_ids[:total].to(torch.float64), global_batch.positions[:total].to(torch.float64)], dim=1
+            )
+            draft_last = [_encode(b) for b in ad_local]
+            draft_hidden = [h * 3 for h in draft_last]
+            group.stage(draft_last)
+            group.stage(draft_hidden)
+            for q in range(P):
+                h = draft_last[q]
+                ref_same = reference[q].restore_draft_prefill(h, h)
+                got = ads[q].restore_draft_prefill(h, h)
+                assert got[0] is got[1] and ref_same[0] is ref_same[1]
+                assert_same(f"step {i} rank {q} draft restore", ref_same, got)
+                assert ads[q].get_draft_input_buffers(sentinel) is sentinel
+                untouched = ads[q].restore_draft_prefill(h, draft_hidden[q])  # nothing prepared
+                assert untouched[0] is h and untouched[1] is draft_hidden[q]
+                reference[q].prepare_draft_prefill(global_batch, draft_ids)
+                ads[q].prepare_draft_prefill(global_batch, draft_ids)
+                ref_two = reference[q].restore_draft_prefill(h, draft_hidden[q])
+                got = ads[q].restore_draft_prefill(h, draft_hidden[q])
+                assert_same(f"step {i} rank {q} draft restore (two)", ref_two, got)
+                assert torch.equal(got[1], expected_draft * 3)
+                # a batch that is not the partitioned one prepares nothing
+                ads[q].prepare_draft_prefill(dataclasses.replace(global_batch), draft_ids)
+                assert ads[q].draft_prefill_batch is None
+
+        if i % 5 == 4:  # a dummy / capture run between real steps
+            summary.dummies += 1
+            num_tokens = caps[i % len(caps)]
+            num_reqs = max(1, min(num_tokens, case.R, 1 + i % 5))
+            for q in range(P):
+                outs = []
+                for m in (reference[q], ads[q]):
+                    dummy = api.InputBatch.make_dummy(num_reqs, num_tokens, ads[q].input_buffers)
+                    staged = m.prepare_inputs_to_capture(dummy)
+                    outs.append(
+                        (staged, m.get_dummy_block_tables(num_reqs), m.get_dummy_slot_mappings(num_tokens))
+                    )
+                (rs, rb, rsl), (ds, db, dsl) = outs
+                for f in ("input_ids", "positions", "is_padding", "query_start_loc", "seq_lens"):
+                    assert_same(f"step {i} dummy {f}", getattr(rs, f), getattr(ds, f))
+                assert_same(f"step {i} dummy block tables", rb, db)
+                assert_same(f"step {i} dummy slot mappings", rsl, dsl)
+                bufs = ads[q].persistent_buffers()
+                assert ds.input_ids.data_ptr() == bufs["input_ids"].data_ptr()
+                assert dsl.data_ptr() == bufs["gathered_slot_mappings"].data_ptr()
+                assert db[0].data_ptr() == bufs["block_table_0"].data_ptr()
+    return summary
+
+
+def _local_rows(manager: Any, sched: np.ndarray, prefilling: np.ndarray) -> int:
+    """Local request rows of ``manager``'s rank (from the oracle's pieces; at least 1)."""
+    from oracle_mrv2 import rank_pieces
+
+    pieces = rank_pieces(manager.P, sched.tolist(), prefilling.tolist(), manager.shard, manager.dcp)
+    return max(1, len(pieces[manager.rank]))

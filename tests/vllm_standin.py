@@ -1,0 +1,300 @@
+"""A small stand-in for the vLLM 0.32.0 classes the PCP manager touches, so the default suite needs no vllm.
+
+It is NOT vLLM and holds none of vLLM's PCP logic. It mirrors only the
+*interfaces* ``pcp_fn.adapters`` uses, field for field:
+
+- ``InputBatch`` / ``InputBuffers``: the dataclass and the persistent buffers of
+  ``vllm/v1/worker/gpu/input_batch.py`` (same field names, dtypes, order);
+  ``InputBatch.make_dummy`` splits the tokens evenly like vLLM's.
+- ``BatchExecutionDescriptor``, ``CUDAGraphMode``, ``PAD_SLOT_ID``: the values
+  ``partition_batch`` reads.
+- ``BlockTables``: block-table gather and slot mapping in plain torch. vLLM's
+  are Triton kernels (no CPU backend), so the real-vLLM lockstep test uses this
+  one too; both managers then get the same tables.
+- ``FakePCPGroup``: an ``all_gather`` that returns what the test staged (one
+  process plays every rank).
+- ``PCPManager``: an empty base class whose ``validate_config`` only records
+  what it was asked (a spy); the adapter reimplements every method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import numpy as np
+import torch
+
+PAD_SLOT_ID = -1
+
+
+class CUDAGraphMode(enum.Enum):
+    """The modes of ``vllm.config.compilation.CUDAGraphMode`` and the two predicates the adapter uses."""
+
+    NONE = 0
+    PIECEWISE = 1
+    FULL = 2
+    FULL_DECODE_ONLY = (2, 0)
+    FULL_AND_PIECEWISE = (2, 1)
+
+    def separate_routine(self) -> bool:
+        return isinstance(self.value, tuple)
+
+    def has_full_cudagraphs(self) -> bool:
+        return (max(self.value) if self.separate_routine() else self.value) == 2
+
+    def __bool__(self) -> bool:
+        return self is not CUDAGraphMode.NONE
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchExecutionDescriptor:
+    cg_mode: CUDAGraphMode
+    num_tokens: int
+    num_reqs: int | None
+    uniform_token_count: int | None = None
+    max_query_len: int | None = None
+    num_active_loras: int = 0
+    num_ubatches: int = 1
+
+
+class InputBuffers:
+    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device):
+        self.max_num_reqs = max_num_reqs
+        self.max_num_tokens = max_num_tokens
+        self.device = device
+        self.input_ids = torch.zeros(max_num_tokens, dtype=torch.int32, device=device)
+        self.positions = torch.zeros(max_num_tokens, dtype=torch.int64, device=device)
+        self.is_padding = torch.zeros(max_num_tokens, dtype=torch.bool, device=device)
+        self.query_start_loc = torch.zeros(max_num_reqs + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+        self.dcp_local_seq_lens = torch.zeros(max_num_reqs, dtype=torch.int32, device=device)
+
+
+@dataclasses.dataclass
+class InputBatch:
+    req_ids: list[str]
+    num_reqs: int
+    num_reqs_after_padding: int
+    idx_mapping: torch.Tensor
+    idx_mapping_np: np.ndarray
+    expanded_idx_mapping: torch.Tensor
+    expanded_local_pos: torch.Tensor
+    num_scheduled_tokens: np.ndarray
+    num_tokens: int
+    num_tokens_after_padding: int
+    num_draft_tokens: int
+    num_draft_tokens_per_req: np.ndarray | None
+    query_start_loc: torch.Tensor
+    query_start_loc_np: np.ndarray
+    seq_lens: torch.Tensor
+    seq_lens_cpu_upper_bound: torch.Tensor
+    dcp_local_seq_lens: torch.Tensor | None
+    num_computed_tokens_np: np.ndarray
+    prefill_len_np: np.ndarray
+    num_computed_prefill_tokens_np: np.ndarray
+    is_prefilling_np: np.ndarray
+    has_prefill: bool
+    decode_graph_eligible: bool
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    is_padding: torch.Tensor
+    logits_indices: torch.Tensor
+    cu_num_logits: torch.Tensor
+    cu_num_logits_np: np.ndarray
+    has_structured_output_reqs: bool
+    prompt_lens: torch.Tensor | None
+    max_seq_len_np: np.ndarray | None = None
+    max_query_len: int | None = None
+    fast_prefill: Any = None
+    dcp_local_seq_lens_cpu_upper_bound: torch.Tensor | None = None
+    prefill_runs_as_decode_np: np.ndarray | None = None
+
+    @classmethod
+    def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers, **_: Any) -> InputBatch:
+        """A capture/profile batch: ``num_tokens`` split evenly over ``num_reqs`` (extra tokens last)."""
+        device = input_buffers.device
+        sched = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
+        if num_tokens % num_reqs:
+            sched[-(num_tokens % num_reqs) :] += 1
+        qsl_np = np.zeros(num_reqs + 1, dtype=np.int32)
+        np.cumsum(sched, out=qsl_np[1:])
+        input_buffers.seq_lens[:num_reqs] = torch.from_numpy(sched)
+        input_buffers.seq_lens[num_reqs:] = 0
+        input_buffers.query_start_loc[: num_reqs + 1] = torch.from_numpy(qsl_np)
+        input_buffers.query_start_loc[num_reqs + 1 :] = num_tokens
+        input_buffers.is_padding[:num_tokens].fill_(True)
+        qsl = input_buffers.query_start_loc[: num_reqs + 1]
+        idx = torch.arange(num_reqs, dtype=torch.int64, device=device)
+        return cls(
+            req_ids=[f"dummy_{i}" for i in range(num_reqs)],
+            num_reqs=num_reqs,
+            num_reqs_after_padding=num_reqs,
+            idx_mapping=idx,
+            idx_mapping_np=np.arange(num_reqs, dtype=np.intp),
+            expanded_idx_mapping=idx,
+            expanded_local_pos=torch.zeros(num_reqs, dtype=torch.int32, device=device),
+            num_scheduled_tokens=sched,
+            num_tokens=num_tokens,
+            num_tokens_after_padding=num_tokens,
+            num_draft_tokens=0,
+            num_draft_tokens_per_req=None,
+            query_start_loc=qsl,
+            query_start_loc_np=qsl_np,
+            seq_lens=input_buffers.seq_lens[:num_reqs],
+            seq_lens_cpu_upper_bound=torch.from_numpy(sched.copy()),
+            dcp_local_seq_lens=None,
+            num_computed_tokens_np=np.zeros(num_reqs, dtype=np.int32),
+            prefill_len_np=np.zeros(num_reqs, dtype=np.int32),
+            num_computed_prefill_tokens_np=np.zeros(num_reqs, dtype=np.int32),
+            is_prefilling_np=np.zeros(num_reqs, dtype=np.bool_),
+            has_prefill=False,
+            decode_graph_eligible=True,
+            input_ids=input_buffers.input_ids[:num_tokens].zero_(),
+            positions=input_buffers.positions[:num_tokens].zero_(),
+            is_padding=input_buffers.is_padding[:num_tokens],
+            logits_indices=qsl[1:] - 1,
+            cu_num_logits=torch.arange(num_reqs + 1, dtype=torch.int32, device=device),
+            cu_num_logits_np=np.arange(num_reqs + 1, dtype=np.int32),
+            has_structured_output_reqs=False,
+            prompt_lens=None,
+        )
+
+
+class BlockTables:
+    """Paged block tables in plain torch (the interface of ``vllm/v1/worker/gpu/block_table.py``).
+
+    ``tables[g]`` is ``[max_num_reqs, max_blocks]`` int32 block ids per request
+    state; ``num_blocks[g, r]`` the valid entries of row ``r``. Slot of a token
+    at ``position``: ``table[r, position // block_size] * block_size +
+    position % block_size`` (``cp_size == 1``), or the interleaved local slot
+    under DCP (tokens owned by another DCP rank get ``PAD_SLOT_ID``).
+    """
+
+    def __init__(
+        self,
+        block_sizes: list[int],
+        max_num_reqs: int,
+        max_num_batched_tokens: int,
+        max_num_blocks_per_group: list[int],
+        device: torch.device,
+        cp_size: int = 1,
+        cp_rank: int = 0,
+        cp_interleave: int = 1,
+    ) -> None:
+        self.block_sizes = block_sizes
+        self.max_num_reqs = max_num_reqs
+        self.device = device
+        self.cp_size, self.cp_rank, self.cp_interleave = cp_size, cp_rank, cp_interleave
+        self.num_kv_cache_groups = len(block_sizes)
+        self.tables = [
+            torch.zeros(max_num_reqs, b, dtype=torch.int32, device=device) for b in max_num_blocks_per_group
+        ]
+        self.num_blocks = torch.zeros(
+            self.num_kv_cache_groups, max_num_reqs, dtype=torch.int64, device=device
+        )
+        self.input_block_tables = [torch.zeros_like(t) for t in self.tables]
+        self.slot_mappings = torch.zeros(
+            self.num_kv_cache_groups, max_num_batched_tokens, dtype=torch.int64, device=device
+        )
+
+    def set_row(self, req_state_idx: int, block_ids: list[list[int]]) -> None:
+        for g, ids in enumerate(block_ids):
+            self.tables[g][req_state_idx, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
+            self.num_blocks[g, req_state_idx] = len(ids)
+
+    def gather_block_tables(
+        self,
+        idx_mapping: torch.Tensor,
+        num_reqs_padded: int,
+        out: tuple[torch.Tensor, ...] | None = None,
+        out_ptrs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        out = tuple(self.input_block_tables) if out is None else out
+        n = idx_mapping.shape[0]
+        for g, (src, dst) in enumerate(zip(self.tables, out)):
+            cols = torch.arange(src.shape[1], device=src.device)
+            rows = src[idx_mapping]
+            valid = cols[None, :] < self.num_blocks[g, idx_mapping][:, None]
+            dst[:n] = torch.where(valid, rows, dst[:n])  # the kernel copies the valid blocks only
+            dst[n:num_reqs_padded] = 0
+        return tuple(t[:num_reqs_padded] for t in out)
+
+    def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
+        return tuple(t[:num_reqs].zero_() for t in self.input_block_tables)
+
+    def compute_slot_mappings(
+        self,
+        idx_mapping: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        positions: torch.Tensor,
+        num_tokens_padded: int,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        out = self.slot_mappings if out is None else out
+        n = idx_mapping.shape[0]
+        qsl = query_start_loc[: n + 1].to(torch.int64)
+        total = int(qsl[-1])
+        req = torch.repeat_interleave(torch.arange(n, device=qsl.device), qsl[1:] - qsl[:-1])
+        pos = positions[:total]
+        state = idx_mapping[req]
+        out.fill_(PAD_SLOT_ID)
+        for g, (table, bs) in enumerate(zip(self.tables, self.block_sizes)):
+            local, mine = pos, torch.ones_like(pos, dtype=torch.bool)
+            if self.cp_size > 1:
+                span = bs * self.cp_size
+                block, off = pos // span, pos % span
+                mine = (off // self.cp_interleave) % self.cp_size == self.cp_rank
+                local = (
+                    block * bs
+                    + (off // (self.cp_interleave * self.cp_size)) * self.cp_interleave
+                    + (off % self.cp_interleave)
+                )
+            slot = table[state, local // bs].to(torch.int64) * bs + local % bs
+            out[g, :total] = torch.where(mine & (state >= 0), slot, PAD_SLOT_ID)
+        return out[:, :num_tokens_padded]
+
+    def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        self.slot_mappings.fill_(PAD_SLOT_ID)
+        return self.slot_mappings[:, :num_tokens]
+
+
+class FakePCPGroup:
+    """``all_gather`` for one process playing every rank: :meth:`stage` registers the ranks'
+    local tensors; gathering any of them returns their rank-major concatenation."""
+
+    def __init__(self) -> None:
+        self._staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.calls = 0
+
+    def stage(self, locals_: list[torch.Tensor]) -> torch.Tensor:
+        gathered = torch.cat(locals_)
+        for t in locals_:
+            self._staged[id(t)] = (t, gathered)  # keep t alive: its id stays unique
+        return gathered
+
+    def clear(self) -> None:
+        self._staged.clear()
+
+    def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        assert dim == 0 and id(tensor) in self._staged, "all_gather of a tensor no rank staged"
+        self.calls += 1
+        return self._staged[id(tensor)][1]
+
+
+PCP_GROUP = FakePCPGroup()
+
+
+def get_pcp_group() -> FakePCPGroup:
+    return PCP_GROUP
+
+
+class PCPManager:
+    """Stand-in base class: no behaviour. ``validate_config`` records its arguments (a spy)."""
+
+    validated: list[tuple[Any, bool]] = []  # noqa: RUF012
+
+    @staticmethod
+    def validate_config(vllm_config: Any, supports_mm_inputs: bool) -> None:
+        PCPManager.validated.append((vllm_config, supports_mm_inputs))
