@@ -1,6 +1,6 @@
 """Differential check: pcp_fn.mrv2 (and the test oracle) against the REAL seed 001 (vLLM MRV2 ``PCPManager``).
 
-Development only: needs ``../shared/seeds/001_*.txt`` (or ``$PCP_FN_SEED_001``). Run:
+Development only: needs vLLM's ``pcp_manager.py`` reference (found by ``reference.py``). Run:
 
     python tools/check_mrv2_against_seed.py [num_examples]
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import glob
 import logging
 import os
 import sys
@@ -39,6 +38,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 import seed_loader  # noqa: E402
 from oracle_mrv2 import oracle_layout, oracle_local  # noqa: E402
+from reference import reference_source  # noqa: E402
 
 from pcp_fn import Bucket, mrv2  # noqa: E402
 
@@ -106,21 +106,8 @@ class _Group:
 GROUP = _Group()
 
 
-def seed001_path() -> str | None:
-    env = os.environ.get("PCP_FN_SEED_001")
-    if env and os.path.exists(env):
-        return env
-    for up in (("..", ".."), ("..", "..", "..")):  # a checkout next to shared/, or a worktree under wt/
-        hits = glob.glob(os.path.join(HERE, *up, "shared", "seeds", "001_*.txt"))
-        if hits:
-            return hits[0]
-    return None
-
-
 def load_seed_manager():
-    path = seed001_path()
-    if path is None:
-        raise FileNotFoundError("seed 001 not found: set PCP_FN_SEED_001")
+    path, text = reference_source("vllm_pcp_manager")
     m = seed_loader._module
     m("vllm")
     m("vllm.config", CUDAGraphMode=CUDAGraphMode, VllmConfig=object)
@@ -135,7 +122,6 @@ def load_seed_manager():
     m("vllm.v1.worker.gpu")
     m("vllm.v1.worker.gpu.block_table", BlockTables=object)
     m("vllm.v1.worker.gpu.input_batch", InputBatch=InputBatch, InputBuffers=InputBuffers)
-    text = open(path).read().split("\n", 1)[1]  # the first line is the file's path
     mod = types.ModuleType("seed_mrv2_pcp_manager")
     sys.modules[mod.__name__] = mod  # dataclasses look their module up
     exec(compile(text, path, "exec"), mod.__dict__)
