@@ -266,6 +266,7 @@ class FakePCPGroup:
 
     def __init__(self) -> None:
         self._staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.broadcast_from: list[torch.Tensor] = []
         self.calls = 0
 
     def stage(self, locals_: list[torch.Tensor]) -> torch.Tensor:
@@ -276,6 +277,13 @@ class FakePCPGroup:
 
     def clear(self) -> None:
         self._staged.clear()
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s tensor (``broadcast_from[src]``, set by the test), in ``tensor``'s shape."""
+        self.calls += 1
+        source = self.broadcast_from[src]
+        assert source.shape == tensor.shape, (source.shape, tensor.shape)
+        return source.clone()
 
     def all_gather(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
         assert dim == 0 and id(tensor) in self._staged, "all_gather of a tensor no rank staged"
@@ -298,3 +306,77 @@ class PCPManager:
     @staticmethod
     def validate_config(vllm_config: Any, supports_mm_inputs: bool) -> None:
         PCPManager.validated.append((vllm_config, supports_mm_inputs))
+
+
+# ------------------------------------------------------------------ vllm-ascend main (model runner V2)
+# The fields and names of vllm_ascend/worker/v2 the Ascend PCP manager reads or writes; no Ascend logic.
+
+
+class AscendAttentionState(enum.Enum):
+    """``vllm_ascend.attention.attention_v1.AscendAttentionState`` (names only)."""
+
+    PrefillNoCache = 0
+    PrefillCacheHit = 1
+    DecodeOnly = 2
+    ChunkedPrefill = 3
+    SpecDecoding = 4
+
+
+def build_attn_state(
+    vllm_config: Any,
+    seq_lens_np: np.ndarray,
+    num_reqs: int,
+    num_scheduled_tokens: np.ndarray,
+    num_valid_tokens: np.ndarray,
+) -> AscendAttentionState:
+    """Stand-in of ``vllm_ascend.worker.v2.attn_utils.build_attn_state`` (its signature; a simple
+    rule over the same host arrays, so a wrong argument gives a wrong state)."""
+    seq, sched, valid = seq_lens_np[:num_reqs], num_scheduled_tokens[:num_reqs], num_valid_tokens[:num_reqs]
+    if np.array_equal(seq, sched):
+        return AscendAttentionState.PrefillNoCache
+    if np.all(sched == 1):
+        return AscendAttentionState.DecodeOnly
+    if np.all(valid == 1):
+        return AscendAttentionState.SpecDecoding
+    return AscendAttentionState.ChunkedPrefill
+
+
+class AscendInputBuffers(InputBuffers):
+    """``vllm_ascend.worker.v2.input_batch.AscendInputBuffers``: one more ``query_start_loc`` entry
+    (a FIA padding slot) and host ``seq_lens_cpu`` with its numpy view ``seq_lens_np``."""
+
+    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device):
+        super().__init__(max_num_reqs, max_num_tokens, device)
+        self.query_start_loc = torch.zeros(max_num_reqs + 2, dtype=torch.int32, device=device)
+        self.seq_lens_cpu = torch.zeros(max_num_reqs, dtype=torch.int32)
+        self.seq_lens_np = self.seq_lens_cpu.numpy()
+
+
+@dataclasses.dataclass
+class AscendInputBatch(InputBatch):
+    """``vllm_ascend.worker.v2.input_batch.AscendInputBatch``: the host sequence lengths and the
+    attention state on top of vLLM's ``InputBatch``."""
+
+    seq_lens_np: np.ndarray | None = None
+    attn_state: Any = None
+
+
+class AscendBlockTables(BlockTables):
+    """Block tables whose slot mappings are int32 (the Ascend cache-write operators' dtype)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slot_mappings = self.slot_mappings.to(torch.int32)
+
+
+class PPGroup:
+    """``get_pp_group()``: ``is_last_rank`` (set it to play another stage)."""
+
+    is_last_rank = True
+
+
+PP_GROUP = PPGroup()
+
+
+def get_pp_group() -> PPGroup:
+    return PP_GROUP

@@ -175,6 +175,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self.draft_prefill_batch: Any = None
             self._global_batch: Any = None
             self._local_batch: Any = None
+            self._local_rows: np.ndarray = _NO_ROW
             self._block_tables = block_tables
 
             P, R2, T, dev = pcp_world_size, 2 * max_num_reqs, max_num_tokens, self.device
@@ -200,9 +201,11 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
                 )
             self._views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
-            self._global_slot_mappings = torch.zeros(num_groups, T, dtype=torch.int64, device=dev)
+            # the block tables' slot dtype (int64 in vLLM; the cache-write kernels read these buffers)
+            slot_dtype = torch.int64 if block_tables is None else block_tables.slot_mappings.dtype
+            self._global_slot_mappings = torch.zeros(num_groups, T, dtype=slot_dtype, device=dev)
             self._gathered_slot_mappings = torch.full(
-                (num_groups, P * T), api.PAD_SLOT_ID, dtype=torch.int64, device=dev
+                (num_groups, P * T), api.PAD_SLOT_ID, dtype=slot_dtype, device=dev
             )
 
             out = Destinations(
@@ -428,6 +431,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 prompt_lens=None,
             )
             fields.update(views)
+            self._local_rows = req  # each local row's global request (host)
             self._local_batch = _replace(g, fields)
             self._global_batch = g
             self.draft_prefill_batch = None

@@ -21,17 +21,55 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ..vllm_manager import VllmApi
 from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
 from .manager import FunctionalDCSManager
+from .manager_v2 import AscendApi, make_functional_ascend_manager
 
 __all__ = [
+    "AscendApi",
+    "FunctionalAscendPCPManager",
     "FunctionalDCSManager",
     "PCPAsyncSpecDecodeRebuildResult",
     "PCPSpecDecodeFirstPassInputs",
     "PCPSpecDecodeMTPInputs",
     "install",
+    "make_functional_ascend_manager",
 ]
+
+
+def __getattr__(name: str) -> type:
+    """``FunctionalAscendPCPManager``: built on first access over vLLM and vllm-ascend main (imports
+    both), a subclass of vLLM's MRV2 ``PCPManager`` through the class body of
+    ``pcp_fn.adapters.vllm.FunctionalPCPManager``."""
+    if name != "FunctionalAscendPCPManager":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.distributed import parallel_state
+    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+    from vllm.v1.worker.gpu.pcp_manager import PCPManager
+    from vllm_ascend.worker.v2.attn_utils import build_attn_state
+    from vllm_ascend.worker.v2.input_batch import AscendInputBuffers
+
+    cls = make_functional_ascend_manager(
+        VllmApi(
+            PCPManager=PCPManager,
+            InputBuffers=InputBuffers,
+            CUDAGraphMode=CUDAGraphMode,
+            PAD_SLOT_ID=PAD_SLOT_ID,
+            get_pcp_group=lambda: parallel_state.get_pcp_group(),  # per call: a patched group
+        ),
+        AscendApi(
+            AscendInputBuffers=AscendInputBuffers,
+            build_attn_state=build_attn_state,
+            get_pp_group=lambda: parallel_state.get_pp_group(),
+        ),
+    )
+    cls.__module__ = __name__
+    globals()[name] = cls
+    return cls
 
 
 def install(**manager_kwargs) -> type:
