@@ -8,7 +8,9 @@
 - :mod:`pcp_fn.adapters.bookkeeping`: the only vLLM-adapter module that calls
   ``pcp_fn`` (host twin, captured ``mrv2`` graph, restores).
 - :mod:`pcp_fn.adapters.vllm_ascend`: ``FunctionalDCSManager``, a drop-in for
-  vllm-ascend 0.23's DualChunkSwap ``PCPManager`` (``install()`` switches it in).
+  vllm-ascend 0.23's DualChunkSwap ``PCPManager`` (``install()`` switches it in), and
+  ``FunctionalAscendPCPManager``, a drop-in for vllm-ascend main's model-runner-V2
+  ``AscendPCPManager`` (built on first access, which imports vLLM and vllm-ascend).
 
 This package imports nothing on its own: ``import pcp_fn`` never imports the
 adapters, vLLM or vllm-ascend.
