@@ -38,15 +38,23 @@ def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.T
 
         starts [0, 2, 2, 5], values [7, 8, 9, 4], cap 7 -> [7, 7, 9, 9, 9, 4, 4]
 
-    A difference array: add ``values[j] - values[j-1]`` at ``starts[j]``, then a
-    prefix sum. One ``scatter_add`` over the runs and one ``cumsum`` over the
-    slots: no per-slot search, no per-slot gather.
+    Each slot finds its run by binary search (:func:`segment_of` on the starts)
+    and gathers the run's values: four wide kernels, no per-run loop, no scan.
     """
-    diff = values - F.pad(values[..., :-1], (1, 0))
-    marks = torch.zeros((*values.shape[:-1], cap + 1), dtype=values.dtype, device=values.device)
-    where = starts.clamp(max=cap).expand(diff.shape)  # starts past the end land in a trash slot
-    marks = marks.scatter_add(-1, where, diff)
-    return marks.cumsum(-1)[..., :cap]
+    run = segment_of(starts, cap)  # runs starting at or before the slot: 0 before the first
+    return F.pad(values, (1, 0)).index_select(-1, run)
+
+
+def segment_of(ends: torch.Tensor, cap: int) -> torch.Tensor:
+    """``[cap]`` int64: for each slot, how many of ``ends [m]`` (non-decreasing) are ``<= slot``.
+
+    With ``ends`` the ends of back-to-back segments, that is the segment holding
+    the slot (empty segments own none); slots past ``ends[-1]`` get ``m``. With
+    ``ends[:-1]`` instead, they fall in the last segment. One binary search per
+    slot (``searchsorted``), fused by inductor with what reads it.
+    """
+    slot = torch.arange(cap, dtype=ends.dtype, device=ends.device)
+    return torch.searchsorted(ends.contiguous(), slot, right=True)
 
 
 class RaggedIndex(NamedTuple):
@@ -65,9 +73,9 @@ def ragged_index(lengths: torch.Tensor, cap: int) -> RaggedIndex:
     Empty segments own no slot.
     """
     starts = offsets(lengths)
-    ids = torch.arange(lengths.shape[-1], dtype=torch.int64, device=lengths.device)
-    segment, start = expand_runs(starts[:-1], torch.stack([ids, starts[:-1]]), cap)
+    segment = segment_of(starts[1:-1], cap)  # the last segment also takes the padding tail
     slot = torch.arange(cap, dtype=torch.int64, device=lengths.device)
+    start = F.pad(starts[1:-1], (1, 0)).index_select(-1, segment)
     return RaggedIndex(segment, slot - start, slot < starts[-1])
 
 
