@@ -108,10 +108,10 @@ def classify_decodes(config: PCPConfig, num_scheduled: A, num_computed: A, num_p
     host boundary) and on tensors (inside ops) alike; empty padding rows
     (no context) are prefills.
     """
-    done = num_computed >= num_prompt
-    if config.pd_decode_recompute:
-        done = done | (num_computed == num_prompt - 1)
-    return (num_computed > 0) & (num_scheduled <= config.decode_threshold) & done
+    # context (computed > 0) and prompt done (computed >= prompt, or >= prompt - 1 with the
+    # recompute scheduler): computed >= max(prompt [- 1], 1), one comparison
+    done_at = num_prompt - 1 if config.pd_decode_recompute else num_prompt
+    return (num_computed >= done_at.clip(min=1)) & (num_scheduled <= config.decode_threshold)
 
 
 def local_token_counts(config: PCPConfig, num_scheduled: np.ndarray, is_decode: np.ndarray) -> np.ndarray:
