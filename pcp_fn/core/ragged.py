@@ -41,20 +41,21 @@ def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.T
     Each slot finds its run by binary search (:func:`segment_of` on the starts)
     and gathers the run's values: four wide kernels, no per-run loop, no scan.
     """
-    run = segment_of(starts, cap)  # runs starting at or before the slot: 0 before the first
+    slot = torch.arange(cap, dtype=starts.dtype, device=starts.device)
+    run = segment_of(starts, slot)  # runs starting at or before the slot: 0 before the first
     return F.pad(values, (1, 0)).index_select(-1, run)
 
 
-def segment_of(ends: torch.Tensor, cap: int) -> torch.Tensor:
-    """``[cap]`` int64: for each slot, how many of ``ends [m]`` (non-decreasing) are ``<= slot``.
+def segment_of(ends: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """int64, ``slots``' shape: for each slot, how many of ``ends [m]`` (non-decreasing) are ``<= slot``.
 
     With ``ends`` the ends of back-to-back segments, that is the segment holding
     the slot (empty segments own none); slots past ``ends[-1]`` get ``m``. With
     ``ends[:-1]`` instead, they fall in the last segment. One binary search per
-    slot (``searchsorted``), fused by inductor with what reads it.
+    slot (``searchsorted``), fused by inductor with what reads it. ``slots`` is
+    usually the caller's ``arange`` of row numbers, of ``ends``' dtype.
     """
-    slot = torch.arange(cap, dtype=ends.dtype, device=ends.device)
-    return torch.searchsorted(ends.contiguous(), slot, right=True)
+    return torch.searchsorted(ends.contiguous(), slots, right=True)
 
 
 class RaggedIndex(NamedTuple):
@@ -73,8 +74,8 @@ def ragged_index(lengths: torch.Tensor, cap: int) -> RaggedIndex:
     Empty segments own no slot.
     """
     starts = offsets(lengths)
-    segment = segment_of(starts[1:-1], cap)  # the last segment also takes the padding tail
     slot = torch.arange(cap, dtype=torch.int64, device=lengths.device)
+    segment = segment_of(starts[1:-1], slot)  # the last segment also takes the padding tail
     start = F.pad(starts[1:-1], (1, 0)).index_select(-1, segment)
     return RaggedIndex(segment, slot - start, slot < starts[-1])
 

@@ -63,6 +63,7 @@ class RequestGeometry(NamedTuple):
     prefill_chunk_start: torch.Tensor  # cumulative prefill_chunk, exclusive, then the total
     num_decode_reqs: torch.Tensor  # 0-d decode requests
     num_decode_tokens: torch.Tensor  # 0-d their scheduled tokens
+    request_ids: torch.Tensor  # arange(n): the request of each row
 
 
 def request_geometry(
@@ -97,6 +98,7 @@ def request_geometry(
         prefill_chunk_start=starts[4],
         num_decode_reqs=starts[5, -1],
         num_decode_tokens=starts[6, -1],
+        request_ids=torch.arange(n.shape[0], dtype=torch.int64, device=n.device),
     )
 
 
@@ -137,16 +139,16 @@ def local_rows(
     else:
         shift = torch.stack([cs * rank, cs * (2 * P - 2 - rank)], -1).squeeze(1) - ls
     ends = torch.stack([geo.local_start[:-1] + geo.chunk, geo.local_start[1:]], -1)
-    ids = torch.arange(cs.shape[0], dtype=torch.int64, device=cs.device)[:, None].expand(-1, 2)
+    ids = geo.request_ids[:, None].expand(-1, 2)
     channels = [shift] if num_computed is None else [shift, shift + num_computed[:, None]]
     table = torch.stack([*channels, ids]).flatten(1)  # [C, 2 R_b]: position shifts, request
     row = torch.arange(num_rows, dtype=torch.int64, device=cs.device)
-    painted = table.index_select(1, segment_of(ends.flatten()[:-1], num_rows))  # tail: last segment
+    painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))  # padding: the last segment
     valid = row < geo.local_start[-1]
-    positions = (row + painted[:-1]) * valid
-    request = painted[-1] * valid
+    masked = painted * valid  # request (0 on padding rows), position shifts
+    positions = torch.addcmul(masked[:-1], row, valid)
     absolute = None if num_computed is None else positions[1]
-    return LocalRows(request, positions[0], valid, absolute)
+    return LocalRows(masked[-1], positions[0], valid, absolute)
 
 
 class GatheredOrder(NamedTuple):
@@ -158,7 +160,12 @@ class GatheredOrder(NamedTuple):
 
 
 def gathered_order(
-    config: PCPConfig, geo: RequestGeometry, rows_per_rank: int, constants: dict[str, torch.Tensor]
+    config: PCPConfig,
+    geo: RequestGeometry,
+    rows_per_rank: int,
+    constants: dict[str, torch.Tensor],
+    *,
+    tokens: bool = True,
 ) -> GatheredOrder:
     """Restore index, unpad mask and token of every padded-order row.
 
@@ -174,7 +181,9 @@ def gathered_order(
     configured the decode region (the first ``P * num_decode_tokens`` rows,
     decodes come first) is token-strided instead: every ``P``-th row, decode
     token ``t`` at row ``t * P`` (vllm-ascend's convention; without them every
-    decode has at most one token and both rules agree).
+    decode has at most one token and both rules agree). ``tokens=False``
+    leaves ``token`` unmasked (for callers that only read the mask and the
+    restore index).
     """
     P = config.pcp_size
     size = P * rows_per_rank
@@ -186,7 +195,7 @@ def gathered_order(
     columns = torch.broadcast_tensors(shift, geo.pads_start[:-1, None], geo.token_start[1:, None])
     table = torch.stack(columns).flatten(1)  # [3, 2P R_b]: restore shift, pads before, token end
     row = torch.arange(size, dtype=torch.int64, device=ps.device)
-    painted = table.index_select(1, segment_of(ends.flatten()[:-1], size))  # tail: the last chunk
+    painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))  # padding: the last chunk
     valid = row < geo.padded_start[-1]
     token = row - painted[1]
     mask = token < painted[2]
@@ -194,7 +203,9 @@ def gathered_order(
         decode = row < P * geo.num_decode_tokens
         mask = torch.where(decode, row % P == 0, mask)
         token = torch.where(decode, row // P, token)
-    return GatheredOrder(restore_index=(row + painted[0]) * valid, unpad_mask=mask, token=token * mask)
+    return GatheredOrder(
+        restore_index=(row + painted[0]) * valid, unpad_mask=mask, token=token * mask if tokens else token
+    )
 
 
 @pytree_dataclass
@@ -314,11 +325,12 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
 
     vllm-ascend ``PCPManager.get_logits_indices``: ``cumsum(pcp_tokens) * P - num_pads - 1``.
     """
-    last = (geo.padded_start[:-1] + geo.num_scheduled - 1).clamp(min=0)
-    real = torch.arange(last.shape[0], device=last.device) < num_reqs
-    return last * real
+    # rows past num_reqs schedule nothing (n = 0): (n - 1) + padded_start * real is -1 there
+    real = geo.request_ids < num_reqs
+    return torch.addcmul(geo.num_scheduled - 1, geo.padded_start[:-1], real).clamp(min=0)
 
 
 def restore_index(state: PCPState) -> torch.Tensor:
     """``[P*L_b]`` int64: gathered row of each padded-order row (``TokenLayout.restore_index``)."""
-    return state_order(state).restore_index
+    cfg, geo = state.config, state_geometry(state)
+    return gathered_order(cfg, geo, state.bucket.num_tokens, state.constants, tokens=False).restore_index
