@@ -42,20 +42,30 @@ def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.T
     and gathers the run's values: four wide kernels, no per-run loop, no scan.
     """
     slot = torch.arange(cap, dtype=starts.dtype, device=starts.device)
-    run = segment_of(starts, slot)  # runs starting at or before the slot: 0 before the first
+    run = segment_of(starts.clamp(max=cap), slot)  # runs starting at or before the slot: 0 before the first
     return F.pad(values, (1, 0)).index_select(-1, run)
 
 
 def segment_of(ends: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """int64, ``slots``' shape: for each slot, how many of ``ends [m]`` (non-decreasing) are ``<= slot``.
+    """int64 ``[n]``: for each slot of ``slots = arange(n)``, how many ``ends [m]`` are ``<= slot``.
 
-    With ``ends`` the ends of back-to-back segments, that is the segment holding
+    ``ends`` is non-decreasing. With ``ends`` the ends of back-to-back segments, that is the segment holding
     the slot (empty segments own none); slots past ``ends[-1]`` get ``m``. With
-    ``ends[:-1]`` instead, they fall in the last segment. One binary search per
-    slot (``searchsorted``), fused by inductor with what reads it. ``slots`` is
-    usually the caller's ``arange`` of row numbers, of ``ends``' dtype.
+    ``ends[:-1]`` instead, they fall in the last segment. Every end must lie in
+    ``[0, n]`` (the caller's segments fit its slots).
+
+    On a GPU or NPU: one binary search per slot (``searchsorted``; one kernel,
+    fused by inductor's triton backend). On the CPU a binary search costs
+    ~40-60 ns a slot once the ends outgrow the cache, and inductor's C++ backend
+    cannot fuse it, so the CPU counts the ends instead: a histogram of the ends
+    and its prefix sum, O(n + m) (a merge of two sorted lists).
     """
-    return torch.searchsorted(ends.contiguous(), slots, right=True)
+    if slots.device.type != "cpu":
+        return torch.searchsorted(ends.contiguous(), slots, right=True)
+    n = slots.shape[0]
+    marks = torch.zeros(n + 1, dtype=torch.int64, device=slots.device)
+    marks = marks.scatter_add(0, ends.to(torch.int64), torch.ones_like(ends, dtype=torch.int64))
+    return marks.cumsum(0)[:n]
 
 
 class RaggedIndex(NamedTuple):
