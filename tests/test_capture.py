@@ -194,17 +194,38 @@ def test_capture_with_inductor_in_one_bucket():
     captured = graph.capture(pcp_fn.step, state, example)
     assert captured.kind == "compile"
     for _ in range(20):
-        b = _random_batch(rng)
-        b = make_batch(
-            CFG,
-            b.num_scheduled[: int(b.num_reqs)],
-            b.num_computed[: int(b.num_reqs)],
-            b.num_prompt[: int(b.num_reqs)],
-            bucket=bucket,
-            slot_mapping=_slots(b.num_scheduled),
-        )
+        b = _same_bucket(_random_batch(rng), bucket)
         assert tree_equal(captured(state, b), pcp_fn.step(state, b))
     assert len(captured) == 1
+
+
+def _same_bucket(b, bucket):
+    n = int(b.num_reqs)
+    sched, comp, prompt = (x[:n] for x in (b.num_scheduled, b.num_computed, b.num_prompt))
+    return make_batch(CFG, sched, comp, prompt, bucket=bucket, slot_mapping=_slots(sched))
+
+
+def test_capture_with_aoti_replays_every_composition_and_grows(tmp_path):
+    # AOTInductor: one package per bucket in package_dir, loaded and called with the flat leaves
+    rng = random.Random(5)
+    bucket = Bucket(8, 64)
+    state = init_state(CFG)
+    captured = graph.capture(
+        pcp_fn.step, state, _batch("mixed", bucket), backend="aoti", package_dir=tmp_path
+    )
+    assert captured.kind == "aoti" and len(list(tmp_path.glob("*.pt2"))) == 1
+    for _ in range(20):
+        b = _same_bucket(_random_batch(rng), bucket)
+        got = captured(state, b)
+        assert tree_equal(got, pcp_fn.step(state, b))
+        state = got[0]  # a state from the graph feeds the next call (entry op: config and rank only)
+    # a state of the same config whose entry fields are other tensors (equal values): served
+    fresh = init_state(CFG)
+    assert tree_equal(captured(fresh, b), pcp_fn.step(fresh, b))
+    assert len(captured) == 1
+    other = _batch("decode-only")  # another bucket: a second package
+    assert tree_equal(captured(state, other), pcp_fn.step(state, other))
+    assert len(captured) == 2 and len(list(tmp_path.glob("*.pt2"))) == 2
 
 
 def test_capture_errors_leave_the_callable_usable():
@@ -322,3 +343,27 @@ def test_a_trace_visiting_every_bucket_compiles_one_graph_per_bucket(how):
     assert counters["stats"]["unique_graphs"] == len(buckets)
     if how == "capture":
         assert len(fn) == len(buckets)
+
+
+def test_fast_flatten_and_rebuild_agree_with_torch_pytree():
+    import torch.utils._pytree as pytree
+
+    from pcp_fn.graph.flat import Rebuild, flatten
+
+    for cfg in (CFG, dataclasses.replace(CFG, hybrid_attn=True)):
+        state = init_state(cfg, rank=1)
+        batch = make_batch(cfg, *COMPOSITIONS["mixed"], slot_mapping=_slots(COMPOSITIONS["mixed"][0]))
+        for tree in ((state, batch), pcp_fn.step(state, batch), pcp_fn.attention_metadata(state, batch)):
+            leaves, key = flatten(tree)
+            expected = pytree.tree_leaves(tree)
+            assert len(leaves) == len(expected) and all(a is b for a, b in zip(leaves, expected))
+            assert tree_equal(Rebuild(tree)(leaves), tree)
+            memo = {}
+            assert flatten(tree, memo) == (leaves, key) and flatten(tree, memo)[1] == key
+        # what a graph specialises on changes the key: the bucket, a dtype
+        other = make_batch(cfg, [3], [0], [3], slot_mapping=[1, 2, 3])
+        assert flatten((state, other))[1] != flatten((state, batch))[1]
+        recast = dataclasses.replace(batch, slot_mapping=batch.slot_mapping.to(torch.int32))
+        assert flatten((state, recast))[1] != flatten((state, batch))[1]
+        again = make_batch(cfg, *COMPOSITIONS["mixed"], slot_mapping=_slots(COMPOSITIONS["mixed"][0]))
+        assert flatten((state, again))[1] == flatten((state, batch))[1]

@@ -3,14 +3,24 @@
     captured = pcp_fn.graph.capture(pcp_fn.step, state, batch, slot_mapping)
     state, out = captured(state, next_batch, next_slot_mapping)   # replay
 
-Backends, chosen from the device of the example's tensors:
+Backends, chosen from the device of the example's tensors and ``backend``:
 
 - ``cuda``: ``torch.cuda.CUDAGraph``. Every tensor leaf of the arguments gets a
   static buffer; a call ``copy_``\\ s the new leaves into them and replays.
 - ``npu``: ``torch.npu.NPUGraph`` from ``torch_npu`` (imported only then), the
   same way.
+- ``backend="aoti"`` (any device AOTInductor compiles for; the CPU's fast
+  path): per signature, ``torch.export`` of the function over its flattened
+  tensor leaves, ``aoti_compile_and_package`` into ``package_dir``, and
+  ``aoti_load_package``; a call runs the loaded model on the leaves and
+  rebuilds the result tree. No Dynamo guards, no Python wrapper per graph.
 - anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
   one compiled graph per bucket (``backend="inductor"`` unless told).
+
+A call finds its graph by one walk over the arguments
+(:func:`pcp_fn.graph.flat.flatten`: structure, static fields, leaf shapes,
+dtypes and devices) and one dict lookup; the capacity and config checks run
+when a signature is first seen.
 
 Entry ops (:func:`pcp_fn.core.entry.entry_op`: ``update_tokens``, ``step``,
 ``spec_step``, MRV2 ``partition_batch``...) read only the config and rank of
@@ -36,6 +46,8 @@ the compile backend every call returns fresh tensors.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import types
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +57,7 @@ import torch.utils._pytree as pytree
 
 from ..core.buckets import Bucket
 from ..core.entry import is_entry_op
+from .flat import Rebuild, flatten
 
 
 class CaptureError(ValueError):
@@ -132,6 +145,34 @@ class _CompiledGraph:
         return self._fn(*args)
 
 
+class _AOTIGraph:
+    """One AOTInductor package: ``fn`` exported over the tensor leaves of ``args``."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], path: str) -> None:
+        from .export import export  # (export imports this module)
+
+        leaves, spec = pytree.tree_flatten(args)
+        self._tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        fixed = list(leaves)
+
+        def over_leaves(*tensors: torch.Tensor) -> tuple[Any, ...]:
+            full = list(fixed)
+            for i, t in zip(self._tensors, tensors):
+                full[i] = t
+            return tuple(flatten(fn(*pytree.tree_unflatten(full, spec)))[0])
+
+        example = fn(*args)
+        self._rebuild = Rebuild(example)
+        program = export(over_leaves, *[leaves[i] for i in self._tensors])
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
+        self._run = torch._inductor.aoti_load_package(path).loader.run
+        if flatten(args)[0] != leaves:  # the fast walk and torch's pytree agree on the order
+            raise CaptureError("the arguments flatten differently from torch.utils._pytree")
+
+    def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
+        return self._rebuild(self._run([leaves[i] for i in self._tensors]))
+
+
 class _DeviceGraph:
     """A CUDA or NPU graph with static input buffers for every tensor leaf."""
 
@@ -169,31 +210,45 @@ class Captured:
     """A callable with ``fn``'s signature that replays one captured graph per signature."""
 
     def __init__(
-        self, fn: Callable[..., Any], *, grow: bool = True, backend: str = "inductor", warmup: int = 2
+        self,
+        fn: Callable[..., Any],
+        *,
+        grow: bool = True,
+        backend: str = "inductor",
+        warmup: int = 2,
+        package_dir: str | None = None,
     ) -> None:
         self.fn = fn
         self.grow = grow
         self.backend = backend
         self.warmup = warmup
+        self.package_dir = package_dir
         self._graphs: dict[tuple[Any, ...], Any] = {}
         self._configs: list[Any] | None = None
         self._device: torch.device | None = None
         self._entry = is_entry_op(fn)
         self._templates: dict[tuple[Any, ...], Any] = {}
+        self._memo: dict[int, Any] = {}  # flatten's by-identity memo (states passed again)
 
     def __len__(self) -> int:
         return len(self._graphs)
 
     @property
     def kind(self) -> str:
-        """``"cuda-graph"``, ``"npu-graph"`` or ``"compile"`` (set by the first capture)."""
+        """``"cuda-graph"``, ``"npu-graph"``, ``"aoti"`` or ``"compile"`` (set by the first capture)."""
         if self._device is None:
             return "unset"
-        return {"cuda": "cuda-graph", "npu": "npu-graph"}.get(self._device.type, "compile")
+        if self._device.type in ("cuda", "npu") and self.backend != "aoti":
+            return {"cuda": "cuda-graph", "npu": "npu-graph"}[self._device.type]
+        return "aoti" if self.backend == "aoti" else "compile"
 
     def _as_entry(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """For an entry op: each state argument becomes the first state seen of its
-        config and rank kind, with this call's entry fields (rank, constants)."""
+        config and rank kind, with this call's entry fields (rank, constants).
+
+        The entry fields usually are the template's own objects (a state passes its
+        constants on, step after step): then the template itself is the argument.
+        """
         if not self._entry:
             return args
         out = []
@@ -201,12 +256,16 @@ class Captured:
             if _is_state(arg):
                 key = (type(arg), arg.config, arg.rank is None)
                 template = self._templates.setdefault(key, arg)
-                arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in type(arg).ENTRY_FIELDS})
+                fields = type(arg).ENTRY_FIELDS
+                if any(getattr(arg, f) is not getattr(template, f) for f in fields):
+                    arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in fields})
+                else:
+                    arg = template
             out.append(arg)
         return tuple(out)
 
-    def _lookup(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], tuple[Any, ...]]:
-        leaves, spec = pytree.tree_flatten(args)
+    def _first_sight(self, args: tuple[Any, ...], leaves: list[Any]) -> None:
+        """The checks a signature gets once: one device, the captured configs, capacities."""
         device = _device_of(leaves)
         configs = _configs(args)
         if self._configs is None:
@@ -214,26 +273,34 @@ class Captured:
         _check_fits(args, self._configs)
         if device != self._device:
             raise CaptureError(f"arguments are on {device}, the graphs on {self._device}")
-        sig = _signature(spec, leaves)
-        return self._graphs.get(sig), leaves, sig
 
     def capture(self, *args: Any) -> None:
         """Capture the graph for ``args``' signature now (no-op when it exists)."""
         args = self._as_entry(args)
-        graph, _, sig = self._lookup(args)
-        if graph is None:
+        leaves, sig = flatten(args)
+        if sig not in self._graphs:
+            self._first_sight(args, leaves)
             self._graphs[sig] = self._build(args)
 
     def _build(self, args: tuple[Any, ...]) -> Any:
         assert self._device is not None
+        if self.backend == "aoti":
+            if self.package_dir is None:
+                self.package_dir = tempfile.mkdtemp(prefix="pcp_fn_aoti_")
+            os.makedirs(self.package_dir, exist_ok=True)
+            name = getattr(self.fn, "__name__", "fn")
+            path = os.path.join(self.package_dir, f"{name}_{len(self._graphs)}_{os.getpid()}.pt2")
+            return _AOTIGraph(self.fn, args, path)
         if self._device.type in ("cuda", "npu"):
             return _DeviceGraph(self.fn, self._device, args, self.warmup)
         return _CompiledGraph(self.fn, self.backend, args)
 
     def __call__(self, *args: Any) -> Any:
         args = self._as_entry(args)
-        graph, leaves, sig = self._lookup(args)
+        leaves, sig = flatten(args, self._memo)
+        graph = self._graphs.get(sig)
         if graph is None:
+            self._first_sight(args, leaves)
             if not self.grow:
                 raise CaptureError(
                     f"no graph was captured for these arguments ({_describe(args)}); "
@@ -254,15 +321,19 @@ def capture(
     grow: bool = True,
     backend: str = "inductor",
     warmup: int = 2,
+    package_dir: str | None = None,
 ) -> Captured:
     """Capture ``fn(*example_args)`` into a graph now and return the replaying callable.
 
     Args:
         grow: capture new buckets on first use (default) or raise
             :class:`CaptureError` for anything not captured up front.
-        backend: ``torch.compile`` backend of the compile path (CPU).
+        backend: ``"aoti"`` (AOTInductor, one package per signature), or the
+            ``torch.compile`` backend of the compile path (CPU).
         warmup: eager runs before a CUDA/NPU capture.
+        package_dir: where ``backend="aoti"`` writes its ``.pt2`` packages
+            (default: a new temporary directory).
     """
-    captured = Captured(fn, grow=grow, backend=backend, warmup=warmup)
+    captured = Captured(fn, grow=grow, backend=backend, warmup=warmup, package_dir=package_dir)
     captured.capture(*example_args)
     return captured
