@@ -15,8 +15,11 @@ it prints, on one thread:
 - every op (``update_tokens``, ``get_logits_indices``, ``padded_slot_mapping``,
   ``restore_hidden_states``, ``step``, ``attention_metadata`` and the composed
   step): eager median us, its kernel-launching aten ops (dispatched ops minus
-  views: what an eager graph replays as kernels), and inductor's kernels for it
-  (fused generated kernels + aten fallbacks, as ``fused+fallback``);
+  views: what an eager graph replays as kernels) as a GPU/NPU dispatches them
+  (``dev``: counted on meta tensors, which take the device code paths) and as
+  the CPU does (``cpu``: ``segment_of`` counts ends with a histogram there,
+  three more kernels per search), and inductor's CPU kernels for it (fused
+  generated kernels + aten fallbacks, as ``fused+fallback``);
 - ``step`` and the composed step (``update_tokens -> get_logits_indices ->
   padded_slot_mapping -> restore_hidden_states`` of a ``[P*L_b, 128]``
   all-gathered buffer) through each backend of ``pcp_fn.graph.capture``:
@@ -38,6 +41,7 @@ import tempfile
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 from _common import H, R, T, inductor_kernels, reference_batches, seed_loader_or_none, spread, timings_us
 
 import pcp_fn
@@ -53,6 +57,11 @@ def composed(state, batch, gathered):
     state, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
     state, hidden = pcp_fn.restore_hidden_states(state, gathered)
     return state, layout, logits, sm, hidden
+
+
+def on_meta(tree):
+    """The same arguments on the meta device: ops take their GPU/NPU code paths there."""
+    return pytree.tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, tree)
 
 
 def reference_host_path(P, sched, comp, prompt, seed_path):
@@ -135,13 +144,16 @@ def main():
             "step": (pcp_fn.step, (state, batch)),
             "composed step": (composed, (state, batch, gathered)),
         }
-        print(f"  {'op':24s} {'eager us':>20s} {'kernels':>8s} {'inductor':>9s}")
+        print(f"  {'op':24s} {'eager us':>20s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s}")
         kernels = {}
         for op, (fn, fargs) in ops.items():
             eager = spread(timings_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters))
-            kernels[op] = count_kernels(fn, *fargs)
-            ind = "" if args.no_inductor_counts else "{}+{}".format(*inductor_kernels(fn, *fargs))
-            print(f"  {op:24s} {eager:>20s} {kernels[op]:8d} {ind:>9s}")
+            kernels[op] = (count_kernels(fn, *on_meta(fargs)), count_kernels(fn, *fargs))
+            fused = op in ("update_tokens", "attention_metadata", "step", "composed step")
+            ind = (
+                "" if args.no_inductor_counts or not fused else "{}+{}".format(*inductor_kernels(fn, *fargs))
+            )
+            print(f"  {op:24s} {eager:>20s} {kernels[op][0]:5d} {kernels[op][1]:5d} {ind:>9s}")
         torch._dynamo.reset()
 
         ref = reference_host_path(P, sched, comp, prompt, args.seed)
@@ -169,10 +181,10 @@ def main():
             print(f"  {op + ' / ' + backend:38s} {spread(samples):>20s} {ratio:>12s}")
         summary.append((name, kernels, make_us, {k: statistics.median(v) for k, v in timed.items()}))
 
-    print("\nsummary (medians, us; kernels = kernel-launching aten ops)")
+    print("\nsummary (medians, us; kernels = kernel-launching aten ops on a GPU/NPU, on the CPU)")
     for name, kernels, make_us, med in summary:
-        line = f"  {name}: make_batch {make_us:.1f}; kernels step {kernels['step']}, "
-        line += f"update+attention {kernels['update_tokens'] + kernels['attention_metadata']}"
+        both = [a + b for a, b in zip(kernels["update_tokens"], kernels["attention_metadata"])]
+        line = f"  {name}: make_batch {make_us:.1f}; kernels step {kernels['step']}, update+attention {both}"
         ref = med.get(("reference", "with restore"))
         for backend in backends:
             us = med[("composed step", backend)]

@@ -68,6 +68,32 @@ def segment_of(ends: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return marks.cumsum(0)[:n]
 
 
+def segments_of(*searches: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`segment_of` of several ``(ends, slots)`` pairs at once (one histogram on the CPU).
+
+    On the CPU the slot ranges are laid end to end and the ends of each shifted
+    by the slots before it: one scatter and one prefix sum serve every search
+    (a later search's counts then include every earlier end, subtracted). Elsewhere,
+    one binary search each.
+    """
+    if searches[0][1].device.type != "cpu":
+        return [segment_of(ends, slots) for ends, slots in searches]
+    offset, shifted, firsts = 0, [], []
+    for ends, slots in searches:
+        shifted.append(ends.to(torch.int64) + offset if offset else ends.to(torch.int64))
+        firsts.append(offset)
+        offset += slots.shape[0]
+    ends = torch.cat(shifted)
+    marks = torch.zeros(offset + 1, dtype=torch.int64, device=ends.device)
+    counts = marks.scatter_add(0, ends, torch.ones_like(ends)).cumsum(0)
+    out, earlier = [], 0
+    for (own, slots), first in zip(searches, firsts):
+        part = counts[first : first + slots.shape[0]]
+        out.append(part - earlier if earlier else part)
+        earlier += own.shape[0]
+    return out
+
+
 class RaggedIndex(NamedTuple):
     """Per-slot view of a ragged layout; all fields ``[cap]``."""
 

@@ -236,7 +236,7 @@ def attention_metadata(
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    order = gathered_order(cfg, geo, Lb, state.constants, tokens=False)
+    order = gathered_order(cfg, geo, Lb, state.constants)
 
     computed = batch.num_computed
     if decode_seq_lens is None:  # a decode's context: computed + scheduled

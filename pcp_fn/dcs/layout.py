@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import offsets, segment_of
+from ..core.ragged import offsets, segment_of, segments_of
 from ..core.rank import select_rank
 from .batch import SchedulerBatch, classify_decodes
 from .config import PCPConfig
@@ -111,6 +111,47 @@ class LocalRows(NamedTuple):
     absolute: torch.Tensor | None = None  # int64 num_computed[request] + position (when asked)
 
 
+class Segments(NamedTuple):
+    """Back-to-back segments of a row set and what each one paints (``ends[:-1]``: the
+    last segment also takes the padding rows past ``ends[-1]``)."""
+
+    ends: torch.Tensor  # [m] non-decreasing
+    table: torch.Tensor  # [C, m] channels painted on every row of the segment
+
+
+def local_segments(
+    geo: RequestGeometry,
+    rank: int | torch.Tensor,
+    P: int,
+    *,
+    constants: dict[str, torch.Tensor] | None = None,
+    num_computed: torch.Tensor | None = None,
+) -> Segments:
+    """The ``2 R_b`` local segments of ``rank`` (each request's head, then tail): channels
+    ``[position shift, (absolute position shift,) request]``."""
+    ls, cs = geo.local_start[:-1, None], geo.prefill_chunk[:, None]
+    if constants is not None:
+        shift = cs * select_rank(constants["dcs_ranks"], rank) - ls
+    else:
+        shift = torch.stack([cs * rank, cs * (2 * P - 2 - rank)], -1).squeeze(1) - ls
+    ends = torch.stack([geo.local_start[:-1] + geo.chunk, geo.local_start[1:]], -1)
+    ids = geo.request_ids[:, None].expand(-1, 2)
+    channels = [shift] if num_computed is None else [shift, shift + num_computed[:, None]]
+    return Segments(ends.flatten(), torch.stack([*channels, ids]).flatten(1))
+
+
+def paint_local(
+    geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+) -> LocalRows:
+    """:class:`LocalRows` from the local segments and each row's segment (``row``: ``arange``)."""
+    painted = segments.table.index_select(1, segment)
+    valid = row < geo.local_start[-1]
+    masked = painted * valid  # request (0 on padding rows), position shifts
+    positions = torch.addcmul(masked[:-1], row, valid)
+    absolute = positions[1] if positions.shape[0] > 1 else None
+    return LocalRows(masked[-1], positions[0], valid, absolute)
+
+
 def local_rows(
     geo: RequestGeometry,
     rank: int | torch.Tensor,
@@ -128,27 +169,14 @@ def local_rows(
     ``rank`` (``rank*c + j``), tail rows chunk ``2P-1-rank`` (``(2P-1-rank)*c + j``),
     a decode's rows ``0 .. n-1``. ``rank`` may be an int or a 0-d tensor.
 
-    One binary search of the ``2R_b`` segment ends paints every row
+    One search of the ``2R_b`` segment ends paints every row
     (:func:`pcp_fn.core.ragged.segment_of`). ``constants`` (``state.constants``)
     saves building the rank's chunk multipliers; ``num_computed`` ``[R_b]`` adds
     the ``absolute`` positions (``num_computed[request] + position``).
     """
-    ls, cs = geo.local_start[:-1, None], geo.prefill_chunk[:, None]
-    if constants is not None:
-        shift = cs * select_rank(constants["dcs_ranks"], rank) - ls
-    else:
-        shift = torch.stack([cs * rank, cs * (2 * P - 2 - rank)], -1).squeeze(1) - ls
-    ends = torch.stack([geo.local_start[:-1] + geo.chunk, geo.local_start[1:]], -1)
-    ids = geo.request_ids[:, None].expand(-1, 2)
-    channels = [shift] if num_computed is None else [shift, shift + num_computed[:, None]]
-    table = torch.stack([*channels, ids]).flatten(1)  # [C, 2 R_b]: position shifts, request
-    row = torch.arange(num_rows, dtype=torch.int64, device=cs.device)
-    painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))  # padding: the last segment
-    valid = row < geo.local_start[-1]
-    masked = painted * valid  # request (0 on padding rows), position shifts
-    positions = torch.addcmul(masked[:-1], row, valid)
-    absolute = None if num_computed is None else positions[1]
-    return LocalRows(masked[-1], positions[0], valid, absolute)
+    segments = local_segments(geo, rank, P, constants=constants, num_computed=num_computed)
+    row = torch.arange(num_rows, dtype=torch.int64, device=geo.local_start.device)
+    return paint_local(geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
 class GatheredOrder(NamedTuple):
@@ -156,7 +184,37 @@ class GatheredOrder(NamedTuple):
 
     restore_index: torch.Tensor  # int64 gathered row of each padded-order row (0 past the end)
     unpad_mask: torch.Tensor  # bool: the row is a real token (decode region token-strided)
-    token: torch.Tensor  # int64 scheduler-order index of a real row (0 elsewhere)
+    token: torch.Tensor  # int64 scheduler-order index of a real row (>= 0, unspecified elsewhere: mask it)
+
+
+def gathered_segments(
+    geo: RequestGeometry, rows_per_rank: int, constants: dict[str, torch.Tensor]
+) -> Segments:
+    """The ``2P R_b`` chunks of the padded order: channels ``[restore shift, pads before
+    the request, its token end]`` (see :func:`gathered_order`)."""
+    upto, upto_copies, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
+    ps, ls = geo.padded_start[:-1, None], geo.local_start[:-1, None]
+    chunk = geo.chunk[:, None]
+    ends = torch.addcmul(ps, torch.where(geo.replicated[:, None], upto_copies, upto), chunk)
+    shift = torch.addcmul(torch.add(ls - ps, chunk_rank, alpha=rows_per_rank), beta, chunk)
+    columns = torch.broadcast_tensors(shift, geo.pads_start[:-1, None], geo.token_start[1:, None])
+    return Segments(ends.flatten(), torch.stack(columns).flatten(1))
+
+
+def paint_gathered(
+    config: PCPConfig, geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+) -> GatheredOrder:
+    """:class:`GatheredOrder` from the chunks and each padded row's chunk (``row``: ``arange``)."""
+    P = config.pcp_size
+    painted = segments.table.index_select(1, segment)
+    valid = row < geo.padded_start[-1]
+    token = row - painted[1]
+    mask = token < painted[2]
+    if config.num_spec_tokens > 0:
+        decode = row < P * geo.num_decode_tokens
+        mask = torch.where(decode, row % P == 0, mask)
+        token = torch.where(decode, row // P, token)
+    return GatheredOrder(restore_index=(row + painted[0]) * valid, unpad_mask=mask, token=token)
 
 
 def gathered_order(
@@ -164,8 +222,6 @@ def gathered_order(
     geo: RequestGeometry,
     rows_per_rank: int,
     constants: dict[str, torch.Tensor],
-    *,
-    tokens: bool = True,
 ) -> GatheredOrder:
     """Restore index, unpad mask and token of every padded-order row.
 
@@ -176,36 +232,17 @@ def gathered_order(
     Rank ``q``'s local row ``l`` is gathered row ``q * rows_per_rank + l``, so
     inside a chunk ``restore = row + shift``: one ``[R_b, 2P]`` table of chunk
     ends and shifts (the chunk multipliers come from ``constants``,
-    ``state.constants``), one binary search per row. Real rows: a request's
+    ``state.constants``), one search per row. Real rows: a request's
     first ``n`` rows, token ``row - pads_start``; with speculative tokens
     configured the decode region (the first ``P * num_decode_tokens`` rows,
     decodes come first) is token-strided instead: every ``P``-th row, decode
     token ``t`` at row ``t * P`` (vllm-ascend's convention; without them every
-    decode has at most one token and both rules agree). ``tokens=False``
-    leaves ``token`` unmasked (for callers that only read the mask and the
-    restore index).
+    decode has at most one token and both rules agree). ``token`` is left
+    unmasked: every reader masks it with ``unpad_mask``.
     """
-    P = config.pcp_size
-    size = P * rows_per_rank
-    upto, upto_copies, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
-    ps, ls = geo.padded_start[:-1, None], geo.local_start[:-1, None]
-    chunk = geo.chunk[:, None]
-    ends = torch.addcmul(ps, torch.where(geo.replicated[:, None], upto_copies, upto), chunk)
-    shift = torch.addcmul(torch.add(ls - ps, chunk_rank, alpha=rows_per_rank), beta, chunk)
-    columns = torch.broadcast_tensors(shift, geo.pads_start[:-1, None], geo.token_start[1:, None])
-    table = torch.stack(columns).flatten(1)  # [3, 2P R_b]: restore shift, pads before, token end
-    row = torch.arange(size, dtype=torch.int64, device=ps.device)
-    painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))  # padding: the last chunk
-    valid = row < geo.padded_start[-1]
-    token = row - painted[1]
-    mask = token < painted[2]
-    if config.num_spec_tokens > 0:
-        decode = row < P * geo.num_decode_tokens
-        mask = torch.where(decode, row % P == 0, mask)
-        token = torch.where(decode, row // P, token)
-    return GatheredOrder(
-        restore_index=(row + painted[0]) * valid, unpad_mask=mask, token=token * mask if tokens else token
-    )
+    segments = gathered_segments(geo, rows_per_rank, constants)
+    row = torch.arange(config.pcp_size * rows_per_rank, dtype=torch.int64, device=geo.local_start.device)
+    return paint_gathered(config, geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
 @pytree_dataclass
@@ -257,7 +294,7 @@ class LayoutUpdate(NamedTuple):
     layout: TokenLayout
     geometry: RequestGeometry  # [R_b] rows (DCS: the FA layers' geometry in the hybrid layout)
     positions: torch.Tensor  # [L_b] absolute positions of the local rows, 0 on padding rows
-    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row
+    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row (mask it)
     local_start: torch.Tensor  # [R_b + 1] first local row of each request, then the total
 
 
@@ -289,8 +326,13 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     is_decode = batch_is_decode(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    mine = local_rows(geo, state.pcp_rank, P, Lb, constants=state.constants, num_computed=batch.num_computed)
-    order = gathered_order(cfg, geo, Lb, state.constants)
+    local = local_segments(geo, state.pcp_rank, P, constants=state.constants, num_computed=batch.num_computed)
+    chunks = gathered_segments(geo, Lb, state.constants)
+    device = geo.local_start.device
+    row, padded_row = (torch.arange(n, dtype=torch.int64, device=device) for n in (Lb, P * Lb))
+    local_segment, chunk = segments_of((local.ends[:-1], row), (chunks.ends[:-1], padded_row))
+    mine = paint_local(geo, local, local_segment, row)
+    order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
     layout = TokenLayout(
         pcp_tokens=geo.local.to(torch.int32),
         positions=mine.position,
@@ -333,4 +375,4 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
 def restore_index(state: PCPState) -> torch.Tensor:
     """``[P*L_b]`` int64: gathered row of each padded-order row (``TokenLayout.restore_index``)."""
     cfg, geo = state.config, state_geometry(state)
-    return gathered_order(cfg, geo, state.bucket.num_tokens, state.constants, tokens=False).restore_index
+    return gathered_order(cfg, geo, state.bucket.num_tokens, state.constants).restore_index
