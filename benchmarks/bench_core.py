@@ -20,11 +20,15 @@ it prints, on one thread:
   the CPU does (``cpu``: ``segment_of`` counts ends with a histogram there,
   three more kernels per search), and inductor's CPU kernels for it (fused
   generated kernels + aten fallbacks, as ``fused+fallback``);
-- ``step`` and the composed step (``update_tokens -> get_logits_indices ->
-  padded_slot_mapping -> restore_hidden_states`` of a ``[P*L_b, 128]``
-  all-gathered buffer) through each backend of ``pcp_fn.graph.capture``:
-  ``eager`` (a direct call), ``compile`` (``torch.compile``'s wrapper) and
-  ``aoti`` (AOTInductor, one package per bucket);
+- ``step`` and the composed step with the restore of a ``[P*L_b, 128]``
+  all-gathered buffer, two ways: op by op (``update_tokens ->
+  get_logits_indices -> padded_slot_mapping -> restore_hidden_states``, the
+  consumers rebuilding their maps from the state) and as a runner does it
+  (``step``, then the gather through the step's ``restore_index``), through
+  each backend of ``pcp_fn.graph.capture``: ``eager`` (a direct call),
+  ``compile`` (``torch.compile``'s wrapper) and ``aoti`` (AOTInductor, one
+  package per bucket); all paths and the reference are timed in interleaved
+  rounds, so load on the machine hits them alike;
 - when the vllm-ascend reference is found (``--seed``, or ``tools/reference.py``),
   its host path for the same composed step, timed in the same run (``PCPManager``
   init_batch_info, update_tokens_for_pcp, get_logits_indices,
@@ -51,7 +55,7 @@ from pcp_fn.graph import count_kernels
 
 @entry_op
 def composed(state, batch, gathered):
-    """The foundation issue's composed step: update -> logits -> slots -> restore."""
+    """The foundation issue's composed step, op by op: update -> logits -> slots -> restore."""
     state, layout = pcp_fn.update_tokens(state, batch)
     state, logits = pcp_fn.get_logits_indices(state)
     state, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
@@ -59,9 +63,26 @@ def composed(state, batch, gathered):
     return state, layout, logits, sm, hidden
 
 
+@entry_op
+def step_and_restore(state, batch, gathered):
+    """The same step as a runner composes it: ``step`` (update, logits, slots in one pass), then
+    the hidden-state restore through the step's own restore index."""
+    state, out = pcp_fn.step(state, batch)
+    return state, out, gathered.index_select(0, out.layout.restore_index)
+
+
 def on_meta(tree):
     """The same arguments on the meta device: ops take their GPU/NPU code paths there."""
     return pytree.tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, tree)
+
+
+def interleaved(paths, iters, rounds=10):
+    """``name -> samples (us)``: every path timed in ``rounds`` interleaved rounds."""
+    samples = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, fn in paths.items():
+            samples[name] += timings_us(fn, max(1, iters // rounds), warmup=3)
+    return samples
 
 
 def reference_host_path(P, sched, comp, prompt, seed_path):
@@ -157,8 +178,9 @@ def main():
         torch._dynamo.reset()
 
         ref = reference_host_path(P, sched, comp, prompt, args.seed)
-        timed = {}
-        for op in ("step", "composed step"):
+        paths = {}
+        ops["step + restore"] = (step_and_restore, (state, batch, gathered))
+        for op in ("step", "composed step", "step + restore"):
             fn, fargs = ops[op]
             for backend in backends:
                 if backend == "eager":
@@ -167,31 +189,30 @@ def main():
                     extra = {"package_dir": package_dir} if backend == "aoti" else {}
                     kind = "inductor" if backend == "compile" else backend
                     call = pcp_fn.graph.capture(fn, *fargs, backend=kind, **extra)
-                timed[(op, backend)] = timings_us(lambda call=call, fargs=fargs: call(*fargs), args.iters)
+                paths[(op, backend)] = functools.partial(call, *fargs)
         if ref is not None:
-            timed[("reference", "with restore")] = timings_us(ref[0], args.iters)
-            timed[("reference", "bookkeeping")] = timings_us(ref[1], args.iters)
+            paths[("reference", "with restore")], paths[("reference", "bookkeeping")] = ref
+        timed = interleaved(paths, args.iters)
         print(f"  {'path':38s} {'us':>20s} {'/ reference':>12s}")
         for (op, backend), samples in timed.items():
             ratio = ""
             if ref is not None and op != "reference":
-                key = "with restore" if op == "composed step" else "bookkeeping"
-                base = statistics.median(timed[("reference", key)])
-                ratio = f"{statistics.median(samples) / base:.2f}"
+                key = "bookkeeping" if op == "step" else "with restore"
+                ratio = f"{statistics.median(samples) / statistics.median(timed[('reference', key)]):.2f}"
             print(f"  {op + ' / ' + backend:38s} {spread(samples):>20s} {ratio:>12s}")
         summary.append((name, kernels, make_us, {k: statistics.median(v) for k, v in timed.items()}))
 
     print("\nsummary (medians, us; kernels = kernel-launching aten ops on a GPU/NPU, on the CPU)")
     for name, kernels, make_us, med in summary:
         both = [a + b for a, b in zip(kernels["update_tokens"], kernels["attention_metadata"])]
-        line = f"  {name}: make_batch {make_us:.1f}; kernels step {kernels['step']}, update+attention {both}"
+        print(f"  {name}: make_batch {make_us:.1f}; kernels step {kernels['step']}, update+attention {both}")
         ref = med.get(("reference", "with restore"))
-        for backend in backends:
-            us = med[("composed step", backend)]
-            line += f"; composed/{backend} {us:.0f}" + (f" ({us / ref:.2f}x)" if ref else "")
-        if ref:
-            line += f"; reference {ref:.0f}"
-        print(line)
+        for op in ("composed step", "step + restore"):
+            line = f"     {op}:"
+            for backend in backends:
+                us = med[(op, backend)]
+                line += f" {backend} {us:.0f}" + (f" ({us / ref:.2f}x)" if ref else "")
+            print(line + (f"; reference {ref:.0f}" if ref else ""))
     counts = {tuple(k.values()) for _, k, _, _ in summary}
     print(f"kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch")
 

@@ -367,3 +367,24 @@ def test_fast_flatten_and_rebuild_agree_with_torch_pytree():
         assert flatten((state, recast))[1] != flatten((state, batch))[1]
         again = make_batch(cfg, *COMPOSITIONS["mixed"], slot_mapping=_slots(COMPOSITIONS["mixed"][0]))
         assert flatten((state, again))[1] == flatten((state, batch))[1]
+
+
+def test_device_graph_inputs_copy_only_what_changed():
+    import torch.utils._pytree as pytree
+
+    from pcp_fn.graph.capture import _StaticInputs
+
+    def leaves(*tree):
+        return pytree.tree_leaves(tree)
+
+    state = init_state(CFG)
+    first, second = _batch("mixed"), _batch("mixed")
+    inputs = _StaticInputs(leaves(state, first))
+    tensors = sum(isinstance(x, torch.Tensor) for x in leaves(state, first))
+    assert inputs.update(leaves(state, first)) == tensors  # the first replay copies everything
+    assert inputs.update(leaves(state, first)) == 0  # the same tensors, untouched: nothing
+    assert inputs.update(leaves(state, second)) == 5  # a new batch: its five leaves
+    first.num_computed.add_(1)  # modified in place: copied again
+    assert inputs.update(leaves(state, first)) == 5
+    assert inputs.update(leaves(state, first)) == 0
+    assert all(torch.equal(a, b) for a, b in zip(inputs.buffers, leaves(state, first)) if a is not None)

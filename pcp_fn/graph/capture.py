@@ -173,6 +173,35 @@ class _AOTIGraph:
         return self._rebuild(self._run([leaves[i] for i in self._tensors]))
 
 
+class _StaticInputs:
+    """The static buffers a device graph reads, refreshed from each call's leaves.
+
+    A leaf that is the very tensor the last call passed, unmodified since
+    (same object, same version counter), is not copied again: an entry op's
+    state fields that come from its template, and the constant tables a state
+    hands on from step to step, cost nothing after the first replay. What is
+    left is the batch (one packed buffer from ``make_batch``).
+    """
+
+    def __init__(self, leaves: list[Any]) -> None:
+        self.buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+        self._seen: list[tuple[torch.Tensor, int] | None] = [None] * len(leaves)
+
+    def update(self, leaves: list[Any]) -> int:
+        """Copy the leaves that changed into the buffers; returns how many were copied."""
+        copied = 0
+        for i, (dst, src) in enumerate(zip(self.buffers, leaves)):
+            if not isinstance(dst, torch.Tensor):
+                continue
+            seen = self._seen[i]
+            if seen is not None and seen[0] is src and seen[1] == src._version:
+                continue
+            dst.copy_(src)
+            self._seen[i] = (src, src._version)
+            copied += 1
+        return copied
+
+
 class _DeviceGraph:
     """A CUDA or NPU graph with static input buffers for every tensor leaf."""
 
@@ -186,8 +215,8 @@ class _DeviceGraph:
         else:
             mod, graph_cls = torch.cuda, torch.cuda.CUDAGraph
         leaves, spec = pytree.tree_flatten(args)
-        self._static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
-        static_args = pytree.tree_unflatten(self._static, spec)
+        self._inputs = _StaticInputs(leaves)
+        static_args = pytree.tree_unflatten(self._inputs.buffers, spec)
         side = mod.Stream(device=device)
         side.wait_stream(mod.current_stream(device))
         with mod.stream(side):
@@ -199,9 +228,7 @@ class _DeviceGraph:
             self._out = fn(*static_args)
 
     def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
-        for dst, src in zip(self._static, leaves):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        self._inputs.update(leaves)
         self._graph.replay()
         return self._out
 
