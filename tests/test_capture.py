@@ -377,14 +377,35 @@ def test_device_graph_inputs_copy_only_what_changed():
     def leaves(*tree):
         return pytree.tree_leaves(tree)
 
+    def packed(batch):  # its leaves as views of one buffer, as make_batch lays them out on a GPU/NPU
+        parts = [batch.slot_mapping.view(torch.int32), batch.num_scheduled, batch.num_computed]
+        parts += [batch.num_prompt, batch.num_reqs.reshape(1)]
+        slots, sched, comp, prompt, reqs = torch.cat(parts).split_with_sizes([p.numel() for p in parts])
+        return dataclasses.replace(
+            batch,
+            slot_mapping=slots.view(torch.int64),
+            num_scheduled=sched,
+            num_computed=comp,
+            num_prompt=prompt,
+            num_reqs=reqs.view(()),
+        )
+
     state = init_state(CFG)
-    first, second = _batch("mixed"), _batch("mixed")
+    first, second = packed(_batch("mixed")), packed(_batch("mixed"))
     inputs = _StaticInputs(leaves(state, first))
-    tensors = sum(isinstance(x, torch.Tensor) for x in leaves(state, first))
-    assert inputs.update(leaves(state, first)) == tensors  # the first replay copies everything
+    n_state = sum(isinstance(x, torch.Tensor) for x in leaves(state))
+    assert inputs.update(leaves(state, first)) == n_state + 1  # the first replay: the state, one batch copy
     assert inputs.update(leaves(state, first)) == 0  # the same tensors, untouched: nothing
-    assert inputs.update(leaves(state, second)) == 5  # a new batch: its five leaves
+    assert inputs.update(leaves(state, second)) == 1  # a new batch: its packed buffer, one copy
     first.num_computed.add_(1)  # modified in place: copied again
-    assert inputs.update(leaves(state, first)) == 5
+    assert inputs.update(leaves(state, first)) == 1
     assert inputs.update(leaves(state, first)) == 0
-    assert all(torch.equal(a, b) for a, b in zip(inputs.buffers, leaves(state, first)) if a is not None)
+    same = [torch.equal(a, b) for a, b in zip(inputs.buffers, leaves(state, first)) if a is not None]
+    assert all(same)
+    # a batch whose leaves are separate tensors: leaf by leaf
+    loose = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, second)
+    assert inputs.update(leaves(state, loose)) == 5
+    assert all(torch.equal(a, b) for a, b in zip(inputs.buffers, leaves(state, loose)) if a is not None)
+    # the static batch views share one buffer, laid out like make_batch's
+    views = [b for b, x in zip(inputs.buffers, leaves(state, first)) if x is not None][-5:]
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1

@@ -176,30 +176,89 @@ class _AOTIGraph:
 class _StaticInputs:
     """The static buffers a device graph reads, refreshed from each call's leaves.
 
-    A leaf that is the very tensor the last call passed, unmodified since
-    (same object, same version counter), is not copied again: an entry op's
-    state fields that come from its template, and the constant tables a state
-    hands on from step to step, cost nothing after the first replay. What is
-    left is the batch (one packed buffer from ``make_batch``).
+    - A leaf that is the very tensor the last call passed, unmodified since
+      (same object, same version counter), is not copied again: an entry op's
+      state fields that come from its template, and the constant tables a
+      state hands on from step to step, cost nothing after the first replay.
+    - Leaves that are views of one buffer (a batch from ``make_batch``: slots,
+      counts and ``num_reqs`` packed back to back) get static views of one
+      buffer laid out alike, and are refreshed by ONE copy of the whole span
+      whenever the new leaves are packed the same way (else leaf by leaf).
+
+    So a replay costs one copy of the batch and the graph launch.
     """
 
     def __init__(self, leaves: list[Any]) -> None:
-        self.buffers = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
+        self.buffers: list[Any] = list(leaves)
         self._seen: list[tuple[torch.Tensor, int] | None] = [None] * len(leaves)
+        self._packs: list[tuple[list[int], list[int], torch.Tensor]] = []  # (leaves, byte offsets, span)
+        by_storage: dict[int, list[int]] = {}
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                by_storage.setdefault(x.untyped_storage().data_ptr(), []).append(i)
+        for group in by_storage.values():
+            pack = _packed(leaves, group) if len(group) > 1 else None
+            if pack is None:
+                for i in group:
+                    self.buffers[i] = leaves[i].clone()
+                continue
+            offsets, span = pack
+            static = span.clone()
+            for i, off in zip(group, offsets):
+                x = leaves[i]
+                self.buffers[i] = _view_of(static, off, x)
+            self._packs.append((group, offsets, static))
+        self._in_pack = {i for group, _, _ in self._packs for i in group}
 
     def update(self, leaves: list[Any]) -> int:
-        """Copy the leaves that changed into the buffers; returns how many were copied."""
-        copied = 0
-        for i, (dst, src) in enumerate(zip(self.buffers, leaves)):
-            if not isinstance(dst, torch.Tensor):
+        """Copy what changed into the buffers; returns the number of copies made."""
+        copies = 0
+        for group, offsets, static in self._packs:
+            if all(self._unchanged(i, leaves[i]) for i in group):
                 continue
-            seen = self._seen[i]
-            if seen is not None and seen[0] is src and seen[1] == src._version:
+            pack = _packed(leaves, group)
+            if pack is not None and pack[0] == offsets and pack[1].numel() == static.numel():
+                static.copy_(pack[1])
+                copies += 1
+            else:  # packed differently this time: leaf by leaf
+                for i in group:
+                    self.buffers[i].copy_(leaves[i])
+                copies += len(group)
+            for i in group:
+                self._seen[i] = (leaves[i], leaves[i]._version)
+        for i, (dst, src) in enumerate(zip(self.buffers, leaves)):
+            if not isinstance(dst, torch.Tensor) or i in self._in_pack or self._unchanged(i, src):
                 continue
             dst.copy_(src)
             self._seen[i] = (src, src._version)
-            copied += 1
-        return copied
+            copies += 1
+        return copies
+
+    def _unchanged(self, i: int, src: torch.Tensor) -> bool:
+        seen = self._seen[i]
+        return seen is not None and seen[0] is src and seen[1] == src._version
+
+
+def _packed(leaves: list[Any], group: list[int]) -> tuple[list[int], torch.Tensor] | None:
+    """``(byte offsets from the span's start, the span as uint8)`` when the ``group``'s leaves
+    are contiguous views of one storage, else ``None``."""
+    xs = [leaves[i] for i in group]
+    storage = xs[0].untyped_storage()
+    if any(not x.is_contiguous() or x.untyped_storage().data_ptr() != storage.data_ptr() for x in xs):
+        return None
+    starts = [x.storage_offset() * x.element_size() for x in xs]
+    first = min(starts)
+    end = max(s + x.numel() * x.element_size() for s, x in zip(starts, xs))
+    if any((s - first) % x.element_size() for s, x in zip(starts, xs)):
+        return None
+    span = torch.empty(0, dtype=torch.uint8, device=xs[0].device).set_(storage, first, (end - first,), (1,))
+    return [s - first for s in starts], span
+
+
+def _view_of(span: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like ``like`` at byte ``offset`` of the uint8 ``span``."""
+    out = torch.empty(0, dtype=like.dtype, device=span.device)
+    return out.set_(span.untyped_storage(), offset // like.element_size(), like.shape, like.stride())
 
 
 class _DeviceGraph:
