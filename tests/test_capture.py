@@ -409,3 +409,15 @@ def test_device_graph_inputs_copy_only_what_changed():
     # the static batch views share one buffer, laid out like make_batch's
     views = [b for b, x in zip(inputs.buffers, leaves(state, first)) if x is not None][-5:]
     assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+
+
+def test_entry_states_with_the_same_constant_tensors_replay_as_the_template():
+    state = init_state(CFG)
+    captured = graph.Captured(pcp_fn.step, backend="eager")
+    (template, _) = captured._as_entry((state, _batch("mixed")))
+    assert template is state
+    rebuilt = dataclasses.replace(state, constants=dict(state.constants))  # a new dict, same tensors
+    assert captured._as_entry((rebuilt, None))[0] is state
+    other = init_state(CFG)  # equal values, other tensors: this call's entry fields are used
+    swapped = captured._as_entry((other, None))[0]
+    assert swapped is not state and swapped.constants is other.constants

@@ -343,10 +343,10 @@ class Captured:
                 key = (type(arg), arg.config, arg.rank is None)
                 template = self._templates.setdefault(key, arg)
                 fields = type(arg).ENTRY_FIELDS
-                if any(getattr(arg, f) is not getattr(template, f) for f in fields):
-                    arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in fields})
-                else:
+                if all(_same(getattr(arg, f), getattr(template, f)) for f in fields):
                     arg = template
+                else:
+                    arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in fields})
             out.append(arg)
         return tuple(out)
 
@@ -394,6 +394,16 @@ class Captured:
                 )
             graph = self._graphs[sig] = self._build(args)
         return graph(args, leaves)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same objects, or dicts of the same objects (a state's constants rebuilt around the
+    very tensors a graph passed through)."""
+    if a is b:
+        return True
+    return (
+        type(a) is dict and type(b) is dict and a.keys() == b.keys() and all(v is b[k] for k, v in a.items())
+    )
 
 
 def _describe(args: tuple[Any, ...]) -> str:
