@@ -57,11 +57,9 @@ import torch.utils._pytree as pytree
 
 from ..core.buckets import Bucket
 from ..core.entry import is_entry_op
+from .errors import CaptureError
+from .export import export
 from .flat import Rebuild, flatten
-
-
-class CaptureError(ValueError):
-    """Arguments that the captured graphs cannot serve."""
 
 
 def _device_of(leaves: list[Any]) -> torch.device:
@@ -149,8 +147,6 @@ class _AOTIGraph:
     """One AOTInductor package: ``fn`` exported over the tensor leaves of ``args``."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], path: str) -> None:
-        from .export import export  # (export imports this module)
-
         leaves, spec = pytree.tree_flatten(args)
         self._tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         fixed = list(leaves)
