@@ -1,8 +1,9 @@
-"""What every benchmark shares: the DESIGN.md §7 reference batches and the timer."""
+"""What every benchmark shares: the DESIGN.md §7 reference batches, the timer, kernel counts."""
 
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import sys
 import time
@@ -29,16 +30,47 @@ def reference_batches() -> dict[str, tuple[int, tuple[list[int], list[int], list
     return {"A": (4, a), "B": (4, b), "C": (8, c)}
 
 
-def median_us(fn: Callable[[], object], iters: int, warmup: int = 10) -> float:
-    """Median wall time of ``fn()`` in microseconds over ``iters`` calls, after ``warmup``."""
+def timings_us(fn: Callable[[], object], iters: int, warmup: int = 10) -> list[float]:
+    """Wall time of ``fn()`` in microseconds, ``iters`` calls after ``warmup``."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(iters):
         t0 = time.perf_counter_ns()
         fn()
-        samples.append(time.perf_counter_ns() - t0)
-    return statistics.median(samples) / 1e3
+        samples.append((time.perf_counter_ns() - t0) / 1e3)
+    return samples
+
+
+def median_us(fn: Callable[[], object], iters: int, warmup: int = 10) -> float:
+    """Median wall time of ``fn()`` in microseconds over ``iters`` calls, after ``warmup``."""
+    return statistics.median(timings_us(fn, iters, warmup))
+
+
+def spread(samples: list[float]) -> str:
+    """``median [p10-p90]`` of timings, in microseconds."""
+    q = statistics.quantiles(samples, n=10)
+    return f"{statistics.median(samples):.1f} [{q[0]:.0f}-{q[-1]:.0f}]"
+
+
+FALLBACK = r"^\s+(?:\w+ = )?(?:torch\.ops\.)?(?:aten|extern_kernels)\.\w+"  # a call inductor did not fuse
+
+
+def inductor_kernels(fn: Callable[..., object], *args: object) -> tuple[int, int]:
+    """``(fused, fallback)`` kernels a fresh ``torch.compile(fn)`` calls per step on this device:
+    inductor's generated (fused) kernels and the aten ops it falls back to (scans, scatters)."""
+    import torch
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=False)
+    _, codes = run_and_get_code(compiled, *args)
+    fused = fallback = 0
+    for code in codes:
+        body = code[code.index("def call(") :]
+        fused += len(re.findall(r"^\s+(?:cpp|triton)_\w+\(", body, re.M))
+        fallback += len(re.findall(FALLBACK, body, re.M))
+    return fused, fallback
 
 
 def seed_loader_or_none(seed_path: str | None):

@@ -1,6 +1,7 @@
-"""Core op and composed-step timings on the DESIGN.md reference batches.
+"""Core op, host boundary and composed-step timings on the DESIGN.md reference batches.
 
-    python benchmarks/bench_core.py [--iters 200] [--no-compile] [--seed PATH]
+    taskset -c 1 python benchmarks/bench_core.py [--iters 300] [--backends eager,compile,aoti]
+                                                 [--batches A,B,C] [--seed PATH]
 
 For each batch (R=256, T=8192, hidden 128, rank 0):
 
@@ -8,37 +9,84 @@ For each batch (R=256, T=8192, hidden 128, rank 0):
     B  P=4  64 decodes + fresh prefills of 2048 and 1000 tokens
     C  P=8  255 decodes + one fresh 4096-token prefill
 
-it prints the median microseconds of every op and of the composed step
-(update_tokens -> logits indices -> padded slot mapping -> restore of a
-``[P*L_b, 128]`` all-gathered buffer), eager and inductor-compiled on the CPU,
-on one thread, and the number of aten ops the composed step dispatches. When
-the seed file is found (``--seed``, or found by ``tools/reference.py``), it
-also times the seed's host path for the same step (the numpy ``PCPManager``
-calls: init_batch_info, update_tokens_for_pcp, get_logits_indices,
-get_padded_slot_mapping, get_restore_hidden_states) and prints the ratio.
+it prints, on one thread:
+
+- ``make_batch`` (the host boundary, with the slot mapping): median us [p10-p90];
+- every op (``update_tokens``, ``get_logits_indices``, ``padded_slot_mapping``,
+  ``restore_hidden_states``, ``step``, ``attention_metadata`` and the composed
+  step): eager median us, its kernel-launching aten ops (dispatched ops minus
+  views: what an eager graph replays as kernels) as a GPU/NPU dispatches them
+  (``dev``: counted on meta tensors, which take the device code paths) and as
+  the CPU does (``cpu``: ``segment_of`` counts ends with a histogram there,
+  three more kernels per search), and inductor's CPU kernels for it (fused
+  generated kernels + aten fallbacks, as ``fused+fallback``);
+- ``step`` and the composed step with the restore of a ``[P*L_b, 128]``
+  all-gathered buffer, two ways: op by op (``update_tokens ->
+  get_logits_indices -> padded_slot_mapping -> restore_hidden_states``, the
+  consumers rebuilding their maps from the state) and as a runner does it
+  (``step``, then the gather through the step's ``restore_index``), through
+  each backend of ``pcp_fn.graph.capture``: ``eager`` (a direct call),
+  ``compile`` (``torch.compile``'s wrapper) and ``aoti`` (AOTInductor, one
+  package per bucket); all paths and the reference are timed in interleaved
+  rounds, so load on the machine hits them alike;
+- when the vllm-ascend reference is found (``--seed``, or ``tools/reference.py``),
+  its host path for the same composed step, timed in the same run (``PCPManager``
+  init_batch_info, update_tokens_for_pcp, get_logits_indices,
+  get_padded_slot_mapping, get_restore_hidden_states), and each backend's ratio
+  to it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import statistics
+import tempfile
 
 import numpy as np
 import torch
-from _common import H, R, T, median_us, reference_batches, seed_loader_or_none
+import torch.utils._pytree as pytree
+from _common import H, R, T, inductor_kernels, reference_batches, seed_loader_or_none, spread, timings_us
 
 import pcp_fn
+from pcp_fn.core.entry import entry_op
+from pcp_fn.graph import count_kernels
 
 
-def composed(state, batch, slots, gathered):
-    """The foundation issue's composed step: update -> logits -> slots -> restore."""
+@entry_op
+def composed(state, batch, gathered):
+    """The foundation issue's composed step, op by op: update -> logits -> slots -> restore."""
     state, layout = pcp_fn.update_tokens(state, batch)
-    state, logits = pcp_fn.get_logits_indices(state, batch.bucket.num_reqs)
-    state, sm = pcp_fn.padded_slot_mapping(state, slots, batch.bucket.num_tokens)
+    state, logits = pcp_fn.get_logits_indices(state)
+    state, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
     state, hidden = pcp_fn.restore_hidden_states(state, gathered)
     return state, layout, logits, sm, hidden
 
 
-def seed_host_path(P, sched, comp, prompt, iters, seed_path):
+@entry_op
+def step_and_restore(state, batch, gathered):
+    """The same step as a runner composes it: ``step`` (update, logits, slots in one pass), then
+    the hidden-state restore through the step's own restore index."""
+    state, out = pcp_fn.step(state, batch)
+    return state, out, gathered.index_select(0, out.layout.restore_index)
+
+
+def on_meta(tree):
+    """The same arguments on the meta device: ops take their GPU/NPU code paths there."""
+    return pytree.tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, tree)
+
+
+def interleaved(paths, iters, rounds=10):
+    """``name -> samples (us)``: every path timed in ``rounds`` interleaved rounds."""
+    samples = {name: [] for name in paths}
+    for _ in range(rounds):
+        for name, fn in paths.items():
+            samples[name] += timings_us(fn, max(1, iters // rounds), warmup=3)
+    return samples
+
+
+def reference_host_path(P, sched, comp, prompt, seed_path):
+    """``(with_restore, bookkeeping)`` callables of the vllm-ascend host path, or ``None``."""
     seed_loader = seed_loader_or_none(seed_path)
     if seed_loader is None:
         return None
@@ -68,69 +116,105 @@ def seed_host_path(P, sched, comp, prompt, iters, seed_path):
         bookkeeping()
         m.get_restore_hidden_states(local)
 
-    return median_us(with_restore, iters), median_us(bookkeeping, iters)
+    return with_restore, bookkeeping
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--iters", type=int, default=200)
-    ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
-    ap.add_argument("--seed", default=None, help="path of seed 000 (the host path to compare with)")
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--backends", default="eager,compile,aoti", help="of step and the composed step")
+    ap.add_argument("--batches", default="A,B,C")
+    ap.add_argument("--no-inductor-counts", action="store_true", help="skip inductor's kernel counts")
+    ap.add_argument("--seed", default=None, help="path of the vllm-ascend pcp_utils reference")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
-    rows = []
+    backends = [b for b in args.backends.split(",") if b]
+    package_dir = tempfile.mkdtemp(prefix="pcp_fn_aoti_")
+    summary = []
     for name, (P, (sched, comp, prompt)) in reference_batches().items():
+        if name not in args.batches.split(","):
+            continue
         cfg = pcp_fn.PCPConfig(P, 0, R, T)
         state = pcp_fn.init_state(cfg)
-        batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
-        Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
-        slots = torch.arange(T, dtype=torch.int32)
+        slot_list = np.arange(sum(sched), dtype=np.int64)
+        batch = pcp_fn.make_batch(cfg, sched, comp, prompt, slot_mapping=slot_list)
+        Lb = batch.bucket.num_tokens
         gathered = torch.randn(P * Lb, H)
         updated, _ = pcp_fn.update_tokens(state, batch)
+        print(f"\nbatch {name}: P={P}, {len(sched)} requests, bucket {batch.bucket}, G_b={P * Lb}")
+        as_numpy = [np.asarray(x) for x in (sched, comp, prompt)]
+        host = {
+            "make_batch": functools.partial(
+                pcp_fn.make_batch, cfg, sched, comp, prompt, slot_mapping=slot_list
+            ),
+            "make_batch (numpy in)": functools.partial(
+                pcp_fn.make_batch, cfg, *as_numpy, slot_mapping=slot_list
+            ),
+        }
+        for label, fn in host.items():
+            print(f"  {label:28s} {spread(timings_us(fn, args.iters)):>22s} us")
+        make_us = statistics.median(timings_us(host["make_batch (numpy in)"], args.iters))
+
         ops = {
             "update_tokens": (pcp_fn.update_tokens, (state, batch)),
-            "get_logits_indices": (lambda s, Rb=Rb: pcp_fn.get_logits_indices(s, Rb), (updated,)),
-            "padded_slot_mapping": (
-                lambda s, m, Lb=Lb: pcp_fn.padded_slot_mapping(s, m, Lb),
-                (updated, slots),
-            ),
+            "get_logits_indices": (pcp_fn.get_logits_indices, (updated,)),
+            "padded_slot_mapping": (pcp_fn.padded_slot_mapping, (updated, batch.slot_mapping)),
             "restore_hidden_states": (pcp_fn.restore_hidden_states, (updated, gathered)),
-            "composed step": (composed, (state, batch, slots, gathered)),
-            "pcp_fn.step": (pcp_fn.step, (state, batch, slots)),
+            "attention_metadata": (pcp_fn.attention_metadata, (state, batch)),
+            "step": (pcp_fn.step, (state, batch)),
+            "composed step": (composed, (state, batch, gathered)),
         }
-        print(f"\nbatch {name}: P={P}, {len(sched)} requests, bucket {batch.bucket}, G_b={P * Lb}")
-        print(f"  {'op':24s} {'eager us':>10s} {'compiled us':>12s}")
-        result = {}
+        print(f"  {'op':24s} {'eager us':>20s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s}")
+        kernels = {}
         for op, (fn, fargs) in ops.items():
-            eager = median_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters)
-            compiled = float("nan")
-            if not args.no_compile:
-                cfn = torch.compile(fn, fullgraph=True, dynamic=False)
-                cfn(*fargs)
-                compiled = median_us(lambda cfn=cfn, fargs=fargs: cfn(*fargs), args.iters)
-            result[op] = (eager, compiled)
-            print(f"  {op:24s} {eager:10.1f} {compiled:12.1f}")
-        count = pcp_fn.count_aten_ops(composed, state, batch, slots, gathered)
-        step_count = pcp_fn.count_aten_ops(pcp_fn.step, state, batch, slots)
-        print(f"  aten ops: composed step {count}, pcp_fn.step {step_count}")
-        seed = seed_host_path(P, sched, comp, prompt, args.iters, args.seed)
-        seed_us = None
-        if seed is not None:
-            seed_us, seed_books = seed
-            ratio = result["composed step"][1] / seed_us
-            print(f"  seed host path (same step): {seed_us:.1f} us; compiled composed / seed = {ratio:.2f}")
-            ratio = result["pcp_fn.step"][1] / seed_books
-            print(
-                f"  seed host bookkeeping only (no hidden restore): {seed_books:.1f} us; "
-                f"compiled pcp_fn.step / seed = {ratio:.2f}"
+            eager = spread(timings_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters))
+            kernels[op] = (count_kernels(fn, *on_meta(fargs)), count_kernels(fn, *fargs))
+            fused = op in ("update_tokens", "attention_metadata", "step", "composed step")
+            ind = (
+                "" if args.no_inductor_counts or not fused else "{}+{}".format(*inductor_kernels(fn, *fargs))
             )
-        rows.append((name, count, result, seed_us))
-    counts = {c for _, c, _, _ in rows}
-    print(
-        f"\ncomposed-step aten op count is {'the same' if len(counts) == 1 else 'NOT the same'} "
-        f"for all batches: {sorted(counts)}"
-    )
+            print(f"  {op:24s} {eager:>20s} {kernels[op][0]:5d} {kernels[op][1]:5d} {ind:>9s}")
+        torch._dynamo.reset()
+
+        ref = reference_host_path(P, sched, comp, prompt, args.seed)
+        paths = {}
+        ops["step + restore"] = (step_and_restore, (state, batch, gathered))
+        for op in ("step", "composed step", "step + restore"):
+            fn, fargs = ops[op]
+            for backend in backends:
+                if backend == "eager":
+                    call = fn
+                else:
+                    extra = {"package_dir": package_dir} if backend == "aoti" else {}
+                    kind = "inductor" if backend == "compile" else backend
+                    call = pcp_fn.graph.capture(fn, *fargs, backend=kind, **extra)
+                paths[(op, backend)] = functools.partial(call, *fargs)
+        if ref is not None:
+            paths[("reference", "with restore")], paths[("reference", "bookkeeping")] = ref
+        timed = interleaved(paths, args.iters)
+        print(f"  {'path':38s} {'us':>20s} {'/ reference':>12s}")
+        for (op, backend), samples in timed.items():
+            ratio = ""
+            if ref is not None and op != "reference":
+                key = "bookkeeping" if op == "step" else "with restore"
+                ratio = f"{statistics.median(samples) / statistics.median(timed[('reference', key)]):.2f}"
+            print(f"  {op + ' / ' + backend:38s} {spread(samples):>20s} {ratio:>12s}")
+        summary.append((name, kernels, make_us, {k: statistics.median(v) for k, v in timed.items()}))
+
+    print("\nsummary (medians, us; kernels = kernel-launching aten ops on a GPU/NPU, on the CPU)")
+    for name, kernels, make_us, med in summary:
+        both = [a + b for a, b in zip(kernels["update_tokens"], kernels["attention_metadata"])]
+        print(f"  {name}: make_batch {make_us:.1f}; kernels step {kernels['step']}, update+attention {both}")
+        ref = med.get(("reference", "with restore"))
+        for op in ("composed step", "step + restore"):
+            line = f"     {op}:"
+            for backend in backends:
+                us = med[(op, backend)]
+                line += f" {backend} {us:.0f}" + (f" ({us / ref:.2f}x)" if ref else "")
+            print(line + (f"; reference {ref:.0f}" if ref else ""))
+    counts = {tuple(k.values()) for _, k, _, _ in summary}
+    print(f"kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch")
 
 
 if __name__ == "__main__":

@@ -78,10 +78,9 @@ def step(
     layout_ops = layout_of(cfg)
     up = layout_ops.build(state, batch)
     layout = up.layout
-    absolute = batch.num_computed.to(torch.int64)[layout.request_index] + layout.positions
     out = StepOutputs(
         layout=layout,
-        positions=torch.where(up.local_valid, absolute, 0),
+        positions=up.positions,
         query_start_loc=up.local_start.to(torch.int32),
         logits_indices=layout_ops.logits_from_geometry(cfg, up.geometry, batch.num_reqs),
         slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, cfg.pad_slot_id),

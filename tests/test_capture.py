@@ -222,17 +222,38 @@ def test_capture_with_inductor_in_one_bucket():
     captured = graph.capture(pcp_fn.step, state, example)
     assert captured.kind == "compile"
     for _ in range(20):
-        b = _random_batch(rng)
-        b = make_batch(
-            CFG,
-            b.num_scheduled[: int(b.num_reqs)],
-            b.num_computed[: int(b.num_reqs)],
-            b.num_prompt[: int(b.num_reqs)],
-            bucket=bucket,
-            slot_mapping=_slots(b.num_scheduled),
-        )
+        b = _same_bucket(_random_batch(rng), bucket)
         assert tree_equal(captured(state, b), pcp_fn.step(state, b))
     assert len(captured) == 1
+
+
+def _same_bucket(b, bucket):
+    n = int(b.num_reqs)
+    sched, comp, prompt = (x[:n] for x in (b.num_scheduled, b.num_computed, b.num_prompt))
+    return make_batch(CFG, sched, comp, prompt, bucket=bucket, slot_mapping=_slots(sched))
+
+
+def test_capture_with_aoti_replays_every_composition_and_grows(tmp_path):
+    # AOTInductor: one package per bucket in package_dir, loaded and called with the flat leaves
+    rng = random.Random(5)
+    bucket = Bucket(8, 64)
+    state = init_state(CFG)
+    captured = graph.capture(
+        pcp_fn.step, state, _batch("mixed", bucket), backend="aoti", package_dir=tmp_path
+    )
+    assert captured.kind == "aoti" and len(list(tmp_path.glob("*.pt2"))) == 1
+    for _ in range(20):
+        b = _same_bucket(_random_batch(rng), bucket)
+        got = captured(state, b)
+        assert tree_equal(got, pcp_fn.step(state, b))
+        state = got[0]  # a state from the graph feeds the next call (entry op: config and rank only)
+    # a state of the same config whose entry fields are other tensors (equal values): served
+    fresh = init_state(CFG)
+    assert tree_equal(captured(fresh, b), pcp_fn.step(fresh, b))
+    assert len(captured) == 1
+    other = _batch("decode-only")  # another bucket: a second package
+    assert tree_equal(captured(state, other), pcp_fn.step(state, other))
+    assert len(captured) == 2 and len(list(tmp_path.glob("*.pt2"))) == 2
 
 
 def test_capture_errors_leave_the_callable_usable():
@@ -350,3 +371,81 @@ def test_a_trace_visiting_every_bucket_compiles_one_graph_per_bucket(how):
     assert counters["stats"]["unique_graphs"] == len(buckets)
     if how == "capture":
         assert len(fn) == len(buckets)
+
+
+def test_fast_flatten_and_rebuild_agree_with_torch_pytree():
+    import torch.utils._pytree as pytree
+
+    from pcp_fn.graph.flat import Rebuild, flatten
+
+    for cfg in (CFG, dataclasses.replace(CFG, hybrid_attn=True)):
+        state = init_state(cfg, rank=1)
+        batch = make_batch(cfg, *COMPOSITIONS["mixed"], slot_mapping=_slots(COMPOSITIONS["mixed"][0]))
+        for tree in ((state, batch), pcp_fn.step(state, batch), pcp_fn.attention_metadata(state, batch)):
+            leaves, key = flatten(tree)
+            expected = pytree.tree_leaves(tree)
+            assert len(leaves) == len(expected) and all(a is b for a, b in zip(leaves, expected))
+            assert tree_equal(Rebuild(tree)(leaves), tree)
+            memo = {}
+            assert flatten(tree, memo) == (leaves, key) and flatten(tree, memo)[1] == key
+        # what a graph specialises on changes the key: the bucket, a dtype
+        other = make_batch(cfg, [3], [0], [3], slot_mapping=[1, 2, 3])
+        assert flatten((state, other))[1] != flatten((state, batch))[1]
+        recast = dataclasses.replace(batch, slot_mapping=batch.slot_mapping.to(torch.int32))
+        assert flatten((state, recast))[1] != flatten((state, batch))[1]
+        again = make_batch(cfg, *COMPOSITIONS["mixed"], slot_mapping=_slots(COMPOSITIONS["mixed"][0]))
+        assert flatten((state, again))[1] == flatten((state, batch))[1]
+
+
+def test_device_graph_inputs_copy_only_what_changed():
+    import torch.utils._pytree as pytree
+
+    from pcp_fn.graph.capture import _StaticInputs
+
+    def leaves(*tree):
+        return pytree.tree_leaves(tree)
+
+    def packed(batch):  # its leaves as views of one buffer, as make_batch lays them out on a GPU/NPU
+        parts = [batch.slot_mapping.view(torch.int32), batch.num_scheduled, batch.num_computed]
+        parts += [batch.num_prompt, batch.num_reqs.reshape(1)]
+        slots, sched, comp, prompt, reqs = torch.cat(parts).split_with_sizes([p.numel() for p in parts])
+        return dataclasses.replace(
+            batch,
+            slot_mapping=slots.view(torch.int64),
+            num_scheduled=sched,
+            num_computed=comp,
+            num_prompt=prompt,
+            num_reqs=reqs.view(()),
+        )
+
+    state = init_state(CFG)
+    first, second = packed(_batch("mixed")), packed(_batch("mixed"))
+    inputs = _StaticInputs(leaves(state, first))
+    n_state = sum(isinstance(x, torch.Tensor) for x in leaves(state))
+    assert inputs.update(leaves(state, first)) == n_state + 1  # the first replay: the state, one batch copy
+    assert inputs.update(leaves(state, first)) == 0  # the same tensors, untouched: nothing
+    assert inputs.update(leaves(state, second)) == 1  # a new batch: its packed buffer, one copy
+    first.num_computed.add_(1)  # modified in place: copied again
+    assert inputs.update(leaves(state, first)) == 1
+    assert inputs.update(leaves(state, first)) == 0
+    same = [torch.equal(a, b) for a, b in zip(inputs.buffers, leaves(state, first)) if a is not None]
+    assert all(same)
+    # a batch whose leaves are separate tensors: leaf by leaf
+    loose = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, second)
+    assert inputs.update(leaves(state, loose)) == 5
+    assert all(torch.equal(a, b) for a, b in zip(inputs.buffers, leaves(state, loose)) if a is not None)
+    # the static batch views share one buffer, laid out like make_batch's
+    views = [b for b, x in zip(inputs.buffers, leaves(state, first)) if x is not None][-5:]
+    assert len({v.untyped_storage().data_ptr() for v in views}) == 1
+
+
+def test_entry_states_with_the_same_constant_tensors_replay_as_the_template():
+    state = init_state(CFG)
+    captured = graph.Captured(pcp_fn.step, backend="eager")
+    (template, _) = captured._as_entry((state, _batch("mixed")))
+    assert template is state
+    rebuilt = dataclasses.replace(state, constants=dict(state.constants))  # a new dict, same tensors
+    assert captured._as_entry((rebuilt, None))[0] is state
+    other = init_state(CFG)  # equal values, other tensors: this call's entry fields are used
+    swapped = captured._as_entry((other, None))[0]
+    assert swapped is not state and swapped.constants is other.constants

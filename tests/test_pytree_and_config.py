@@ -20,13 +20,7 @@ def test_state_flattens_and_unflattens():
         assert tree_equal(back, state)
         per_request = pytree.tree_leaves(dataclasses.replace(state, constants={}))
         assert all(x is None or x.dim() == 0 or x.shape[0] == 16 for x in per_request)
-        assert sorted(state.constants) == [
-            "attn_caps",
-            "attn_coef_a",
-            "attn_coef_b",
-            "attn_sums_a",
-            "attn_sums_b",
-        ]
+        assert sorted(state.constants) == ["attn_pair", "attn_runs", "attn_sums", "dcs_chunks", "dcs_ranks"]
 
 
 def test_config_rides_in_the_structure_and_leaves_are_tensors():

@@ -4,7 +4,15 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pcp_fn.core.ragged import expand_runs, masked_gather, offsets, ragged_index, scatter_to
+from pcp_fn.core.ragged import (
+    expand_runs,
+    masked_gather,
+    offsets,
+    ragged_index,
+    scatter_to,
+    segment_of,
+    segments_of,
+)
 
 
 @given(lengths=st.lists(st.integers(0, 6), max_size=8), extra=st.integers(0, 5))
@@ -56,3 +64,33 @@ def test_masked_gather():
     values = torch.tensor([10, 11, 12], dtype=torch.int32)
     got = masked_gather(values, torch.tensor([2, 9, -1, 0]), torch.tensor([True, False, False, True]), -1)
     assert got.tolist() == [12, -1, -1, 10] and got.dtype == torch.int32
+
+
+@given(
+    lengths=st.lists(st.integers(0, 5), min_size=1, max_size=10),
+    extra=st.integers(0, 4),
+    drop_last=st.booleans(),
+)
+def test_segment_of_counts_the_ends_like_a_binary_search(lengths, extra, drop_last):
+    ends = offsets(torch.tensor(lengths))[1:]
+    if drop_last:
+        ends = ends[:-1]
+    slots = torch.arange(sum(lengths) + extra)
+    expected = torch.searchsorted(ends, slots, right=True)  # what a GPU or NPU runs
+    assert segment_of(ends, slots).tolist() == expected.tolist()
+
+
+@given(
+    parts=st.lists(
+        st.tuples(st.lists(st.integers(0, 4), min_size=1, max_size=6), st.integers(0, 3)),
+        min_size=1,
+        max_size=3,
+    )
+)
+def test_segments_of_answers_each_search_like_segment_of(parts):
+    searches = []
+    for lengths, extra in parts:
+        ends = offsets(torch.tensor(lengths))[1:]
+        searches.append((ends[:-1], torch.arange(sum(lengths) + extra)))
+    got = segments_of(*searches)
+    assert [g.tolist() for g in got] == [segment_of(e, s).tolist() for e, s in searches]

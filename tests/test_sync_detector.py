@@ -56,3 +56,20 @@ def test_detector_raises_on_host_data(bad):
     with pytest.raises(HostSyncError):
         with no_host_syncs():
             bad()
+
+
+def test_count_kernels_leaves_out_views():
+    from pcp_fn.graph import OpCounter, count_kernels, is_view_op
+
+    def fn():
+        y = x.view(2, 3).unsqueeze(0).expand(2, 2, 3)  # views: no kernel
+        a, b = y.unbind(0)
+        return (a[0, 1:] + b.select(0, 1)[:2]).sum()  # add, sum: two kernels
+
+    assert count_kernels(fn) == 2
+    with OpCounter() as counter:
+        fn()
+    assert counter.kernels == 2 and counter.total == count_aten_ops(fn) > 2
+    assert is_view_op(torch.ops.aten.slice.Tensor) and is_view_op(torch.ops.aten.unbind.int)
+    assert not is_view_op(torch.ops.aten.add.Tensor) and not is_view_op(torch.ops.aten.add_.Tensor)
+    assert not is_view_op(torch.ops.aten.index_select.default)

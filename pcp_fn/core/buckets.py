@@ -11,7 +11,9 @@ a CUDA-graph capture size::
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 from collections.abc import Iterable
 
 from .checks import check_int
@@ -73,6 +75,13 @@ def smallest_bucket(
     request_buckets: tuple[int, ...], token_buckets: tuple[int, ...], reqs: int, tokens: int
 ) -> Bucket:
     """The smallest configured :class:`Bucket` holding ``reqs`` and ``tokens`` (both within capacity)."""
-    return Bucket(
-        next(s for s in request_buckets if s >= reqs), next(s for s in token_buckets if s >= tokens)
+    return _bucket(
+        request_buckets[bisect.bisect_left(request_buckets, reqs)],
+        token_buckets[bisect.bisect_left(token_buckets, tokens)],
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _bucket(num_reqs: int, num_tokens: int) -> Bucket:
+    """One :class:`Bucket` object per size pair (checked once; a host boundary picks one a step)."""
+    return Bucket(num_reqs, num_tokens)

@@ -71,31 +71,69 @@ def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.n
     """
     if isinstance(values, list | tuple):
         # numpy would turn [1, True] into [1, 1]: a bool among counts is a caller's bug
-        for i, v in enumerate(values):
-            if isinstance(v, bool | np.bool_):
-                raise TypeError(f"{name}[{i}] must be an int, got bool {v!r}")
+        kinds = set(map(type, values))
+        if bool in kinds or np.bool_ in kinds:
+            i = next(i for i, v in enumerate(values) if isinstance(v, bool | np.bool_))
+            raise TypeError(f"{name}[{i}] must be an int, got bool {values[i]!r}")
     arr = _host_array(name, values)
     if arr.dtype == object:
         for i, v in enumerate(arr.tolist()):
             check_int(f"{name}[{i}]", v, 0, maximum)
         return arr.astype(np.int64)
-    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+    if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.dtype == np.uint64:  # compare before any cast: 2**63 would wrap negative
-        big = np.flatnonzero(arr > np.uint64(maximum))
-        if big.size:
-            i = int(big[0])
-            raise ValueError(f"{name}[{i}] = {int(arr[i])} exceeds the limit {maximum}")
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(maximum):
+        i = int(np.flatnonzero(arr > np.uint64(maximum))[0])  # compared before a cast: 2**63 would wrap
+        raise ValueError(f"{name}[{i}] = {int(arr[i])} exceeds the limit {maximum}")
     arr = arr.astype(np.int64)
-    bad = np.flatnonzero(arr < 0)
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(f"{name}[{i}] = {arr[i]} is negative; counts must be >= 0")
-    big = np.flatnonzero(arr > maximum)
-    if big.size:
-        i = int(big[0])
+    if arr.size and (arr.min() < 0 or arr.max() > maximum):
+        bad = np.flatnonzero(arr < 0)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"{name}[{i}] = {arr[i]} is negative; counts must be >= 0")
+        i = int(np.flatnonzero(arr > maximum)[0])
         raise ValueError(f"{name}[{i}] = {arr[i]} exceeds the limit {maximum}")
     return arr
+
+
+# numpy integer type codes whose every value an int64 holds (every integer type but uint64)
+_FAST_INTS = frozenset(
+    np.dtype(t).char
+    for t in np.typecodes["AllInteger"]
+    if np.dtype(t).kind == "i" or np.dtype(t).itemsize < 8
+)
+
+
+def host_int_rows(
+    names: tuple[str, ...], arrays: tuple[ArrayLike, ...], maximum: int = INT32_MAX
+) -> tuple[list[np.ndarray], np.ndarray, list[int]]:
+    """``(arrays, [k, n] int64 rows, the k row maxima)``: per-request count arrays of one
+    length (``names[i]`` names ``arrays[i]``), each checked like :func:`host_ints` (1-D
+    integers in ``[0, maximum]``) and by :func:`check_same_length`; the arrays come back
+    as numpy integer arrays (the caller's own when they already are).
+
+    The common case (1-D numpy integer arrays) is checked all at once: one
+    concatenation and one max over the rows read as unsigned (a negative count
+    reads huge). Any other kind of array, or a failed check, goes through
+    :func:`host_ints` for its exact message.
+    """
+    arrs = []
+    lengths = set()
+    for name, a in zip(names, arrays):
+        fast = type(a) is np.ndarray and a.ndim == 1 and a.dtype.char in _FAST_INTS
+        if not fast:  # lists, tensors, uint64 (checked before any cast), anything odd: one by one
+            a = host_ints(name, a, maximum=maximum)
+        arrs.append(a)
+        lengths.add(a.shape[0])
+    if len(lengths) > 1:
+        check_same_length(**dict(zip(names, arrs)))
+    n = arrs[0].shape[0]
+    rows = np.concatenate(arrs, dtype=np.int64).reshape(len(arrs), n)
+    top = rows.view(np.uint64).max(axis=1).tolist() if n else [0] * len(arrs)
+    if max(top) > maximum:
+        for name, arr in zip(names, arrs):
+            host_ints(name, arr, maximum=maximum)  # raises for the first bad array, naming the entry
+    return arrs, rows, top
 
 
 def host_bools(name: str, values: ArrayLike) -> np.ndarray:

@@ -53,6 +53,8 @@ def pytree_dataclass(cls: type[T]) -> type[T]:
         kwargs.update(zip(static, context))
         return cls(**kwargs)
 
+    cls.__pytree_children__ = children  # read by pcp_fn.graph's fast flattening
+    cls.__pytree_static__ = static
     pytree.register_pytree_node(
         cls,
         flatten,

@@ -38,15 +38,60 @@ def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.T
 
         starts [0, 2, 2, 5], values [7, 8, 9, 4], cap 7 -> [7, 7, 9, 9, 9, 4, 4]
 
-    A difference array: add ``values[j] - values[j-1]`` at ``starts[j]``, then a
-    prefix sum. One ``scatter_add`` over the runs and one ``cumsum`` over the
-    slots: no per-slot search, no per-slot gather.
+    Each slot finds its run by binary search (:func:`segment_of` on the starts)
+    and gathers the run's values: four wide kernels, no per-run loop, no scan.
     """
-    diff = values - F.pad(values[..., :-1], (1, 0))
-    marks = torch.zeros((*values.shape[:-1], cap + 1), dtype=values.dtype, device=values.device)
-    where = starts.clamp(max=cap).expand(diff.shape)  # starts past the end land in a trash slot
-    marks = marks.scatter_add(-1, where, diff)
-    return marks.cumsum(-1)[..., :cap]
+    slot = torch.arange(cap, dtype=starts.dtype, device=starts.device)
+    run = segment_of(starts.clamp(max=cap), slot)  # runs starting at or before the slot: 0 before the first
+    return F.pad(values, (1, 0)).index_select(-1, run)
+
+
+def segment_of(ends: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """int64 ``[n]``: for each slot of ``slots = arange(n)``, how many ``ends [m]`` are ``<= slot``.
+
+    ``ends`` is non-decreasing. With ``ends`` the ends of back-to-back segments, that is the segment holding
+    the slot (empty segments own none); slots past ``ends[-1]`` get ``m``. With
+    ``ends[:-1]`` instead, they fall in the last segment. Every end must lie in
+    ``[0, n]`` (the caller's segments fit its slots).
+
+    On a GPU or NPU: one binary search per slot (``searchsorted``; one kernel,
+    fused by inductor's triton backend). On the CPU a binary search costs
+    ~40-60 ns a slot once the ends outgrow the cache, and inductor's C++ backend
+    cannot fuse it, so the CPU counts the ends instead: a histogram of the ends
+    and its prefix sum, O(n + m) (a merge of two sorted lists).
+    """
+    if slots.device.type != "cpu":
+        return torch.searchsorted(ends.contiguous(), slots, right=True)
+    n = slots.shape[0]
+    marks = torch.zeros(n + 1, dtype=torch.int64, device=slots.device)
+    marks = marks.scatter_add(0, ends.to(torch.int64), torch.ones_like(ends, dtype=torch.int64))
+    return marks.cumsum(0)[:n]
+
+
+def segments_of(*searches: tuple[torch.Tensor, torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`segment_of` of several ``(ends, slots)`` pairs at once (one histogram on the CPU).
+
+    On the CPU the slot ranges are laid end to end and the ends of each shifted
+    by the slots before it: one scatter and one prefix sum serve every search
+    (a later search's counts then include every earlier end, subtracted). Elsewhere,
+    one binary search each.
+    """
+    if searches[0][1].device.type != "cpu":
+        return [segment_of(ends, slots) for ends, slots in searches]
+    offset, shifted, firsts = 0, [], []
+    for ends, slots in searches:
+        shifted.append(ends.to(torch.int64) + offset if offset else ends.to(torch.int64))
+        firsts.append(offset)
+        offset += slots.shape[0]
+    ends = torch.cat(shifted)
+    marks = torch.zeros(offset + 1, dtype=torch.int64, device=ends.device)
+    counts = marks.scatter_add(0, ends, torch.ones_like(ends)).cumsum(0)
+    out, earlier = [], 0
+    for (own, slots), first in zip(searches, firsts):
+        part = counts[first : first + slots.shape[0]]
+        out.append(part - earlier if earlier else part)
+        earlier += own.shape[0]
+    return out
 
 
 class RaggedIndex(NamedTuple):
@@ -65,9 +110,9 @@ def ragged_index(lengths: torch.Tensor, cap: int) -> RaggedIndex:
     Empty segments own no slot.
     """
     starts = offsets(lengths)
-    ids = torch.arange(lengths.shape[-1], dtype=torch.int64, device=lengths.device)
-    segment, start = expand_runs(starts[:-1], torch.stack([ids, starts[:-1]]), cap)
     slot = torch.arange(cap, dtype=torch.int64, device=lengths.device)
+    segment = segment_of(starts[1:-1], slot)  # the last segment also takes the padding tail
+    start = F.pad(starts[1:-1], (1, 0)).index_select(-1, segment)
     return RaggedIndex(segment, slot - start, slot < starts[-1])
 
 

@@ -16,7 +16,10 @@ def cp_local_seq_lens(
     """
     C, I = pcp_size * dcp_size, interleave
     s = seq_lens.unsqueeze(-1)
-    base = s // I // C * I
-    rank_start = torch.arange(C, dtype=seq_lens.dtype, device=seq_lens.device) * I
-    rest = torch.clamp(s - base * C - rank_start, 0, I)
-    return (base + rest).reshape(*seq_lens.shape, pcp_size, dcp_size)
+    if I == 1:  # rank j holds the tokens t < s with t % C == j: ceil((s - j) / C), 0 when s <= j
+        lens = (s + torch.arange(C - 1, -1, -1, dtype=s.dtype, device=s.device)) // C
+    else:  # q full rounds of C blocks, then rank j's share of the partial round
+        q = s // (C * I)
+        first = torch.arange(0, C * I, I, dtype=s.dtype, device=s.device)  # rank j's first token
+        lens = torch.add(torch.add(s - first, q, alpha=-C * I).clamp(0, I), q, alpha=I)
+    return lens.reshape(*seq_lens.shape, pcp_size, dcp_size)

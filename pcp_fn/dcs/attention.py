@@ -51,11 +51,12 @@ import torch
 
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import expand_runs, masked_gather, offsets
+from ..core.ragged import segment_of
+from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
 from .attention_tables import range_tables
 from .batch import SchedulerBatch, classify_decodes
-from .layout import gathered_order, request_geometry
+from .layout import RequestGeometry, gathered_order, request_geometry
 
 if TYPE_CHECKING:
     from .state import PCPState
@@ -174,31 +175,28 @@ _INDEX_NAMES = (
 )
 
 
-def _index_tensors(
-    P: int, Cb: int, c: torch.Tensor, h: torch.Tensor, constants: dict[str, torch.Tensor]
-) -> dict[str, PaddedIndex]:
-    """Every index tensor, painted into one ``[sum(caps)]`` buffer by ONE ``expand_runs``.
+def _index_tensors(P: int, Cb: int, geo: RequestGeometry, runs: torch.Tensor) -> dict[str, PaddedIndex]:
+    """Every index tensor, painted into one ``[sum(caps) * C_b]`` buffer by one binary search.
 
-    The tensors lie end to end (tensor ``k`` at ``base[k]``), so the runs of all
-    requests of all tensors are non-decreasing; a closing run with negative
-    values turns each tensor's tail into padding (clamped to 0).
+    The tensors lie end to end; request ``i`` of tensor ``k`` is three runs
+    (``[10, R_b, 3]``) whose start and shift are linear in
+    ``(b, c, total, C_b)`` (``runs``, this rank's multipliers from
+    ``state.constants``): four fused multiply-adds give them all. Runs are
+    non-decreasing through the buffer and the first starts at slot 0; a slot
+    holds ``slot + shift`` of the last run starting at or before it, and the
+    closing runs turn every tail into padding (negative, clamped to 0).
     """
-    caps_c = range_tables(P)[0]
-    caps = [k * Cb for k in caps_c]
+    caps = [k * Cb for k in range_tables(P)[0]]
     size = sum(caps)
-    device = c.device
-    coef = constants["attn_coef_a"] + h * constants["attn_coef_b"]
-    sb, sc, hb, hc, ht = coef.unbind(1)  # each [10, 3]
-    c_start = offsets(c)
-    b, total = c_start[:-1, None], c_start[-1]  # [n, 1], 0-d
-    base = (offsets(constants["attn_caps"])[:-1] * Cb)[:, None, None]
-    starts = sb[:, None] * b + sc[:, None] * c[:, None] + base  # [10, n, 3]
-    shifts = hb[:, None] * b + hc[:, None] * c[:, None] + ht[:, None] * total - base
-    closing = torch.arange(3, device=device) == 2
-    shifts = torch.where(closing, -(size + 1) - base, shifts)
-    slot = torch.arange(size, dtype=torch.int64, device=device)
-    painted = (slot + expand_runs(starts.flatten(), shifts.flatten(), size)).clamp(min=0).to(torch.int32)
-    lengths = sc[:, 2] * total  # each tensor ends where its last request closes
+    b, c = geo.prefill_chunk_start[:-1, None], geo.prefill_chunk[:, None]  # decodes: c = 0
+    total = geo.prefill_chunk_start[-1]
+    by_b, by_c, by_total, by_cb = runs.unbind(0)  # each [2, 10, 1, 3]: (start, shift)
+    both = torch.addcmul(torch.addcmul(torch.addcmul(by_cb * Cb, by_total, total), by_b, b), by_c, c)
+    starts, shifts = both.flatten(1).unbind(0)  # [10 * R_b * 3] each
+    slot = torch.arange(size, dtype=torch.int64, device=c.device)
+    run = segment_of(starts[1:], slot)  # starts[0] == 0: the run holding each slot
+    painted = (slot + shifts.index_select(0, run)).clamp(min=0).to(torch.int32)
+    lengths = total * by_c[0, :, 0, 2]  # each tensor ends where its last request closes: c-multiple
     return {
         name: PaddedIndex(index=x, length=lengths[k])
         for k, (name, x) in enumerate(zip(_INDEX_NAMES, painted.split(caps)))
@@ -238,43 +236,43 @@ def attention_metadata(
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    order = gathered_order(geo, P, Lb)
+    order = gathered_order(cfg, geo, Lb, state.constants)
 
     computed = batch.num_computed
-    decode_context = computed + batch.num_scheduled if decode_seq_lens is None else decode_seq_lens
-    context = torch.where(is_decode, decode_context.to(computed.dtype), computed)
-    num_decode_reqs = is_decode.sum()
+    if decode_seq_lens is None:  # a decode's context: computed + scheduled
+        context = torch.addcmul(computed, batch.num_scheduled, is_decode)
+    else:
+        context = torch.where(is_decode, decode_seq_lens.to(computed.dtype), computed)
     meta = AttentionMetadata(
         num_computed_tokens_of_pcp_dcp=cp_local_seq_lens(context, P, D, cfg.cp_kv_cache_interleave_size),
-        num_actual_tokens_pcp_padded=P * geo.local.sum(),
+        num_actual_tokens_pcp_padded=geo.padded_start[-1],
         pcp_unpad_mask=order.unpad_mask,
         pcp_allgather_restore_idx=order.restore_index,
         query_lens_pcp_full=batch.num_scheduled,
         max_query_len_pcp_full=batch.num_scheduled.max(),
-        num_decode_reqs=num_decode_reqs,
-        num_prefill_reqs=batch.num_reqs.to(torch.int64) - num_decode_reqs,
+        num_decode_reqs=geo.num_decode_reqs,
+        num_prefill_reqs=batch.num_reqs - geo.num_decode_reqs,
     )
     if P == 1:
         return state, meta
 
-    # Decodes take no part: give them empty chunks, and every offset starts at the first prefill.
-    c = torch.where(geo.replicated, 0, geo.local // 2)
-    h = torch.ones((), dtype=torch.int64, device=c.device) * state.pcp_rank
-    index = _index_tensors(P, Lb // 2, c, h, state.constants)
+    # Decodes take no part: their chunk is 0, so every offset starts at the first prefill.
+    rank = state.pcp_rank
+    index = _index_tensors(P, Lb // 2, geo, select_rank(state.constants["attn_runs"], rank))
 
-    # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); cumulative
-    # sums of c, h*c, t*c, (h+1)*c, (t+1)*c.
-    req = num_decode_reqs + torch.arange(Rb, dtype=torch.int64, device=c.device)
-    cum = torch.cumsum(c, 0)[req.clamp(max=Rb - 1)]  # past the end: the total (empty requests)
-    scale = state.constants["attn_sums_a"] + h * state.constants["attn_sums_b"]
-    sums = (scale[:, None] * cum).to(torch.int32)
+    # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); from the
+    # prefill-chunk prefix sums before and through it (past the end: the total, empty requests).
+    entry = (geo.request_ids + geo.num_decode_reqs + state.constants["attn_pair"]).clamp(max=Rb)
+    before, through = geo.prefill_chunk_start.index_select(0, entry.flatten()).view(2, Rb)
+    scale_before, scale_through = select_rank(state.constants["attn_sums"], rank)[:, :, None]
+    sums = torch.addcmul(scale_before * before, scale_through, through).to(torch.int32)
     return state, dataclasses.replace(
         meta,
         **index,
-        attn_chunk_seqlens=masked_gather(c, req, req < Rb, 0).to(torch.int32),
-        attn_mask_seqlens=sums[0],
-        head_attn_nomask_seqlens=sums[1],
-        tail_attn_nomask_seqlens=sums[2],
-        head_actual_seq_lengths_kv=sums[3],
-        tail_actual_seq_lengths_kv=sums[4],
+        attn_chunk_seqlens=sums[0],
+        attn_mask_seqlens=sums[1],
+        head_attn_nomask_seqlens=sums[2],
+        tail_attn_nomask_seqlens=sums[3],
+        head_actual_seq_lengths_kv=sums[4],
+        tail_actual_seq_lengths_kv=sums[5],
     )

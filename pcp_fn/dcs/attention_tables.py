@@ -50,6 +50,52 @@ def range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[li
     return caps, A, B
 
 
+def run_tables(P: int) -> list[list[list[list[list[list[int]]]]]]:
+    """Per rank ``h``: ``[4, 2, 10, 1, 3]`` multipliers of ``(b, c, total, C_b)`` for the
+    (start, shift) of every run (tensor ``k``, run ``e``) of :func:`range_tables`, with
+    the tensors' buffer offsets (``C_b`` times the capacities before them) folded in.
+
+    Run ``e = 2`` closes the request: its shift ``-(sum(caps) + offset + 1) * C_b``
+    turns every slot it covers negative (padding, clamped to 0), whatever the
+    slot (``< sum(caps) * C_b``), as long as ``C_b >= 1`` (else there is no slot).
+    """
+    caps, A, B = range_tables(P)
+    offset = [sum(caps[:k]) for k in range(len(caps))]
+    out = []
+    for h in range(P):
+        coef = [[[a + b * h for a, b in zip(ra, rb)] for ra, rb in zip(ka, kb)] for ka, kb in zip(A, B)]
+        sb, sc, hb, hc, ht = ([[c[i][e] for e in range(3)] for c in coef] for i in range(5))
+        start_base = [[offset[k]] * 3 for k in range(len(caps))]
+        shift_base = [[-offset[k], -offset[k], -(sum(caps) + offset[k] + 1)] for k in range(len(caps))]
+        # the closing run's shift takes no b, c, total term
+        hb, hc, ht = ([[*row[:2], 0] for row in x] for x in (hb, hc, ht))
+        zero = [[0, 0, 0] for _ in caps]
+
+        def tensor(rows):
+            return [[row] for row in rows]  # [10, 1, 3]
+
+        out.append(
+            [
+                [tensor(sb), tensor(hb)],  # times b
+                [tensor(sc), tensor(hc)],  # times c
+                [tensor(zero), tensor(ht)],  # times total
+                [tensor(start_base), tensor(shift_base)],  # times C_b
+            ]
+        )
+    return out
+
+
+def sum_tables(P: int) -> list[list[list[int]]]:
+    """Per rank ``h``: ``[2, 6]`` multipliers of the prefill-chunk prefix sums before and
+    through each prefill, giving ``c`` and the cumulative ``c``, ``h*c``, ``t*c``,
+    ``(h+1)*c``, ``(t+1)*c`` (``t = 2P-1-h``)."""
+    out = []
+    for h in range(P):
+        t = 2 * P - 1 - h
+        out.append([[-1, 0, 0, 0, 0, 0], [1, 1, h, t, h + 1, t + 1]])
+    return out
+
+
 def attention_constants(P: int) -> dict[str, list]:
     """The static tables of :func:`attention_metadata` for ``P`` ranks, as nested lists.
 
@@ -58,11 +104,8 @@ def attention_constants(P: int) -> dict[str, list]:
     """
     if P == 1:
         return {}
-    caps_c, A, B = range_tables(P)
     return {
-        "attn_coef_a": A,  # [10, 5, 3]
-        "attn_coef_b": B,
-        "attn_caps": caps_c,  # [10] capacities in chunk rows
-        "attn_sums_a": [1, 0, 2 * P - 1, 1, 2 * P],  # [5] cumulative-length scales, A + B*h
-        "attn_sums_b": [0, 1, -1, 1, -1],
+        "attn_runs": run_tables(P),  # [P, 4, 2, 10, 1, 3]
+        "attn_sums": sum_tables(P),  # [P, 2, 6]
+        "attn_pair": [[0], [1]],  # [2, 1]: a prefix sum before and through an entry
     }

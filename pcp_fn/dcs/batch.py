@@ -4,8 +4,13 @@ This is the one place that reads values on the host. It validates the
 scheduler's per-request arrays, computes the number of local tokens per rank
 (O(R) integer arithmetic on arrays the host already has, like vLLM's
 ``get_num_tokens_for_dispatch``), picks the smallest bucket that holds the
-batch, pads the arrays to the bucket's request rows and moves them to the
-device in ONE host-to-device copy. Per-token work all happens on the device.
+batch, packs the arrays (padded to the bucket's request rows) and the slot
+mapping (padded to its token rows) into ONE host buffer and moves it to the
+device in ONE copy: on a GPU or NPU a non-blocking copy from a pinned buffer
+that no earlier copy still reads (:mod:`pcp_fn.core.staging`). Every check is
+vectorised (a handful of numpy reductions over the arrays); the loops that
+name a bad entry run only once a check has failed. Per-token work all happens
+on the device.
 
     >>> cfg = PCPConfig(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=32)
     >>> b = make_batch(cfg, [1, 5, 8], [7, 0, 0], [3, 5, 8])
@@ -23,8 +28,9 @@ import numpy as np
 import torch
 
 from ..core.buckets import Bucket
-from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_ints
+from ..core.checks import INT32_MAX, ArrayLike, host_int_rows
 from ..core.pytree import pytree_dataclass, static_field
+from ..core.staging import host_buffer, to_device
 from .config import PCPConfig
 
 A = TypeVar("A", np.ndarray, torch.Tensor)
@@ -80,14 +86,14 @@ def check_token_input(name: str, values: torch.Tensor, config: PCPConfig, bucket
         )
 
 
-def _host_slots(config: PCPConfig, values: ArrayLike, num_tokens: int, rows: int) -> np.ndarray:
-    """``[rows]`` int64: the first ``num_tokens`` slots, then ``pad_slot_id``."""
+def _host_slots(values: ArrayLike, num_tokens: int) -> np.ndarray:
+    """The scheduler's slot mapping as a 1-D integer array of ``num_tokens`` entries (checked)."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
-    arr = np.asarray(values)
+    arr = values if type(values) is np.ndarray else np.asarray(values)
     if arr.ndim != 1:
         raise ValueError(f"slot_mapping must be 1-D (one slot per scheduled token), got shape {arr.shape}")
-    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer)):
+    if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"slot_mapping must hold integers, got dtype {arr.dtype}")
     if arr.shape[0] != num_tokens:
         raise ValueError(
@@ -96,9 +102,7 @@ def _host_slots(config: PCPConfig, values: ArrayLike, num_tokens: int, rows: int
         )
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(2**63 - 1):
         raise ValueError(f"slot_mapping holds {int(arr.max())}, past the int64 limit")
-    out = np.full(rows, config.pad_slot_id, dtype=np.int64)
-    out[:num_tokens] = arr
-    return out
+    return arr
 
 
 def classify_decodes(config: PCPConfig, num_scheduled: A, num_computed: A, num_prompt: A) -> A:
@@ -108,10 +112,14 @@ def classify_decodes(config: PCPConfig, num_scheduled: A, num_computed: A, num_p
     host boundary) and on tensors (inside ops) alike; empty padding rows
     (no context) are prefills.
     """
-    done = num_computed >= num_prompt
-    if config.pd_decode_recompute:
-        done = done | (num_computed == num_prompt - 1)
-    return (num_computed > 0) & (num_scheduled <= config.decode_threshold) & done
+    # context (computed > 0) and prompt done (computed >= prompt, or >= prompt - 1 with the
+    # recompute scheduler): computed >= max(prompt [- 1], 1), one comparison
+    done_at = num_prompt - 1 if config.pd_decode_recompute else num_prompt
+    if isinstance(done_at, np.ndarray):
+        done_at = np.maximum(done_at, 1)
+    else:
+        done_at = done_at.clip(min=1)
+    return (num_computed >= done_at) & (num_scheduled <= config.decode_threshold)
 
 
 def local_token_counts(config: PCPConfig, num_scheduled: np.ndarray, is_decode: np.ndarray) -> np.ndarray:
@@ -158,38 +166,39 @@ def make_batch(
     """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
-    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = host_ints("num_computed_tokens", num_computed_tokens)
-    prompt = host_ints("num_prompt_tokens", num_prompt_tokens)
-    num_reqs = check_same_length(
-        num_scheduled_tokens=sched, num_computed_tokens=comp, num_prompt_tokens=prompt
-    )
-    seq_end = comp + sched
-    over = np.flatnonzero(seq_end > INT32_MAX)
-    if over.size:
-        i = int(over[0])
+    arrays, rows, top = host_int_rows(_COUNTS, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens))
+    sched, comp, prompt = arrays  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
+    num_reqs = rows.shape[1]
+    if top[1] + top[0] > INT32_MAX:  # only then can a sequence length overflow
+        seq_end = rows[1] + rows[0]
+        i = int(np.flatnonzero(seq_end > INT32_MAX)[0])
         raise ValueError(
             f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
             f"limit {INT32_MAX} (the sequence length of request {i})"
         )
     if num_reqs > config.max_num_reqs:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {config.max_num_reqs}")
-    total = int(sched.sum())
+    total = int(np.add.reduce(sched))
     if total > config.max_num_tokens:
         raise ValueError(
             f"num_scheduled_tokens sums to {total} tokens; max_num_tokens is {config.max_num_tokens}"
         )
     is_decode = classify_decodes(config, sched, comp, prompt)
-    prefills = np.flatnonzero(~is_decode)
-    if prefills.size and is_decode[prefills[0] :].any():
-        late = prefills[0] + int(np.flatnonzero(is_decode[prefills[0] :])[0])
+    num_decodes = np.count_nonzero(is_decode)
+    if np.count_nonzero(is_decode[:num_decodes]) != num_decodes:  # decodes must be a prefix
+        first = int(np.argmin(is_decode))
+        late = first + int(np.argmax(is_decode[first:]))
         raise ValueError(
             f"request {late} is a decode (num_computed_tokens={comp[late]}, "
             f"num_scheduled_tokens={sched[late]} <= decode_threshold={config.decode_threshold}, "
-            f"num_prompt_tokens={prompt[late]}) but comes after prefill request {prefills[0]}; "
+            f"num_prompt_tokens={prompt[late]}) but comes after prefill request {first}; "
             "decodes must come first"
         )
-    num_local = int(local_token_counts(config, sched, is_decode).sum())
+    num_local = total
+    if config.pcp_size > 1 and num_decodes < num_reqs:  # a prefill's n rows become 2 * ceil(n / 2P)
+        m = config.pad_multiple
+        prefills = rows[0, num_decodes:]  # int64: n + m - 1 stays exact
+        num_local += 2 * int(np.add.reduce((prefills + (m - 1)) // m)) - int(np.add.reduce(prefills))
     if bucket is None:
         bucket = config.bucket_for(num_reqs, num_local)
     else:
@@ -205,25 +214,44 @@ def make_batch(
                 f"bucket.num_tokens={bucket.num_tokens} must hold the batch's {num_local} local tokens "
                 f"and not exceed the local capacity L={config.max_local_tokens}"
             )
+    slots = None if slot_mapping is None else _host_slots(slot_mapping, total)
 
+    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | num_reqs]
     Rb = bucket.num_reqs
-    host = np.zeros(3 * Rb + 1, dtype=np.int32)
-    host[0:num_reqs] = sched
-    host[Rb : Rb + num_reqs] = comp
-    host[2 * Rb : 2 * Rb + num_reqs] = prompt
-    host[3 * Rb] = num_reqs
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    dev = torch.from_numpy(host).to(device)  # the one copy of the per-request arrays
-    slots = None
-    if slot_mapping is not None:
-        slots = torch.from_numpy(_host_slots(config, slot_mapping, total, token_rows(config, bucket)))
-        slots = slots.to(device)
-    return SchedulerBatch(
-        config=config.shared,
-        bucket=bucket,
-        num_reqs=dev[3 * Rb],
-        num_scheduled=dev[0:Rb],
-        num_computed=dev[Rb : 2 * Rb],
-        num_prompt=dev[2 * Rb : 3 * Rb],
-        slot_mapping=slots,
-    )
+    F = 0 if slots is None else token_rows(config, bucket)
+    device = _CPU if device is None else torch.device(device)
+    host = host_buffer(2 * F + 3 * Rb + 1, np.int32, device)
+    if slots is not None:
+        padded = host[: 2 * F].view(np.int64)
+        padded[:total] = slots
+        padded[total:] = config.pad_slot_id
+    counts = host[2 * F : 2 * F + 3 * Rb].reshape(3, Rb)
+    counts[:, :num_reqs] = rows
+    if num_reqs < Rb:
+        counts[:, num_reqs:] = 0
+    host[-1] = num_reqs
+    if device.type == "cpu":  # the tensors are views of the fresh host buffer
+        from_numpy = torch.from_numpy
+        slot_part = None if slots is None else from_numpy(padded)
+        sched_d, comp_d, prompt_d = from_numpy(counts[0]), from_numpy(counts[1]), from_numpy(counts[2])
+        reqs_d = from_numpy(host[-1:].reshape(()))
+    else:  # one copy, then views of the device buffer
+        slot_part, sched_d, comp_d, prompt_d, reqs_d = to_device(host, device).split_with_sizes(
+            [2 * F, Rb, Rb, Rb, 1]
+        )
+        slot_part, reqs_d = slot_part.view(torch.int64), reqs_d.view(())
+    batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
+    fields = batch.__dict__
+    fields["config"] = config.shared
+    fields["bucket"] = bucket
+    fields["num_reqs"] = reqs_d
+    fields["num_scheduled"] = sched_d
+    fields["num_computed"] = comp_d
+    fields["num_prompt"] = prompt_d
+    fields["slot_mapping"] = None if slots is None else slot_part
+    return batch
+
+
+_new = object.__new__
+_CPU = torch.device("cpu")
+_COUNTS = ("num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens")

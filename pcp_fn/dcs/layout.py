@@ -35,14 +35,18 @@ import torch
 import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import expand_runs, offsets
+from ..core.ragged import offsets, segment_of, segments_of
+from ..core.rank import select_rank
 from .batch import SchedulerBatch, classify_decodes
 from .config import PCPConfig
 from .state import PCPState
 
 
 class RequestGeometry(NamedTuple):
-    """Per-request sizes of the layout; ``[n]`` int64 (``*_start``: ``[n + 1]``), ``replicated`` bool."""
+    """Per-request sizes of the layout; ``[n]`` int64 (``*_start``: ``[n + 1]``), ``replicated`` bool.
+
+    Every ``*_start`` comes out of ONE scan (a cumsum over the stacked sizes).
+    """
 
     num_scheduled: torch.Tensor  # tokens before the split
     replicated: torch.Tensor  # every rank holds the whole request (decodes; all when P == 1)
@@ -52,6 +56,14 @@ class RequestGeometry(NamedTuple):
     token_start: torch.Tensor  # first scheduler-order token of each request, then the total
     padded_start: torch.Tensor  # first padded-order row of each request, then the total
     local_start: torch.Tensor  # first local row of each request, then the total
+    num_pads: torch.Tensor  # num_padded - num_scheduled (vllm-ascend's num_pcp_pads)
+    replicated_len: torch.Tensor  # num_scheduled of a replicated request, else 0
+    prefill_chunk: torch.Tensor  # chunk of a split request, else 0
+    pads_start: torch.Tensor  # pads before each request, then the total (padded_start - token_start)
+    prefill_chunk_start: torch.Tensor  # cumulative prefill_chunk, exclusive, then the total
+    num_decode_reqs: torch.Tensor  # 0-d decode requests
+    num_decode_tokens: torch.Tensor  # 0-d their scheduled tokens
+    request_ids: torch.Tensor  # arange(n): the request of each row
 
 
 def request_geometry(
@@ -59,13 +71,35 @@ def request_geometry(
 ) -> RequestGeometry:
     P = config.pcp_size
     n = num_scheduled.to(torch.int64)
-    replicated = is_decode | (P == 1)
+    replicated = is_decode if P > 1 else torch.ones_like(is_decode)
     m = config.pad_multiple
-    num_padded = torch.where(replicated, n * P, (n + m - 1) // m * m)
-    local = num_padded // P
-    chunk = torch.where(replicated, n, local // 2)
-    starts = offsets(torch.stack([n, num_padded, local]))  # one scan for the three
-    return RequestGeometry(n, replicated, num_padded, local, chunk, starts[0], starts[1], starts[2])
+    replicated_len = n * replicated
+    prefill_chunk = ((n + (m - 1)) // m).masked_fill(replicated, 0)
+    chunk = replicated_len + prefill_chunk
+    local = chunk + prefill_chunk
+    num_padded = local * P
+    num_pads = num_padded - n
+    decode_len = replicated_len if P > 1 else n * is_decode
+    sizes = torch.stack([n, num_padded, local, num_pads, prefill_chunk, is_decode, decode_len])
+    starts = offsets(sizes)  # the one scan
+    return RequestGeometry(
+        num_scheduled=n,
+        replicated=replicated,
+        num_padded=num_padded,
+        local=local,
+        chunk=chunk,
+        token_start=starts[0],
+        padded_start=starts[1],
+        local_start=starts[2],
+        num_pads=num_pads,
+        replicated_len=replicated_len,
+        prefill_chunk=prefill_chunk,
+        pads_start=starts[3],
+        prefill_chunk_start=starts[4],
+        num_decode_reqs=starts[5, -1],
+        num_decode_tokens=starts[6, -1],
+        request_ids=torch.arange(n.shape[0], dtype=torch.int64, device=n.device),
+    )
 
 
 class LocalRows(NamedTuple):
@@ -74,29 +108,75 @@ class LocalRows(NamedTuple):
     request: torch.Tensor  # int64 request of the row (0 on padding rows)
     position: torch.Tensor  # int64 offset inside the request's scheduled tokens (0 on padding rows)
     valid: torch.Tensor  # bool, False on the padding tail
+    absolute: torch.Tensor | None = None  # int64 num_computed[request] + position (when asked)
 
 
-def local_rows(geo: RequestGeometry, rank: int | torch.Tensor, P: int, num_rows: int) -> LocalRows:
+class Segments(NamedTuple):
+    """Back-to-back segments of a row set and what each one paints (``ends[:-1]``: the
+    last segment also takes the padding rows past ``ends[-1]``)."""
+
+    ends: torch.Tensor  # [m] non-decreasing
+    table: torch.Tensor  # [C, m] channels painted on every row of the segment
+
+
+def local_segments(
+    geo: RequestGeometry,
+    rank: int | torch.Tensor,
+    P: int,
+    *,
+    constants: dict[str, torch.Tensor] | None = None,
+    num_computed: torch.Tensor | None = None,
+) -> Segments:
+    """The ``2 R_b`` local segments of ``rank`` (each request's head, then tail): channels
+    ``[position shift, (absolute position shift,) request]``."""
+    ls, cs = geo.local_start[:-1, None], geo.prefill_chunk[:, None]
+    if constants is not None:
+        shift = cs * select_rank(constants["dcs_ranks"], rank) - ls
+    else:
+        shift = torch.stack([cs * rank, cs * (2 * P - 2 - rank)], -1).squeeze(1) - ls
+    ends = torch.stack([geo.local_start[:-1] + geo.chunk, geo.local_start[1:]], -1)
+    ids = geo.request_ids[:, None].expand(-1, 2)
+    channels = [shift] if num_computed is None else [shift, shift + num_computed[:, None]]
+    return Segments(ends.flatten(), torch.stack([*channels, ids]).flatten(1))
+
+
+def paint_local(
+    geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+) -> LocalRows:
+    """:class:`LocalRows` from the local segments and each row's segment (``row``: ``arange``)."""
+    painted = segments.table.index_select(1, segment)
+    valid = row < geo.local_start[-1]
+    masked = painted * valid  # request (0 on padding rows), position shifts
+    positions = torch.addcmul(masked[:-1], row, valid)
+    absolute = positions[1] if positions.shape[0] > 1 else None
+    return LocalRows(masked[-1], positions[0], valid, absolute)
+
+
+def local_rows(
+    geo: RequestGeometry,
+    rank: int | torch.Tensor,
+    P: int,
+    num_rows: int,
+    *,
+    constants: dict[str, torch.Tensor] | None = None,
+    num_computed: torch.Tensor | None = None,
+) -> LocalRows:
     """Request and position of each of ``rank``'s local rows.
 
-    A request's local rows are two runs: the head (the whole request for a
-    decode) and the tail. Inside a run the position grows with the row, so it
-    is ``row + shift`` with one shift per run: head rows read chunk ``rank``
-    (``rank*c + j``), tail rows chunk ``2P-1-rank`` (``(2P-1-rank)*c + j``), a
-    decode's rows ``0 .. n-1``. ``rank`` may be an int or a 0-d tensor.
+    A request's local rows are two segments: the head (the whole request for a
+    decode) and the tail. Inside a segment the position grows with the row, so
+    it is ``row + shift`` with one shift per segment: head rows read chunk
+    ``rank`` (``rank*c + j``), tail rows chunk ``2P-1-rank`` (``(2P-1-rank)*c + j``),
+    a decode's rows ``0 .. n-1``. ``rank`` may be an int or a 0-d tensor.
+
+    One search of the ``2R_b`` segment ends paints every row
+    (:func:`pcp_fn.core.ragged.segment_of`). ``constants`` (``state.constants``)
+    saves building the rank's chunk multipliers; ``num_computed`` ``[R_b]`` adds
+    the ``absolute`` positions (``num_computed[request] + position``).
     """
-    rep, n, c = geo.replicated, geo.num_scheduled, geo.chunk
-    start = geo.local_start
-    head = torch.where(rep, n, c)
-    head_shift = torch.where(rep, 0, rank * c) - start[:-1]
-    tail_shift = (2 * P - 1 - rank) * c - (start[:-1] + head)
-    ids = torch.arange(n.shape[-1], dtype=torch.int64, device=n.device)
-    interleave = lambda a, b: torch.stack([a, b], dim=-1).flatten(-2)  # noqa: E731  [head0, tail0, head1, ...]
-    values = torch.stack([interleave(head_shift, tail_shift), interleave(ids, ids)])
-    shift, request = expand_runs(interleave(start[:-1], start[:-1] + head), values, num_rows)
-    row = torch.arange(num_rows, dtype=torch.int64, device=n.device)
-    valid = row < start[-1]
-    return LocalRows(torch.where(valid, request, 0), torch.where(valid, row + shift, 0), valid)
+    segments = local_segments(geo, rank, P, constants=constants, num_computed=num_computed)
+    row = torch.arange(num_rows, dtype=torch.int64, device=geo.local_start.device)
+    return paint_local(geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
 class GatheredOrder(NamedTuple):
@@ -104,45 +184,65 @@ class GatheredOrder(NamedTuple):
 
     restore_index: torch.Tensor  # int64 gathered row of each padded-order row (0 past the end)
     unpad_mask: torch.Tensor  # bool: the row is a real token (decode region token-strided)
-    token: torch.Tensor  # int64 scheduler-order index of a real row (0 elsewhere)
+    token: torch.Tensor  # int64 scheduler-order index of a real row (>= 0, unspecified elsewhere: mask it)
 
 
-def gathered_order(geo: RequestGeometry, P: int, rows_per_rank: int) -> GatheredOrder:
+def gathered_segments(
+    geo: RequestGeometry, rows_per_rank: int, constants: dict[str, torch.Tensor]
+) -> Segments:
+    """The ``2P R_b`` chunks of the padded order: channels ``[restore shift, pads before
+    the request, its token end]`` (see :func:`gathered_order`)."""
+    upto, upto_copies, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
+    ps, ls = geo.padded_start[:-1, None], geo.local_start[:-1, None]
+    chunk = geo.chunk[:, None]
+    ends = torch.addcmul(ps, torch.where(geo.replicated[:, None], upto_copies, upto), chunk)
+    shift = torch.addcmul(torch.add(ls - ps, chunk_rank, alpha=rows_per_rank), beta, chunk)
+    columns = torch.broadcast_tensors(shift, geo.pads_start[:-1, None], geo.token_start[1:, None])
+    return Segments(ends.flatten(), torch.stack(columns).flatten(1))
+
+
+def paint_gathered(
+    config: PCPConfig, geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+) -> GatheredOrder:
+    """:class:`GatheredOrder` from the chunks and each padded row's chunk (``row``: ``arange``)."""
+    P = config.pcp_size
+    painted = segments.table.index_select(1, segment)
+    valid = row < geo.padded_start[-1]
+    token = row - painted[1]
+    mask = token < painted[2]
+    if config.num_spec_tokens > 0:
+        decode = row < P * geo.num_decode_tokens
+        mask = torch.where(decode, row % P == 0, mask)
+        token = torch.where(decode, row // P, token)
+    return GatheredOrder(restore_index=(row + painted[0]) * valid, unpad_mask=mask, token=token)
+
+
+def gathered_order(
+    config: PCPConfig,
+    geo: RequestGeometry,
+    rows_per_rank: int,
+    constants: dict[str, torch.Tensor],
+) -> GatheredOrder:
     """Restore index, unpad mask and token of every padded-order row.
 
-    A request's padded rows are ``2P`` chunks (runs) laid end to end; chunk
-    ``k`` comes whole from one rank's local buffer: a replicated request's
-    chunk ``k < P`` is rank ``k``'s copy (chunks ``>= P`` are empty); a split
-    request's chunk ``k < P`` is rank ``k``'s head, chunk ``k >= P`` rank
-    ``2P-1-k``'s tail. Rank ``r``'s local row ``l`` is gathered row
-    ``r * rows_per_rank + l``, so inside a chunk ``restore = row + shift``.
-    Real rows: a prefill's first ``n`` rows; in the decode region (the first
-    ``P * num_decode_tokens`` rows, decodes come first) every ``P``-th row,
-    decode token ``t`` at row ``t * P`` (vllm-ascend's token-strided convention).
+    A request's padded rows are ``2P`` chunks laid end to end; chunk ``k`` comes
+    whole from one rank's local buffer: a replicated request's chunk ``k < P``
+    is rank ``k``'s copy (chunks ``>= P`` are empty); a split request's chunk
+    ``k < P`` is rank ``k``'s head, chunk ``k >= P`` rank ``2P-1-k``'s tail.
+    Rank ``q``'s local row ``l`` is gathered row ``q * rows_per_rank + l``, so
+    inside a chunk ``restore = row + shift``: one ``[R_b, 2P]`` table of chunk
+    ends and shifts (the chunk multipliers come from ``constants``,
+    ``state.constants``), one search per row. Real rows: a request's
+    first ``n`` rows, token ``row - pads_start``; with speculative tokens
+    configured the decode region (the first ``P * num_decode_tokens`` rows,
+    decodes come first) is token-strided instead: every ``P``-th row, decode
+    token ``t`` at row ``t * P`` (vllm-ascend's convention; without them every
+    decode has at most one token and both rules agree). ``token`` is left
+    unmasked: every reader masks it with ``unpad_mask``.
     """
-    size = P * rows_per_rank
-    rep, n, c = geo.replicated[:, None], geo.num_scheduled[:, None], geo.chunk[:, None]
-    padded_start = geo.padded_start
-    ps = padded_start[:-1, None]
-    k = torch.arange(2 * P, dtype=torch.int64, device=n.device)
-    head = rep | (k < P)
-    chunk_start = ps + torch.where(rep, k.clamp(max=P) * n, k * c)
-    rank = torch.where(head, k, 2 * P - 1 - k)
-    gathered_start = rank * rows_per_rank + geo.local_start[:-1, None] + torch.where(head, 0, c)
-    token_shift = geo.token_start[:-1, None] - ps
-    values = torch.stack(torch.broadcast_tensors(gathered_start - chunk_start, token_shift, ps + n))
-    shift, token_shift, real_end = expand_runs(chunk_start.flatten(), values.flatten(-2), size)
-
-    row = torch.arange(size, dtype=torch.int64, device=n.device)
-    valid = row < padded_start[-1]
-    decode_region = row < P * torch.where(geo.replicated, geo.num_scheduled, 0).sum()
-    mask = valid & torch.where(decode_region, row % P == 0, row < real_end)
-    token = torch.where(decode_region, row // P, row + token_shift)
-    return GatheredOrder(
-        restore_index=torch.where(valid, row + shift, 0),
-        unpad_mask=mask,
-        token=torch.where(mask, token, 0),
-    )
+    segments = gathered_segments(geo, rows_per_rank, constants)
+    row = torch.arange(config.pcp_size * rows_per_rank, dtype=torch.int64, device=geo.local_start.device)
+    return paint_gathered(config, geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
 @pytree_dataclass
@@ -193,8 +293,8 @@ class LayoutUpdate(NamedTuple):
     state: PCPState
     layout: TokenLayout
     geometry: RequestGeometry  # [R_b] rows (DCS: the FA layers' geometry in the hybrid layout)
-    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row
-    local_valid: torch.Tensor  # [L_b] real local rows
+    positions: torch.Tensor  # [L_b] absolute positions of the local rows, 0 on padding rows
+    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row (mask it)
     local_start: torch.Tensor  # [R_b + 1] first local row of each request, then the total
 
 
@@ -226,22 +326,28 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     is_decode = batch_is_decode(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    mine = local_rows(geo, state.pcp_rank, P, Lb)
-    order = gathered_order(geo, P, Lb)
+    local = local_segments(geo, state.pcp_rank, P, constants=state.constants, num_computed=batch.num_computed)
+    chunks = gathered_segments(geo, Lb, state.constants)
+    device = geo.local_start.device
+    row, padded_row = (torch.arange(n, dtype=torch.int64, device=device) for n in (Lb, P * Lb))
+    local_segment, chunk = segments_of((local.ends[:-1], row), (chunks.ends[:-1], padded_row))
+    mine = paint_local(geo, local, local_segment, row)
+    order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
     layout = TokenLayout(
         pcp_tokens=geo.local.to(torch.int32),
         positions=mine.position,
         request_index=mine.request,
-        num_tokens=geo.local.sum(),
-        num_pads=geo.num_padded - geo.num_scheduled,
+        num_tokens=geo.local_start[-1],
+        num_pads=geo.num_pads,
         is_decode=is_decode,
-        num_decode_reqs=is_decode.sum(),
-        num_decode_tokens=torch.where(is_decode, geo.num_scheduled, 0).sum(),
+        num_decode_reqs=geo.num_decode_reqs,
+        num_decode_tokens=geo.num_decode_tokens,
         unpad_mask=order.unpad_mask,
         restore_index=order.restore_index,
     )
+    assert mine.absolute is not None
     return LayoutUpdate(
-        next_state(state, batch, is_decode), layout, geo, order.token, mine.valid, geo.local_start
+        next_state(state, batch, is_decode), layout, geo, mine.absolute, order.token, geo.local_start
     )
 
 
@@ -253,7 +359,7 @@ def state_geometry(state: PCPState) -> RequestGeometry:
 
 def state_order(state: PCPState) -> GatheredOrder:
     """The gathered order of the state's last update at its bucket's ``P * L_b`` rows."""
-    return gathered_order(state_geometry(state), state.config.pcp_size, state.bucket.num_tokens)
+    return gathered_order(state.config, state_geometry(state), state.bucket.num_tokens, state.constants)
 
 
 def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
@@ -261,9 +367,9 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
 
     vllm-ascend ``PCPManager.get_logits_indices``: ``cumsum(pcp_tokens) * P - num_pads - 1``.
     """
-    last = (geo.padded_start[:-1] + geo.num_scheduled - 1).clamp(min=0)
-    real = torch.arange(last.shape[0], device=last.device) < num_reqs
-    return torch.where(real, last, 0)
+    # rows past num_reqs schedule nothing (n = 0): (n - 1) + padded_start * real is -1 there
+    real = geo.request_ids < num_reqs
+    return torch.addcmul(geo.num_scheduled - 1, geo.padded_start[:-1], real).clamp(min=0)
 
 
 def restore_index(state: PCPState) -> torch.Tensor:

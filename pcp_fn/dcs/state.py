@@ -25,6 +25,7 @@ from ..core.pytree import pytree_dataclass, static_field
 from ..core.rank import rank_leaf
 from .attention_tables import attention_constants
 from .config import PCPConfig
+from .layout_tables import layout_constants
 
 
 @pytree_dataclass
@@ -42,7 +43,7 @@ class PCPState:
         num_scheduled: ``[R]`` int32, scheduled tokens per request before the split.
         is_decode: ``[R]`` bool, decode requests of the last update (a prefix).
         constants: small int64 tables that depend on the config only (the
-            attention index coefficients), made on the device once here so
+            layout's chunk multipliers, the attention index coefficients), made on the device once here so
             that no op copies host data to the device (a synchronous,
             uncapturable copy inside a CUDA graph).
     """
@@ -92,6 +93,7 @@ def init_state(
         is_decode=torch.zeros(R, dtype=torch.bool, device=device),
         constants={
             name: torch.tensor(values, dtype=torch.int64, device=device)
-            for name, values in attention_constants(config.pcp_size).items()
+            for tables in (layout_constants(config.pcp_size), attention_constants(config.pcp_size))
+            for name, values in tables.items()
         },
     )

@@ -10,12 +10,20 @@
 - :mod:`.export`: :func:`export` (``torch.export`` with no symbolic shape).
 - :mod:`.sync`: :func:`no_host_syncs`, :func:`assert_no_host_syncs` (a
   dispatch mode that fails on host syncs and host data inside an op) and
-  :func:`count_aten_ops`.
+  :func:`count_aten_ops`, :func:`count_kernels` (the same minus view ops).
 """
 
 from .capture import Captured, CaptureError, capture, compile_per_bucket
 from .export import export
-from .sync import HostSyncError, OpCounter, assert_no_host_syncs, count_aten_ops, no_host_syncs
+from .sync import (
+    HostSyncError,
+    OpCounter,
+    assert_no_host_syncs,
+    count_aten_ops,
+    count_kernels,
+    is_view_op,
+    no_host_syncs,
+)
 
 __all__ = [
     "CaptureError",
@@ -26,6 +34,8 @@ __all__ = [
     "capture",
     "compile_per_bucket",
     "count_aten_ops",
+    "count_kernels",
     "export",
+    "is_view_op",
     "no_host_syncs",
 ]

@@ -3,12 +3,17 @@
     captured = pcp_fn.graph.capture(pcp_fn.step, state, batch, slot_mapping)
     state, out = captured(state, next_batch, next_slot_mapping)   # replay
 
-Backends, chosen from the device of the example's tensors:
+Backends, chosen from the device of the example's tensors and ``backend``:
 
 - ``cuda``: ``torch.cuda.CUDAGraph``. Every tensor leaf of the arguments gets a
   static buffer; a call ``copy_``\\ s the new leaves into them and replays.
 - ``npu``: ``torch.npu.NPUGraph`` from ``torch_npu`` (imported only then), the
   same way.
+- ``backend="aoti"`` (any device AOTInductor compiles for; the CPU's fast
+  path): per signature, ``torch.export`` of the function over its flattened
+  tensor leaves, ``aoti_compile_and_package`` into ``package_dir``, and
+  ``aoti_load_package``; a call runs the loaded model on the leaves and
+  rebuilds the result tree. No Dynamo guards, no Python wrapper per graph.
 - anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
   one compiled graph per bucket (``backend="inductor"`` unless told).
 
@@ -17,6 +22,11 @@ Backends, chosen from the device of the example's tensors:
 keeps one cache entry per code object and a function serving any number of
 buckets compiles exactly one graph per bucket within torch's default
 recompile limit (``torch._dynamo.config.recompile_limit``, left untouched).
+
+A call finds its graph by one walk over the arguments
+(:func:`pcp_fn.graph.flat.flatten`: structure, static fields, leaf shapes,
+dtypes and devices) and one dict lookup; the capacity and config checks run
+when a signature is first seen.
 
 Entry ops (:func:`pcp_fn.core.entry.entry_op`: ``update_tokens``, ``step``,
 ``spec_step``, MRV2 ``partition_batch``...) read only the config and rank of
@@ -43,6 +53,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import tempfile
 import types
 from collections.abc import Callable
 from typing import Any
@@ -52,10 +64,9 @@ import torch.utils._pytree as pytree
 
 from ..core.buckets import Bucket
 from ..core.entry import is_entry_op
-
-
-class CaptureError(ValueError):
-    """Arguments that the captured graphs cannot serve."""
+from .errors import CaptureError
+from .export import export
+from .flat import Rebuild, flatten
 
 
 def _device_of(leaves: list[Any]) -> torch.device:
@@ -65,13 +76,6 @@ def _device_of(leaves: list[Any]) -> torch.device:
             f"capture needs every tensor argument on one device, got {sorted(map(str, devices))}"
         )
     return devices.pop()
-
-
-def _signature(spec: pytree.TreeSpec, leaves: list[Any]) -> tuple[Any, ...]:
-    metas = tuple(
-        ("T", tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else ("V", x) for x in leaves
-    )
-    return (spec, metas)
 
 
 def _is_state(x: Any) -> bool:
@@ -140,6 +144,120 @@ class _CompiledGraph:
         return self._fn(*args)
 
 
+class _AOTIGraph:
+    """One AOTInductor package: ``fn`` exported over the tensor leaves of ``args``."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], path: str) -> None:
+        leaves, spec = pytree.tree_flatten(args)
+        self._tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        fixed = list(leaves)
+
+        def over_leaves(*tensors: torch.Tensor) -> tuple[Any, ...]:
+            full = list(fixed)
+            for i, t in zip(self._tensors, tensors):
+                full[i] = t
+            return tuple(flatten(fn(*pytree.tree_unflatten(full, spec)))[0])
+
+        example = fn(*args)
+        self._rebuild = Rebuild(example)
+        program = export(over_leaves, *[leaves[i] for i in self._tensors])
+        torch._inductor.aoti_compile_and_package(program, package_path=path)
+        self._run = torch._inductor.aoti_load_package(path).loader.run
+        if flatten(args)[0] != leaves:  # the fast walk and torch's pytree agree on the order
+            raise CaptureError("the arguments flatten differently from torch.utils._pytree")
+
+    def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
+        return self._rebuild(self._run([leaves[i] for i in self._tensors]))
+
+
+class _StaticInputs:
+    """The static buffers a device graph reads, refreshed from each call's leaves.
+
+    - A leaf that is the very tensor the last call passed, unmodified since
+      (same object, same version counter), is not copied again: an entry op's
+      state fields that come from its template, and the constant tables a
+      state hands on from step to step, cost nothing after the first replay.
+    - Leaves that are views of one buffer (a batch from ``make_batch``: slots,
+      counts and ``num_reqs`` packed back to back) get static views of one
+      buffer laid out alike, and are refreshed by ONE copy of the whole span
+      whenever the new leaves are packed the same way (else leaf by leaf).
+
+    So a replay costs one copy of the batch and the graph launch.
+    """
+
+    def __init__(self, leaves: list[Any]) -> None:
+        self.buffers: list[Any] = list(leaves)
+        self._seen: list[tuple[torch.Tensor, int] | None] = [None] * len(leaves)
+        self._packs: list[tuple[list[int], list[int], torch.Tensor]] = []  # (leaves, byte offsets, span)
+        by_storage: dict[int, list[int]] = {}
+        for i, x in enumerate(leaves):
+            if isinstance(x, torch.Tensor):
+                by_storage.setdefault(x.untyped_storage().data_ptr(), []).append(i)
+        for group in by_storage.values():
+            pack = _packed(leaves, group) if len(group) > 1 else None
+            if pack is None:
+                for i in group:
+                    self.buffers[i] = leaves[i].clone()
+                continue
+            offsets, span = pack
+            static = span.clone()
+            for i, off in zip(group, offsets):
+                x = leaves[i]
+                self.buffers[i] = _view_of(static, off, x)
+            self._packs.append((group, offsets, static))
+        self._in_pack = {i for group, _, _ in self._packs for i in group}
+
+    def update(self, leaves: list[Any]) -> int:
+        """Copy what changed into the buffers; returns the number of copies made."""
+        copies = 0
+        for group, offsets, static in self._packs:
+            if all(self._unchanged(i, leaves[i]) for i in group):
+                continue
+            pack = _packed(leaves, group)
+            if pack is not None and pack[0] == offsets and pack[1].numel() == static.numel():
+                static.copy_(pack[1])
+                copies += 1
+            else:  # packed differently this time: leaf by leaf
+                for i in group:
+                    self.buffers[i].copy_(leaves[i])
+                copies += len(group)
+            for i in group:
+                self._seen[i] = (leaves[i], leaves[i]._version)
+        for i, (dst, src) in enumerate(zip(self.buffers, leaves)):
+            if not isinstance(dst, torch.Tensor) or i in self._in_pack or self._unchanged(i, src):
+                continue
+            dst.copy_(src)
+            self._seen[i] = (src, src._version)
+            copies += 1
+        return copies
+
+    def _unchanged(self, i: int, src: torch.Tensor) -> bool:
+        seen = self._seen[i]
+        return seen is not None and seen[0] is src and seen[1] == src._version
+
+
+def _packed(leaves: list[Any], group: list[int]) -> tuple[list[int], torch.Tensor] | None:
+    """``(byte offsets from the span's start, the span as uint8)`` when the ``group``'s leaves
+    are contiguous views of one storage, else ``None``."""
+    xs = [leaves[i] for i in group]
+    storage = xs[0].untyped_storage()
+    if any(not x.is_contiguous() or x.untyped_storage().data_ptr() != storage.data_ptr() for x in xs):
+        return None
+    starts = [x.storage_offset() * x.element_size() for x in xs]
+    first = min(starts)
+    end = max(s + x.numel() * x.element_size() for s, x in zip(starts, xs))
+    if any((s - first) % x.element_size() for s, x in zip(starts, xs)):
+        return None
+    span = torch.empty(0, dtype=torch.uint8, device=xs[0].device).set_(storage, first, (end - first,), (1,))
+    return [s - first for s in starts], span
+
+
+def _view_of(span: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like ``like`` at byte ``offset`` of the uint8 ``span``."""
+    out = torch.empty(0, dtype=like.dtype, device=span.device)
+    return out.set_(span.untyped_storage(), offset // like.element_size(), like.shape, like.stride())
+
+
 class _DeviceGraph:
     """A CUDA or NPU graph with static input buffers for every tensor leaf."""
 
@@ -153,8 +271,8 @@ class _DeviceGraph:
         else:
             mod, graph_cls = torch.cuda, torch.cuda.CUDAGraph
         leaves, spec = pytree.tree_flatten(args)
-        self._static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
-        static_args = pytree.tree_unflatten(self._static, spec)
+        self._inputs = _StaticInputs(leaves)
+        static_args = pytree.tree_unflatten(self._inputs.buffers, spec)
         side = mod.Stream(device=device)
         side.wait_stream(mod.current_stream(device))
         with mod.stream(side):
@@ -166,9 +284,7 @@ class _DeviceGraph:
             self._out = fn(*static_args)
 
     def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
-        for dst, src in zip(self._static, leaves):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
+        self._inputs.update(leaves)
         self._graph.replay()
         return self._out
 
@@ -184,33 +300,40 @@ class Captured:
         backend: str = "inductor",
         warmup: int = 2,
         compile_only: bool = False,
+        package_dir: str | None = None,
     ) -> None:
         self.fn = fn
         self.grow = grow
         self.backend = backend
         self.warmup = warmup
         self.compile_only = compile_only
+        self.package_dir = package_dir
         self._graphs: dict[tuple[Any, ...], Any] = {}
         self._configs: list[Any] | None = None
         self._device: torch.device | None = None
         self._entry = is_entry_op(fn)
         self._templates: dict[tuple[Any, ...], Any] = {}
+        self._memo: dict[int, Any] = {}  # flatten's by-identity memo (states passed again)
 
     def __len__(self) -> int:
         return len(self._graphs)
 
     @property
     def kind(self) -> str:
-        """``"cuda-graph"``, ``"npu-graph"`` or ``"compile"`` (set by the first capture)."""
+        """``"cuda-graph"``, ``"npu-graph"``, ``"aoti"`` or ``"compile"`` (set by the first capture)."""
         if self._device is None:
             return "unset"
-        if self.compile_only:
-            return "compile"
-        return {"cuda": "cuda-graph", "npu": "npu-graph"}.get(self._device.type, "compile")
+        if self._device.type in ("cuda", "npu") and self.backend != "aoti" and not self.compile_only:
+            return {"cuda": "cuda-graph", "npu": "npu-graph"}[self._device.type]
+        return "aoti" if self.backend == "aoti" else "compile"
 
     def _as_entry(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """For an entry op: each state argument becomes the first state seen of its
-        config and rank kind, with this call's entry fields (rank, constants)."""
+        config and rank kind, with this call's entry fields (rank, constants).
+
+        The entry fields usually are the template's own objects (a state passes its
+        constants on, step after step): then the template itself is the argument.
+        """
         if not self._entry:
             return args
         out = []
@@ -218,12 +341,16 @@ class Captured:
             if _is_state(arg):
                 key = (type(arg), arg.config, arg.rank is None)
                 template = self._templates.setdefault(key, arg)
-                arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in type(arg).ENTRY_FIELDS})
+                fields = type(arg).ENTRY_FIELDS
+                if all(_same(getattr(arg, f), getattr(template, f)) for f in fields):
+                    arg = template
+                else:
+                    arg = dataclasses.replace(template, **{f: getattr(arg, f) for f in fields})
             out.append(arg)
         return tuple(out)
 
-    def _lookup(self, args: tuple[Any, ...]) -> tuple[Any, list[Any], tuple[Any, ...]]:
-        leaves, spec = pytree.tree_flatten(args)
+    def _first_sight(self, args: tuple[Any, ...], leaves: list[Any]) -> None:
+        """The checks a signature gets once: one device, the captured configs, capacities."""
         device = _device_of(leaves)
         configs = _configs(args)
         if self._configs is None:
@@ -231,25 +358,33 @@ class Captured:
         _check_fits(args, self._configs)
         if device != self._device:
             raise CaptureError(f"arguments are on {device}, the graphs on {self._device}")
-        sig = _signature(spec, leaves)
-        return self._graphs.get(sig), leaves, sig
 
     def capture(self, *args: Any) -> None:
         """Capture the graph for ``args``' signature now (no-op when it exists)."""
         args = self._as_entry(args)
-        graph, _, sig = self._lookup(args)
-        if graph is None:
+        leaves, sig = flatten(args)
+        if sig not in self._graphs:
+            self._first_sight(args, leaves)
             self._graphs[sig] = self._build(args)
 
     def _build(self, args: tuple[Any, ...]) -> Any:
         assert self._device is not None
+        if self.backend == "aoti":
+            if self.package_dir is None:
+                self.package_dir = tempfile.mkdtemp(prefix="pcp_fn_aoti_")
+            os.makedirs(self.package_dir, exist_ok=True)
+            name = getattr(self.fn, "__name__", "fn")
+            path = os.path.join(self.package_dir, f"{name}_{len(self._graphs)}_{os.getpid()}.pt2")
+            return _AOTIGraph(self.fn, args, path)
         if self._device.type in ("cuda", "npu") and not self.compile_only:
             return _DeviceGraph(self.fn, self._device, args, self.warmup)
         return _CompiledGraph(self.fn, self.backend, args)
 
     def _graph_for(self, args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
-        graph, leaves, sig = self._lookup(args)
+        leaves, sig = flatten(args, self._memo)
+        graph = self._graphs.get(sig)
         if graph is None:
+            self._first_sight(args, leaves)
             if not self.grow:
                 raise CaptureError(
                     f"no graph was captured for these arguments ({_describe(args)}); "
@@ -279,6 +414,16 @@ class Captured:
         return functools.partial(graph, args, leaves)
 
 
+def _same(a: Any, b: Any) -> bool:
+    """The same objects, or dicts of the same objects (a state's constants rebuilt around the
+    very tensors a graph passed through)."""
+    if a is b:
+        return True
+    return (
+        type(a) is dict and type(b) is dict and a.keys() == b.keys() and all(v is b[k] for k, v in a.items())
+    )
+
+
 def _describe(args: tuple[Any, ...]) -> str:
     buckets = [x.bucket for x in _nodes(args) if _is_batch(x)]
     return f"bucket {buckets[0]}" if len(buckets) == 1 else "a new signature"
@@ -290,16 +435,20 @@ def capture(
     grow: bool = True,
     backend: str = "inductor",
     warmup: int = 2,
+    package_dir: str | None = None,
 ) -> Captured:
     """Capture ``fn(*example_args)`` into a graph now and return the replaying callable.
 
     Args:
         grow: capture new buckets on first use (default) or raise
             :class:`CaptureError` for anything not captured up front.
-        backend: ``torch.compile`` backend of the compile path (CPU).
+        backend: ``"aoti"`` (AOTInductor, one package per signature), or the
+            ``torch.compile`` backend of the compile path (CPU).
         warmup: eager runs before a CUDA/NPU capture.
+        package_dir: where ``backend="aoti"`` writes its ``.pt2`` packages
+            (default: a new temporary directory).
     """
-    captured = Captured(fn, grow=grow, backend=backend, warmup=warmup)
+    captured = Captured(fn, grow=grow, backend=backend, warmup=warmup, package_dir=package_dir)
     captured.capture(*example_args)
     return captured
 

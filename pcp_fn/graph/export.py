@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .capture import CaptureError
+from .errors import CaptureError
 
 
 class _AsModule(torch.nn.Module):

@@ -140,20 +140,43 @@ def assert_no_host_syncs(fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
         return fn(*args, **kwargs)
 
 
+def is_view_op(func: Any) -> bool:
+    """``func`` (an aten overload) only makes a view: its first output aliases an input, read-only.
+
+    ``view``, ``slice``, ``select``, ``unsqueeze``, ``expand``, ``unbind``, ``split``,
+    ``transpose``, ``as_strided``, ``alias``...: metadata on the host, no device kernel.
+    """
+    returns = func._schema.returns
+    alias = returns[0].alias_info if returns else None
+    return alias is not None and not alias.is_write
+
+
 class OpCounter(TorchDispatchMode):
-    """Count the aten ops a function dispatches (``counter.total``, ``counter.counts``)."""
+    """Count the aten ops a function dispatches (``counter.total``, ``counter.counts``).
+
+    ``counter.kernels`` leaves out the view ops (:func:`is_view_op`): what an
+    eager replay launches on the device, one kernel each (an ACL graph of
+    eager ops replays exactly these).
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: dict[str, int] = {}
+        self.views: dict[str, int] = {}
 
     @property
     def total(self) -> int:
         return sum(self.counts.values())
 
+    @property
+    def kernels(self) -> int:
+        return self.total - sum(self.views.values())
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         key = str(func)
         self.counts[key] = self.counts.get(key, 0) + 1
+        if is_view_op(func):
+            self.views[key] = self.views.get(key, 0) + 1
         return func(*args, **(kwargs or {}))
 
 
@@ -162,3 +185,11 @@ def count_aten_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     with OpCounter() as counter:
         fn(*args, **kwargs)
     return counter.total
+
+
+def count_kernels(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Kernel-launching aten ops ``fn(*args, **kwargs)`` dispatches: :func:`count_aten_ops`
+    minus the view ops (:func:`is_view_op`)."""
+    with OpCounter() as counter:
+        fn(*args, **kwargs)
+    return counter.kernels

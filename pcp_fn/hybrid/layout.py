@@ -267,10 +267,10 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
     is_decode = batch_is_decode(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode)
-    order = gathered_order(geo, P, Lb)
+    order = gathered_order(cfg, geo, Lb, state.constants)
     split = linear_split(P, batch.num_scheduled, is_decode, rank)
     lin = linear_rows(split, Lb)
-    dcs = local_rows(geo, rank, P, Lb)
+    dcs = local_rows(geo, rank, P, Lb, constants=state.constants)
     D, M = split.num_decode_tokens, split.max_tokens
     num_tokens = split.local_start[-1]
     N_dcs = geo.local_start[-1]
@@ -279,9 +279,9 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         positions=lin.position,
         request_index=lin.request,
         num_tokens=num_tokens,
-        num_pads=geo.num_padded - geo.num_scheduled,
+        num_pads=geo.num_pads,
         is_decode=is_decode,
-        num_decode_reqs=is_decode.sum(),
+        num_decode_reqs=geo.num_decode_reqs,
         num_decode_tokens=D,
         unpad_mask=order.unpad_mask,
         restore_index=order.restore_index,
@@ -298,6 +298,12 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb),
         exit_fa_len=num_tokens - D,
     )
+    positions = take(batch.num_computed.to(torch.int64), lin.request) + lin.position
     return LayoutUpdate(
-        next_state(state, batch, is_decode), layout, geo, order.token, lin.valid, split.local_start
+        next_state(state, batch, is_decode),
+        layout,
+        geo,
+        positions * lin.valid,
+        order.token,
+        split.local_start,
     )
