@@ -144,18 +144,7 @@ def _partition_step(
     """
     cfg = state.config
     R, P, Rb, Lb = cfg.max_num_reqs, cfg.pcp_size, bucket.num_reqs, bucket.num_tokens
-    batch = mrv2.GlobalBatch(
-        config=cfg,
-        bucket=bucket,
-        num_reqs=packed[5 * R],
-        num_scheduled=packed[0:R],
-        num_computed=packed[R : 2 * R],
-        prefill_len=packed[2 * R : 3 * R],
-        is_prefilling=packed[3 * R : 4 * R].bool(),
-        idx_mapping=packed[4 * R : 5 * R],
-        input_ids=input_ids,
-        positions=positions,
-    )
+    batch = mrv2.unpack_batch(cfg, bucket, packed, input_ids, positions)
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
     gather, write, restore = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))

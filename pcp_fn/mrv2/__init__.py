@@ -20,7 +20,15 @@ ops: they read only the state's config and rank) record the batch's bucket
 (``F_b = token_rows(config, bucket) = min(T, P * Lp)`` global token rows).
 """
 
-from .batch import GlobalBatch, check_bucket, make_batch, num_tokens_for_dispatch, rank_counts, token_rows
+from .batch import (
+    GlobalBatch,
+    check_bucket,
+    make_batch,
+    num_tokens_for_dispatch,
+    rank_counts,
+    token_rows,
+    unpack_batch,
+)
 from .config import MRV2Config
 from .layout import MRV2Layout, MRV2State, build_layout, init_state
 from .partition import LocalBatch, expand_moe_padding, partition_batch
@@ -56,4 +64,5 @@ __all__ = [
     "restore_for_sampling",
     "restore_hidden_states",
     "token_rows",
+    "unpack_batch",
 ]

@@ -320,6 +320,19 @@ def make_batch(
         pos = torch.from_numpy(host_pos).to(dev)
     else:
         pos = torch.zeros(F, dtype=torch.int64, device=dev)
+    return unpack_batch(config, bucket, packed, ids, pos)
+
+
+def unpack_batch(
+    config: MRV2Config, bucket: Bucket, packed: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor
+) -> GlobalBatch:
+    """The :class:`GlobalBatch` over ``make_batch``'s packed per-request buffer (views, no copy).
+
+    ``packed`` holds ``[num_scheduled | num_computed | prefill_len | is_prefilling |
+    idx_mapping]``, ``R`` rows each, then ``num_reqs``: what ``make_batch`` copies to the
+    device in one go, and what a caller staging its own buffer (a captured adapter) fills.
+    """
+    R = config.max_num_reqs
     return GlobalBatch(
         config=config,
         bucket=bucket,
@@ -329,8 +342,8 @@ def make_batch(
         prefill_len=packed[2 * R : 3 * R],
         is_prefilling=packed[3 * R : 4 * R].bool(),
         idx_mapping=packed[4 * R : 5 * R],
-        input_ids=ids,
-        positions=pos,
+        input_ids=input_ids,
+        positions=positions,
     )
 
 
