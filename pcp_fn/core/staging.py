@@ -124,16 +124,20 @@ def staging_for(device: torch.device) -> HostStaging:
     return staging
 
 
+STAGED_DEVICES = ("cuda", "npu")  # devices with streams and pinned host memory
+
+
 def host_buffer(numel: int, dtype: np.dtype | type, device: torch.device) -> np.ndarray:
-    """Host memory for one step's inputs bound for ``device``: fresh on the CPU, pinned and
-    rotated (:class:`HostStaging`) on a GPU or NPU."""
-    if device.type == "cpu":
+    """Host memory for one step's inputs bound for ``device``: pinned and rotated
+    (:class:`HostStaging`) on a GPU or NPU, fresh elsewhere (the CPU; ``meta``, where
+    shapes are all that is checked)."""
+    if device.type not in STAGED_DEVICES:
         return np.empty(numel, dtype)
     return staging_for(device).host(numel, dtype)
 
 
 def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
     """Move the array :func:`host_buffer` returned to ``device`` in one copy (non-blocking off the CPU)."""
-    if device.type == "cpu":
-        return torch.from_numpy(host)
+    if device.type not in STAGED_DEVICES:
+        return torch.from_numpy(host).to(device)
     return staging_for(device).to_device(host)
