@@ -57,18 +57,7 @@ from oracle_spec import (
 import pcp_fn
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager, install
 
-SEED_FIELDS = {
-    "q_head_idx": "q_head_idx_tensor",
-    "q_tail_idx": "q_tail_idx_tensor",
-    "q_full_idx": "q_full_idx",
-    "kv_with_q_head_nomask_idx": "kv_with_q_head_nomask_idx_tensor",
-    "kv_with_q_head_mask_idx": "kv_with_q_head_mask_idx_tensor",
-    "kv_with_q_tail_nomask_idx": "kv_with_q_tail_nomask_idx_tensor",
-    "kv_with_q_tail_mask_idx": "kv_with_q_tail_mask_idx_tensor",
-    "kv_tail_proj_idx": "kv_tail_proj_idx_tensor",
-    "kv_with_q_head_attn_idx_in_tail": "kv_with_q_head_attn_idx_in_tail_tensor",
-    "kv_with_q_tail_attn_idx_in_tail": "kv_with_q_tail_attn_idx_in_tail_tensor",
-}
+SEED_FIELDS = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 
 CONFIGS = [
     SimConfig("mixed P2, 2 KV groups", pcp=2, kv_groups=2, R=6, T=64, num_requests=6, max_prompt=30),

@@ -51,18 +51,7 @@ class _Metadata:
 seed_loader._module("vllm_ascend.attention")
 seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
 
-HEAD_TAIL = {
-    "q_head_idx": "q_head_idx_tensor",
-    "q_tail_idx": "q_tail_idx_tensor",
-    "q_full_idx": "q_full_idx",
-    "kv_with_q_head_nomask_idx": "kv_with_q_head_nomask_idx_tensor",
-    "kv_with_q_head_mask_idx": "kv_with_q_head_mask_idx_tensor",
-    "kv_with_q_tail_nomask_idx": "kv_with_q_tail_nomask_idx_tensor",
-    "kv_with_q_tail_mask_idx": "kv_with_q_tail_mask_idx_tensor",
-    "kv_tail_proj_idx": "kv_tail_proj_idx_tensor",
-    "kv_with_q_head_attn_idx_in_tail": "kv_with_q_head_attn_idx_in_tail_tensor",
-    "kv_with_q_tail_attn_idx_in_tail": "kv_with_q_tail_attn_idx_in_tail_tensor",
-}
+HEAD_TAIL = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 PER_REQUEST = [
     "attn_chunk_seqlens",
     "attn_mask_seqlens",

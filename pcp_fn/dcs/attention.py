@@ -174,6 +174,10 @@ _INDEX_NAMES = (
     "q_full_idx",
 )
 
+# vllm-ascend's AscendPrefillContextParallelMetadata field of each index tensor (it adds
+# ``_tensor`` to every name but ``q_full_idx``): the one map adapters and checks read.
+VLLM_ASCEND_INDEX_FIELDS = {name: name if name == "q_full_idx" else f"{name}_tensor" for name in _INDEX_NAMES}
+
 
 def _index_tensors(P: int, Cb: int, geo: RequestGeometry, runs: torch.Tensor) -> dict[str, PaddedIndex]:
     """Every index tensor, painted into one ``[sum(caps) * C_b]`` buffer by one binary search.

@@ -42,18 +42,7 @@ from ._settings import ManagerSettings
 
 # The index tensors of the attention metadata, by their pcp_fn names; vllm-ascend's
 # AscendPrefillContextParallelMetadata field is the value.
-ATTENTION_INDEX_FIELDS = {
-    "q_head_idx": "q_head_idx_tensor",
-    "q_tail_idx": "q_tail_idx_tensor",
-    "q_full_idx": "q_full_idx",
-    "kv_with_q_head_nomask_idx": "kv_with_q_head_nomask_idx_tensor",
-    "kv_with_q_head_mask_idx": "kv_with_q_head_mask_idx_tensor",
-    "kv_with_q_tail_nomask_idx": "kv_with_q_tail_nomask_idx_tensor",
-    "kv_with_q_tail_mask_idx": "kv_with_q_tail_mask_idx_tensor",
-    "kv_tail_proj_idx": "kv_tail_proj_idx_tensor",
-    "kv_with_q_head_attn_idx_in_tail": "kv_with_q_head_attn_idx_in_tail_tensor",
-    "kv_with_q_tail_attn_idx_in_tail": "kv_with_q_tail_attn_idx_in_tail_tensor",
-}
+ATTENTION_INDEX_FIELDS = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 
 Bucket = pcp_fn.Bucket
 PCPConfig = pcp_fn.PCPConfig
