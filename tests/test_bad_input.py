@@ -42,6 +42,14 @@ def test_make_batch_rejects(args, match):
         make_batch(CFG, *args)
 
 
+def test_make_batch_accepts_large_counts_of_different_requests():
+    # the largest computed and scheduled counts sum past int32, but no request's sequence does
+    cfg = PCPConfig(2, 0, 4, 2**31 - 1)
+    batch = make_batch(cfg, [1, 2**30 + 5], [2**30 + 5, 0], [1, 2**30 + 5])
+    assert batch.num_scheduled.tolist() == [1, 2**30 + 5]
+    assert batch.num_computed.tolist() == [2**30 + 5, 0]
+
+
 @pytest.mark.parametrize(
     ("args", "match"),
     [

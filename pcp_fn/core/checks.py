@@ -106,8 +106,8 @@ _FAST_INTS = frozenset(
 
 def host_int_rows(
     names: tuple[str, ...], arrays: tuple[ArrayLike, ...], maximum: int = INT32_MAX
-) -> tuple[list[np.ndarray], np.ndarray, list[int]]:
-    """``(arrays, [k, n] int64 rows, the k row maxima)``: per-request count arrays of one
+) -> tuple[list[np.ndarray], np.ndarray, int]:
+    """``(arrays, [k, n] int64 rows, their largest entry)``: per-request count arrays of one
     length (``names[i]`` names ``arrays[i]``), each checked like :func:`host_ints` (1-D
     integers in ``[0, maximum]``) and by :func:`check_same_length`; the arrays come back
     as numpy integer arrays (the caller's own when they already are).
@@ -117,20 +117,19 @@ def host_int_rows(
     reads huge). Any other kind of array, or a failed check, goes through
     :func:`host_ints` for its exact message.
     """
-    arrs = []
-    lengths = set()
-    for name, a in zip(names, arrays):
-        fast = type(a) is np.ndarray and a.ndim == 1 and a.dtype.char in _FAST_INTS
-        if not fast:  # lists, tensors, uint64 (checked before any cast), anything odd: one by one
-            a = host_ints(name, a, maximum=maximum)
-        arrs.append(a)
-        lengths.add(a.shape[0])
-    if len(lengths) > 1:
-        check_same_length(**dict(zip(names, arrs)))
+    arrs = [
+        a
+        if type(a) is np.ndarray and a.ndim == 1 and a.dtype.char in _FAST_INTS
+        else host_ints(name, a, maximum=maximum)  # lists, tensors, uint64 (checked before any cast)
+        for name, a in zip(names, arrays)
+    ]
     n = arrs[0].shape[0]
+    for a in arrs:
+        if a.shape[0] != n:
+            check_same_length(**dict(zip(names, arrs)))
     rows = np.concatenate(arrs, dtype=np.int64).reshape(len(arrs), n)
-    top = rows.view(np.uint64).max(axis=1).tolist() if n else [0] * len(arrs)
-    if max(top) > maximum:
+    top = int(rows.view(np.uint64).max()) if n else 0
+    if top > maximum:
         for name, arr in zip(names, arrs):
             host_ints(name, arr, maximum=maximum)  # raises for the first bad array, naming the entry
     return arrs, rows, top
