@@ -20,7 +20,14 @@ def test_state_flattens_and_unflattens():
         assert tree_equal(back, state)
         per_request = pytree.tree_leaves(dataclasses.replace(state, constants={}))
         assert all(x is None or x.dim() == 0 or x.shape[0] == 16 for x in per_request)
-        assert sorted(state.constants) == ["attn_pair", "attn_runs", "attn_sums", "dcs_chunks", "dcs_ranks"]
+        assert sorted(state.constants) == [
+            "attn_pair",
+            "attn_runs",
+            "attn_sums",
+            "dcs_chunks",
+            "dcs_ranks",
+            "dcs_sizes",
+        ]
 
 
 def test_config_rides_in_the_structure_and_leaves_are_tensors():

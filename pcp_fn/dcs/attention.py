@@ -239,7 +239,7 @@ def attention_metadata(
     P, D = cfg.pcp_size, cfg.dcp_size
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
-    geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
     order = gathered_order(cfg, geo, Lb, state.constants)
 
     computed = batch.num_computed

@@ -45,7 +45,7 @@ from .state import PCPState
 class RequestGeometry(NamedTuple):
     """Per-request sizes of the layout; ``[n]`` int64 (``*_start``: ``[n + 1]``), ``replicated`` bool.
 
-    Every ``*_start`` comes out of ONE scan (a cumsum over the stacked sizes).
+    Every size comes out of ONE multiply-and-sum and every ``*_start`` out of ONE scan.
     """
 
     num_scheduled: torch.Tensor  # tokens before the split
@@ -64,26 +64,39 @@ class RequestGeometry(NamedTuple):
     num_decode_reqs: torch.Tensor  # 0-d decode requests
     num_decode_tokens: torch.Tensor  # 0-d their scheduled tokens
     request_ids: torch.Tensor  # arange(n): the request of each row
+    local_less_padded_start: torch.Tensor  # local_start - padded_start
 
 
 def request_geometry(
-    config: PCPConfig, num_scheduled: torch.Tensor, is_decode: torch.Tensor
+    config: PCPConfig,
+    num_scheduled: torch.Tensor,
+    is_decode: torch.Tensor,
+    constants: dict[str, torch.Tensor],
 ) -> RequestGeometry:
+    """The geometry of requests ``[n]`` (``num_scheduled`` int32 or int64, ``is_decode`` bool).
+
+    Each size is an integer combination of five per-request quantities (scheduled
+    tokens, replicated length, minus the prefill chunk, decode flag, decode
+    tokens), so one multiply-and-sum with ``constants["dcs_sizes"]``
+    (``state.constants``, :mod:`pcp_fn.dcs.layout_tables`) makes them all, in
+    int64, and one scan makes their starts.
+    """
     P = config.pcp_size
-    n = num_scheduled.to(torch.int64)
-    replicated = is_decode if P > 1 else torch.ones_like(is_decode)
-    m = config.pad_multiple
-    replicated_len = n * replicated
-    prefill_chunk = ((n + (m - 1)) // m).masked_fill(replicated, 0)
-    chunk = replicated_len + prefill_chunk
-    local = chunk + prefill_chunk
-    num_padded = local * P
-    num_pads = num_padded - n
-    decode_len = replicated_len if P > 1 else n * is_decode
-    sizes = torch.stack([n, num_padded, local, num_pads, prefill_chunk, is_decode, decode_len])
+    n = num_scheduled
+    if P > 1:
+        replicated = is_decode
+        replicated_len = decode_len = n * is_decode
+    else:
+        replicated = torch.ones_like(is_decode)
+        replicated_len, decode_len = n, n * is_decode
+    # minus ceil(n / 2P) for a split request, 0 for a replicated one (no overflow in int32: n >= 0)
+    neg_prefill_chunk = (replicated_len - n) // config.pad_multiple
+    base = torch.stack([n, replicated_len, neg_prefill_chunk, is_decode, decode_len])  # [5, n]
+    sizes = (constants["dcs_sizes"][:, :, None] * base).sum(1)  # [10, n] int64
     starts = offsets(sizes)  # the one scan
+    num_sched, num_padded, local, num_pads, prefill_chunk, _, _, chunk, replicated_len, _ = sizes.unbind()
     return RequestGeometry(
-        num_scheduled=n,
+        num_scheduled=num_sched,
         replicated=replicated,
         num_padded=num_padded,
         local=local,
@@ -99,6 +112,7 @@ def request_geometry(
         num_decode_reqs=starts[5, -1],
         num_decode_tokens=starts[6, -1],
         request_ids=torch.arange(n.shape[0], dtype=torch.int64, device=n.device),
+        local_less_padded_start=starts[9],
     )
 
 
@@ -193,10 +207,11 @@ def gathered_segments(
     """The ``2P R_b`` chunks of the padded order: channels ``[restore shift, pads before
     the request, its token end]`` (see :func:`gathered_order`)."""
     upto, upto_copies, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
-    ps, ls = geo.padded_start[:-1, None], geo.local_start[:-1, None]
-    chunk = geo.chunk[:, None]
+    ps, chunk = geo.padded_start[:-1, None], geo.chunk[:, None]
     ends = torch.addcmul(ps, torch.where(geo.replicated[:, None], upto_copies, upto), chunk)
-    shift = torch.addcmul(torch.add(ls - ps, chunk_rank, alpha=rows_per_rank), beta, chunk)
+    shift = torch.addcmul(
+        torch.add(geo.local_less_padded_start[:-1, None], chunk_rank, alpha=rows_per_rank), beta, chunk
+    )
     columns = torch.broadcast_tensors(shift, geo.pads_start[:-1, None], geo.token_start[1:, None])
     return Segments(ends.flatten(), torch.stack(columns).flatten(1))
 
@@ -325,11 +340,12 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     cfg = state.config
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     is_decode = batch_is_decode(cfg, batch)
-    geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
     local = local_segments(geo, state.pcp_rank, P, constants=state.constants, num_computed=batch.num_computed)
     chunks = gathered_segments(geo, Lb, state.constants)
     device = geo.local_start.device
-    row, padded_row = (torch.arange(n, dtype=torch.int64, device=device) for n in (Lb, P * Lb))
+    padded_row = torch.arange(P * Lb, dtype=torch.int64, device=device)
+    row = padded_row[:Lb]
     local_segment, chunk = segments_of((local.ends[:-1], row), (chunks.ends[:-1], padded_row))
     mine = paint_local(geo, local, local_segment, row)
     order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
@@ -354,7 +370,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
 def state_geometry(state: PCPState) -> RequestGeometry:
     """Geometry of the state's last update at its bucket's ``R_b`` request rows."""
     Rb = state.bucket.num_reqs
-    return request_geometry(state.config, state.num_scheduled[:Rb], state.is_decode[:Rb])
+    return request_geometry(state.config, state.num_scheduled[:Rb], state.is_decode[:Rb], state.constants)
 
 
 def state_order(state: PCPState) -> GatheredOrder:

@@ -266,7 +266,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
     is_decode = batch_is_decode(cfg, batch)
-    geo = request_geometry(cfg, batch.num_scheduled, is_decode)
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
     order = gathered_order(cfg, geo, Lb, state.constants)
     split = linear_split(P, batch.num_scheduled, is_decode, rank)
     lin = linear_rows(split, Lb)
