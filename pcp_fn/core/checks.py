@@ -107,15 +107,16 @@ _FAST_INTS = frozenset(
 def host_int_rows(
     names: tuple[str, ...], arrays: tuple[ArrayLike, ...], maximum: int = INT32_MAX
 ) -> tuple[list[np.ndarray], np.ndarray, int]:
-    """``(arrays, [k, n] int64 rows, their largest entry)``: per-request count arrays of one
-    length (``names[i]`` names ``arrays[i]``), each checked like :func:`host_ints` (1-D
-    integers in ``[0, maximum]``) and by :func:`check_same_length`; the arrays come back
-    as numpy integer arrays (the caller's own when they already are).
+    """``(arrays, [k, n] int64 rows, a bound on their largest entry)``: per-request count
+    arrays of one length (``names[i]`` names ``arrays[i]``), each checked like
+    :func:`host_ints` (1-D integers in ``[0, maximum]``) and by :func:`check_same_length`;
+    the arrays come back as numpy integer arrays (the caller's own when they already are).
 
     The common case (1-D numpy integer arrays) is checked all at once: one
-    concatenation and one max over the rows read as unsigned (a negative count
-    reads huge). Any other kind of array, or a failed check, goes through
-    :func:`host_ints` for its exact message.
+    concatenation and one bitwise-or over it (the bound returned: no entry
+    exceeds it, and a negative entry makes it negative). Any other kind of array,
+    or a bound outside ``[0, maximum]``, goes through :func:`host_ints`, which
+    raises with its exact message for a bad entry.
     """
     arrs = [
         a
@@ -127,12 +128,13 @@ def host_int_rows(
     for a in arrs:
         if a.shape[0] != n:
             check_same_length(**dict(zip(names, arrs)))
-    rows = np.concatenate(arrs, dtype=np.int64).reshape(len(arrs), n)
-    top = int(rows.view(np.uint64).max()) if n else 0
-    if top > maximum:
+    flat = np.concatenate(arrs, dtype=np.int64)
+    bound = int(np.bitwise_or.reduce(flat)) if n else 0  # >= every entry when none is negative
+    if not 0 <= bound <= maximum:
         for name, arr in zip(names, arrs):
             host_ints(name, arr, maximum=maximum)  # raises for the first bad array, naming the entry
-    return arrs, rows, top
+        bound = int(flat.max())  # every entry is in range, but their bits reach past maximum
+    return arrs, flat.reshape(len(arrs), n), bound
 
 
 def host_bools(name: str, values: ArrayLike) -> np.ndarray:

@@ -166,10 +166,12 @@ def make_batch(
     """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
-    arrays, rows, top = host_int_rows(_COUNTS, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens))
+    arrays, rows, bound = host_int_rows(
+        _COUNTS, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
+    )
     sched, comp, prompt = arrays  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
     num_reqs = rows.shape[1]
-    if 2 * top > INT32_MAX:  # only then can a sequence length overflow
+    if 2 * bound > INT32_MAX:  # only then can a sequence length overflow
         seq_end = rows[1] + rows[0]
         if seq_end.max() > INT32_MAX:
             i = int(np.argmax(seq_end > INT32_MAX))
@@ -241,7 +243,7 @@ def make_batch(
         from_numpy = torch.from_numpy
         slot_part = None if slots is None else from_numpy(padded)
         sched_d, comp_d, prompt_d = from_numpy(counts[0]), from_numpy(counts[1]), from_numpy(counts[2])
-        reqs_d = from_numpy(host[-1:].reshape(()))
+        reqs_d = from_numpy(host[-1, ...])  # a 0-d view
     else:  # one copy, then views of the device buffer
         slot_part, sched_d, comp_d, prompt_d, reqs_d = to_device(host, device).split_with_sizes(
             [2 * F, Rb, Rb, Rb, 1]
