@@ -90,23 +90,24 @@ def linear_split(
     ``P = 2``, ``[1, 3, 5]`` with request 0 a decode, rank 1:
     ``counts [[0, 0], [2, 1], [3, 2]]``, ``local [1, 1, 2]``, ``offset [0, 2, 3]``.
     """
-    n = num_scheduled.to(torch.int64)
+    n = num_scheduled.to(torch.int64)  # a no-op given the geometry's int64 counts
     base = n // P
     rem = n - base * P
     q = torch.arange(P, dtype=torch.int64, device=n.device)
-    counts = torch.where(is_decode[:, None], 0, base[:, None] + (q < rem[:, None]).to(torch.int64))
-    local = torch.where(is_decode, n, base + (rem > rank).to(torch.int64))
-    offset = torch.where(is_decode, 0, rank * base + torch.where(rem < rank, rem, rank))
-    D = torch.where(is_decode, n, 0).sum()
-    prefill_tokens = torch.where(is_decode, 0, n).sum()
+    counts = (base[:, None] + (q < rem[:, None])).masked_fill(is_decode[:, None], 0)
+    local = torch.where(is_decode, n, base + (rem > rank))
+    before = torch.minimum(rem, rank) if isinstance(rank, torch.Tensor) else rem.clamp(max=rank)
+    offset = (rank * base + before).masked_fill(is_decode, 0)
+    D = (n * is_decode).sum()
+    per_rank = counts.sum(0)  # [P] prefill tokens of each rank (rank 0 holds the most)
     return LinearSplit(
         counts=counts,
         local=local,
         offset=offset,
         local_start=offsets(local),
         num_decode_tokens=D,
-        max_tokens=D + counts[:, 0].sum(),
-        fa_len=P * D + prefill_tokens,
+        max_tokens=D + per_rank[0],
+        fa_len=P * D + per_rank.sum(),
     )
 
 
@@ -120,7 +121,7 @@ def linear_rows(split: LinearSplit, num_rows: int) -> LocalRows:
     shift, request = expand_runs(start[:-1], torch.stack([split.offset - start[:-1], ids]), num_rows)
     row = torch.arange(num_rows, dtype=torch.int64, device=start.device)
     valid = row < start[-1]
-    return LocalRows(torch.where(valid, request, 0), torch.where(valid, row + shift, 0), valid)
+    return LocalRows(request * valid, (row + shift) * valid, valid)
 
 
 def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_decode: bool) -> torch.Tensor:
@@ -144,13 +145,11 @@ def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_
     # runs (request i, rank q), request-major: the linear split keeps a request's tokens in rank order
     run_len = counts.flatten()
     run_start = P * D + offsets(run_len)[:-1]
-    before = offsets(counts.transpose(0, 1))[:, :-1].transpose(
-        0, 1
-    )  # [n, P] rank q's rows of earlier requests
+    before = torch.cumsum(counts, 0) - counts  # [n, P] rank q's rows of earlier requests (contiguous)
     q = torch.arange(P, dtype=torch.int64, device=dev)
     gathered_start = q * rows_per_rank + D + before
     prefill_row = k + expand_runs(run_start, gathered_start.flatten() - run_start, size)
-    return torch.where(k < P * D, decode_row, torch.where(k < split.fa_len, prefill_row, 0))
+    return torch.where(k < P * D, decode_row, prefill_row * (k < split.fa_len))
 
 
 def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -> torch.Tensor:
@@ -170,10 +169,10 @@ def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -
     return torch.where(g < P * D, g, real)
 
 
-def _shifted(values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor, fill: int = 0) -> torch.Tensor:
-    """``out[j] = values[j + shift]`` for ``j < length``, ``fill`` elsewhere (``[cap]`` -> ``[cap]``)."""
+def _shifted(values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """``out[j] = values[j + shift]`` for ``j < length``, 0 elsewhere (``[cap]`` -> ``[cap]``)."""
     j = torch.arange(values.shape[0], dtype=torch.int64, device=values.device)
-    return torch.where(j < length, take(values, j + shift), fill)
+    return take(values, j + shift) * (j < length)
 
 
 def fa_query_index(
@@ -206,7 +205,7 @@ def exit_fa_scatter_index(
     k = o // c
     head = k < P
     owner = torch.where(head, k, 2 * P - 1 - k)
-    within = o - k * c + torch.where(head, 0, c)
+    within = o - k * c + c.masked_fill(head, 0)
     row = owner * rows_per_rank + geo.local_start[req] - D + within
     return _shifted(row, D, split.local_start[-1] - D)
 
@@ -268,7 +267,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     is_decode = batch_is_decode(cfg, batch)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
     order = gathered_order(cfg, geo, Lb, state.constants)
-    split = linear_split(P, batch.num_scheduled, is_decode, rank)
+    split = linear_split(P, geo.num_scheduled, is_decode, rank)
     lin = linear_rows(split, Lb)
     dcs = local_rows(geo, rank, P, Lb, constants=state.constants)
     D, M = split.num_decode_tokens, split.max_tokens
@@ -298,7 +297,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb),
         exit_fa_len=num_tokens - D,
     )
-    positions = take(batch.num_computed.to(torch.int64), lin.request) + lin.position
+    positions = take(batch.num_computed, lin.request) + lin.position  # int64 (the positions' dtype)
     return LayoutUpdate(
         next_state(state, batch, is_decode),
         layout,

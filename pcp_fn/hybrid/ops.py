@@ -25,10 +25,9 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
     ``num_reqs``; a leading request with no token is clamped to 0. ``P = 2``,
     tokens ``[1, 1, 3, 5]`` (two decodes) -> ``[1, 3, 6, 11]``.
     """
-    rows = geo.num_scheduled + torch.where(geo.replicated, config.pcp_size - 1, 0)
+    rows = torch.add(geo.num_scheduled, geo.replicated, alpha=config.pcp_size - 1)
     last = (torch.cumsum(rows, 0) - 1).clamp(min=0)
-    real = torch.arange(rows.shape[0], device=rows.device) < num_reqs
-    return torch.where(real, last, 0)
+    return last * (geo.request_ids < num_reqs)
 
 
 def restore_index(state: PCPState) -> torch.Tensor:
