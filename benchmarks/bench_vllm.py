@@ -61,6 +61,7 @@ class StubBlockTables:
 
     def __init__(self) -> None:
         self.input_block_tables = [torch.zeros(R, 64, dtype=torch.int32)]
+        self.slot_mappings = torch.zeros(1, T, dtype=torch.int64)  # its dtype sizes the manager's buffers
 
     def gather_block_tables(self, idx_mapping, num_reqs_padded, out=None, out_ptrs=None):
         return tuple(t[:num_reqs_padded] for t in out)

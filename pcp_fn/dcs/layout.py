@@ -72,6 +72,7 @@ def request_geometry(
     num_scheduled: torch.Tensor,
     is_decode: torch.Tensor,
     constants: dict[str, torch.Tensor],
+    arange: torch.Tensor | None = None,
 ) -> RequestGeometry:
     """The geometry of requests ``[n]`` (``num_scheduled`` int32 or int64, ``is_decode`` bool).
 
@@ -79,7 +80,8 @@ def request_geometry(
     tokens, replicated length, minus the prefill chunk, decode flag, decode
     tokens), so one multiply-and-sum with ``constants["dcs_sizes"]``
     (``state.constants``, :mod:`pcp_fn.dcs.layout_tables`) makes them all, in
-    int64, and one scan makes their starts.
+    int64, and one scan makes their starts. ``arange``: an int64 ``arange`` of at least
+    ``n`` rows the caller also uses (its head is ``request_ids``), saving one.
     """
     P = config.pcp_size
     n = num_scheduled
@@ -111,7 +113,11 @@ def request_geometry(
         prefill_chunk_start=starts[4],
         num_decode_reqs=starts[5, -1],
         num_decode_tokens=starts[6, -1],
-        request_ids=torch.arange(n.shape[0], dtype=torch.int64, device=n.device),
+        request_ids=(
+            torch.arange(n.shape[0], dtype=torch.int64, device=n.device)
+            if arange is None
+            else arange[: n.shape[0]]
+        ),
         local_less_padded_start=starts[9],
     )
 
@@ -340,12 +346,12 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     cfg = state.config
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
     is_decode = batch_is_decode(cfg, batch)
-    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
+    # one arange serves the request ids, the local rows and the padded rows
+    ids = torch.arange(max(batch.bucket.num_reqs, P * Lb), dtype=torch.int64, device=is_decode.device)
+    padded_row, row = ids[: P * Lb], ids[:Lb]
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants, arange=ids)
     local = local_segments(geo, state.pcp_rank, P, constants=state.constants, num_computed=batch.num_computed)
     chunks = gathered_segments(geo, Lb, state.constants)
-    device = geo.local_start.device
-    padded_row = torch.arange(P * Lb, dtype=torch.int64, device=device)
-    row = padded_row[:Lb]
     local_segment, chunk = segments_of((local.ends[:-1], row), (chunks.ends[:-1], padded_row))
     mine = paint_local(geo, local, local_segment, row)
     order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
