@@ -395,7 +395,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             computed_prefill = np.minimum(start, local_plen)
             is_prefilling = np.zeros(Rpad, dtype=np.bool_)
             np.less(computed_prefill, local_plen, out=is_prefilling[:n])
-            has_prefill = bool(is_prefilling.any())
+            has_prefill = bool(np.count_nonzero(is_prefilling))  # (ndarray.any costs ~1.5 us more)
             upper = np.zeros(Rpad, dtype=np.int32)
             np.add(start, num_sched, out=upper[:n])
             dcp_upper = None
