@@ -87,13 +87,13 @@ def request_geometry(
     n = num_scheduled
     if P > 1:
         replicated = is_decode
-        replicated_len = decode_len = n * is_decode
+        rl = dl = n * is_decode  # replicated length, decode tokens
     else:
         replicated = torch.ones_like(is_decode)
-        replicated_len, decode_len = n, n * is_decode
+        rl, dl = n, n * is_decode
     # minus ceil(n / 2P) for a split request, 0 for a replicated one (no overflow in int32: n >= 0)
-    neg_prefill_chunk = (replicated_len - n) // config.pad_multiple
-    base = torch.stack([n, replicated_len, neg_prefill_chunk, is_decode, decode_len])  # [5, n]
+    q = (rl - n) // config.pad_multiple
+    base = torch.stack([n, rl, q, is_decode, dl])  # [5, n]
     sizes = (constants["dcs_sizes"][:, :, None] * base).sum(1)  # [10, n] int64
     starts = offsets(sizes)  # the one scan
     num_sched, num_padded, local, num_pads, prefill_chunk, _, _, chunk, replicated_len, _ = sizes.unbind()
