@@ -99,15 +99,14 @@ def linear_split(
     before = torch.minimum(rem, rank) if isinstance(rank, torch.Tensor) else rem.clamp(max=rank)
     offset = (rank * base + before).masked_fill(is_decode, 0)
     D = (n * is_decode).sum()
-    per_rank = counts.sum(0)  # [P] prefill tokens of each rank (rank 0 holds the most)
     return LinearSplit(
         counts=counts,
         local=local,
         offset=offset,
         local_start=offsets(local),
         num_decode_tokens=D,
-        max_tokens=D + per_rank[0],
-        fa_len=P * D + per_rank.sum(),
+        max_tokens=D + counts[:, 0].sum(),  # rank 0 holds the most
+        fa_len=(P - 1) * D + n.sum(),
     )
 
 
