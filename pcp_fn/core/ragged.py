@@ -28,7 +28,15 @@ def offsets(lengths: torch.Tensor) -> torch.Tensor:
     return F.pad(torch.cumsum(lengths, dim=-1, dtype=torch.int64), (1, 0))
 
 
-def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.Tensor:
+def arange_of(n: int, device: torch.device, arange: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 ``arange(n)``, or the head of ``arange`` (a longer int64 arange the caller shares
+    between several index maps: one kernel in an eager graph instead of one each)."""
+    return torch.arange(n, dtype=torch.int64, device=device) if arange is None else arange[:n]
+
+
+def expand_runs(
+    starts: torch.Tensor, values: torch.Tensor, cap: int, *, arange: torch.Tensor | None = None
+) -> torch.Tensor:
     """Paint ``cap`` slots with the value of the run that covers each one.
 
     Run ``j`` covers ``[starts[j], starts[j + 1])`` (``starts [m]`` non-decreasing;
@@ -40,8 +48,10 @@ def expand_runs(starts: torch.Tensor, values: torch.Tensor, cap: int) -> torch.T
 
     Each slot finds its run by binary search (:func:`segment_of` on the starts)
     and gathers the run's values: four wide kernels, no per-run loop, no scan.
+    ``arange``: an int64 arange of at least ``cap`` slots to take them from
+    (:func:`arange_of`; ``starts`` int64 then).
     """
-    slot = torch.arange(cap, dtype=starts.dtype, device=starts.device)
+    slot = torch.arange(cap, dtype=starts.dtype, device=starts.device) if arange is None else arange[:cap]
     run = segment_of(starts.clamp(max=cap), slot)  # runs starting at or before the slot: 0 before the first
     return F.pad(values, (1, 0)).index_select(-1, run)
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import offsets, segment_of, segments_of
+from ..core.ragged import arange_of, offsets, segment_of, segments_of
 from ..core.rank import select_rank
 from .batch import SchedulerBatch, classify_decodes
 from .config import PCPConfig
@@ -80,8 +80,8 @@ def request_geometry(
     tokens, replicated length, minus the prefill chunk, decode flag, decode
     tokens), so one multiply-and-sum with ``constants["dcs_sizes"]``
     (``state.constants``, :mod:`pcp_fn.dcs.layout_tables`) makes them all, in
-    int64, and one scan makes their starts. ``arange``: an int64 ``arange`` of at least
-    ``n`` rows the caller also uses (its head is ``request_ids``), saving one.
+    int64, and one scan makes their starts. ``arange``: a longer int64 arange the caller
+    shares (:func:`pcp_fn.core.ragged.arange_of`); its head is ``request_ids``.
     """
     P = config.pcp_size
     n = num_scheduled
@@ -113,11 +113,7 @@ def request_geometry(
         prefill_chunk_start=starts[4],
         num_decode_reqs=starts[5, -1],
         num_decode_tokens=starts[6, -1],
-        request_ids=(
-            torch.arange(n.shape[0], dtype=torch.int64, device=n.device)
-            if arange is None
-            else arange[: n.shape[0]]
-        ),
+        request_ids=arange_of(n.shape[0], n.device, arange),
         local_less_padded_start=starts[9],
     )
 
@@ -180,6 +176,7 @@ def local_rows(
     *,
     constants: dict[str, torch.Tensor] | None = None,
     num_computed: torch.Tensor | None = None,
+    arange: torch.Tensor | None = None,
 ) -> LocalRows:
     """Request and position of each of ``rank``'s local rows.
 
@@ -192,10 +189,11 @@ def local_rows(
     One search of the ``2R_b`` segment ends paints every row
     (:func:`pcp_fn.core.ragged.segment_of`). ``constants`` (``state.constants``)
     saves building the rank's chunk multipliers; ``num_computed`` ``[R_b]`` adds
-    the ``absolute`` positions (``num_computed[request] + position``).
+    the ``absolute`` positions (``num_computed[request] + position``); ``arange``
+    a shared int64 arange for the rows (:func:`pcp_fn.core.ragged.arange_of`).
     """
     segments = local_segments(geo, rank, P, constants=constants, num_computed=num_computed)
-    row = torch.arange(num_rows, dtype=torch.int64, device=geo.local_start.device)
+    row = arange_of(num_rows, geo.local_start.device, arange)
     return paint_local(geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
@@ -243,6 +241,8 @@ def gathered_order(
     geo: RequestGeometry,
     rows_per_rank: int,
     constants: dict[str, torch.Tensor],
+    *,
+    arange: torch.Tensor | None = None,
 ) -> GatheredOrder:
     """Restore index, unpad mask and token of every padded-order row.
 
@@ -259,10 +259,11 @@ def gathered_order(
     decodes come first) is token-strided instead: every ``P``-th row, decode
     token ``t`` at row ``t * P`` (vllm-ascend's convention; without them every
     decode has at most one token and both rules agree). ``token`` is left
-    unmasked: every reader masks it with ``unpad_mask``.
+    unmasked: every reader masks it with ``unpad_mask``. ``arange``: a shared int64
+    arange for the rows (:func:`pcp_fn.core.ragged.arange_of`).
     """
     segments = gathered_segments(geo, rows_per_rank, constants)
-    row = torch.arange(config.pcp_size * rows_per_rank, dtype=torch.int64, device=geo.local_start.device)
+    row = arange_of(config.pcp_size * rows_per_rank, geo.local_start.device, arange)
     return paint_gathered(config, geo, segments, segment_of(segments.ends[:-1], row), row)
 
 

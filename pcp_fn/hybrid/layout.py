@@ -53,7 +53,7 @@ from typing import NamedTuple
 import torch
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import expand_runs, offsets, take
+from ..core.ragged import arange_of, expand_runs, offsets, take
 from ..dcs.batch import SchedulerBatch
 from ..dcs.layout import (
     GatheredOrder,
@@ -83,7 +83,12 @@ class LinearSplit(NamedTuple):
 
 
 def linear_split(
-    P: int, num_scheduled: torch.Tensor, is_decode: torch.Tensor, rank: int | torch.Tensor
+    P: int,
+    num_scheduled: torch.Tensor,
+    is_decode: torch.Tensor,
+    rank: int | torch.Tensor,
+    *,
+    arange: torch.Tensor | None = None,
 ) -> LinearSplit:
     """Linear split of every prefill over ``P`` ranks; ``rank`` an int or a 0-d tensor.
 
@@ -93,7 +98,7 @@ def linear_split(
     n = num_scheduled.to(torch.int64)  # a no-op given the geometry's int64 counts
     base = n // P
     rem = n - base * P
-    q = torch.arange(P, dtype=torch.int64, device=n.device)
+    q = arange_of(P, n.device, arange)
     counts = (base[:, None] + (q < rem[:, None])).masked_fill(is_decode[:, None], 0)
     local = torch.where(is_decode, n, base + (rem > rank))
     before = torch.minimum(rem, rank) if isinstance(rank, torch.Tensor) else rem.clamp(max=rank)
@@ -110,20 +115,25 @@ def linear_split(
     )
 
 
-def linear_rows(split: LinearSplit, num_rows: int) -> LocalRows:
+def linear_rows(split: LinearSplit, num_rows: int, *, arange: torch.Tensor | None = None) -> LocalRows:
     """Request and position (offset inside the scheduled tokens) of each local linear row.
 
-    One run per request: row ``local_start[i] + j`` is token ``offset[i] + j``.
+    One run per request: row ``local_start[i] + j`` is token ``offset[i] + j``. ``arange``: a
+    shared int64 arange (:func:`pcp_fn.core.ragged.arange_of`).
     """
     start = split.local_start
-    ids = torch.arange(split.local.shape[-1], dtype=torch.int64, device=start.device)
-    shift, request = expand_runs(start[:-1], torch.stack([split.offset - start[:-1], ids]), num_rows)
-    row = torch.arange(num_rows, dtype=torch.int64, device=start.device)
+    ids = arange_of(split.local.shape[-1], start.device, arange)
+    shift, request = expand_runs(
+        start[:-1], torch.stack([split.offset - start[:-1], ids]), num_rows, arange=arange
+    )
+    row = arange_of(num_rows, start.device, arange)
     valid = row < start[-1]
     return LocalRows(request * valid, (row + shift) * valid, valid)
 
 
-def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_decode: bool) -> torch.Tensor:
+def enter_fa_restore_index(
+    split: LinearSplit, P: int, rows_per_rank: int, spec_decode: bool, *, arange: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[P * rows_per_rank]`` int64: gathered linear row of each compact FA-input row.
 
     Compact FA order: the ``P * D`` replicated decode rows (token-major, or
@@ -135,7 +145,7 @@ def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_
     size = P * rows_per_rank
     D, counts = split.num_decode_tokens, split.counts
     dev = counts.device
-    k = torch.arange(size, dtype=torch.int64, device=dev)
+    k = arange_of(size, dev, arange)
     if spec_decode:
         rank = k // D.clamp(min=1)
         decode_row = rank * rows_per_rank + (k - rank * D)
@@ -145,13 +155,15 @@ def enter_fa_restore_index(split: LinearSplit, P: int, rows_per_rank: int, spec_
     run_len = counts.flatten()
     run_start = P * D + offsets(run_len)[:-1]
     before = torch.cumsum(counts, 0) - counts  # [n, P] rank q's rows of earlier requests (contiguous)
-    q = torch.arange(P, dtype=torch.int64, device=dev)
+    q = arange_of(P, dev, arange)
     gathered_start = q * rows_per_rank + D + before
-    prefill_row = k + expand_runs(run_start, gathered_start.flatten() - run_start, size)
+    prefill_row = k + expand_runs(run_start, gathered_start.flatten() - run_start, size, arange=arange)
     return torch.where(k < P * D, decode_row, prefill_row * (k < split.fa_len))
 
 
-def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -> torch.Tensor:
+def fa_padding_restore_index(
+    order: GatheredOrder, split: LinearSplit, P: int, *, arange: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[G]`` int64: compact FA-input row of each DCS padded-order row.
 
     vllm-ascend ``_build_fa_padding_restore_idx``.
@@ -163,19 +175,27 @@ def fa_padding_restore_index(order: GatheredOrder, split: LinearSplit, P: int) -
     (no prefill pads) this is the identity on ``[:P * N_dcs]``.
     """
     D = split.num_decode_tokens
-    g = torch.arange(order.unpad_mask.shape[0], dtype=torch.int64, device=D.device)
+    g = arange_of(order.unpad_mask.shape[0], D.device, arange)
     real = torch.where(order.unpad_mask, order.token + (P - 1) * D, split.fa_len)
     return torch.where(g < P * D, g, real)
 
 
-def _shifted(values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+def _shifted(
+    values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor, arange: torch.Tensor | None
+) -> torch.Tensor:
     """``out[j] = values[j + shift]`` for ``j < length``, 0 elsewhere (``[cap]`` -> ``[cap]``)."""
-    j = torch.arange(values.shape[0], dtype=torch.int64, device=values.device)
+    j = arange_of(values.shape[0], values.device, arange)
     return take(values, j + shift) * (j < length)
 
 
 def fa_query_index(
-    geo: RequestGeometry, dcs: LocalRows, D: torch.Tensor, num_tokens_padded: torch.Tensor, P: int
+    geo: RequestGeometry,
+    dcs: LocalRows,
+    D: torch.Tensor,
+    num_tokens_padded: torch.Tensor,
+    P: int,
+    *,
+    arange: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[L_b]`` int64: DCS padded-order row (relative to the prefill region) of this rank's prefill queries.
 
@@ -184,11 +204,17 @@ def fa_query_index(
     ``N_dcs - D``, 0 past it.
     """
     padded_row = geo.padded_start[dcs.request] + dcs.position - P * D
-    return _shifted(padded_row, D, num_tokens_padded - D)
+    return _shifted(padded_row, D, num_tokens_padded - D, arange)
 
 
 def exit_fa_scatter_index(
-    geo: RequestGeometry, lin: LocalRows, split: LinearSplit, P: int, rows_per_rank: int
+    geo: RequestGeometry,
+    lin: LocalRows,
+    split: LinearSplit,
+    P: int,
+    rows_per_rank: int,
+    *,
+    arange: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[L_b]`` int64: row of the all-gathered DCS prefill queries holding each local linear prefill token.
 
@@ -206,7 +232,7 @@ def exit_fa_scatter_index(
     owner = torch.where(head, k, 2 * P - 1 - k)
     within = o - k * c + c.masked_fill(head, 0)
     row = owner * rows_per_rank + geo.local_start[req] - D + within
-    return _shifted(row, D, split.local_start[-1] - D)
+    return _shifted(row, D, split.local_start[-1] - D, arange)
 
 
 @pytree_dataclass
@@ -264,11 +290,13 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
     is_decode = batch_is_decode(cfg, batch)
-    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
-    order = gathered_order(cfg, geo, Lb, state.constants)
-    split = linear_split(P, geo.num_scheduled, is_decode, rank)
-    lin = linear_rows(split, Lb)
-    dcs = local_rows(geo, rank, P, Lb, constants=state.constants)
+    # one arange serves every index map below (P * L_b rows at most, R_b request ids)
+    ids = torch.arange(max(batch.bucket.num_reqs, P * Lb), dtype=torch.int64, device=is_decode.device)
+    geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants, arange=ids)
+    order = gathered_order(cfg, geo, Lb, state.constants, arange=ids)
+    split = linear_split(P, geo.num_scheduled, is_decode, rank, arange=ids)
+    lin = linear_rows(split, Lb, arange=ids)
+    dcs = local_rows(geo, rank, P, Lb, constants=state.constants, arange=ids)
     D, M = split.num_decode_tokens, split.max_tokens
     num_tokens = split.local_start[-1]
     N_dcs = geo.local_start[-1]
@@ -288,12 +316,12 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         max_num_tokens_across_pcp=M,
         pcp_padded_tokens_fla=M - num_tokens,
         total_pcp_padding_tokens_fla=P * M - split.fa_len,
-        enter_fa_restore_idx=enter_fa_restore_index(split, P, Lb, cfg.num_spec_tokens > 0),
+        enter_fa_restore_idx=enter_fa_restore_index(split, P, Lb, cfg.num_spec_tokens > 0, arange=ids),
         enter_fa_len=split.fa_len,
-        fa_padding_restore_idx=fa_padding_restore_index(order, split, P),
-        fa_query_idx=fa_query_index(geo, dcs, D, N_dcs, P),
+        fa_padding_restore_idx=fa_padding_restore_index(order, split, P, arange=ids),
+        fa_query_idx=fa_query_index(geo, dcs, D, N_dcs, P, arange=ids),
         fa_query_len=N_dcs - D,
-        exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb),
+        exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb, arange=ids),
         exit_fa_len=num_tokens - D,
     )
     positions = take(batch.num_computed, lin.request) + lin.position  # int64 (the positions' dtype)
