@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pcp_fn.core.ragged import (
+    arange_of,
     expand_runs,
     masked_gather,
     offsets,
@@ -44,6 +45,8 @@ def test_expand_runs_paints_every_slot(runs, extra):
     last = (runs[-1][1], runs[-1][2])
     assert list(zip(got[0].tolist(), got[1].tolist())) == painted + [last] * extra
     assert expand_runs(starts, values[0], cap).tolist() == got[0].tolist()
+    shared = arange_of(cap + 3, starts.device)  # a caller's longer arange: the same slots
+    assert torch.equal(expand_runs(starts, values, cap, arange=shared), got)
 
 
 def test_expand_runs_drops_starts_past_the_end():
