@@ -5,7 +5,9 @@ per-request arrays, counts every rank's local tokens and segments (O(P * R)
 integer arithmetic on arrays the host already has, vLLM's
 ``PCPManager.get_num_tokens_for_dispatch``), picks or checks the graph bucket,
 pads the per-token arrays to the bucket's ``F_b`` global token rows and moves
-everything to the device. Per-token work all happens on the device.
+everything to the device in one copy (from a pinned staging buffer on a GPU or
+NPU, :mod:`pcp_fn.core.staging`). Per-token work all happens on the device,
+except the default positions (``num_computed + offset``).
 
     >>> cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=16)
     >>> num_tokens_for_dispatch(cfg, [3, 8], [False, True])   # decode 3 + prefill 8 -> 3 + 4
@@ -233,7 +235,12 @@ def make_batch(
             request``.
         bucket: the graph bucket ``(local request rows, local tokens per
             rank)``; default the smallest configured one holding every rank.
-        device: where the batch lives (default CPU).
+        device: where the batch lives (default CPU). Everything the host
+            supplies is packed into one buffer and moved in one copy (on a GPU
+            or NPU, one non-blocking copy from a pinned staging buffer that is
+            not refilled while the copy may still read it); every leaf of the
+            batch is a view of the device buffer (a captured graph refreshes
+            it with one copy).
 
     Raises:
         TypeError: ``config`` not an :class:`MRV2Config`, ``bucket`` not a
@@ -375,8 +382,8 @@ def _default_positions(out: np.ndarray, rows: np.ndarray, most: int, total: int)
         out[:total] = comp
     elif total:  # token t of the request starting at token s: num_computed + t - s
         shift = comp + sched
-        shift -= np.cumsum(sched)
-        np.add(np.repeat(shift, sched), _arange(total), out=out[:total])
+        shift -= sched.cumsum()
+        np.add(shift.repeat(sched), _arange(total), out=out[:total])
     out[total:] = 0
 
 
