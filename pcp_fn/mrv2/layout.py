@@ -224,21 +224,19 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
         length,
     )
     K = len(channels)
+    table = torch.stack(torch.broadcast_tensors(*channels)).to(torch.int32).view(K, P, 2 * R)
 
-    # local row (1-based; 0: empty) of each slot: one prefix sum over [P, group, R, 2]; the
-    # channels are laid out the same way (each slot twice, once per group) so that the
-    # scatter index is one product
+    # local row (1-based; 0: empty) of each slot: one prefix sum over [P, group, R, 2] (the
+    # channels are not laid out per group too: that would save the where, at twice the data)
     nonempty = length > 0
     grouped = nonempty[:, None] & (prefilling[:, None] == group[:, None, None])  # [P, 2, R, 2]
-    numbered = torch.cumsum(grouped.view(P, 4 * R), 1)
-    row = (numbered * grouped.view(P, 4 * R)).view(1, P, 4 * R).expand(K, -1, -1)
-    shape = (P, 2, R, 2)
-    wide = [torch.broadcast_to(x.unsqueeze(-3) if x.dim() == 3 else x, shape) for x in channels]
-    table = torch.stack(wide).to(torch.int32).view(K, P, 4 * R)
+    numbered = torch.cumsum(grouped.view(P, 4 * R), 1).view(P, 2, R, 2)
+    row = torch.where(prefilling[:, None], numbered[:, 1], numbered[:, 0]) * nonempty
     # rank 0's head slot of request 0 is the placeholder (start = num_computed[0]), without its length
     target = F.pad(table[:-1, 0, :1], (1, 2 * R, 0, 1))  # [K, 2R + 2]: trash, placeholder, 0 ..
-    compact = target[:, None].expand(-1, P, -1).scatter(2, row, table)
-    return Compacted(compact[:, :, 1 : Rl + 2], numbered[:, -1], ids)
+    index = row.view(1, P, 2 * R).expand(K, -1, -1)
+    compact = target[:, None].expand(-1, P, -1).scatter(2, index, table)
+    return Compacted(compact[:, :, 1 : Rl + 2], numbered[:, -1, -1, -1], ids)
 
 
 class Built(NamedTuple):

@@ -97,12 +97,6 @@ class LocalBatch:
     gather_idx: torch.Tensor
 
 
-def gathered_padding(config: MRV2Config, per_rank_num_tokens: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[P*rows]`` bool: gathered row ``q*rows + l`` is padding (``l >= per_rank_num_tokens[q]``)."""
-    row = torch.arange(config.pcp_size * rows, dtype=torch.int64, device=per_rank_num_tokens.device)
-    return (row % rows) >= per_rank_num_tokens[row // rows]
-
-
 def expand_moe_padding(config: MRV2Config, is_padding: torch.Tensor) -> torch.Tensor:
     """vLLM ``PCPManager.moe_is_padding``: a capture/dummy mask ``[L]``, identical on every
     rank, tiled to the ``[P*L]`` rows the MoE routes; unchanged without
