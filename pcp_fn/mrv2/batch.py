@@ -347,7 +347,7 @@ def make_batch(
     fields["bucket"] = bucket
     if dev.type == "cpu":  # the tensors are views of the fresh host buffer
         from_numpy = torch.from_numpy
-        sched_d, comp_d, plen_d, _, mapping_d = map(from_numpy, table)
+        sched_d, comp_d, plen_d, mapping_d = (from_numpy(table[k]) for k in (0, 1, 2, 4))
         reqs_d = from_numpy(per_request[5 * R :].reshape(()))
         flags_d = from_numpy(flags)
         if dev_pos is None:
