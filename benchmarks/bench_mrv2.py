@@ -1,7 +1,9 @@
-"""MRV2 layout timings on the DESIGN.md reference batches: ``build_layout``, ``partition_batch``
-and ``restore_hidden_states``.
+"""MRV2 layout timings and kernel counts on the DESIGN.md reference batches: the host boundary
+``make_batch``, ``build_layout``, ``partition_batch`` and the consumers that restore or map
+the gathered rows.
 
-    python benchmarks/bench_mrv2.py [--iters 200] [--no-compile] [--shard] [--no-reference]
+    taskset -c 1 python benchmarks/bench_mrv2.py [--iters 200] [--no-compile] [--no-inductor-counts]
+                                                 [--shard] [--no-reference] [--batches A,B,C]
 
 For each batch (R=256, T=8192, rank 0; decodes have 500 computed tokens and a
 100-token prompt, prefills start from 0):
@@ -10,14 +12,24 @@ For each batch (R=256, T=8192, rank 0; decodes have 500 computed tokens and a
     B  P=4  64 decodes + fresh prefills of 2048 and 1000 tokens
     C  P=8  255 decodes + one fresh 4096-token prefill
 
-in the smallest bucket that holds it, it prints the median microseconds of
-``build_layout``, of ``partition_batch`` (which builds the layout and the
-local batch) and of ``restore_hidden_states`` (``[P*Lp, 128] -> [F_b, 128]``,
-``F_b = min(T, P*Lp)``), eager and inductor-compiled on the CPU, on one
-thread, and the number of aten ops each dispatches. The entry ops are given
-the state of the previous batch's step (another bucket), as a serving loop
-would: they read only its config and rank. The op count is checked against a
-batch of another composition (prefills only) in the same bucket: it must not
+in the smallest bucket that holds it, it prints, on one thread:
+
+- ``make_batch`` (the host boundary) from Python lists and from numpy arrays:
+  median us [p10-p90];
+- every op (``build_layout``, ``partition_batch``, ``restore_hidden_states`` of a
+  ``[P*Lp, 128]`` all-gathered buffer, ``restore_for_sampling`` with one auxiliary
+  buffer, ``gathered_slot_mappings`` of two KV-cache groups): eager and
+  inductor-compiled median us, its kernel-launching aten ops (dispatched ops
+  minus views: what an eager graph replays as kernels) as a GPU/NPU dispatches
+  them (``dev``: counted on meta tensors, which take the device code paths) and as
+  the CPU does (``cpu``: ``segment_of`` counts ends with a histogram there), and
+  inductor's CPU kernels for the entry ops (fused generated kernels + aten
+  fallbacks, as ``fused+fallback``).
+
+The entry ops are given the state of the previous batch's step (another
+bucket), as a serving loop would: they read only its config and rank. Every
+kernel count is checked against batches of other compositions in the same
+bucket (prefills only, decodes only, one decode and one prefill): it must not
 change. When vLLM's ``pcp_manager.py`` is found (``tools/check_mrv2_against_seed.py``),
 its host ``PCPManager.partition_batch`` is timed for the same step too.
 """
@@ -25,25 +37,56 @@ its host ``PCPManager.partition_batch`` is timed for the same step too.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import statistics
 import sys
 import types
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import H, R, T, median_us, reference_batches  # noqa: E402
+from _common import H, R, T, inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
 
-from pcp_fn import count_aten_ops, mrv2  # noqa: E402
+from pcp_fn import mrv2  # noqa: E402
+from pcp_fn.graph import count_kernels  # noqa: E402
 
 
-def other_composition(cfg, bucket):
-    """Prefills only, in the same bucket: the op count must not change."""
-    sched = [max(1, bucket.num_tokens // 2)]
-    return mrv2.make_batch(cfg, sched, [0], sched, bucket=bucket)
+def on_meta(tree):
+    """The same arguments on the meta device: ops take their GPU/NPU code paths there."""
+    return pytree.tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, tree)
+
+
+def other_compositions(cfg, bucket):
+    """Batches of other compositions in the same bucket: the kernel counts must not change."""
+    Rl, Lp = bucket.num_reqs, bucket.num_tokens
+    k = max(1, min(Rl, Lp, cfg.max_num_reqs) // 2)
+    prefill = max(1, Lp // 2)
+    return {
+        "prefills only": mrv2.make_batch(cfg, [prefill], [0], [prefill], bucket=bucket),
+        "decodes only": mrv2.make_batch(cfg, [1] * k, [500] * k, [100] * k, bucket=bucket),
+        "decode + prefill": mrv2.make_batch(cfg, [1, prefill - 1], [7, 0], [3, prefill - 1], bucket=bucket),
+    }
+
+
+def op_table(state, batch, entry_state, P, Lp):
+    """``name -> (fn, args)`` of the timed ops for ``batch`` (``state``: after its partition)."""
+    F = mrv2.token_rows(batch.config, batch.bucket)
+    gathered = torch.randn(P * Lp, H)
+    return {
+        "build_layout": (mrv2.build_layout, (entry_state, batch)),
+        "partition_batch": (mrv2.partition_batch, (entry_state, batch)),
+        "restore_hidden_states": (mrv2.restore_hidden_states, (state, gathered)),
+        "restore_for_sampling": (mrv2.restore_for_sampling, (state, gathered, [gathered])),
+        "gathered_slot_mappings": (
+            mrv2.gathered_slot_mappings,
+            (state, torch.arange(2 * F, dtype=torch.int64).view(2, F)),
+        ),
+    }
 
 
 def reference_partition(P, shard, sched, comp, plen, bucket, iters):
@@ -80,36 +123,47 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
+    ap.add_argument("--no-inductor-counts", action="store_true", help="skip inductor's kernel counts")
     ap.add_argument("--shard", action="store_true", help="shard decodes round-robin instead of replicating")
     ap.add_argument("--no-reference", action="store_true", help="do not time vLLM's host path")
+    ap.add_argument("--batches", default="A,B,C")
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
     previous = {}  # P -> the state of the previous batch's step (another bucket)
+    summary = []
     for name, (P, (sched, comp, plen)) in reference_batches().items():
+        if name not in args.batches.split(","):
+            continue
         cfg = mrv2.MRV2Config(P, 0, R, T, shard_decode_requests=args.shard)
         entry_state = previous.get(P, mrv2.init_state(cfg))
         batch = mrv2.make_batch(cfg, sched, comp, plen)
         bucket = batch.bucket
+        Lp = bucket.num_tokens
         state, _ = mrv2.partition_batch(entry_state, batch)
         previous[P] = state
-        gathered = torch.randn(P * bucket.num_tokens, H)
-        F = mrv2.token_rows(cfg, bucket)
-        G = P * bucket.num_tokens
-        print(f"\nbatch {name}: P={P}, {len(sched)} requests, bucket {bucket}, G={G}, F_b={F}")
-        print(f"  {'op':22s} {'eager us':>10s} {'compiled us':>12s} {'aten ops':>9s}")
-        ops = {
-            "build_layout": (mrv2.build_layout, (entry_state, batch)),
-            "partition_batch": (mrv2.partition_batch, (entry_state, batch)),
-            "restore_hidden_states": (mrv2.restore_hidden_states, (state, gathered)),
+        print(
+            f"\nbatch {name}: P={P}, {len(sched)} requests, bucket {bucket}, "
+            f"G={P * Lp}, F_b={mrv2.token_rows(cfg, bucket)}"
+        )
+        as_numpy = [np.asarray(x) for x in (sched, comp, plen)]
+        host = {
+            "make_batch (lists in)": functools.partial(mrv2.make_batch, cfg, sched, comp, plen),
+            "make_batch (numpy in)": functools.partial(mrv2.make_batch, cfg, *as_numpy),
         }
-        other_batch = other_composition(cfg, bucket)
-        other_state, _ = mrv2.partition_batch(entry_state, other_batch)
-        others = {
-            "build_layout": (entry_state, other_batch),
-            "partition_batch": (entry_state, other_batch),
-            "restore_hidden_states": (other_state, gathered),
-        }
+        host_us = {}
+        for label, fn in host.items():
+            samples = timings_us(fn, max(args.iters, 1000))
+            host_us[label] = statistics.median(samples)
+            print(f"  {label:24s} {spread(samples):>22s} us")
+
+        ops = op_table(state, batch, entry_state, P, Lp)
+        others = []
+        for other in other_compositions(cfg, bucket).values():
+            other_state, _ = mrv2.partition_batch(entry_state, other)
+            others.append(op_table(other_state, other, entry_state, P, Lp))
+        print(f"  {'op':24s} {'eager us':>10s} {'compiled us':>12s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s}")
+        kernels = {}
         for op, (fn, fargs) in ops.items():
             eager = median_us(lambda fn=fn, a=fargs: fn(*a), args.iters)
             compiled = float("nan")
@@ -117,17 +171,36 @@ def main():
                 cfn = torch.compile(fn, fullgraph=True, dynamic=False)
                 cfn(*fargs)
                 compiled = median_us(lambda cfn=cfn, a=fargs: cfn(*a), args.iters)
-            count = count_aten_ops(fn, *fargs)
-            other = count_aten_ops(fn, *others[op])
-            assert count == other, f"{op}: {count} aten ops, {other} for another composition"
-            print(f"  {op:22s} {eager:10.1f} {compiled:12.1f} {count:9d}")
+            count = (count_kernels(fn, *on_meta(fargs)), count_kernels(fn, *fargs))
+            for table in others:  # constant across compositions, on both code paths
+                ofn, oargs = table[op]
+                other = (count_kernels(ofn, *on_meta(oargs)), count_kernels(ofn, *oargs))
+                assert other == count, f"{op}: {count} kernels, {other} for another composition"
+            kernels[op] = count
+            ind = ""
+            if not args.no_inductor_counts and op in ("build_layout", "partition_batch"):
+                ind = "{}+{}".format(*inductor_kernels(fn, *fargs))
+            print(f"  {op:24s} {eager:10.1f} {compiled:12.1f} {count[0]:5d} {count[1]:5d} {ind:>9s}")
+        torch._dynamo.reset()
         ref_us = (
             None
             if args.no_reference
             else reference_partition(P, args.shard, sched, comp, plen, bucket, args.iters)
         )
         if ref_us is not None:
-            print(f"  {'vLLM host partition':22s} {ref_us:10.1f}")
+            print(f"  {'vLLM host partition':24s} {ref_us:10.1f}")
+        summary.append((name, host_us, kernels))
+
+    print("\nsummary (medians, us; kernels = kernel-launching aten ops on a GPU/NPU, on the CPU)")
+    for name, host_us, kernels in summary:
+        line = ", ".join(f"{op} {k[0]}/{k[1]}" for op, k in kernels.items())
+        print(f"  {name}: make_batch {host_us['make_batch (numpy in)']:.1f} (numpy), ", end="")
+        print(f"{host_us['make_batch (lists in)']:.1f} (lists); kernels {line}")
+    counts = {tuple(k.values()) for _, _, k in summary}
+    print(
+        f"kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch "
+        "(and for three other compositions in each bucket)"
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
@@ -37,11 +39,13 @@ def test_local_segments_are_the_oracles_pieces(batch):
         assert seg.length.tolist() == [len(p.tokens) for p in pieces]
         assert seg.per_rank_num_tokens.tolist() == [sum(len(p.tokens) for p in ps) for ps in ranks]
         assert seg.per_rank_num_reqs.tolist() == [len(ps) for ps in ranks]
-    tokens, rows = rank_counts(cfg, sched, prefilling)
-    assert (
-        tokens.tolist() == seg.per_rank_num_tokens.tolist()
-        and rows.tolist() == seg.per_rank_num_reqs.tolist()
-    )
+    expected = (seg.per_rank_num_tokens.tolist(), seg.per_rank_num_reqs.tolist())
+    for few in (host.FEW_PREFILLS, -1):  # split prefills one by one, and as one [2P, S] table
+        with mock.patch.object(host, "FEW_PREFILLS", few):
+            tokens, rows = rank_counts(cfg, sched, prefilling)
+            largest = host.largest_rank(cfg, sched.astype(np.int64), prefilling, int(sched.sum()))
+        assert (tokens.tolist(), rows.tolist()) == expected
+        assert largest == ((max(expected[0]), max(expected[1])) if sched.size else (0, 0))
 
 
 @given(st.lists(st.integers(0, 300), max_size=8), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 16]))

@@ -109,7 +109,32 @@ def test_make_batch_packs_one_buffer_and_counts_local_tokens_like_the_layout():
     assert batch.slot_mapping.tolist() == [*range(40), *[cfg.pad_slot_id] * (batch.slot_mapping.numel() - 40)]
 
 
+def test_mrv2_make_batch_is_one_staged_copy_whose_views_equal_the_cpu_batch(fake_gpu):
+    cfg = pcp_fn.mrv2.MRV2Config(2, 0, 8, 64)
+    arrays = ([1, 2, 13], [9, 40, 0], [9, 30, 13])
+    for kwargs in ({}, dict(input_ids=range(16), positions=range(100, 116))):
+        staged = pcp_fn.mrv2.make_batch(cfg, *arrays, device="cuda", **kwargs)
+        leaves = [x for x in torch.utils._pytree.tree_leaves(staged) if isinstance(x, torch.Tensor)]
+        assert len({x.untyped_storage().data_ptr() for x in leaves}) == 1  # views of one copy
+        assert tree_equal(staged, pcp_fn.mrv2.make_batch(cfg, *arrays, **kwargs))
+    assert [kind for kind, _ in _FakeEvent.log].count("record") == 2
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+def test_mrv2_make_batch_on_cuda_copies_from_pinned_memory_and_survives_a_slow_stream():
+    dev = torch.device("cuda")
+    cfg = pcp_fn.mrv2.MRV2Config(2, 0, 8, 64)
+    steps = [([1 + k % 3, 5 + k], [9, 0], [9, 5 + k]) for k in range(6)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # keep the stream busy: the copies below queue behind it
+    on_gpu = [pcp_fn.mrv2.make_batch(cfg, *arrays, device=dev) for arrays in steps]
+    torch.cuda.synchronize()
+    for arrays, batch in zip(steps, on_gpu):
+        assert batch.is_prefilling.device.type == "cuda"
+        assert tree_equal(to_device(batch, "cpu"), pcp_fn.mrv2.make_batch(cfg, *arrays))
 
 
 @cuda

@@ -5,7 +5,9 @@ per-request arrays, counts every rank's local tokens and segments (O(P * R)
 integer arithmetic on arrays the host already has, vLLM's
 ``PCPManager.get_num_tokens_for_dispatch``), picks or checks the graph bucket,
 pads the per-token arrays to the bucket's ``F_b`` global token rows and moves
-everything to the device. Per-token work all happens on the device.
+everything to the device in one copy (from a pinned staging buffer on a GPU or
+NPU, :mod:`pcp_fn.core.staging`). Per-token work all happens on the device,
+except the default positions (``num_computed + offset``).
 
     >>> cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=16)
     >>> num_tokens_for_dispatch(cfg, [3, 8], [False, True])   # decode 3 + prefill 8 -> 3 + 4
@@ -25,8 +27,9 @@ import numpy as np
 import torch
 
 from ..core.buckets import Bucket
-from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_bools, host_ints
+from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_bools, host_int_rows, host_ints
 from ..core.pytree import pytree_dataclass, static_field
+from ..core.staging import host_buffer, to_device
 from . import host
 from .config import MRV2Config
 
@@ -172,7 +175,7 @@ def _token_array(
     """Validate a per-token array of ``total <= n <= T`` entries.
 
     Host data (lists, numpy arrays, CPU tensors) is read and checked value by
-    value (``[0, maximum]``) and returned as ``[rows]`` int64 numpy; a tensor on
+    value (``[0, maximum]``) and returned as int64 numpy, its first ``rows`` entries; a tensor on
     another device is never read: its dtype must be one of ``dtypes`` (no cast
     that could wrap a value), and it is returned as a ``[rows]`` device tensor.
     Only padding entries (past ``total <= rows``) are cut or added.
@@ -195,10 +198,7 @@ def _token_array(
             )
         out = values[:rows].to(device=device, dtype=dtypes[0])
         return None, torch.nn.functional.pad(out, (0, rows - out.shape[0]))
-    arr = host_ints(name, values, maximum=maximum)
-    host = np.zeros(rows, dtype=np.int64)
-    host[: min(n, rows)] = arr[:rows]
-    return host, None
+    return host_ints(name, values, maximum=maximum)[:rows], None
 
 
 def make_batch(
@@ -235,7 +235,12 @@ def make_batch(
             request``.
         bucket: the graph bucket ``(local request rows, local tokens per
             rank)``; default the smallest configured one holding every rank.
-        device: where the batch lives (default CPU).
+        device: where the batch lives (default CPU). Everything the host
+            supplies is packed into one buffer and moved in one copy (on a GPU
+            or NPU, one non-blocking copy from a pinned staging buffer that is
+            not refilled while the copy may still read it); every leaf of the
+            batch is a view of the device buffer (a captured graph refreshes
+            it with one copy).
 
     Raises:
         TypeError: ``config`` not an :class:`MRV2Config`, ``bucket`` not a
@@ -251,76 +256,153 @@ def make_batch(
             request capacity below the local requests of a rank, or a bucket
             beyond the capacities.
     """
-    _check_config(config)
-    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = host_ints("num_computed_tokens", num_computed_tokens)
-    plen = host_ints("prefill_len", prefill_len)
-    arrays = dict(num_scheduled_tokens=sched, num_computed_tokens=comp, prefill_len=plen)
-    pf = None if is_prefilling is None else host_bools("is_prefilling", is_prefilling)
-    mapping = None if idx_mapping is None else host_ints("idx_mapping", idx_mapping)
-    if pf is not None:
-        arrays["is_prefilling"] = pf
-    if mapping is not None:
-        arrays["idx_mapping"] = mapping
-    num_reqs = check_same_length(**arrays)
-    seq_end = comp + sched
-    over = np.flatnonzero(seq_end > INT32_MAX)
-    if over.size:
-        i = int(over[0])
+    if type(config) is not MRV2Config:
+        _check_config(config)
+    counts = (num_scheduled_tokens, num_computed_tokens, prefill_len)
+    if idx_mapping is None:
+        names = _COUNTS
+    else:
+        names, counts = _COUNTS_AND_MAPPING, (*counts, idx_mapping)
+    arrays, rows, top = host_int_rows(names, counts)  # [k, n] int64, each in [0, INT32_MAX]
+    num_reqs = rows.shape[1]
+    if is_prefilling is not None:
+        pf = host_bools("is_prefilling", is_prefilling)
+        if pf.shape[0] != num_reqs:
+            check_same_length(**dict(zip(names, arrays)), is_prefilling=pf)
+    if top[0] + top[1] > INT32_MAX:  # only then can a sequence length overflow
+        seq_end = rows[1] + rows[0]
+        i = int(np.flatnonzero(seq_end > INT32_MAX)[0])
         raise ValueError(
             f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
             f"limit {INT32_MAX} (request {i}'s sequence length, vLLM's seq_lens_cpu_upper_bound)"
         )
-    if pf is None:
-        pf = comp < plen
-    if mapping is None:
-        mapping = np.arange(num_reqs, dtype=np.int64)
     R, T = config.max_num_reqs, config.max_num_tokens
     if num_reqs > R:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {R}")
-    total = int(sched.sum())
+    sched = rows[0]
+    total = int(np.add.reduce(sched))
     if total > T:
         raise ValueError(f"num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}")
+    if is_prefilling is None:
+        pf = rows[1] < rows[2]
 
-    tokens, segments = rank_counts(config, sched, pf)
-    need_tokens = int(tokens.max()) if num_reqs else 0
-    need_reqs = max(int(segments.max()) if num_reqs else 0, 1)
+    if config.shard_decode_requests or np.count_nonzero(pf):
+        need_tokens, need_reqs = host.largest_rank(config, sched, pf, total)
+    else:  # no prefill, replicated: every rank holds every non-empty request
+        need_tokens, need_reqs = total, np.count_nonzero(sched)
+    need_reqs = max(need_reqs, 1)  # a rank without tokens keeps a placeholder row
     if bucket is None:
         bucket = config.bucket_for(need_reqs, need_tokens)
     else:
         check_bucket(config, bucket, need_tokens, need_reqs)
 
-    F = token_rows(config, bucket)
-    dev = torch.device(device) if device is not None else torch.device("cpu")
-    host_ids, dev_ids = (None, None)
+    F = min(T, config.pcp_size * bucket.num_tokens)  # token_rows(config, bucket)
+    dev = _CPU if device is None else torch.device(device)
+    ids, dev_ids = (None, None)
     if input_ids is not None:
-        host_ids, dev_ids = _token_array("input_ids", input_ids, total, T, F, (torch.int32,), INT32_MAX, dev)
-    host_pos, dev_pos = (None, None)
+        ids, dev_ids = _token_array("input_ids", input_ids, total, T, F, (torch.int32,), INT32_MAX, dev)
+    pos, dev_pos = (None, None)
     if positions is not None:
-        host_pos, dev_pos = _token_array(
+        pos, dev_pos = _token_array(
             "positions", positions, total, T, F, (torch.int64, torch.int32), INT32_MAX - 1, dev
         )
-    elif total:
-        starts = np.cumsum(sched) - sched
-        host_pos = np.zeros(F, dtype=np.int64)
-        host_pos[:total] = np.repeat(comp, sched) + np.arange(total) - np.repeat(starts, sched)
 
-    # one int32 copy of the per-request arrays (and host ids), one int64 copy of host positions
-    host = np.zeros(5 * R + 1 + (F if dev_ids is None else 0), dtype=np.int32)
-    for k, arr in enumerate((sched, comp, plen, pf, mapping)):
-        host[k * R : k * R + num_reqs] = arr
-    host[5 * R] = num_reqs
-    if host_ids is not None:
-        host[5 * R + 1 :] = host_ids
-    packed = torch.from_numpy(host).to(dev)
-    ids = dev_ids if dev_ids is not None else packed[5 * R + 1 :]
-    if dev_pos is not None:
-        pos = dev_pos
-    elif host_pos is not None:
-        pos = torch.from_numpy(host_pos).to(dev)
-    else:
-        pos = torch.zeros(F, dtype=torch.int64, device=dev)
-    return unpack_batch(config, bucket, packed, ids, pos)
+    # One host buffer, one copy (int32 words): [F int64 positions | 5R + 1 per-request rows and
+    # num_reqs (unpack_batch's layout) | F input ids | R bools is_prefilling]; the parts a device
+    # tensor supplies are left out.
+    pos_words = 0 if dev_pos is not None else 2 * F
+    ids_words = 0 if dev_ids is not None else F
+    ids_at = pos_words + 5 * R + 1
+    flags_at = ids_at + ids_words
+    host_words = host_buffer(flags_at + (R + 3) // 4, np.int32, dev)
+    host_pos = host_words[:pos_words].view(np.int64)
+    if dev_pos is None:
+        if pos is not None:
+            host_pos[: pos.shape[0]] = pos
+            host_pos[pos.shape[0] :] = 0
+        else:
+            _default_positions(host_pos, rows, top[0], total)
+    per_request = host_words[pos_words:ids_at]
+    table = per_request[: 5 * R].reshape(5, R)
+    table[:3, :num_reqs] = rows[:3]
+    table[3, :num_reqs] = pf
+    table[4, :num_reqs] = rows[3] if idx_mapping is not None else _arange(R)[:num_reqs]
+    if num_reqs < R:
+        table[:, num_reqs:] = 0
+    per_request[5 * R] = num_reqs
+    host_ids = host_words[ids_at:flags_at]
+    if dev_ids is None:
+        if ids is not None:
+            host_ids[: ids.shape[0]] = ids
+            host_ids[ids.shape[0] :] = 0
+        else:
+            host_ids.fill(0)
+    flags = host_words[flags_at:].view(np.bool_)[:R]
+    flags[:num_reqs] = pf
+    flags[num_reqs:] = False
+
+    batch = _new(GlobalBatch)  # validated above: no dataclass __init__ to repeat the work
+    fields = batch.__dict__
+    fields["config"] = config
+    fields["bucket"] = bucket
+    if dev.type == "cpu":  # the tensors are views of the fresh host buffer
+        from_numpy = torch.from_numpy
+        sched_d, comp_d, plen_d, mapping_d = (from_numpy(table[k]) for k in (0, 1, 2, 4))
+        reqs_d = from_numpy(per_request[5 * R :].reshape(()))
+        flags_d = from_numpy(flags)
+        if dev_pos is None:
+            dev_pos = from_numpy(host_pos)
+        if dev_ids is None:
+            dev_ids = from_numpy(host_ids)
+    else:  # one copy (staged through pinned memory off the CPU), then views of the device buffer
+        parts = to_device(host_words, dev).split_with_sizes(
+            [pos_words, R, R, R, R, R, 1, ids_words, host_words.shape[0] - flags_at]
+        )
+        pos_part, sched_d, comp_d, plen_d, _, mapping_d, reqs_d, ids_part, flags_part = parts
+        reqs_d, flags_d = reqs_d.view(()), flags_part.view(torch.bool)[:R]
+        if dev_pos is None:
+            dev_pos = pos_part.view(torch.int64)
+        if dev_ids is None:
+            dev_ids = ids_part
+    fields["num_reqs"] = reqs_d
+    fields["num_scheduled"] = sched_d
+    fields["num_computed"] = comp_d
+    fields["prefill_len"] = plen_d
+    fields["is_prefilling"] = flags_d
+    fields["idx_mapping"] = mapping_d
+    fields["input_ids"] = dev_ids
+    fields["positions"] = dev_pos
+    return batch
+
+
+def _default_positions(out: np.ndarray, rows: np.ndarray, most: int, total: int) -> None:
+    """``out [F]`` int64: ``num_computed + offset inside the request`` for the ``total`` tokens, then 0."""
+    sched, comp = rows[0], rows[1]
+    if most <= 1 and total == sched.shape[0]:  # one token a request: its position is num_computed
+        out[:total] = comp
+    elif total:  # token t of the request starting at token s: num_computed + t - s
+        shift = comp + sched
+        shift -= sched.cumsum()
+        np.add(shift.repeat(sched), _arange(total), out=out[:total])
+    out[total:] = 0
+
+
+_ARANGES: dict[int, np.ndarray] = {}
+
+
+def _arange(n: int) -> np.ndarray:
+    """A shared read-only ``np.arange(n)`` int64 (callers slice it)."""
+    got = _ARANGES.get(n)
+    if got is None:
+        got = _ARANGES[n] = np.arange(n, dtype=np.int64)
+        got.flags.writeable = False
+    return got
+
+
+_new = object.__new__
+_CPU = torch.device("cpu")
+_COUNTS = ("num_scheduled_tokens", "num_computed_tokens", "prefill_len")
+_COUNTS_AND_MAPPING = (*_COUNTS, "idx_mapping")
 
 
 def unpack_batch(

@@ -29,7 +29,7 @@ scheduler's per-request arrays with the same rules, vectorised over requests:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -114,9 +114,104 @@ def local_segments(
 def counts(
     config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``([P], [P])``: local tokens and local segments (request rows) of every rank."""
-    seg = local_segments(config, 0, num_scheduled, is_prefilling)
-    return seg.per_rank_num_tokens, seg.per_rank_num_reqs
+    """``([P], [P])`` int64: local tokens and local segments (request rows) of every rank.
+
+    The counts of :func:`local_segments` without listing any rank's segments:
+    replicated requests are counted as a whole, only the split prefills are cut.
+    """
+    n = np.asarray(num_scheduled)
+    split = _split(config, n, np.asarray(is_prefilling, dtype=np.bool_))
+    ns = n[split]
+    if config.shard_decode_requests:
+        tokens, rows = _sharded(config, n[np.greater(n > 0, split)])
+    else:  # every rank holds every non-empty replicated request
+        P = config.pcp_size
+        tokens = np.full(P, np.add.reduce(n, dtype=np.int64) - np.add.reduce(ns, dtype=np.int64))
+        rows = np.full(P, np.count_nonzero(n) - np.count_nonzero(ns), dtype=np.int64)
+    if ns.size:
+        split_tokens, split_rows = _split_counts(config, ns)
+        tokens, rows = tokens + np.asarray(split_tokens), rows + np.asarray(split_rows)
+    return tokens, rows
+
+
+def largest_rank(
+    config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray, total: int
+) -> tuple[int, int]:
+    """``(tokens, rows)``: the most local tokens and the most local request rows of any rank
+    (:func:`counts`' maxima; ``total = sum(num_scheduled)``), what the host boundary needs to
+    pick a bucket: a few numpy calls on ``[R]``, then the split prefills one by one (or as
+    ``[2P, S]`` when there are many)."""
+    n = num_scheduled
+    split = _split(config, n, is_prefilling)
+    ns = n[split]
+    if config.shard_decode_requests:
+        tokens, rows = _sharded(config, n[np.greater(n > 0, split)])
+        if ns.size:
+            split_tokens, split_rows = _split_counts(config, ns)
+            tokens, rows = tokens + split_tokens, rows + split_rows
+        return int(tokens.max()), int(rows.max())
+    rows = np.count_nonzero(n) - np.count_nonzero(ns)  # replicated: on every rank
+    if not ns.size:
+        return total, rows
+    split_tokens, split_rows = _split_counts(config, ns)
+    # every split token is on exactly one rank: the replicated ones are total - sum(split_tokens)
+    return total - sum(split_tokens) + max(split_tokens), rows + max(split_rows)
+
+
+def _split(config: MRV2Config, n: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
+    """``[R]`` bool: the request is a split prefill (or an empty prefill: it counts for nothing)."""
+    if config.dcp_size > 1:  # a prefill whose last chunk would be empty is replicated
+        C = config.num_chunks
+        return prefilling & ((C - 1) * ((n + (C - 1)) // C) < n)
+    return prefilling
+
+
+def _sharded(config: MRV2Config, replicated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([P], [P])`` tokens and rows of the non-empty replicated requests (in order) dealt
+    round-robin: the ``j``-th goes to rank ``j % P``."""
+    P, k = config.pcp_size, replicated.size
+    per_rank = np.zeros(-(-k // P) * P, dtype=np.int64)
+    per_rank[:k] = replicated
+    return np.add.reduce(per_rank.reshape(-1, P), axis=0), k // P + (np.arange(P) < k % P)
+
+
+_CHUNKS: dict[int, np.ndarray] = {}
+FEW_PREFILLS = 16  # up to this many split prefills, Python integers beat numpy's per-call cost
+
+
+def _split_counts(config: MRV2Config, ns: np.ndarray) -> tuple[Any, Any]:
+    """``([P], [P])`` tokens and rows the split prefills ``ns [S]`` put on every rank (lists of
+    ints for a few prefills, int64 arrays for many).
+
+    A prefill of ``n`` tokens is ``f = n // c`` full chunks of ``c = ceil(n / 2P)``, then
+    ``r = n - f * c`` (chunk ``f``, when ``r > 0``); rank ``q`` holds chunks ``q`` and ``2P-1-q``.
+    """
+    P, C = config.pcp_size, config.num_chunks
+    if ns.size <= FEW_PREFILLS:
+        tokens, rows = [0] * P, [0] * P
+        for n in ns.tolist():
+            if not n:  # an empty prefill has no chunk
+                continue
+            c = -(-n // C)
+            full, rest = divmod(n, c)
+            for q in range(P):
+                held = (q < full) + (C - 1 - q < full)  # full chunks among its head and tail
+                tokens[q] += held * c
+                rows[q] += held
+            if rest:  # the partial chunk's rank
+                q = full if full < P else C - 1 - full
+                tokens[q] += rest
+                rows[q] += 1
+        return tokens, rows
+    chunks = _CHUNKS.get(P)
+    if chunks is None:  # [2P, 1]: rank q's head chunk q, then its tail chunk 2P-1-q
+        q = np.arange(P, dtype=np.int64)
+        chunks = _CHUNKS[P] = np.concatenate([q, C - 1 - q])[:, None]
+    size = (ns + (C - 1)) // C
+    lengths = np.minimum(np.maximum(ns - chunks * size, 0), size)  # [2P, S]: cut at the end
+    tokens = np.add.reduce(lengths, axis=1)
+    rows = np.add.reduce(lengths > 0, axis=1)
+    return tokens[:P] + tokens[P:], rows[:P] + rows[P:]
 
 
 def dcp_rank0_seq_lens(seq_lens: np.ndarray, dcp_size: int, interleave: int) -> np.ndarray:

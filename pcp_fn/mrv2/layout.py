@@ -27,8 +27,10 @@ Every rank's rows are *segments* of global requests (vLLM ``RankSegment``),
 A replicated row is written to the KV cache (and read back by
 ``hidden_restore_idx``) from rank 0's copy only; a sharded decode from its owner.
 
-All ranks' segment tables are ``[P, 2R]`` (sorted request, head/tail): the
-layout needs every rank, the local batch one row of it.
+Every rank's segments are computed at once, in wide ``[P, 2, R, 2]`` tables
+(rank, group, request, head/tail), and compacted into each rank's local order
+by one prefix sum and one scatter (:func:`segments`): the layout needs every
+rank, the local batch one row of it.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ from __future__ import annotations
 from typing import ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from ..core.buckets import Bucket
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass, static_field
-from ..core.ragged import expand_runs, offsets, scatter_to
+from ..core.ragged import offsets, scatter_to, segment_of
 from ..core.rank import rank_leaf
 from .batch import GlobalBatch, check_global_batch, make_batch, token_rows
 from .config import MRV2Config
@@ -147,103 +150,133 @@ def check_state(state: object, op: str) -> MRV2State:
 
 
 class Segments(NamedTuple):
-    """Every rank's segments, ``[P, 2R]`` int64 in each rank's local order
-    (sorted request ``j``, head at ``2j``, tail at ``2j + 1``)."""
+    """Every rank's segments in its local order: ``[P, Rl]`` each, row ``k`` is the rank's
+    ``k``-th local request row (views of one int32 table, see :func:`segments`).
 
-    request: torch.Tensor  # global batch row of the segment
-    offset: torch.Tensor  # first token inside the request
-    length: torch.Tensor  # tokens (0: no segment)
+    Rows past a rank's segments hold 0, except row 0 of a rank without any: the
+    placeholder of global row 0 (vLLM's ``PCPManager.partition_batch``), with
+    request 0's ``start``, ``prefill_len``, ``idx_mapping`` and ``request_len``
+    and no token.
+    """
+
+    start: torch.Tensor  # host start position: num_computed + first token inside the request
+    prefill_len: torch.Tensor  # the request's prompt length
+    idx_mapping: torch.Tensor  # the request's state index
+    request: torch.Tensor  # global batch row
     global_start: torch.Tensor  # first global (scheduler-order) token
-    local_start: torch.Tensor  # first local row on its rank
-    written: torch.Tensor  # bool: this copy writes the KV cache
+    written: torch.Tensor  # 1: this copy writes the KV cache
+    request_len: torch.Tensor  # num_computed + num_scheduled of the whole request
+    length: torch.Tensor  # tokens
 
 
-def _stable_partition(first: torch.Tensor) -> torch.Tensor:
-    """``[n]`` order listing the rows where ``first`` holds, then the others, each in row order."""
-    a = first.to(torch.int64)
-    before = torch.cumsum(a, 0) - a  # rows of the first group before this one
-    others_before = torch.arange(a.shape[0], device=a.device) - before
-    dest = torch.where(first, before, a.sum() + others_before)
-    rows = torch.arange(a.shape[0], device=a.device)
-    return scatter_to(dest, torch.ones_like(first), rows, a.shape[0])
+class Compacted(NamedTuple):
+    """:func:`segments`' result."""
+
+    table: torch.Tensor  # [8, P, Rl + 1] int32: the Segments channels, then one empty row per rank
+    count: torch.Tensor  # [P] int64 segments (local request rows) of each rank
+    ids: torch.Tensor  # int32 arange(max(2, P, R, Rl + 1)), shared by the callers
 
 
-def segments(config: MRV2Config, batch: GlobalBatch) -> Segments:
-    """All ranks' segments of ``batch`` (module docstring for the rules)."""
-    P, C = config.pcp_size, config.num_chunks
-    n = batch.num_scheduled.to(torch.int64)
-    prefilling = batch.is_prefilling
-    token_start = offsets(n)[:-1]
-    c = (n + C - 1) // C
-    replicated = ~prefilling
-    if config.dcp_size > 1:
-        replicated = replicated | ((C - 1) * c >= n)
-    live = replicated & (n > 0)
-    ordinal = torch.cumsum(live.to(torch.int64), 0) - live.to(torch.int64)
+def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
+    """Every rank's segments of ``batch`` compacted in its local order (module docstring for
+    the rules): :class:`Segments` channels ``[8, P, Rl]``, then one empty row per rank.
 
-    # Local order: non-prefilling rows first, then prefilling, each by row.
-    order = _stable_partition(~prefilling)
-    n, c, replicated = n[order], c[order], replicated[order]
-    token_start, owner = token_start[order], ordinal[order] % P
-
-    q = torch.arange(P, dtype=torch.int64, device=n.device)[:, None]
-    head_off = torch.where(replicated, 0, q * c)
-    tail_off = (C - 1 - q) * c
-    if config.shard_decode_requests:
-        rep_len = torch.where(q == owner, n, 0)
-    else:
-        rep_len = n.expand(P, -1)
-    # a chunk is cut at the request's end: min(max(n - offset, 0), c)
-    head_len = torch.where(replicated, rep_len, torch.minimum((n - head_off).clamp(min=0), c))
-    tail_len = torch.where(replicated, 0, torch.minimum((n - tail_off).clamp(min=0), c))
+    Every (rank, request, head/tail) slot is a chunk ``k`` of ``size`` tokens cut at the
+    request's end, ``length = clamp(n - k * size, 0, size)``: a split prefill's head and
+    tail are chunks ``q`` and ``2P-1-q`` of ``ceil(n / 2P)``; a replicated request takes
+    ``size = n`` and chunk 0 (head) on its ranks, chunk 1 (empty) elsewhere. One prefix
+    sum over ``[P, group, R, head/tail]`` (non-prefilling requests first) numbers the
+    non-empty slots in local order, and one scatter compacts every channel (row 0 of the
+    scatter is a trash row for the empty slots; a batch has at most ``2R`` rows a rank,
+    and :func:`pcp_fn.mrv2.make_batch` checked that ``Rl`` holds them).
+    """
+    P, C, R, Rl = config.pcp_size, config.num_chunks, config.max_num_reqs, batch.bucket.num_reqs
+    n, prefilling = batch.num_scheduled, batch.is_prefilling
+    ids = torch.arange(max(2, P, R, Rl + 1), dtype=torch.int32, device=n.device)
+    group, q = ids[:2], ids[:P, None, None]  # group: also the replicated chunks [head, tail]
+    c = (n + (C - 1)) // C
+    split = prefilling
+    if config.dcp_size > 1:  # a prefill whose last chunk would be empty is replicated
+        split = prefilling & ((C - 1) * c < n)
+    rep_chunk = group
+    if config.shard_decode_requests:  # the j-th non-empty replicated request lives on rank j % P only
+        ordinal = torch.cumsum((n > 0) > split, 0, dtype=torch.int32) - 1
+        rep_chunk = (q != ordinal[:, None] % P) | group.bool()  # [P, R, 2]
+    split_chunk = torch.stack([q, (C - 1) - q], -1).view(P, 1, 2)
+    chunk = torch.where(split[:, None], split_chunk, rep_chunk)  # [P, R, 2]
+    size = torch.where(split, c, n)[:, None]
+    rest = torch.addcmul(n[:, None], chunk, size, value=-1)  # tokens from the chunk's start on
+    length = torch.minimum(rest.clamp(min=0), size)
     if config.shard_decode_requests:  # a sharded request lives on its owner only: every copy writes
-        written = torch.ones_like(head_len, dtype=torch.bool)
+        written = torch.ones((), dtype=torch.bool, device=n.device)
     else:  # rank 0's copy of a replicated request writes
-        written = ~replicated | (q == 0)
-
-    pair = lambda a, b: torch.stack(torch.broadcast_tensors(a, b), dim=-1).flatten(-2)  # noqa: E731
-    offset = pair(head_off, tail_off)
-    length = pair(head_len, tail_len)
-    return Segments(
-        request=pair(order, order).expand(P, -1),
-        offset=offset,
-        length=length,
-        global_start=pair(token_start, token_start) + offset,
-        local_start=torch.cumsum(length, 1) - length,
-        written=pair(written, written),
+        written = split[:, None] | (q == 0)
+    request_len = batch.num_computed + n
+    token_end = torch.cumsum(n, 0, dtype=torch.int32)
+    channels = (
+        request_len[:, None] - rest,  # start: num_computed + the chunk's offset
+        batch.prefill_len[:, None],
+        batch.idx_mapping[:, None],
+        ids[:R, None],  # request
+        token_end[:, None] - rest,  # global start
+        written,
+        request_len[:, None],
+        length,
     )
+    K = len(channels)
+    table = torch.stack(torch.broadcast_tensors(*channels)).to(torch.int32).view(K, P, 2 * R)
+
+    # local row (1-based; 0: empty) of each slot: one prefix sum over [P, group, R, 2] (the
+    # channels are not laid out per group too: that would save the where, at twice the data)
+    nonempty = length > 0
+    grouped = nonempty[:, None] & (prefilling[:, None] == group[:, None, None])  # [P, 2, R, 2]
+    numbered = torch.cumsum(grouped.view(P, 4 * R), 1).view(P, 2, R, 2)
+    row = torch.where(prefilling[:, None], numbered[:, 1], numbered[:, 0]) * nonempty
+    # rank 0's head slot of request 0 is the placeholder (start = num_computed[0]), without its length
+    target = F.pad(table[:-1, 0, :1], (1, 2 * R, 0, 1))  # [K, 2R + 2]: trash, placeholder, 0 ..
+    index = row.view(1, P, 2 * R).expand(K, -1, -1)
+    compact = target[:, None].expand(-1, P, -1).scatter(2, index, table)
+    return Compacted(compact[:, :, 1 : Rl + 2], numbered[:, -1, -1, -1], ids)
 
 
 class Built(NamedTuple):
     layout: MRV2Layout
-    segments: Segments
+    table: torch.Tensor  # [8, P, Rl] int32: every rank's Segments channels (one tensor, one select)
+    count: torch.Tensor  # [P] int64 local request rows of each rank (0: only the placeholder)
+    query_start_loc: torch.Tensor  # [P, Rl + 1] int64 first local row of each segment, then the total
+    valid: torch.Tensor  # [P*Lp] bool, the gathered row holds a token
+    ids: torch.Tensor  # int32 arange of at least Rl + 1
 
 
 def build(config: MRV2Config, batch: GlobalBatch) -> Built:
     """The layout of ``batch`` at its bucket (``Lp = batch.bucket.num_tokens``) and the
-    segment tables it came from. ``batch`` must already be checked against ``config``."""
-    P, Lp = config.pcp_size, batch.bucket.num_tokens
-    seg = segments(config, batch)
-    per_rank = seg.length.sum(1)
+    segment tables it came from. ``batch`` must already be checked against ``config``.
 
-    # Paint the P*Lp gathered rows run by run: global token = row + shift.
-    q = torch.arange(P, dtype=torch.int64, device=per_rank.device)[:, None]
-    starts = q * Lp + seg.local_start
-    values = torch.stack([seg.global_start - starts, seg.written.to(torch.int64)])
-    shift, written = expand_runs(starts.flatten(), values.flatten(1), P * Lp)
-    row = torch.arange(P * Lp, dtype=torch.int64, device=per_rank.device)
-    valid = (row % Lp) < per_rank[row // Lp]
-    gather = torch.where(valid, row + shift, 0)
-    write = valid & (written > 0)
+    The gathered rows are painted segment by segment: rank ``q``'s local rows start at
+    gathered row ``q * Lp``, one search of the ``P * (Rl + 1)`` segment starts (each
+    rank's empty last row starts at its end) finds the last segment starting at or
+    before each row, and one gather reads its global-token shift, written flag and
+    length (0: the row is padding).
+    """
+    P, Lp, Rl = config.pcp_size, batch.bucket.num_tokens, batch.bucket.num_reqs
+    table, count, ids = segments(config, batch)
+    seg = Segments(*table)
+    qsl = offsets(seg.length[:, :Rl])  # [P, Rl + 1] int64
+    row = torch.arange(P * Lp, dtype=torch.int64, device=qsl.device)
+    starts = torch.add(qsl, row[:P, None], alpha=Lp)  # gathered row of each segment start (Lp >= 1)
+    paint = torch.stack([seg.global_start - starts, seg.written, seg.length]).view(3, -1)
+    painted = paint.index_select(1, segment_of(starts.view(-1)[1:], row))
+    write, valid = (painted[1:] > 0).unbind(0)
+    gather = (row + painted[0]) * valid
     layout = MRV2Layout(
-        per_rank_num_tokens=per_rank,
-        num_tokens=batch.num_scheduled.to(torch.int64).sum(),
+        per_rank_num_tokens=qsl[:, -1],
+        num_tokens=batch.num_scheduled.sum(dtype=torch.int64),
         # every global token has exactly one writing copy: invert gather on the written rows
         hidden_restore_idx=scatter_to(gather, write, row, token_rows(config, batch.bucket)),
         padded_gather_idx=gather,
         gathered_kv_write_mask=write,
     )
-    return Built(layout, seg)
+    return Built(layout, table[:, :, :Rl], count, qsl, valid, ids)
 
 
 @entry_op

@@ -25,7 +25,7 @@ import torch
 from ..core.buckets import Bucket
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass, static_field
-from ..core.ragged import offsets, scatter_to
+from ..core.ragged import take
 from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
 from .batch import GlobalBatch, check_global_batch
@@ -97,21 +97,11 @@ class LocalBatch:
     gather_idx: torch.Tensor
 
 
-def gathered_padding(config: MRV2Config, per_rank_num_tokens: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[P*rows]`` bool: gathered row ``q*rows + l`` is padding (``l >= per_rank_num_tokens[q]``)."""
-    row = torch.arange(config.pcp_size * rows, dtype=torch.int64, device=per_rank_num_tokens.device)
-    return (row % rows) >= per_rank_num_tokens[row // rows]
-
-
 def expand_moe_padding(config: MRV2Config, is_padding: torch.Tensor) -> torch.Tensor:
     """vLLM ``PCPManager.moe_is_padding``: a capture/dummy mask ``[L]``, identical on every
     rank, tiled to the ``[P*L]`` rows the MoE routes; unchanged without
     ``moe_gathers_tokens``. ``P = 2``: ``[F, T]`` -> ``[F, T, F, T]``."""
     return is_padding.repeat(config.pcp_size) if config.moe_gathers_tokens else is_padding
-
-
-def _rank_row(seg: Segments, rank: int | torch.Tensor) -> Segments:
-    return Segments(*(select_rank(t, rank) for t in seg))
 
 
 @entry_op
@@ -138,71 +128,57 @@ def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2St
     lay = built.layout
     P, Lp, Rl = cfg.pcp_size, global_batch.bucket.num_tokens, global_batch.bucket.num_reqs
     rank = state.pcp_rank
-    mine = _rank_row(built.segments, rank)
-    dev = lay.per_rank_num_tokens.device
+    mine = Segments(*select_rank(built.table, rank, 1))  # [Rl] each (one select for a tensor rank)
+    qsl = select_rank(built.query_start_loc, rank)
+    count = select_rank(built.count, rank)
 
     # token rows: gather the global arrays, zero the padding
     gather_idx = select_rank(lay.padded_gather_idx.view(P, Lp), rank)
-    num_tokens = select_rank(lay.per_rank_num_tokens, rank)
-    is_padding = torch.arange(Lp, device=dev) >= num_tokens
-    input_ids = torch.where(is_padding, 0, global_batch.input_ids[gather_idx])
-    positions = torch.where(is_padding, 0, global_batch.positions[gather_idx])
+    valid = select_rank(built.valid.view(P, Lp), rank)
+    input_ids = global_batch.input_ids.index_select(0, gather_idx) * valid
+    positions = global_batch.positions.index_select(0, gather_idx) * valid
 
-    # request rows: compact the non-empty segments (they are already in local order)
-    nonempty = mine.length > 0
-    dest = torch.cumsum(nonempty.to(torch.int64), 0) - nonempty.to(torch.int64)
-    count = nonempty.sum()
-    segment_ids = torch.arange(nonempty.shape[0], dtype=torch.int64, device=dev)
-    seg_of_row = scatter_to(dest, nonempty & (dest < Rl), segment_ids, Rl)
-    k = torch.arange(Rl, dtype=torch.int64, device=dev)
-    real = k < count
-    num_reqs = count.clamp(min=1)
-    live = k < num_reqs  # the real rows, or the placeholder row 0 (global row 0, no tokens)
-    req = torch.where(real, mine.request[seg_of_row], 0)
-    length = torch.where(real, mine.length[seg_of_row], 0)
-    start = torch.where(
-        live, global_batch.num_computed[req] + torch.where(real, mine.offset[seg_of_row], 0), 0
-    )
-
-    qsl = offsets(length)
-    last = (qsl[1:] - 1).clamp(0, Lp - 1)
-    seq_lens = torch.where(real, positions[last] + 1, 0)
-    prefill_len = torch.where(live, global_batch.prefill_len[req], 0)
-    computed_prefill = torch.minimum(start, prefill_len)
-    is_prefilling = live & (computed_prefill < prefill_len)
+    # request rows: the segments come compacted in local order; row 0 of a rank without any is
+    # the placeholder (global row 0, no token), rows past num_reqs are 0
+    k = built.ids[: Rl + 1]
+    real = k[:Rl] < count
+    # last local position + 1 of each real row
+    qsl32 = qsl.to(torch.int32)
+    last = qsl32[1:] - 1
+    seq_lens = torch.addcmul(real, take(positions, last), real)
+    computed_prefill = torch.minimum(mine.start, mine.prefill_len)
+    is_prefilling = computed_prefill < mine.prefill_len
 
     dcp_bound = None
     if cfg.dcp_size > 1:
         # the largest DCP shard (DCP rank 0's) of the whole request, the same on every PCP rank
-        request_len = global_batch.num_computed[req] + global_batch.num_scheduled[req]
-        shard = cp_local_seq_lens(request_len, 1, cfg.dcp_size, cfg.cp_interleave)[:, 0, 0]
-        dcp_bound = torch.where(live, shard, 0).to(torch.int32)
-    moe = gathered_padding(cfg, lay.per_rank_num_tokens, Lp) if cfg.moe_gathers_tokens else None
+        shard = cp_local_seq_lens(mine.request_len, 1, cfg.dcp_size, cfg.cp_interleave)[:, 0, 0]
+        dcp_bound = shard.to(torch.int32)
+    moe = ~built.valid if cfg.moe_gathers_tokens else None
 
     i32 = torch.int32
-    qsl32 = qsl.to(i32)
     local = LocalBatch(
         bucket=global_batch.bucket,
-        num_reqs=num_reqs,
-        num_tokens=num_tokens,
-        global_batch_req_idx=req,
-        idx_mapping=torch.where(live, global_batch.idx_mapping[req], 0),
-        num_scheduled_tokens=length.to(i32),
-        num_computed_tokens=start.to(i32),
+        num_reqs=count.clamp(min=1),
+        num_tokens=qsl[-1],
+        global_batch_req_idx=mine.request.to(torch.int64),
+        idx_mapping=mine.idx_mapping,
+        num_scheduled_tokens=mine.length,
+        num_computed_tokens=mine.start,
         query_start_loc=qsl32,
         seq_lens=seq_lens.to(i32),
-        seq_lens_cpu_upper_bound=(start + length).to(i32),
+        seq_lens_cpu_upper_bound=mine.start + mine.length,
         dcp_local_seq_lens_cpu_upper_bound=dcp_bound,
-        prefill_len=prefill_len.to(i32),
-        num_computed_prefill_tokens=computed_prefill.to(i32),
+        prefill_len=mine.prefill_len,
+        num_computed_prefill_tokens=computed_prefill,
         is_prefilling=is_prefilling,
         has_prefill=is_prefilling.any(),
         input_ids=input_ids,
         positions=positions,
-        is_padding=is_padding,
+        is_padding=~valid,
         moe_is_padding=moe,
-        logits_indices=qsl32[1:] - 1,
-        cu_num_logits=torch.arange(Rl + 1, dtype=i32, device=dev).clamp(max=count.to(i32)),
+        logits_indices=last,
+        cu_num_logits=k.clamp(max=count),
         gather_idx=gather_idx,
     )
     return MRV2State(config=cfg, bucket=global_batch.bucket, rank=state.rank, layout=lay), local
