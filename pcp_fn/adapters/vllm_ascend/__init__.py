@@ -25,13 +25,14 @@ from ..vllm_manager import VllmApi
 from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
 from .manager import FunctionalDCSManager
-from .manager_v2 import AscendApi, make_functional_ascend_manager
+from .manager_v2 import AscendApi, PCPAttentionContext, make_functional_ascend_manager
 
 __all__ = [
     "AscendApi",
     "FunctionalAscendPCPManager",
     "FunctionalDCSManager",
     "PCPAsyncSpecDecodeRebuildResult",
+    "PCPAttentionContext",
     "PCPSpecDecodeFirstPassInputs",
     "PCPSpecDecodeMTPInputs",
     "install",
@@ -52,6 +53,7 @@ def __getattr__(name: str) -> type:
     from vllm.v1.worker.gpu.pcp_manager import PCPManager
     from vllm_ascend.worker.v2.attn_utils import build_attn_state
     from vllm_ascend.worker.v2.input_batch import AscendInputBuffers
+    from vllm_ascend.worker.v2.pcp_manager import AscendPCPAttentionContext
 
     cls = make_functional_ascend_manager(
         VllmApi(
@@ -65,6 +67,7 @@ def __getattr__(name: str) -> type:
             AscendInputBuffers=AscendInputBuffers,
             build_attn_state=build_attn_state,
             get_pp_group=lambda: parallel_state.get_pp_group(),
+            AttentionContext=AscendPCPAttentionContext,
         ),
     )
     cls.__module__ = __name__
