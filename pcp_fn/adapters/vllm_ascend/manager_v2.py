@@ -334,7 +334,8 @@ def make_functional_ascend_manager(
             if spec:
                 Lp = local.num_tokens_after_padding
                 if Lp > num_local:  # vllm-ascend re-gathers the ids: padding rows read global token 0
-                    ib.input_ids[num_local:Lp].copy_(g.input_ids[:1].expand(Lp - num_local))
+                    with self._pcp._guard():
+                        ib.input_ids[num_local:Lp].copy_(g.input_ids[:1].expand(Lp - num_local))
                 local_drafts = drafts.astype(np.int32)[self._local_rows]
                 changes.update(
                     num_draft_tokens=int(local_drafts.sum()), num_draft_tokens_per_req=local_drafts
@@ -348,7 +349,8 @@ def make_functional_ascend_manager(
                         f"input_batch.query_start_loc_np ends at {restore_rows} tokens; "
                         f"max_num_tokens is {self.max_num_tokens}"
                     )
-                self._hidden_restore_idx[g.num_tokens : restore_rows].zero_()
+                with self._pcp._guard():
+                    self._hidden_restore_idx[g.num_tokens : restore_rows].zero_()
 
             graph_tokens = g.num_tokens_after_padding
             token_sized = (
@@ -407,12 +409,16 @@ def make_functional_ascend_manager(
                     f"decode graph's {reqs} request rows need {reqs + 1}"
                 )
             num_local, n = local.num_tokens, local.num_reqs
-            ib.input_ids[num_local:tokens].zero_()
-            ib.positions[num_local:tokens].zero_()
-            ib.is_padding[num_local:tokens].fill_(True)
-            ib.seq_lens[n:reqs].zero_()
             qsl = ib.query_start_loc[: reqs + 1]
-            qsl.copy_(torch.from_numpy(qsl_np), non_blocking=True)
+            with self._pcp._guard():  # fixed-shape device writes only
+                ib.input_ids[num_local:tokens].zero_()
+                ib.positions[num_local:tokens].zero_()
+                ib.is_padding[num_local:tokens].fill_(True)
+                ib.seq_lens[n:reqs].zero_()
+                if g.query_start_loc.shape[0] > reqs:  # the device twin of query_start_loc_np
+                    qsl.copy_(g.query_start_loc[: reqs + 1])
+            if g.query_start_loc.shape[0] <= reqs:
+                qsl.copy_(torch.from_numpy(qsl_np), non_blocking=True)
             upper = torch.zeros(reqs, dtype=local.seq_lens_cpu_upper_bound.dtype)
             upper[:n] = local.seq_lens_cpu_upper_bound[:n]
             return dict(
@@ -449,10 +455,11 @@ def make_functional_ascend_manager(
                     f"the layout's {width} local tokens exceed the decode graph's "
                     f"input_batch.num_tokens_after_padding={graph}"
                 )
-            compact = slots.view(K, P, width).clone()  # the source overlaps the destination
-            grid = out.view(K, P, graph)
-            grid[:, :, width:].fill_(PAD)
-            grid[:, :, :width].copy_(compact)
+            with self._pcp._guard():
+                compact = slots.view(K, P, width).clone()  # the source overlaps the destination
+                grid = out.view(K, P, graph)
+                grid[:, :, width:].fill_(PAD)
+                grid[:, :, :width].copy_(compact)
             return out
 
         def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -469,22 +476,23 @@ def make_functional_ascend_manager(
             return its zeroed block tables and ``PAD_SLOT_ID`` slot mappings."""
             ib = self._input_buffers
             t, r = input_batch.num_tokens_after_padding, input_batch.num_reqs_after_padding
-            torch._foreach_copy_(
-                [
-                    ib.input_ids[:t],
-                    ib.positions[:t],
-                    ib.is_padding[:t],
-                    ib.query_start_loc[: r + 1],
-                    ib.seq_lens[:r],
-                ],
-                [
-                    input_batch.input_ids,
-                    input_batch.positions,
-                    input_batch.is_padding,
-                    input_batch.query_start_loc,
-                    input_batch.seq_lens,
-                ],
-            )
+            with self._pcp._guard():
+                torch._foreach_copy_(
+                    [
+                        ib.input_ids[:t],
+                        ib.positions[:t],
+                        ib.is_padding[:t],
+                        ib.query_start_loc[: r + 1],
+                        ib.seq_lens[:r],
+                    ],
+                    [
+                        input_batch.input_ids,
+                        input_batch.positions,
+                        input_batch.is_padding,
+                        input_batch.query_start_loc,
+                        input_batch.seq_lens,
+                    ],
+                )
             ib.seq_lens_np[:r] = input_batch.seq_lens_np[:r]
             return self.get_dummy_block_tables(r), self.get_dummy_slot_mappings(t)
 
@@ -577,7 +585,9 @@ def make_functional_ascend_manager(
                 return hidden_states
             gathered = vllm_api.get_pcp_group().all_gather(hidden_states, dim=0)
             n, rows = self._restored_rows()
-            return _zero_padding_rows(self._pcp.restore(self._layout_rows(gathered), rows), n, rows)
+            restored = self._pcp.restore(self._layout_rows(gathered), rows)
+            with self._pcp._guard():
+                return _zero_padding_rows(restored, n, rows)
 
         def restore_hidden_state_buffer(self, hidden_states: torch.Tensor) -> None:
             """Restore a model-owned buffer in place: its first ``Lp`` rows (the layout's local
@@ -606,9 +616,10 @@ def make_functional_ascend_manager(
             )
             n, rows = self._restored_rows()
             hidden, aux = self._pcp.restore_for_sampling(gathered, aux, rows)
-            hidden = _zero_padding_rows(hidden, n, rows)
-            if aux is not None:
-                aux = [_zero_padding_rows(a, n, rows) for a in aux]
+            with self._pcp._guard():
+                hidden = _zero_padding_rows(hidden, n, rows)
+                if aux is not None:
+                    aux = [_zero_padding_rows(a, n, rows) for a in aux]
             return hidden, aux, g
 
         def restore_draft_prefill(
@@ -627,10 +638,10 @@ def make_functional_ascend_manager(
             other = last if same else self._layout_rows(group.all_gather(hidden_states, dim=0))
             n, rows = self._restored_rows()
             last, other = self._pcp.restore_draft_prefill(last, other, rows)
-            last = _zero_padding_rows(last, n, rows)
-            if same:
-                return last, last
-            return last, _zero_padding_rows(other, n, rows)
+            with self._pcp._guard():
+                last = _zero_padding_rows(last, n, rows)
+                other = last if same else _zero_padding_rows(other, n, rows)
+            return last, other
 
     FunctionalAscendPCPManager.__name__ = FunctionalAscendPCPManager.__qualname__ = name
     return FunctionalAscendPCPManager
