@@ -207,7 +207,9 @@ def backend(mod: types.ModuleType, graph_backend: str | None) -> tuple[lockstep.
             AttentionContext=mod.AscendPCPAttentionContext,
         ),
     )
-    adapter = type(adapter.__name__, (adapter,), {"graph_backend": graph_backend, "check_host_syncs": True})
+    # the host-sync detector is a dispatch mode, which torch.compile refuses: eager only
+    settings = {"graph_backend": graph_backend, "check_host_syncs": graph_backend is None}
+    adapter = type(adapter.__name__, (adapter,), settings)
     api = types.SimpleNamespace(
         InputBatch=AscendInputBatch, CUDAGraphMode=CUDAGraphMode, PAD_SLOT_ID=PAD_SLOT_ID
     )

@@ -53,7 +53,11 @@ def __getattr__(name: str) -> type:
     from vllm.v1.worker.gpu.pcp_manager import PCPManager
     from vllm_ascend.worker.v2.attn_utils import build_attn_state
     from vllm_ascend.worker.v2.input_batch import AscendInputBuffers
-    from vllm_ascend.worker.v2.pcp_manager import AscendPCPAttentionContext
+
+    try:  # the attention builders' own record type, where this vllm-ascend has it
+        from vllm_ascend.worker.v2.pcp_manager import AscendPCPAttentionContext as context
+    except ImportError:
+        context = PCPAttentionContext
 
     cls = make_functional_ascend_manager(
         VllmApi(
@@ -67,7 +71,7 @@ def __getattr__(name: str) -> type:
             AscendInputBuffers=AscendInputBuffers,
             build_attn_state=build_attn_state,
             get_pp_group=lambda: parallel_state.get_pp_group(),
-            AttentionContext=AscendPCPAttentionContext,
+            AttentionContext=context,
         ),
     )
     cls.__module__ = __name__
