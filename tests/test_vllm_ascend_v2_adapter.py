@@ -2,10 +2,13 @@
 
 No vllm and no vllm-ascend: the class is built by
 ``make_functional_ascend_manager`` over ``vllm_standin`` (vLLM's and
-vllm-ascend's names) and driven by the vLLM lockstep driver against the slow
-oracle, extended with what vllm-ascend's ``AscendPCPManager`` adds to the local
-batch (``seq_lens_np``, ``attn_state``, local draft counts) computed here in
-plain Python.
+vllm-ascend's names) and driven by the V2 lockstep driver
+(``ascend_v2_lockstep``: the V2 runner's call order, every method) against
+:class:`AscendOracle`: the slow MRV2 oracle (``oracle_vllm`` / ``oracle_mrv2``)
+plus what vllm-ascend's ``AscendPCPManager`` adds, in plain Python. The same
+driver runs against vllm-ascend's own class in
+``tools/check_ascend_v2_manager_against_reference.py`` (vLLM 0.32.0 and the
+reference source needed: a tool, since tests read nothing outside the repository).
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ import numpy as np
 import pytest
 import torch
 import vllm_standin as standin
+from ascend_v2_lockstep import AscendBackend, PPGroup, PrefixGroup, build_attn_state, run_ascend_lockstep
 from oracle_vllm import OracleManager
-from vllm_lockstep import Backend, Case, run_lockstep
+from vllm_lockstep import Case
 
-from pcp_fn.adapters.vllm_ascend import AscendApi, make_functional_ascend_manager
+from pcp_fn.adapters.vllm_ascend import AscendApi, PCPAttentionContext, make_functional_ascend_manager
 from pcp_fn.adapters.vllm_manager import VllmApi
 
 Mode = standin.CUDAGraphMode
+GROUP = PrefixGroup()
+PP = PPGroup()
 
 API = SimpleNamespace(
     InputBatch=standin.AscendInputBatch,
@@ -31,26 +37,30 @@ API = SimpleNamespace(
     CUDAGraphMode=Mode,
     BatchExecutionDescriptor=standin.BatchExecutionDescriptor,
     PAD_SLOT_ID=standin.PAD_SLOT_ID,
-    get_pcp_group=standin.get_pcp_group,
+    get_pcp_group=lambda: GROUP,
 )
 
-AscendManager = make_functional_ascend_manager(
-    VllmApi(
-        PCPManager=standin.PCPManager,
-        InputBuffers=standin.InputBuffers,
-        CUDAGraphMode=Mode,
-        PAD_SLOT_ID=standin.PAD_SLOT_ID,
-        get_pcp_group=standin.get_pcp_group,
-    ),
-    AscendApi(
-        AscendInputBuffers=standin.AscendInputBuffers,
-        build_attn_state=standin.build_attn_state,
-        get_pp_group=standin.get_pp_group,
-    ),
-)
-StandinAscendManager = type(
-    "StandinAscendManager", (AscendManager,), {"graph_backend": None, "check_host_syncs": True}
-)
+
+def ascend_manager(
+    build_state=standin.build_attn_state, group=standin.get_pcp_group, pp=standin.get_pp_group
+):
+    cls = make_functional_ascend_manager(
+        VllmApi(
+            PCPManager=standin.PCPManager,
+            InputBuffers=standin.InputBuffers,
+            CUDAGraphMode=Mode,
+            PAD_SLOT_ID=standin.PAD_SLOT_ID,
+            get_pcp_group=group,
+        ),
+        AscendApi(
+            AscendInputBuffers=standin.AscendInputBuffers, build_attn_state=build_state, get_pp_group=pp
+        ),
+    )
+    return type("StandinAscendManager", (cls,), {"graph_backend": None, "check_host_syncs": True})
+
+
+StandinAscendManager = ascend_manager()
+LockstepAscendManager = ascend_manager(build_attn_state, lambda: GROUP, lambda: PP)
 
 
 def vllm_config(mode=Mode.FULL, **overrides):
@@ -69,99 +79,242 @@ def vllm_config(mode=Mode.FULL, **overrides):
     return config
 
 
-def _from_desc(kw: dict) -> dict:
-    """The vLLM-shaped constructor arguments of the lockstep driver, as vllm-ascend's runner passes
-    them (no ``shard_decode_requests``: vllm-ascend's base replicates decodes)."""
-    assert kw.pop("shard_decode_requests") is False
-    return {**kw, "req_states": object()}
-
-
-class LockstepAscend(StandinAscendManager):
-    """The driver calls ``partition_batch(batch, desc)``: the runner's arguments from the descriptor."""
-
-    def partition_batch(self, input_batch, desc=None, padded_num_reqs=None):
-        if not isinstance(desc, standin.BatchExecutionDescriptor):
-            return super().partition_batch(input_batch, desc, padded_num_reqs)
-        tokens = None if desc.cg_mode == Mode.NONE else desc.num_tokens
-        reqs = desc.num_reqs if desc.cg_mode == Mode.FULL else None
-        return super().partition_batch(input_batch, tokens, reqs)
-
-
-def make_adapter(**kw):
-    manager = LockstepAscend(**_from_desc(kw))
-    manager.vllm_config = vllm_config(Mode.FULL)
-    return manager
+# --------------------------------------------------------------------------- the oracle
 
 
 class AscendOracle(OracleManager):
-    """The oracle's local batch plus vllm-ascend's additions, in plain Python."""
+    """vllm-ascend's ``AscendPCPManager`` in plain Python: the slow MRV2 oracle's local batch
+    (decodes replicated) plus the Ascend additions. Values only: fresh tensors every call."""
 
-    def __init__(self, **kw):
-        super().__init__(API, **kw)
-        self._slots = self._slots.to(kw["block_tables"].slot_mappings.dtype)
+    vllm_config = None
 
-    def partition_batch(self, g, desc):
+    def __init__(self, req_states=None, **kw):
+        super().__init__(API, shard_decode_requests=False, **kw)
+        self.pcp_world_size, self.pcp_rank = self.P, self.rank
+        self.dcp_world_size, self.dcp_rank, self.cp_interleave = (
+            self.dcp,
+            kw.get("dcp_rank", 0),
+            self.interleave,
+        )
+        dtype = kw["block_tables"].slot_mappings.dtype
+        self._slots = self._slots.to(dtype)
+        self.input_buffers = standin.AscendInputBuffers(2 * self.R, self.T, self.device)
+        self.input_buffers.query_start_loc = self.input_buffers.query_start_loc[:-1]
+        self.restore_idx: list[int] = []
+        self.Lp = 0
+
+    @property
+    def is_last_pp_rank(self):
+        return PP.is_last_rank
+
+    def partition_batch(self, g, padded_num_tokens=None, padded_num_reqs=None):
+        pf = [bool(x) for x in g.is_prefilling_np]
+        decode_only, spec = not any(pf), g.num_draft_tokens > 0
+        if spec and any(int(d) for d, p in zip(g.num_draft_tokens_per_req, pf) if p):
+            raise NotImplementedError("draft tokens on prefill")
+        if padded_num_reqs is not None and not decode_only:
+            desc = SimpleNamespace(cg_mode=Mode.FULL, num_tokens=padded_num_tokens, num_reqs=padded_num_reqs)
+        elif spec or padded_num_tokens is None:
+            desc = SimpleNamespace(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None)
+        else:
+            desc = SimpleNamespace(cg_mode=Mode.PIECEWISE, num_tokens=padded_num_tokens, num_reqs=None)
         local = super().partition_batch(g, desc)
-        n, padded = local.num_reqs, local.num_reqs_after_padding
-        seq = [int(c) + int(s) for c, s in zip(local.num_computed_tokens_np, local.num_scheduled_tokens)]
-        seq_np = np.array(seq + [0] * (padded - n) if padded > n else seq, dtype=np.int32)
-        valid = local.num_scheduled_tokens
-        changes = dict(seq_lens_np=seq_np)
-        if g.num_draft_tokens:
+        self.Lp = local.num_tokens_after_padding
+        n, num_local, total = local.num_reqs, local.num_tokens, g.num_tokens
+        rows = int(g.query_start_loc_np[-1])
+        self.restore_idx = list(self.layout.hidden_restore_idx) + [0] * (rows - total)
+        changes = {}
+        if spec:  # padding rows of the layout read global token 0
+            ids = local.input_ids.tolist()
+            ids[num_local:] = [int(g.input_ids[0])] * (len(ids) - num_local)
+            local.input_ids.copy_(torch.tensor(ids, dtype=torch.int32))
             by_id = dict(zip(g.req_ids, (int(d) for d in g.num_draft_tokens_per_req)))
             drafts = np.array([by_id[r] for r in local.req_ids], dtype=np.int32)
             changes.update(num_draft_tokens=int(sum(drafts.tolist())), num_draft_tokens_per_req=drafts)
-            valid = valid - drafts
-        changes["attn_state"] = standin.build_attn_state(
-            None, np.array(seq, np.int32), n, local.num_scheduled_tokens, valid
+        G = g.num_tokens_after_padding
+        fdo = self.vllm_config.compilation_config.cudagraph_mode == Mode.FULL_DECODE_ONLY
+        graph_reqs = G if decode_only and fdo and not spec else g.num_reqs_after_padding
+        if decode_only and (G > local.num_tokens_after_padding or graph_reqs > local.num_reqs_after_padding):
+            qsl = [int(x) for x in g.query_start_loc_np[: graph_reqs + 1]]
+            pad_t = lambda t, v: torch.tensor(t.tolist()[:num_local] + [v] * (G - num_local), dtype=t.dtype)  # noqa: E731
+            upper = local.seq_lens_cpu_upper_bound.tolist()[:n] + [0] * (graph_reqs - n)
+            changes.update(
+                num_reqs_after_padding=graph_reqs,
+                num_tokens_after_padding=G,
+                query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+                query_start_loc_np=np.array(qsl, dtype=np.int32),
+                seq_lens=torch.tensor(
+                    local.seq_lens.tolist()[:n] + [0] * (graph_reqs - n), dtype=torch.int32
+                ),
+                seq_lens_cpu_upper_bound=torch.tensor(upper, dtype=torch.int32),
+                dcp_local_seq_lens=None,
+                input_ids=pad_t(local.input_ids, 0),
+                positions=pad_t(local.positions, 0),
+                is_padding=torch.tensor([False] * num_local + [True] * (G - num_local)),
+            )
+        padded = changes.get("num_reqs_after_padding", local.num_reqs_after_padding)
+        seq = [int(c) + int(s) for c, s in zip(local.num_computed_tokens_np, local.num_scheduled_tokens)]
+        changes["seq_lens_np"] = np.array(seq + [0] * (padded - n), dtype=np.int32)
+        valid = local.num_scheduled_tokens
+        if spec:
+            valid = valid - changes["num_draft_tokens_per_req"]
+        changes["attn_state"] = build_attn_state(
+            self.vllm_config, np.array(seq, np.int32), n, local.num_scheduled_tokens, valid
         )
-        self.local = dataclasses.replace(local, **changes)
-        return self.local
+        if spec or "num_tokens_after_padding" in changes:
+            return dataclasses.replace(local, **changes)
+        for k, v in changes.items():
+            setattr(local, k, v)
+        return local
+
+    def prepare_attn(self, local):
+        tables, slots = super().prepare_attn(local)
+        g = self.global_batch
+        G, P = g.num_tokens_after_padding, self.P
+        if any(bool(x) for x in g.is_prefilling_np) or G <= g.num_tokens:
+            return tables, slots
+        X, pad = slots.shape[1] // P, self.api.PAD_SLOT_ID
+        rows = [
+            [v for q in range(P) for v in r[q * X : (q + 1) * X] + [pad] * (G - X)] for r in slots.tolist()
+        ]
+        return tables, torch.tensor(rows, dtype=slots.dtype)
+
+    def build_attention_context(self, batch=None, block_tables=None, slot_mappings=None):
+        if batch is not None and batch.is_dummy:
+            L, q = batch.num_tokens_after_padding, self.rank
+            return PCPAttentionContext(
+                global_batch=batch,
+                global_block_tables=block_tables,
+                global_slot_mappings=torch.tensor([r[q * L : (q + 1) * L] for r in slot_mappings.tolist()],
+                                                  dtype=slot_mappings.dtype),
+                hidden_restore_idx=torch.arange(q * L, q * L + L),
+            )  # fmt: skip
+        g, bt = self.global_batch, self.block_tables
+        slots = bt.compute_slot_mappings(
+            g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens_after_padding
+        )
+        num_blocks = None
+        if self.dcp > 1 and any(bool(x) for x in g.is_prefilling_np):
+            rows = [
+                [int(bt.num_blocks.np[k, s]) for s in g.idx_mapping_np[: g.num_reqs]]
+                for k in range(bt.num_kv_cache_groups)
+            ]
+            num_blocks = torch.tensor(rows, dtype=torch.int32)
+        return PCPAttentionContext(
+            global_batch=g,
+            global_block_tables=tuple(
+                t.clone() for t in bt.gather_block_tables(g.idx_mapping, g.num_reqs_after_padding)
+            ),
+            global_slot_mappings=slots.clone(),
+            hidden_restore_idx=torch.tensor(self.restore_idx, dtype=torch.int64),
+            padded_gather_idx=torch.tensor(self.layout.padded_gather_idx, dtype=torch.int64),
+            gathered_kv_write_mask=torch.tensor(self.layout.write_mask, dtype=torch.bool),
+            global_block_table_num_blocks=num_blocks,
+        )  # fmt: skip
+
+    def restore_hidden_states(self, hidden):
+        if not PP.is_last_rank or self.global_batch is None:
+            return hidden
+        g = self.global_batch
+        gathered = GROUP.all_gather(hidden, dim=0)
+        out = gathered[torch.tensor(self.restore_idx, dtype=torch.int64)]
+        if g.num_tokens != g.num_tokens_after_padding:
+            assert out.shape[0] == g.num_tokens_after_padding
+            out[g.num_tokens :] = 0
+        return out
+
+    def restore_hidden_state_buffer(self, hidden):
+        if PP.is_last_rank:
+            restored = self.restore_hidden_states(hidden[: self.Lp])
+            hidden[: restored.shape[0]] = restored
+
+    def restore_for_sampling(self, hidden, aux):
+        if not PP.is_last_rank:
+            return hidden, aux, self.global_batch
+        return super().restore_for_sampling(hidden, aux)
+
+    @staticmethod
+    def broadcast_replicated_hidden_states(last, hidden, num_tokens, replicated):
+        if not replicated:
+            return last, hidden
+        out = GROUP.broadcast(last[:num_tokens], src=0)
+        return out, out if hidden is last else GROUP.broadcast(hidden[:num_tokens], src=0)
+
+    def prepare_dummy_attn(self, batch):
+        ib, t, r = self.input_buffers, batch.num_tokens_after_padding, batch.num_reqs_after_padding
+        for f in ("input_ids", "positions", "is_padding"):
+            getattr(ib, f)[:t] = getattr(batch, f)
+        ib.query_start_loc[: r + 1] = batch.query_start_loc
+        ib.seq_lens[:r] = batch.seq_lens
+        ib.seq_lens_np[:r] = batch.seq_lens_np[:r]
+        return self.get_dummy_block_tables(r), self.get_dummy_slot_mappings(t)
 
 
-def ascend_backend() -> Backend:
-    oracle = lambda **kw: AscendOracle(**kw)  # noqa: E731
-    return Backend(
-        name="ascend-standin",
+def ascend_backend() -> AscendBackend:
+    return AscendBackend(
+        name="ascend-oracle",
         api=API,
         block_tables_cls=standin.AscendBlockTables,
-        make_reference=oracle,
-        make_adapter=make_adapter,
-        make_oracle=oracle,
-        reference_takes_full_mixed=True,
-        group=standin.PCP_GROUP,
+        make_reference=lambda **kw: AscendOracle(**kw),
+        make_adapter=lambda **kw: LockstepAscendManager(**kw),
+        group=GROUP,
+        pp=PP,
     )
 
 
 CASES = [
-    Case(P=2, shard=False, spec=1),
-    Case(P=3, shard=False, seed=2),
-    Case(P=4, shard=False, dcp=2, interleave=2, spec=2, seed=3),
+    (Case(P=2, shard=False, seed=1), "FULL_DECODE_ONLY"),
+    (Case(P=2, shard=False, spec=1, seed=2), "FULL"),
+    (Case(P=3, shard=False, seed=3), "PIECEWISE"),
+    (Case(P=3, shard=False, spec=2, seed=4), "NONE"),
+    (Case(P=4, shard=False, dcp=2, interleave=2, seed=6), "FULL_DECODE_ONLY"),
+    (Case(P=4, shard=False, spec=1, seed=7), "PIECEWISE"),
+    (Case(P=8, shard=False, dcp=4, seed=9, T=64), "NONE"),
+    (Case(P=8, shard=False, seed=10, T=64), "FULL"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"P{c.P}-dcp{c.dcp}-spec{c.spec}")
-def test_lockstep_against_oracle(case):
-    summary = run_lockstep(ascend_backend(), case)
-    assert summary.steps >= 12 and summary.mixed and summary.decode_only and summary.tail
-    assert set(summary.modes) == {"NONE", "PIECEWISE", "FULL"}, summary.modes
-    assert {"seq_lens_np", "attn_state", "num_draft_tokens_per_req"} <= summary.fields
+@pytest.mark.parametrize(
+    "case,graphs", CASES, ids=lambda x: x if isinstance(x, str) else f"P{x.P}-dcp{x.dcp}-spec{x.spec}"
+)
+def test_lockstep_against_oracle(case, graphs):
+    s = run_ascend_lockstep(ascend_backend(), dataclasses.replace(case, max_steps=24), graphs)
+    assert s.steps >= 12 and s.mixed and s.decode_only and s.dummies and s.off_last_stage and s.drafts
+    assert s.graph_padded, "no decode-only step was padded to its graph"
+    if graphs == "NONE":
+        assert s.rank_by_rank_slots, "no step laid the slot mappings out rank by rank"
+    if graphs == "FULL":
+        assert s.full_mixed, "no FULL graph of a mixed batch"
+    if case.spec:
+        assert s.spec
+    fields = {
+        "seq_lens_np",
+        "attn_state",
+        "num_draft_tokens_per_req",
+        "is_dummy",
+        "context.hidden_restore_idx",
+    }
+    assert fields <= s.fields
 
 
-def _manager(P=2, rank=0, R=4, T=16, mode=Mode.FULL_DECODE_ONLY):
-    bt = standin.AscendBlockTables([4], R, T, [8], torch.device("cpu"))
-    m = StandinAscendManager(P, rank, torch.device("cpu"), None, R, T, bt)
+def _manager(P=2, rank=0, R=4, T=16, mode=Mode.FULL_DECODE_ONLY, cls=StandinAscendManager):
+    bt = standin.AscendBlockTables([8], R, T, [8], torch.device("cpu"))
+    m = cls(P, rank, torch.device("cpu"), None, R, T, bt)
     m.vllm_config = vllm_config(mode)
     return m, bt
 
 
-def _decode_batch(n, padded_tokens, padded_reqs, drafts=None):
+def _decode_batch(n, padded_tokens, padded_reqs, drafts=None, fia=False):
+    """A decode-only global batch; ``fia``: vllm-ascend's uniform FIA padding (one token per
+    padding request, so ``query_start_loc_np[-1] == padded_tokens``)."""
     sched = np.full(n, 1 if drafts is None else 1 + drafts, np.int32)
     computed = np.arange(5, 5 + n, dtype=np.int32)
     total = int(sched.sum())
     qsl = np.full(padded_reqs + 1, total, np.int32)
     qsl[0] = 0
     np.cumsum(sched, out=qsl[1 : n + 1])
+    if fia:
+        qsl[n + 1 :] = total + np.arange(1, padded_reqs - n + 1)
     seq = np.zeros(padded_reqs, np.int32)
     seq[:n] = computed + sched
     pos = np.concatenate([np.arange(c, c + s) for c, s in zip(computed, sched)])
@@ -205,15 +358,21 @@ def _decode_batch(n, padded_tokens, padded_reqs, drafts=None):
 def test_full_decode_only_pads_requests_to_the_token_count():
     m, _ = _manager()
     seq_buf = m.input_buffers.seq_lens_np
-    g = _decode_batch(3, padded_tokens=8, padded_reqs=4)
-    local = m.partition_batch(g, padded_num_tokens=8, padded_num_reqs=4)
+    g = _decode_batch(3, padded_tokens=8, padded_reqs=8, fia=True)
+    local = m.partition_batch(g, padded_num_tokens=8, padded_num_reqs=8)
     assert (local.num_reqs, local.num_reqs_after_padding, local.num_tokens_after_padding) == (3, 8, 8)
     assert local.seq_lens_np.tolist() == [6, 7, 8, 0, 0, 0, 0, 0]
     assert np.shares_memory(local.seq_lens_np, seq_buf)
     assert local.seq_lens.tolist() == [6, 7, 8, 0, 0, 0, 0, 0]
-    assert local.query_start_loc_np.tolist() == [0, 1, 2, 3, 3, 3, 3, 3, 3]
+    # decodes are replicated: the global query layout (FIA padding requests included) is the local one
+    assert local.query_start_loc_np.tolist() == list(range(9)) == local.query_start_loc.tolist()
+    assert local.is_prefilling_np.shape == (3,)  # as vllm-ascend: the layout's rows
     assert local.attn_state is standin.AscendAttentionState.DecodeOnly
     assert m.input_buffers.query_start_loc.shape == (2 * 4 + 1,)  # vLLM's size, not the FIA slot
+    assert m.draft_prefill_batch is None and m._local_batch is not local  # the drafter's is the layout's
+    # a FULL_DECODE_ONLY graph's request rows are its tokens: the global batch must have them
+    with pytest.raises(ValueError, match="query_start_loc_np has 5 entries"):
+        _manager()[0].partition_batch(_decode_batch(3, padded_tokens=8, padded_reqs=4), 8, 4)
     # with drafts the request rows keep the request extent; draft counts and state follow
     m2, _ = _manager()
     g = _decode_batch(3, padded_tokens=8, padded_reqs=4, drafts=1)
@@ -224,13 +383,77 @@ def test_full_decode_only_pads_requests_to_the_token_count():
     assert local.attn_state is standin.AscendAttentionState.SpecDecoding
 
 
+def test_padded_decode_graph_restores_and_lays_out_slots_rank_by_rank():
+    """Eager data-parallel padding: 3 decodes, global graph of 5 tokens (one FIA dummy request)
+    on a 3-token layout. Slot mappings per rank: the 3 rows then padding; restores give 5 rows,
+    the last 2 zero, also into a model-owned buffer."""
+    P = 2
+    ms, bts = zip(*(_manager(P=P, rank=q, mode=Mode.NONE, cls=LockstepAscendManager) for q in range(P)))
+    for bt in bts:
+        for s in range(3):
+            bt.set_row(s, [[10 + s]])
+    g = _decode_batch(3, padded_tokens=5, padded_reqs=3)
+    g = dataclasses.replace(
+        g,
+        num_reqs_after_padding=4,
+        query_start_loc_np=np.array([0, 1, 2, 3, 5], np.int32),
+        query_start_loc=torch.tensor([0, 1, 2, 3, 5], dtype=torch.int32),
+        idx_mapping=torch.arange(3, dtype=torch.int64),
+    )
+    locals_ = [m.partition_batch(g) for m in ms]
+    assert [(b.num_tokens, b.num_tokens_after_padding, b.num_reqs_after_padding) for b in locals_] == [
+        (3, 5, 4)
+    ] * P
+    assert locals_[0].query_start_loc_np.tolist() == [0, 1, 2, 3, 5]
+    slots = [m.prepare_attn(b)[1] for m, b in zip(ms, locals_)]
+    row = [10 * 8 + 5, 11 * 8 + 6, 12 * 8 + 7]  # block size 8: slot = block * 8 + position
+    assert slots[0].tolist() == [row + [-1, -1] + [-1] * 5]  # replicated: rank 0 writes
+    ctx = ms[0].build_attention_context(locals_[0], None, None)
+    assert ctx.padded_gather_idx.tolist() == [0, 1, 2] * P  # the layout: 3 tokens per rank
+    assert ctx.hidden_restore_idx.tolist() == [0, 1, 2, 0, 0]
+    assert ctx.global_slot_mappings.tolist() == [row + [-1, -1]]
+    hidden = [torch.tensor([[1.0], [2.0], [3.0], [0.0], [0.0]]) + 10 * q for q in range(P)]
+    GROUP.stage(hidden)
+    try:
+        for q, m in enumerate(ms):
+            assert m.restore_hidden_states(hidden[q]).flatten().tolist() == [1, 2, 3, 0, 0]
+        buffers = [torch.cat([h[:3], torch.full((4, 1), 7.0)]) for h in hidden]
+        GROUP.stage(buffers)
+        ms[1].restore_hidden_state_buffer(buffers[1])
+        assert buffers[1].flatten().tolist() == [1, 2, 3, 0, 0, 7, 7]
+    finally:
+        GROUP.clear()
+
+
+def test_dummy_runs_stage_the_buffers_and_make_their_own_context():
+    m, _ = _manager(P=2, rank=1, cls=LockstepAscendManager)
+    g = _decode_batch(2, padded_tokens=4, padded_reqs=2)
+    dummy = dataclasses.replace(
+        g,
+        is_dummy=True,
+        seq_lens_np=np.array([3, 4], np.int32),
+        input_ids=torch.tensor([5, 6, 0, 0], dtype=torch.int32),
+    )
+    tables, slots = m.prepare_dummy_attn(dummy)
+    ib = m.input_buffers
+    assert ib.input_ids[:4].tolist() == [5, 6, 0, 0] and ib.seq_lens_np[:2].tolist() == [3, 4]
+    assert tables[0].shape == (2, 8) and not tables[0].any() and slots.shape == (1, 8) and (slots == -1).all()
+    ctx = m.build_attention_context(dummy, tables, slots)
+    assert ctx.global_batch is dummy and ctx.hidden_restore_idx.tolist() == [4, 5, 6, 7]
+    assert ctx.global_slot_mappings.shape == (1, 4) and ctx.padded_gather_idx is None
+    with pytest.raises(ValueError, match="needs block_tables"):
+        m.build_attention_context(dummy)
+    with pytest.raises(ValueError, match="num_reqs=9 exceeds"):
+        m.get_dummy_block_tables(9)
+
+
 def test_slot_mappings_in_the_block_tables_dtype_and_constructor():
     m, bt = _manager()
     bufs = m.persistent_buffers()
     assert bufs["global_slot_mappings"].dtype == bufs["gathered_slot_mappings"].dtype == torch.int32
     assert bt.slot_mappings.dtype == torch.int32 and m.req_states is None
     assert m.shard_decode_requests is False
-    with pytest.raises(RuntimeError, match="no batch was partitioned"):
+    with pytest.raises(RuntimeError, match="unavailable before partition_batch"):
         m.global_batch  # noqa: B018
 
 

@@ -162,6 +162,14 @@ class InputBatch:
         )
 
 
+class HostMirrored:
+    """vLLM's ``UvaBackedTensor``: one buffer seen as ``.gpu`` (a tensor) and ``.np`` (numpy)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.gpu = tensor
+        self.np = tensor.numpy()  # CPU only: the stand-in's tables live on the CPU
+
+
 class BlockTables:
     """Paged block tables in plain torch (the interface of ``vllm/v1/worker/gpu/block_table.py``).
 
@@ -191,8 +199,8 @@ class BlockTables:
         self.tables = [
             torch.zeros(max_num_reqs, b, dtype=torch.int32, device=device) for b in max_num_blocks_per_group
         ]
-        self.num_blocks = torch.zeros(
-            self.num_kv_cache_groups, max_num_reqs, dtype=torch.int64, device=device
+        self.num_blocks = HostMirrored(
+            torch.zeros(self.num_kv_cache_groups, max_num_reqs, dtype=torch.int32, device=device)
         )
         self.input_block_tables = [torch.zeros_like(t) for t in self.tables]
         self.slot_mappings = torch.zeros(
@@ -202,7 +210,7 @@ class BlockTables:
     def set_row(self, req_state_idx: int, block_ids: list[list[int]]) -> None:
         for g, ids in enumerate(block_ids):
             self.tables[g][req_state_idx, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
-            self.num_blocks[g, req_state_idx] = len(ids)
+            self.num_blocks.gpu[g, req_state_idx] = len(ids)
 
     def gather_block_tables(
         self,
@@ -216,7 +224,7 @@ class BlockTables:
         for g, (src, dst) in enumerate(zip(self.tables, out)):
             cols = torch.arange(src.shape[1], device=src.device)
             rows = src[idx_mapping]
-            valid = cols[None, :] < self.num_blocks[g, idx_mapping][:, None]
+            valid = cols[None, :] < self.num_blocks.gpu[g, idx_mapping][:, None]
             dst[:n] = torch.where(valid, rows, dst[:n])  # the kernel copies the valid blocks only
             dst[n:num_reqs_padded] = 0
         return tuple(t[:num_reqs_padded] for t in out)
@@ -359,6 +367,7 @@ class AscendInputBatch(InputBatch):
 
     seq_lens_np: np.ndarray | None = None
     attn_state: Any = None
+    is_dummy: bool = False
 
 
 class AscendBlockTables(BlockTables):

@@ -25,13 +25,14 @@ from ..vllm_manager import VllmApi
 from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
 from .manager import FunctionalDCSManager
-from .manager_v2 import AscendApi, make_functional_ascend_manager
+from .manager_v2 import AscendApi, PCPAttentionContext, make_functional_ascend_manager
 
 __all__ = [
     "AscendApi",
     "FunctionalAscendPCPManager",
     "FunctionalDCSManager",
     "PCPAsyncSpecDecodeRebuildResult",
+    "PCPAttentionContext",
     "PCPSpecDecodeFirstPassInputs",
     "PCPSpecDecodeMTPInputs",
     "install",
@@ -53,6 +54,11 @@ def __getattr__(name: str) -> type:
     from vllm_ascend.worker.v2.attn_utils import build_attn_state
     from vllm_ascend.worker.v2.input_batch import AscendInputBuffers
 
+    try:  # the attention builders' own record type, where this vllm-ascend has it
+        from vllm_ascend.worker.v2.pcp_manager import AscendPCPAttentionContext as context
+    except ImportError:
+        context = PCPAttentionContext
+
     cls = make_functional_ascend_manager(
         VllmApi(
             PCPManager=PCPManager,
@@ -65,6 +71,7 @@ def __getattr__(name: str) -> type:
             AscendInputBuffers=AscendInputBuffers,
             build_attn_state=build_attn_state,
             get_pp_group=lambda: parallel_state.get_pp_group(),
+            AttentionContext=context,
         ),
     )
     cls.__module__ = __name__
