@@ -30,6 +30,7 @@ per-token input must have exactly its bucket rows (:func:`check_rows`: a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ from ..core.checks import ArrayLike, host_ints
 from ..core.pytree import pytree_dataclass, static_field
 from ..dcs.batch import SchedulerBatch, make_batch, token_rows
 from ..dcs.config import PCPConfig
+from ..dcs.layout import RequestGeometry, state_geometry
 from ..dcs.state import PCPState
 
 
@@ -93,6 +95,21 @@ def check_rows(name: str, tensor: object, rows: int, what: str) -> None:
 def real_requests(state: PCPState) -> torch.Tensor:
     """``[R_b]`` bool: the rows of the state's bucket that are requests of its last update."""
     return torch.arange(state.bucket.num_reqs, device=state.device) < state.num_reqs
+
+
+class StateView(NamedTuple):
+    """What every spec op reads of the state's last update, built once per op (``spec_step``: once,
+    from its own step's geometry) rather than once per map it derives."""
+
+    geo: RequestGeometry  # the request geometry at the bucket's R_b rows (one scan: every start)
+    real: torch.Tensor  # [R_b] bool, rows that are requests of the last update
+
+
+def state_view(state: PCPState, geometry: RequestGeometry | None = None) -> StateView:
+    """:class:`StateView` of ``state``; ``geometry``: its :func:`pcp_fn.dcs.layout.state_geometry`
+    when the caller already has it (``spec_step``: the step's own)."""
+    geo = state_geometry(state) if geometry is None else geometry
+    return StateView(geo, geo.request_ids < state.num_reqs)
 
 
 def check_num_draft_tokens(config: PCPConfig, num_scheduled: np.ndarray, drafts: np.ndarray) -> None:
