@@ -22,7 +22,7 @@ on the device.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -164,6 +164,31 @@ def make_batch(
             ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
             too small. The message names the field and the limit.
     """
+    checked = check_batch_rows(
+        config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, slot_mapping, bucket
+    )
+    return pack_batch(config, checked, _CPU if device is None else torch.device(device))[0]
+
+
+class BatchRows(NamedTuple):
+    """The scheduler's arrays as :func:`check_batch_rows` validated them (host side of ``make_batch``)."""
+
+    rows: np.ndarray  # [3, n] int64 num_scheduled, num_computed, num_prompt
+    top: list[int]  # the maximum of each row
+    total: int  # scheduled tokens
+    bucket: Bucket
+    slots: np.ndarray | None  # [total] the slot mapping, or None
+
+
+def check_batch_rows(
+    config: PCPConfig,
+    num_scheduled_tokens: ArrayLike,
+    num_computed_tokens: ArrayLike,
+    num_prompt_tokens: ArrayLike,
+    slot_mapping: ArrayLike | None = None,
+    bucket: Bucket | None = None,
+) -> BatchRows:
+    """Every check of :func:`make_batch` (its arguments, its errors), and the bucket; nothing copied."""
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
     arrays, rows, top = host_int_rows(_COUNTS, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens))
@@ -216,17 +241,35 @@ def make_batch(
             )
     slots = None if slot_mapping is None else _host_slots(slot_mapping, total)
 
-    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | num_reqs]
+    return BatchRows(rows, top, total, bucket, slots)
+
+
+def pack_batch(
+    config: PCPConfig, checked: BatchRows, device: torch.device, extra: np.ndarray | None = None
+) -> tuple[SchedulerBatch, torch.Tensor | None]:
+    """The batch of ``checked`` on ``device`` in ONE copy, with ``extra`` per-request rows beside it.
+
+    ``extra``: ``[n]`` or ``[k, n]`` integer rows (values within int32, checked by the caller) a
+    boundary built on ``make_batch`` sends with the batch (the spec-decode draft counts); they
+    come back as an ``[R_b]`` or ``[k, R_b]`` int32 device tensor, zero past ``n`` (``None``
+    without ``extra``).
+    """
+    rows, total, bucket, slots = checked.rows, checked.total, checked.bucket, checked.slots
+    num_reqs = rows.shape[1]
+    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | k R_b extra
+    # rows | num_reqs]
     Rb = bucket.num_reqs
     F = 0 if slots is None else token_rows(config, bucket)
-    device = _CPU if device is None else torch.device(device)
-    host = host_buffer(2 * F + 3 * Rb + 1, np.int32, device)
+    C = 3 if extra is None else 3 + (1 if extra.ndim == 1 else extra.shape[0])
+    host = host_buffer(2 * F + C * Rb + 1, np.int32, device)
     if slots is not None:
         padded = host[: 2 * F].view(np.int64)
         padded[:total] = slots
         padded[total:] = config.pad_slot_id
-    counts = host[2 * F : 2 * F + 3 * Rb].reshape(3, Rb)
-    counts[:, :num_reqs] = rows
+    counts = host[2 * F : 2 * F + C * Rb].reshape(C, Rb)
+    counts[:3, :num_reqs] = rows
+    if extra is not None:
+        counts[3:, :num_reqs] = extra  # a 1-D row broadcasts
     if num_reqs < Rb:
         counts[:, num_reqs:] = 0
     host[-1] = num_reqs
@@ -234,12 +277,15 @@ def make_batch(
         from_numpy = torch.from_numpy
         slot_part = None if slots is None else from_numpy(padded)
         sched_d, comp_d, prompt_d = from_numpy(counts[0]), from_numpy(counts[1]), from_numpy(counts[2])
+        extra_d = None if extra is None else from_numpy(counts[3] if extra.ndim == 1 else counts[3:])
         reqs_d = from_numpy(host[-1:].reshape(()))
     else:  # one copy, then views of the device buffer
-        slot_part, sched_d, comp_d, prompt_d, reqs_d = to_device(host, device).split_with_sizes(
-            [2 * F, Rb, Rb, Rb, 1]
+        slot_part, sched_d, comp_d, prompt_d, extra_d, reqs_d = to_device(host, device).split_with_sizes(
+            [2 * F, Rb, Rb, Rb, (C - 3) * Rb, 1]
         )
         slot_part, reqs_d = slot_part.view(torch.int64), reqs_d.view(())
+        if extra is None or extra.ndim > 1:
+            extra_d = None if extra is None else extra_d.view(C - 3, Rb)
     batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
     fields = batch.__dict__
     fields["config"] = config.shared
@@ -249,7 +295,7 @@ def make_batch(
     fields["num_computed"] = comp_d
     fields["num_prompt"] = prompt_d
     fields["slot_mapping"] = None if slots is None else slot_part
-    return batch
+    return batch, extra_d
 
 
 _new = object.__new__

@@ -2,7 +2,8 @@
 
 ``make_spec_batch`` is ``make_batch`` plus the per-request draft counts: it
 validates them (and, given the token table, that the table is wide enough),
-and moves everything to the device in one copy. Inside the ops nothing reads a
+and moves everything to the device in one copy (``make_batch``'s packed,
+staged host buffer, with the draft counts beside the other per-request rows). Inside the ops nothing reads a
 value; each buffer has a static capacity derived from ``(config, bucket)``:
 
 ==================  =================================  ==========================================
@@ -38,7 +39,7 @@ import torch
 from ..core.buckets import Bucket
 from ..core.checks import ArrayLike, host_ints
 from ..core.pytree import pytree_dataclass, static_field
-from ..dcs.batch import SchedulerBatch, make_batch, token_rows
+from ..dcs.batch import SchedulerBatch, check_batch_rows, pack_batch, token_rows
 from ..dcs.config import PCPConfig
 from ..dcs.layout import RequestGeometry, state_geometry
 from ..dcs.state import PCPState
@@ -170,10 +171,16 @@ def make_spec_batch(
 ) -> tuple[SchedulerBatch, SpecInputs]:
     """``make_batch`` plus the draft counts, validated, in one host-to-device copy.
 
+    The draft counts travel in ``make_batch``'s packed host buffer (after the
+    per-request counts): one copy for the batch, its slot mapping and the
+    drafts, on a GPU or NPU a non-blocking one from a pinned staging buffer
+    (:mod:`pcp_fn.core.staging`). Every check is kept and vectorised; the
+    loops that name a bad entry run only once a check failed.
+
     Args:
         num_scheduled_tokens, num_computed_tokens, num_prompt_tokens,
             slot_mapping, bucket: as for :func:`pcp_fn.make_batch` (the slot
-            mapping, padded to ``[F_b]``, is a second copy).
+            mapping padded to ``[F_b]``).
         num_draft_tokens: draft tokens per request (``0 .. num_spec_tokens``,
             and at most ``num_scheduled - 1``).
         token_ids: the ``[rows, max_model_len]`` token table the spec ops will
@@ -191,45 +198,47 @@ def make_spec_batch(
         batch, spec = make_spec_batch(cfg, [2, 2, 8], [6, 8, 0], [6, 8, 8], [1, 1, 0])
         spec.num_draft_tokens      # [1, 1, 0, 0]  (bucket of 4 requests)
     """
-    host = make_batch(
-        config,
-        num_scheduled_tokens,
-        num_computed_tokens,
-        num_prompt_tokens,
-        slot_mapping=slot_mapping,
-        bucket=bucket,
+    checked = check_batch_rows(
+        config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, slot_mapping, bucket
     )
-    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = host_ints("num_computed_tokens", num_computed_tokens)
-    drafts = host_ints("num_draft_tokens", num_draft_tokens)
-    check_num_draft_tokens(config, sched, drafts)
+    rows, top = checked.rows, checked.top
+    n = rows.shape[1]
+    drafts = num_draft_tokens
+    if not _int_vector(drafts):
+        drafts = host_ints("num_draft_tokens", drafts)
+    # the common case in two reductions: drafts <= k (read unsigned: a negative one reads huge) and
+    # drafts <= n - 1; anything else (an empty request's 0 drafts too) takes the exact checks
+    if drafts.shape[0] != n or (
+        n
+        and (
+            _umax(drafts.view(f"u{drafts.itemsize}")) > config.num_spec_tokens or _smin(rows[0] - drafts) < 1
+        )
+    ):
+        check_num_draft_tokens(config, rows[0], host_ints("num_draft_tokens", drafts))
     shape = None
     if token_ids is not None:
-        shape = tuple(int(x) for x in (token_ids.shape if isinstance(token_ids, torch.Tensor) else token_ids))
-        check_token_table(shape, sched, comp)
+        if isinstance(token_ids, torch.Tensor):
+            shape = tuple(token_ids.shape)  # torch.Size: ints already
+        else:
+            shape = tuple(int(x) for x in token_ids)
+        if len(shape) != 2 or n > shape[0] or top[0] + top[1] > shape[1]:  # only then can a read miss it
+            check_token_table(shape, rows[0], rows[1])
+    device = _CPU if device is None else torch.device(device)
+    batch, extra = pack_batch(config, checked, device, drafts)
+    spec = _new(SpecInputs)  # checked above: no __init__ to repeat it
+    spec.__dict__.update(num_draft_tokens=extra, token_ids_shape=shape)
+    return batch, spec
 
-    Rb = host.bucket.num_reqs
-    padded = np.zeros(Rb, dtype=np.int32)
-    padded[: drafts.size] = drafts
-    # one buffer, one copy: the batch's [3*Rb + 1] then the drafts [Rb]
-    packed = torch.cat(
-        [
-            host.num_scheduled,
-            host.num_computed,
-            host.num_prompt,
-            host.num_reqs.reshape(1),
-            torch.from_numpy(padded),
-        ]
+
+def _int_vector(a: object) -> bool:
+    """A 1-D numpy array of an integer type whose values an int64 holds (not uint64)."""
+    return (
+        type(a) is np.ndarray
+        and a.ndim == 1
+        and (a.dtype.kind == "i" or (a.dtype.kind == "u" and a.dtype.itemsize < 8))
     )
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    dev = packed.to(device)
-    batch = SchedulerBatch(
-        config=host.config,
-        bucket=host.bucket,
-        num_reqs=dev[3 * Rb],
-        num_scheduled=dev[0:Rb],
-        num_computed=dev[Rb : 2 * Rb],
-        num_prompt=dev[2 * Rb : 3 * Rb],
-        slot_mapping=None if host.slot_mapping is None else host.slot_mapping.to(device),
-    )
-    return batch, SpecInputs(num_draft_tokens=dev[3 * Rb + 1 :], token_ids_shape=shape)
+
+
+_new = object.__new__
+_CPU = torch.device("cpu")
+_umax, _smin = np.maximum.reduce, np.minimum.reduce
