@@ -22,7 +22,8 @@ on the device.
 
 from __future__ import annotations
 
-from typing import NamedTuple, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -164,35 +165,37 @@ def make_batch(
             ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
             too small. The message names the field and the limit.
     """
-    checked = check_batch_rows(
-        config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, slot_mapping, bucket
-    )
-    return pack_batch(config, checked, _CPU if device is None else torch.device(device))[0]
+    return build_batch(
+        config, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens), device, slot_mapping, bucket
+    )[0]
 
 
-class BatchRows(NamedTuple):
-    """The scheduler's arrays as :func:`check_batch_rows` validated them (host side of ``make_batch``)."""
-
-    rows: np.ndarray  # [3, n] int64 num_scheduled, num_computed, num_prompt
-    top: list[int]  # the maximum of each row
-    total: int  # scheduled tokens
-    bucket: Bucket
-    slots: np.ndarray | None  # [total] the slot mapping, or None
-
-
-def check_batch_rows(
+def build_batch(
     config: PCPConfig,
-    num_scheduled_tokens: ArrayLike,
-    num_computed_tokens: ArrayLike,
-    num_prompt_tokens: ArrayLike,
+    counts: tuple[ArrayLike, ArrayLike, ArrayLike],
+    device: torch.device | str | None = None,
     slot_mapping: ArrayLike | None = None,
     bucket: Bucket | None = None,
-) -> BatchRows:
-    """Every check of :func:`make_batch` (its arguments, its errors), and the bucket; nothing copied."""
+    extra: tuple[tuple[str, ArrayLike], ...] = (),
+    check: Callable[[np.ndarray, list[int]], None] | None = None,
+) -> tuple[SchedulerBatch, tuple[torch.Tensor, ...]]:
+    """:func:`make_batch` of ``counts`` (scheduled, computed, prompt), with extra per-request rows.
+
+    A boundary built on ``make_batch`` (the spec-decode one) sends more per-request counts with
+    the batch in its one copy: ``extra`` holds ``(name, array)`` pairs, checked with the three
+    counts in one pass (1-D integers in ``[0, INT32_MAX]``, the batch's length), and returned as
+    one ``[R_b]`` int32 device tensor each, zero past ``num_reqs``. ``check(rows, top)`` runs
+    once every ``make_batch`` check passed, before anything is copied (``rows``: ``[3 + k, n]``
+    int64 the counts then the extra arrays, ``top`` their maxima): the boundary's own checks.
+    """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
-    arrays, rows, top = host_int_rows(_COUNTS, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens))
-    sched, comp, prompt = arrays  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
+    if extra:
+        names, counts = _COUNTS + tuple(n for n, _ in extra), counts + tuple(a for _, a in extra)
+    else:
+        names = _COUNTS
+    arrays, rows, top = host_int_rows(names, counts)
+    sched, comp, prompt = arrays[:3]  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
     num_reqs = rows.shape[1]
     if top[1] + top[0] > INT32_MAX:  # only then can a sequence length overflow
         seq_end = rows[1] + rows[0]
@@ -240,52 +243,39 @@ def check_batch_rows(
                 f"and not exceed the local capacity L={config.max_local_tokens}"
             )
     slots = None if slot_mapping is None else _host_slots(slot_mapping, total)
-
-    return BatchRows(rows, top, total, bucket, slots)
-
-
-def pack_batch(
-    config: PCPConfig, checked: BatchRows, device: torch.device, extra: np.ndarray | None = None
-) -> tuple[SchedulerBatch, torch.Tensor | None]:
-    """The batch of ``checked`` on ``device`` in ONE copy, with ``extra`` per-request rows beside it.
-
-    ``extra``: ``[n]`` or ``[k, n]`` integer rows (values within int32, checked by the caller) a
-    boundary built on ``make_batch`` sends with the batch (the spec-decode draft counts); they
-    come back as an ``[R_b]`` or ``[k, R_b]`` int32 device tensor, zero past ``n`` (``None``
-    without ``extra``).
-    """
-    rows, total, bucket, slots = checked.rows, checked.total, checked.bucket, checked.slots
-    num_reqs = rows.shape[1]
-    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | k R_b extra
-    # rows | num_reqs]
+    if check is not None:
+        check(rows, top)
+    C = rows.shape[0]
+    device = _CPU if device is None else torch.device(device)
+    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | the extra
+    # rows, R_b each | num_reqs]
     Rb = bucket.num_reqs
     F = 0 if slots is None else token_rows(config, bucket)
-    C = 3 if extra is None else 3 + (1 if extra.ndim == 1 else extra.shape[0])
     host = host_buffer(2 * F + C * Rb + 1, np.int32, device)
     if slots is not None:
         padded = host[: 2 * F].view(np.int64)
         padded[:total] = slots
         padded[total:] = config.pad_slot_id
-    counts = host[2 * F : 2 * F + C * Rb].reshape(C, Rb)
-    counts[:3, :num_reqs] = rows
-    if extra is not None:
-        counts[3:, :num_reqs] = extra  # a 1-D row broadcasts
+    per_request = host[2 * F : 2 * F + C * Rb].reshape(C, Rb)
+    per_request[:, :num_reqs] = rows
     if num_reqs < Rb:
-        counts[:, num_reqs:] = 0
+        per_request[:, num_reqs:] = 0
     host[-1] = num_reqs
     if device.type == "cpu":  # the tensors are views of the fresh host buffer
         from_numpy = torch.from_numpy
         slot_part = None if slots is None else from_numpy(padded)
-        sched_d, comp_d, prompt_d = from_numpy(counts[0]), from_numpy(counts[1]), from_numpy(counts[2])
-        extra_d = None if extra is None else from_numpy(counts[3] if extra.ndim == 1 else counts[3:])
+        sched_d, comp_d, prompt_d = (
+            from_numpy(per_request[0]),
+            from_numpy(per_request[1]),
+            from_numpy(per_request[2]),
+        )
+        extra_d = () if C == 3 else tuple([from_numpy(row) for row in per_request[3:]])
         reqs_d = from_numpy(host[-1:].reshape(()))
     else:  # one copy, then views of the device buffer
-        slot_part, sched_d, comp_d, prompt_d, extra_d, reqs_d = to_device(host, device).split_with_sizes(
-            [2 * F, Rb, Rb, Rb, (C - 3) * Rb, 1]
+        slot_part, sched_d, comp_d, prompt_d, *extra_d, reqs_d = to_device(host, device).split_with_sizes(
+            [2 * F, *[Rb] * C, 1]
         )
-        slot_part, reqs_d = slot_part.view(torch.int64), reqs_d.view(())
-        if extra is None or extra.ndim > 1:
-            extra_d = None if extra is None else extra_d.view(C - 3, Rb)
+        slot_part, reqs_d, extra_d = slot_part.view(torch.int64), reqs_d.view(()), tuple(extra_d)
     batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
     fields = batch.__dict__
     fields["config"] = config.shared

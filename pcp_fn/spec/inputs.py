@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from ..core.buckets import Bucket
-from ..core.checks import ArrayLike, host_ints
+from ..core.checks import ArrayLike, host_int_rows, host_ints
 from ..core.pytree import pytree_dataclass, static_field
-from ..dcs.batch import SchedulerBatch, check_batch_rows, pack_batch, token_rows
+from ..dcs.batch import SchedulerBatch, build_batch, token_rows
 from ..dcs.config import PCPConfig
 from ..dcs.layout import RequestGeometry, state_geometry
 from ..dcs.state import PCPState
@@ -198,35 +198,36 @@ def make_spec_batch(
         batch, spec = make_spec_batch(cfg, [2, 2, 8], [6, 8, 0], [6, 8, 8], [1, 1, 0])
         spec.num_draft_tokens      # [1, 1, 0, 0]  (bucket of 4 requests)
     """
-    checked = check_batch_rows(
-        config, num_scheduled_tokens, num_computed_tokens, num_prompt_tokens, slot_mapping, bucket
-    )
-    rows, top = checked.rows, checked.top
-    n = rows.shape[1]
-    drafts = num_draft_tokens
-    if not _int_vector(drafts):
-        drafts = host_ints("num_draft_tokens", drafts)
-    # the common case in two reductions: drafts <= k (read unsigned: a negative one reads huge) and
-    # drafts <= n - 1; anything else (an empty request's 0 drafts too) takes the exact checks
-    if drafts.shape[0] != n or (
-        n
-        and (
-            _umax(drafts.view(f"u{drafts.itemsize}")) > config.num_spec_tokens or _smin(rows[0] - drafts) < 1
-        )
-    ):
-        check_num_draft_tokens(config, rows[0], host_ints("num_draft_tokens", drafts))
+    counts = (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
     shape = None
     if token_ids is not None:
         if isinstance(token_ids, torch.Tensor):
             shape = tuple(token_ids.shape)  # torch.Size: ints already
         else:
             shape = tuple(int(x) for x in token_ids)
-        if len(shape) != 2 or n > shape[0] or top[0] + top[1] > shape[1]:  # only then can a read miss it
+
+    def check(rows: np.ndarray, top: list[int]) -> None:
+        # drafts and table in the common case: drafts <= k, drafts <= n - 1 (one reduction), and
+        # no request reads past the table; anything else (an empty request's 0 drafts too) takes
+        # the exact checks, which name the entry
+        if rows.shape[1] and (top[3] > config.num_spec_tokens or _smin(rows[0] - rows[3]) < 1):
+            check_num_draft_tokens(config, rows[0], rows[3])
+        if shape is not None and (len(shape) != 2 or rows.shape[1] > shape[0] or top[0] + top[1] > shape[1]):
             check_token_table(shape, rows[0], rows[1])
-    device = _CPU if device is None else torch.device(device)
-    batch, extra = pack_batch(config, checked, device, drafts)
+
+    drafts = num_draft_tokens
+    if not (_int_vector(drafts) and _int_vector(counts[0]) and drafts.shape[0] == counts[0].shape[0]):
+        # not the runner's numpy arrays: the counts' own checks, then the drafts' (messages that
+        # name them), then every check on the arrays as numpy
+        counts = tuple(host_int_rows(_COUNTS, counts)[0])
+        drafts = host_ints("num_draft_tokens", drafts)
+        if drafts.shape[0] != counts[0].shape[0]:
+            check_num_draft_tokens(config, counts[0], drafts)
+    batch, (drafts_d,) = build_batch(
+        config, counts, device, slot_mapping, bucket, (("num_draft_tokens", drafts),), check
+    )
     spec = _new(SpecInputs)  # checked above: no __init__ to repeat it
-    spec.__dict__.update(num_draft_tokens=extra, token_ids_shape=shape)
+    spec.__dict__.update(num_draft_tokens=drafts_d, token_ids_shape=shape)
     return batch, spec
 
 
@@ -240,5 +241,5 @@ def _int_vector(a: object) -> bool:
 
 
 _new = object.__new__
-_CPU = torch.device("cpu")
-_umax, _smin = np.maximum.reduce, np.minimum.reduce
+_smin = np.minimum.reduce
+_COUNTS = ("num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens")
