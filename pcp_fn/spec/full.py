@@ -209,13 +209,22 @@ def full_inputs(
     token_ids: torch.Tensor,
     num_computed: torch.Tensor,
     slot_fn: SlotFn | None,
+    table_checked: bool = False,
 ) -> FullInputs:
-    """:func:`full_input_ids` (inputs checked) on the state's :class:`StateView`."""
+    """:func:`full_input_ids` (inputs checked) on the state's :class:`StateView`.
+
+    ``table_checked``: the host checked the table against the batch (``spec_step``:
+    ``make_spec_batch(..., token_ids=)``, and a table at least that large), so every real token
+    lies inside it and no read needs clamping (the rows past them read position 0 of row 0).
+    """
     cfg, bucket = state.config, state.bucket
     rows = scheduled_rows(cfg, bucket, view, num_computed)
     num_rows, width = token_ids.shape
-    request = rows.request if num_rows >= bucket.num_reqs else rows.request.clamp(max=num_rows - 1)
-    flat = torch.add(rows.positions.clamp(max=width - 1), request, alpha=width)
+    request, positions = rows.request, rows.positions
+    if not table_checked:  # a read past the table reads its last row / column
+        request = request if num_rows >= bucket.num_reqs else request.clamp(max=num_rows - 1)
+        positions = positions.clamp(max=width - 1)
+    flat = torch.add(positions, request, alpha=width)
     return FullInputs(
         input_ids=token_ids.reshape(-1).index_select(0, flat) * rows.valid,
         positions=rows.positions,

@@ -141,7 +141,7 @@ def spec_step(
     # step's own geometry (the state's: not rebuilt)
     state = up.state
     view = state_view(state, up.geometry)
-    full = full_inputs(state, view, token_ids, batch.num_computed, slot_fn)
+    full = full_inputs(state, view, token_ids, batch.num_computed, slot_fn, table_checked=True)
     if prev is not None:
         ids = repaired_ids(
             state, view, full.input_ids, prev.sampled_token_ids, prev.draft_token_ids, prev.positions
