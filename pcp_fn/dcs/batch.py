@@ -165,35 +165,31 @@ def make_batch(
             ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
             too small. The message names the field and the limit.
     """
-    return build_batch(
-        config, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens), device, slot_mapping, bucket
-    )[0]
+    counts = (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
+    return build_batch(config, _COUNTS, counts, device, slot_mapping, bucket)[0]
 
 
 def build_batch(
     config: PCPConfig,
-    counts: tuple[ArrayLike, ArrayLike, ArrayLike],
+    names: tuple[str, ...],
+    counts: tuple[ArrayLike, ...],
     device: torch.device | str | None = None,
     slot_mapping: ArrayLike | None = None,
     bucket: Bucket | None = None,
-    extra: tuple[tuple[str, ArrayLike], ...] = (),
     check: Callable[[np.ndarray, list[int]], None] | None = None,
-) -> tuple[SchedulerBatch, tuple[torch.Tensor, ...]]:
-    """:func:`make_batch` of ``counts`` (scheduled, computed, prompt), with extra per-request rows.
+) -> tuple[SchedulerBatch, list[torch.Tensor]]:
+    """:func:`make_batch` of ``counts`` (scheduled, computed, prompt, then any extra rows).
 
     A boundary built on ``make_batch`` (the spec-decode one) sends more per-request counts with
-    the batch in its one copy: ``extra`` holds ``(name, array)`` pairs, checked with the three
-    counts in one pass (1-D integers in ``[0, INT32_MAX]``, the batch's length), and returned as
-    one ``[R_b]`` int32 device tensor each, zero past ``num_reqs``. ``check(rows, top)`` runs
-    once every ``make_batch`` check passed, before anything is copied (``rows``: ``[3 + k, n]``
-    int64 the counts then the extra arrays, ``top`` their maxima): the boundary's own checks.
+    the batch in its one copy: ``counts[3:]`` (named by ``names[3:]``; ``names[:3]`` name the
+    three counts) are checked with the three in one pass (1-D integers in ``[0, INT32_MAX]``, the
+    batch's length) and come back as one ``[R_b]`` int32 device tensor each, zero past
+    ``num_reqs``. ``check(rows, top)`` runs once every ``make_batch`` check passed, before
+    anything is copied (``rows``: ``[len(counts), n]`` int64, ``top`` the row maxima): the
+    boundary's own checks.
     """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
-    if extra:
-        names, counts = _COUNTS + tuple(n for n, _ in extra), counts + tuple(a for _, a in extra)
-    else:
-        names = _COUNTS
     arrays, rows, top = host_int_rows(names, counts)
     sched, comp, prompt = arrays[:3]  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
     num_reqs = rows.shape[1]
@@ -269,13 +265,13 @@ def build_batch(
             from_numpy(per_request[1]),
             from_numpy(per_request[2]),
         )
-        extra_d = () if C == 3 else tuple([from_numpy(row) for row in per_request[3:]])
+        extra_d = [from_numpy(per_request[i]) for i in range(3, C)]
         reqs_d = from_numpy(host[-1:].reshape(()))
     else:  # one copy, then views of the device buffer
         slot_part, sched_d, comp_d, prompt_d, *extra_d, reqs_d = to_device(host, device).split_with_sizes(
             [2 * F, *[Rb] * C, 1]
         )
-        slot_part, reqs_d, extra_d = slot_part.view(torch.int64), reqs_d.view(()), tuple(extra_d)
+        slot_part, reqs_d = slot_part.view(torch.int64), reqs_d.view(())
     batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
     fields = batch.__dict__
     fields["config"] = config.shared

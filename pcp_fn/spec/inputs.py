@@ -223,9 +223,7 @@ def make_spec_batch(
         drafts = host_ints("num_draft_tokens", drafts)
         if drafts.shape[0] != counts[0].shape[0]:
             check_num_draft_tokens(config, counts[0], drafts)
-    batch, (drafts_d,) = build_batch(
-        config, counts, device, slot_mapping, bucket, (("num_draft_tokens", drafts),), check
-    )
+    batch, (drafts_d,) = build_batch(config, _NAMES, (*counts, drafts), device, slot_mapping, bucket, check)
     spec = _new(SpecInputs)  # checked above: no __init__ to repeat it
     spec.__dict__.update(num_draft_tokens=drafts_d, token_ids_shape=shape)
     return batch, spec
@@ -243,3 +241,4 @@ def _int_vector(a: object) -> bool:
 _new = object.__new__
 _smin = np.minimum.reduce
 _COUNTS = ("num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens")
+_NAMES = (*_COUNTS, "num_draft_tokens")
