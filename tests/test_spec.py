@@ -1005,6 +1005,9 @@ SMALL = PCPConfig(2, 0, 4, 32, num_spec_tokens=2)
 def test_make_spec_batch_rejects(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_spec_batch(SMALL, *args, **kwargs)
+    # numpy arrays (a runner's) take the vectorised checks: the same messages
+    with pytest.raises(ValueError, match=match):
+        make_spec_batch(SMALL, *(np.asarray(a) for a in args), **kwargs)
 
 
 def test_ops_reject_buffers_of_the_wrong_shape():

@@ -207,10 +207,10 @@ def make_spec_batch(
             shape = tuple(int(x) for x in token_ids)
 
     def check(rows: np.ndarray, top: list[int]) -> None:
-        # drafts and table in the common case: drafts <= k, drafts <= n - 1 (one reduction), and
-        # no request reads past the table; anything else (an empty request's 0 drafts too) takes
-        # the exact checks, which name the entry
-        if rows.shape[1] and (top[3] > config.num_spec_tokens or _smin(rows[0] - rows[3]) < 1):
+        # drafts and table in the common case: no drafts, or drafts <= k and drafts <= n - 1 (one
+        # reduction), and no request reads past the table; anything else (an empty request's 0
+        # drafts among others too) takes the exact checks, which name the entry
+        if top[3] and (top[3] > config.num_spec_tokens or _smin(rows[0] - rows[3]) < 1):
             check_num_draft_tokens(config, rows[0], rows[3])
         if shape is not None and (len(shape) != 2 or rows.shape[1] > shape[0] or top[0] + top[1] > shape[1]):
             check_token_table(shape, rows[0], rows[1])
