@@ -265,7 +265,7 @@ def build_batch(
             from_numpy(per_request[1]),
             from_numpy(per_request[2]),
         )
-        extra_d = [from_numpy(per_request[i]) for i in range(3, C)]
+        extra_d = [from_numpy(per_request[i]) for i in range(3, C)] if C > 3 else []
         reqs_d = from_numpy(host[-1:].reshape(()))
     else:  # one copy, then views of the device buffer
         slot_part, sched_d, comp_d, prompt_d, *extra_d, reqs_d = to_device(host, device).split_with_sizes(
