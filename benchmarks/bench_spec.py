@@ -1,6 +1,7 @@
-"""The spec-decode step: eager and compiled medians, aten op counts.
+"""The spec-decode step: eager and compiled medians, kernel and aten op counts, the host boundary.
 
-    python benchmarks/bench_spec.py [--iters 200] [--no-compile] [--max-model-len 1024] [--dcp 2] [--hybrid]
+    python benchmarks/bench_spec.py [--iters 200] [--no-compile] [--no-inductor-counts]
+                                    [--max-model-len 1024] [--dcp 2] [--hybrid]
 
 Batch (DESIGN.md §7 sizes): ``P = 4``, rank 0, ``R = 256``, ``T = 8192``, two
 spec tokens (MTP), 256 decodes of 3 tokens (1 + 2 drafts) with 500 computed
@@ -14,11 +15,22 @@ paged block table (128-token blocks) as the MTP ``slot_fn``. It times
   tokens written back (``repair_full_input_ids``);
 - the post-forward drafter prep: ``first_pass_inputs`` + ``mtp_drafting_inputs``;
 
-eager and inductor-compiled, on one thread, and counts the aten ops of each
-on this batch and on a second batch of the same bucket with another
-composition (decodes of 1-3 tokens, random draft counts, one prefill): the
-counts must be equal. ``--hybrid`` times the hybrid-attention layout
-(``hybrid_attn=True``) instead of DualChunkSwap.
+eager and inductor-compiled, on one thread, and counts for each its
+kernel-launching aten ops (dispatched ops minus views: what an eager graph
+replays as kernels) as a GPU/NPU dispatches them (``dev``: counted on meta
+tensors, which take the device code paths) and as the CPU does (``cpu``),
+inductor's CPU kernels (generated fused kernels + aten fallbacks, as
+``fused+fallback``) and all aten ops, on this batch and on a second batch of
+the same bucket with another composition (decodes of 1-3 tokens, random draft
+counts, one prefill): the counts must be equal. ``--hybrid`` times the
+hybrid-attention layout (``hybrid_attn=True``) instead of DualChunkSwap.
+
+It also times the spec host boundary, ``make_spec_batch`` (numpy arrays in, as
+a runner has them, with the token table's shape and the slot mapping; one
+packed copy, staged on a GPU/NPU), beside ``make_batch`` of the same arrays,
+on this batch and on the DESIGN.md mixed batches B (P=4, 64 decodes + fresh
+prefills of 2048 and 1000 tokens) and C (P=8, 255 decodes + one 4096-token
+prefill), all paths interleaved.
 """
 
 from __future__ import annotations
@@ -32,14 +44,16 @@ import types
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import median_us  # noqa: E402
+from _common import inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
 
 import pcp_fn  # noqa: E402
 from pcp_fn.core.entry import entry_op  # noqa: E402
+from pcp_fn.graph import count_kernels  # noqa: E402
 from pcp_fn.spec import PrevStep, mtp_rows, sampled_rows, token_rows  # noqa: E402
 
 P, R, T, H, K, BLOCK = 4, 256, 8192, 128, 2, 128
@@ -63,6 +77,42 @@ def own_code(fn):
     )
 
 
+def on_meta(tree):
+    """The same arguments on the meta device: ops take their GPU/NPU code paths there."""
+    return pytree.tree_map(lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, tree)
+
+
+def spec_step_with(blocks):
+    """``spec_step`` with the paged ``slot_fn`` over ``blocks`` (on the device of the arguments)."""
+    return entry_op(functools.partial(pcp_fn.spec_step, slot_fn=functools.partial(paged_slots, blocks)))
+
+
+def host_boundary(args):
+    """Medians [p10-p90] of ``make_spec_batch`` and ``make_batch`` (numpy in), interleaved."""
+    table = torch.empty(R, T, dtype=torch.int32)  # wide enough for every batch; only its shape is read
+    spec_batch = ([3] * R, [500] * R, [100] * R, [2] * R)
+    cases = {"spec batch": (P, spec_batch)}
+    for name, (p, arrays) in reference_batches().items():
+        if name != "A":
+            cases[name] = (p, (*arrays, [0] * len(arrays[0])))
+    paths = {}
+    for name, (p, arrays) in cases.items():
+        cfg = pcp_fn.PCPConfig(p, 0, R, T, num_spec_tokens=K, dcp_size=args.dcp, hybrid_attn=args.hybrid)
+        sched, comp, prompt, drafts = (np.asarray(x, dtype=np.int64) for x in arrays)
+        slots = np.arange(int(sched.sum()), dtype=np.int64)
+        paths[(name, "make_spec_batch")] = functools.partial(
+            pcp_fn.make_spec_batch, cfg, sched, comp, prompt, drafts, token_ids=table, slot_mapping=slots
+        )
+        paths[(name, "make_batch")] = functools.partial(
+            pcp_fn.make_batch, cfg, sched, comp, prompt, slot_mapping=slots
+        )
+    samples = {key: [] for key in paths}
+    for _ in range(10):
+        for key, fn in paths.items():
+            samples[key] += timings_us(fn, max(1, args.iters // 2), warmup=5)
+    return {key: spread(v) for key, v in samples.items()}
+
+
 def batches(cfg, table):
     main = ([3] * R, [500] * R, [100] * R, [2] * R)
     rng = random.Random(0)
@@ -83,6 +133,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
+    ap.add_argument("--no-inductor-counts", action="store_true", help="skip inductor's kernel counts")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--dcp", type=int, default=1)
     ap.add_argument("--hybrid", action="store_true", help="the hybrid-attention layout (hybrid_attn=True)")
@@ -94,8 +145,8 @@ def main():
     state = pcp_fn.init_state(cfg)
     table = torch.randint(1, 50_000, (R, args.max_model_len), dtype=torch.int32)
     blocks = torch.randperm(R * (args.max_model_len // BLOCK + 1)).reshape(R, -1).to(torch.int32)
-    slot_fn = functools.partial(paged_slots, blocks)
-    step = entry_op(functools.partial(pcp_fn.spec_step, slot_fn=slot_fn))
+    step = spec_step_with(blocks)
+    step_on_meta = spec_step_with(blocks.to("meta"))
 
     def inputs(batch, spec):
         b = batch.bucket
@@ -132,6 +183,7 @@ def main():
     main_batch, other_batch = batches(cfg, table)
     b = main_batch[0].bucket
     ops = {"spec_step": step, "spec_step (async)": step, "drafter prep": drafter_prep}
+    on_device = {"spec_step": step_on_meta, "spec_step (async)": step_on_meta, "drafter prep": drafter_prep}
     main_args = dict(zip(ops, inputs(*main_batch)))
     other_args = dict(zip(ops, inputs(*other_batch)))
 
@@ -141,7 +193,10 @@ def main():
         f"bucket {b}, F_b={token_rows(cfg, b)}, S_b={sampled_rows(cfg, b)}, M_b={mtp_rows(cfg, b)}, "
         f"token table [{R}, {args.max_model_len}]"
     )
-    print(f"  {'op':22s} {'eager us':>10s} {'compiled us':>12s} {'aten ops':>9s} {'other batch':>12s}")
+    print(
+        f"  {'op':18s} {'eager us':>10s} {'compiled us':>12s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s} "
+        f"{'aten ops':>9s}   other batch: {'dev':>5s} {'cpu':>5s} {'aten ops':>9s}"
+    )
     same = True
     for name, fn in ops.items():
         fargs = main_args[name]
@@ -151,11 +206,26 @@ def main():
             cfn = torch.compile(own_code(fn), fullgraph=True, dynamic=False)
             cfn(*fargs)
             compiled = median_us(lambda cfn=cfn, fargs=fargs: cfn(*fargs), args.iters)
-        count = pcp_fn.count_aten_ops(fn, *fargs)
-        other = pcp_fn.count_aten_ops(fn, *other_args[name])
-        same &= count == other
-        print(f"  {name:22s} {eager:10.1f} {compiled:12.1f} {count:9d} {other:12d}")
-    print(f"aten op counts {'do not depend' if same else 'DEPEND'} on the batch composition")
+        counts = [
+            (
+                count_kernels(on_device[name], *on_meta(a)),
+                count_kernels(fn, *a),
+                pcp_fn.count_aten_ops(fn, *a),
+            )
+            for a in (fargs, other_args[name])
+        ]
+        same &= counts[0] == counts[1]
+        ind = "" if args.no_inductor_counts else "{}+{}".format(*inductor_kernels(own_code(fn), *fargs))
+        (dev, cpu, aten), (dev2, cpu2, aten2) = counts
+        print(
+            f"  {name:18s} {eager:10.1f} {compiled:12.1f} {dev:5d} {cpu:5d} {ind:>9s} {aten:9d}"
+            f"                {dev2:5d} {cpu2:5d} {aten2:9d}"
+        )
+    print(f"kernel and aten op counts {'do not depend' if same else 'DEPEND'} on the batch composition")
+
+    print("host boundary (numpy in; median [p10-p90] us, interleaved):")
+    for (name, path), text in host_boundary(args).items():
+        print(f"  {name:10s} {path:16s} {text:>22s}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ Both layout packages offer the same interface, which the facade ops
 - ``restore_index(state) -> [P*L_b]``: the gathered row of each row
   ``restore_hidden_states`` returns.
 
-and, for the spec-decode (MTP) prep of :mod:`pcp_fn.spec`, at the state's bucket:
+and, for the spec-decode (MTP) prep of :mod:`pcp_fn.spec`, at the state's bucket
+(each also takes ``geometry=``, the state's request geometry when the caller has
+it, e.g. the step's own, so that several maps share one scan):
 
 - ``state_local_rows(state) -> LocalRows``: request and offset of each of this
   rank's ``[L_b]`` local rows (the DualChunkSwap rows / the linear rows);

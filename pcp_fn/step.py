@@ -19,7 +19,7 @@ from .core.entry import entry_op
 from .core.pytree import pytree_dataclass
 from .core.ragged import masked_gather
 from .dcs.batch import SchedulerBatch, check_token_input
-from .dcs.layout import TokenLayout
+from .dcs.layout import LayoutUpdate, TokenLayout
 from .dcs.state import PCPState
 from .layouts import check_batch, layout_of
 
@@ -65,6 +65,15 @@ def step(
             order, padded to the bucket (see :func:`pcp_fn.padded_slot_mapping`);
             default ``batch.slot_mapping`` (``make_batch(..., slot_mapping=...)``).
     """
+    up, out = step_update(state, batch, slot_mapping)
+    return up.state, out
+
+
+def step_update(
+    state: PCPState, batch: SchedulerBatch, slot_mapping: torch.Tensor | None = None
+) -> tuple[LayoutUpdate, StepOutputs]:
+    """:func:`step`, with the layout update it was built from (the next state and the batch's
+    request geometry) for the ops that compose ``step`` and read the geometry (``spec_step``)."""
     check_batch(state, batch)
     if slot_mapping is None:
         slot_mapping = batch.slot_mapping
@@ -85,4 +94,4 @@ def step(
         logits_indices=layout_ops.logits_from_geometry(cfg, up.geometry, batch.num_reqs),
         slot_mapping=masked_gather(slot_mapping, up.slot_token, layout.unpad_mask, cfg.pad_slot_id),
     )
-    return up.state, out
+    return up, out

@@ -462,6 +462,10 @@ def test_layout_interface_matches_the_oracle(case):
     k = len(view.first_pass)
     assert int(rows.valid.sum()) == k and bool(rows.valid[:k].all())
     assert list(zip(rows.request[:k].tolist(), rows.position[:k].tolist())) == view.first_pass
+    # given the geometry (spec_step passes its step's own), every map is the same
+    geo = pcp_fn.dcs.layout.state_geometry(state)
+    for name in ("state_local_rows", "state_local_start", "restored_spans", "first_pass_rows"):
+        assert tree_equal(getattr(lay, name)(state, geometry=geo), getattr(lay, name)(state)), name
 
 
 @given(case=spec_cases())
@@ -1001,6 +1005,9 @@ SMALL = PCPConfig(2, 0, 4, 32, num_spec_tokens=2)
 def test_make_spec_batch_rejects(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_spec_batch(SMALL, *args, **kwargs)
+    # numpy arrays (a runner's) take the vectorised checks: the same messages
+    with pytest.raises(ValueError, match=match):
+        make_spec_batch(SMALL, *(np.asarray(a) for a in args), **kwargs)
 
 
 def test_ops_reject_buffers_of_the_wrong_shape():

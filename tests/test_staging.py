@@ -152,3 +152,54 @@ def test_make_batch_on_cuda_copies_from_pinned_memory_and_survives_a_slow_stream
         assert batch.num_scheduled.device.type == "cuda"
         assert tree_equal(to_device(batch, "cpu"), expected)
     assert st.staging_for(dev)._buffers[0].is_pinned()
+
+
+def test_make_spec_batch_sends_the_draft_counts_in_the_batch_buffer():
+    cfg = pcp_fn.PCPConfig(4, 0, 16, 256, num_spec_tokens=2)
+    sched, comp, prompt, drafts = [3, 2, 30], [9, 40, 0], [9, 30, 30], [2, 1, 0]
+    batch, spec = pcp_fn.make_spec_batch(cfg, sched, comp, prompt, drafts, slot_mapping=range(35))
+    # [slots int64 | scheduled | computed | prompt | draft counts | num_reqs]: one buffer, one copy
+    parts = (
+        batch.slot_mapping,
+        batch.num_scheduled,
+        batch.num_computed,
+        batch.num_prompt,
+        spec.num_draft_tokens,
+        batch.num_reqs,
+    )
+    for a, b in itertools.pairwise(parts):
+        assert a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
+    Rb = batch.bucket.num_reqs
+    assert spec.num_draft_tokens.dtype == torch.int32
+    assert spec.num_draft_tokens.tolist() == drafts + [0] * (Rb - 3)
+    assert tree_equal(batch, pcp_fn.make_batch(cfg, sched, comp, prompt, slot_mapping=range(35)))
+
+
+def test_make_spec_batch_on_a_gpu_is_one_staged_copy(fake_gpu, monkeypatch):
+    monkeypatch.setattr(st, "staging_for", lambda device: fake_gpu)
+    cfg = pcp_fn.PCPConfig(2, 0, 8, 64, num_spec_tokens=1)
+    steps = [([2, 1 + k % 2, 5 + k], [9, 9, 0], [9, 9, 5 + k], [1, k % 2, 0]) for k in range(4)]
+    table = torch.zeros(8, 32, dtype=torch.int32)
+    for arrays in steps:
+        slots = range(sum(arrays[0]))
+        _FakeEvent.log = []
+        got = pcp_fn.make_spec_batch(cfg, *arrays, "cuda", token_ids=table, slot_mapping=slots)
+        assert [kind for kind, _ in _FakeEvent.log].count("record") == 1  # one copy for batch and drafts
+        assert tree_equal(got, pcp_fn.make_spec_batch(cfg, *arrays, token_ids=table, slot_mapping=slots))
+
+
+@cuda
+def test_make_spec_batch_on_cuda_copies_from_pinned_memory_and_survives_a_slow_stream():
+    dev = torch.device("cuda")
+    cfg = pcp_fn.PCPConfig(2, 0, 8, 64, num_spec_tokens=1)
+    steps = [([2, 1 + k % 2, 5 + k], [9, 9, 0], [9, 9, 5 + k], [1, k % 2, 0]) for k in range(6)]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # keep the stream busy: the copies below queue behind it
+    on_gpu = [
+        pcp_fn.make_spec_batch(cfg, *arrays, dev, slot_mapping=range(sum(arrays[0]))) for arrays in steps
+    ]
+    torch.cuda.synchronize()
+    for arrays, got in zip(steps, on_gpu):
+        expected = pcp_fn.make_spec_batch(cfg, *arrays, slot_mapping=range(sum(arrays[0])))
+        assert got[1].num_draft_tokens.device.type == "cuda"
+        assert tree_equal(to_device(got, "cpu"), expected)

@@ -22,6 +22,7 @@ on the device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -164,12 +165,33 @@ def make_batch(
             ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
             too small. The message names the field and the limit.
     """
+    counts = (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
+    return build_batch(config, _COUNTS, counts, device, slot_mapping, bucket)[0]
+
+
+def build_batch(
+    config: PCPConfig,
+    names: tuple[str, ...],
+    counts: tuple[ArrayLike, ...],
+    device: torch.device | str | None = None,
+    slot_mapping: ArrayLike | None = None,
+    bucket: Bucket | None = None,
+    check: Callable[[np.ndarray, list[int]], None] | None = None,
+) -> tuple[SchedulerBatch, list[torch.Tensor]]:
+    """:func:`make_batch` of ``counts`` (scheduled, computed, prompt, then any extra rows).
+
+    A boundary built on ``make_batch`` (the spec-decode one) sends more per-request counts with
+    the batch in its one copy: ``counts[3:]`` (named by ``names[3:]``; ``names[:3]`` name the
+    three counts) are checked with the three in one pass (1-D integers in ``[0, INT32_MAX]``, the
+    batch's length) and come back as one ``[R_b]`` int32 device tensor each, zero past
+    ``num_reqs``. ``check(rows, top)`` runs once every ``make_batch`` check passed, before
+    anything is copied (``rows``: ``[len(counts), n]`` int64, ``top`` the row maxima): the
+    boundary's own checks.
+    """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
-    arrays, rows, bound = host_int_rows(
-        _COUNTS, (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
-    )
-    sched, comp, prompt = arrays  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
+    arrays, rows, bound = host_int_rows(names, counts)
+    sched, comp, prompt = arrays[:3]  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
     num_reqs = rows.shape[1]
     if 2 * bound > INT32_MAX:  # only then can a sequence length overflow
         seq_end = rows[1] + rows[0]
@@ -219,34 +241,40 @@ def make_batch(
                 f"and not exceed the local capacity L={config.max_local_tokens}"
             )
     slots = None if slot_mapping is None else _host_slots(slot_mapping, total)
-
-    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | num_reqs]
-    Rb = bucket.num_reqs
-    F = 0 if slots is None else token_rows(config, bucket)
+    if check is not None:
+        check(rows, rows.max(axis=1).tolist() if num_reqs else [0] * rows.shape[0])
+    C = rows.shape[0]
     if device is not None:
         device = torch.device(device)
+    # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | the extra
+    # rows, R_b each | num_reqs]
+    Rb = bucket.num_reqs
+    F = 0 if slots is None else token_rows(config, bucket)
     on_cpu = device is None or device.type == "cpu"  # (a torch.device attribute read costs ~0.3 us)
-    size = 2 * F + 3 * Rb + 1
+    size = 2 * F + C * Rb + 1
     host = np.empty(size, np.int32) if on_cpu else host_buffer(size, np.int32, device)
     if slots is not None:
         padded = host[: 2 * F].view(np.int64)
         padded[:total] = slots
         padded[total:] = config.pad_slot_id
-    counts = host[2 * F : 2 * F + 3 * Rb].reshape(3, Rb)
+    per_request = host[2 * F : 2 * F + C * Rb].reshape(C, Rb)
+    per_request[:, :num_reqs] = rows
     if num_reqs < Rb:
-        counts[:, :num_reqs] = rows
-        counts[:, num_reqs:] = 0
-    else:
-        counts[...] = rows
+        per_request[:, num_reqs:] = 0
     host[-1] = num_reqs
     if on_cpu:  # the tensors are views of the fresh host buffer
         from_numpy = torch.from_numpy
         slot_part = None if slots is None else from_numpy(padded)
-        sched_d, comp_d, prompt_d = from_numpy(counts[0]), from_numpy(counts[1]), from_numpy(counts[2])
-        reqs_d = from_numpy(host[-1, ...])  # a 0-d view
+        sched_d, comp_d, prompt_d = (
+            from_numpy(per_request[0]),
+            from_numpy(per_request[1]),
+            from_numpy(per_request[2]),
+        )
+        extra_d = [from_numpy(per_request[i]) for i in range(3, C)] if C > 3 else []
+        reqs_d = from_numpy(host[-1:].reshape(()))
     else:  # one copy, then views of the device buffer
-        slot_part, sched_d, comp_d, prompt_d, reqs_d = to_device(host, device).split_with_sizes(
-            [2 * F, Rb, Rb, Rb, 1]
+        slot_part, sched_d, comp_d, prompt_d, *extra_d, reqs_d = to_device(host, device).split_with_sizes(
+            [2 * F, *[Rb] * C, 1]
         )
         slot_part, reqs_d = slot_part.view(torch.int64), reqs_d.view(())
     batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
@@ -258,7 +286,7 @@ def make_batch(
     fields["num_computed"] = comp_d
     fields["num_prompt"] = prompt_d
     fields["slot_mapping"] = None if slots is None else slot_part
-    return batch
+    return batch, extra_d
 
 
 _new = object.__new__

@@ -401,20 +401,24 @@ def restore_index(state: PCPState) -> torch.Tensor:
 
 
 # -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layouts.layout_of) --
-def state_local_rows(state: PCPState) -> LocalRows:
+# Each takes the state's geometry when the caller already has it (``geometry=state_geometry(state)``,
+# or the step's own): the spec ops read several of these maps, and rebuilding the geometry for each
+# would repeat its scan.
+def state_local_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
     """This rank's ``[L_b]`` local rows of the state's last update (``TokenLayout.request_index`` /
     ``positions``): request and offset inside the request's padded tokens, ``valid`` False past them."""
     cfg = state.config
-    return local_rows(state_geometry(state), state.pcp_rank, cfg.pcp_size, state.bucket.num_tokens)
+    geo = state_geometry(state) if geometry is None else geometry
+    return local_rows(geo, state.pcp_rank, cfg.pcp_size, state.bucket.num_tokens, constants=state.constants)
 
 
-def state_local_start(state: PCPState) -> torch.Tensor:
+def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = None) -> torch.Tensor:
     """``[R_b + 1]`` int64: first local row of each request on this rank, then the total.
 
     ``StepOutputs.query_start_loc``: ``[0, cumsum(pcp_tokens)]``, the runner's ``cu_num_tokens``
     with a leading 0. ``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode): ``[0, 1, 5, 9]``.
     """
-    return state_geometry(state).local_start
+    return (state_geometry(state) if geometry is None else geometry).local_start
 
 
 class RestoredSpans(NamedTuple):
@@ -424,7 +428,7 @@ class RestoredSpans(NamedTuple):
     length: torch.Tensor  # rows from ``start`` that are the request's: its tokens, then any pads
 
 
-def restored_spans(state: PCPState) -> RestoredSpans:
+def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) -> RestoredSpans:
     """The padded order: request ``i`` starts at ``padded_start[i]``; a decode's first ``n`` rows are
     rank 0's copy of its tokens, a prefill's ``num_padded`` rows its tokens then its pads.
 
@@ -433,12 +437,12 @@ def restored_spans(state: PCPState) -> RestoredSpans:
     ``_calc_spec_decode_metadata``). ``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode):
     ``start [0, 2, 10]``, ``length [1, 8, 8]``.
     """
-    geo = state_geometry(state)
+    geo = state_geometry(state) if geometry is None else geometry
     length = torch.where(geo.replicated, geo.num_scheduled, geo.num_padded)
     return RestoredSpans(geo.padded_start[:-1], length)
 
 
-def first_pass_rows(state: PCPState) -> LocalRows:
+def first_pass_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
     """``[L_b]`` rows of the MTP drafter's first pass on this rank: request and offset inside the
     request's padded tokens (``offset >= n``: a pad), decode tokens first, ``valid`` False past them.
 
@@ -447,4 +451,4 @@ def first_pass_rows(state: PCPState) -> LocalRows:
     ``_split_spec_decode_pcp_prefill_input``). Each request has ``pcp_tokens`` rows starting at
     :func:`state_local_start`.
     """
-    return state_local_rows(state)
+    return state_local_rows(state, geometry=geometry)

@@ -82,23 +82,24 @@ def _state_split(state: PCPState) -> LinearSplit:
     return linear_split(state.config.pcp_size, state.num_scheduled[:Rb], state.is_decode[:Rb], state.pcp_rank)
 
 
-def state_local_rows(state: PCPState) -> LocalRows:
+def state_local_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
     """This rank's ``[L_b]`` linear rows of the state's last update (``HybridLayout.request_index`` /
-    ``positions``): request and offset inside its scheduled tokens, ``valid`` False past them."""
+    ``positions``): request and offset inside its scheduled tokens, ``valid`` False past them.
+    (``geometry``: accepted for the interface; the linear split does not read it.)"""
     return linear_rows(_state_split(state), state.bucket.num_tokens)
 
 
-def state_local_start(state: PCPState) -> torch.Tensor:
+def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = None) -> torch.Tensor:
     """``[R_b + 1]`` int64: first linear row of each request on this rank, then the total.
 
     ``StepOutputs.query_start_loc``: ``[0, cumsum(pcp_tokens)]`` of the linear counts, the runner's
     ``cu_num_tokens`` with a leading 0. ``P = 2``, fresh prefills ``[3, 5]``: rank 0 ``[0, 2, 5]``,
-    rank 1 ``[0, 1, 3]``.
+    rank 1 ``[0, 1, 3]``. (``geometry``: accepted for the interface, not read.)
     """
     return _state_split(state).local_start
 
 
-def restored_spans(state: PCPState) -> RestoredSpans:
+def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) -> RestoredSpans:
     """Where each request's tokens sit in the FA order that ``restore_hidden_states`` returns.
 
     The FA order holds the ``P * D`` decode rows (``D`` decode tokens), then every prefill
@@ -109,19 +110,18 @@ def restored_spans(state: PCPState) -> RestoredSpans:
     ``adjust_cu_num_scheduled_tokens_for_pcp`` (which the runner's ``_calc_spec_decode_metadata``
     uses under hybrid attention). ``length`` is ``n``. ``P = 2``, one spec token, decodes
     ``[2, 2]`` then a prefill of 7: ``start [0, 2, 8]``, ``length [2, 2, 7]``.
+    ``geometry``: :func:`pcp_fn.dcs.layout.state_geometry` of the state when the caller has it.
     """
     cfg = state.config
-    geo = state_geometry(state)
-    Rb = state.bucket.num_reqs
-    is_decode = state.is_decode[:Rb]
-    n, token_start = geo.num_scheduled, geo.token_start[:-1]
-    D = torch.where(is_decode, n, 0).sum()
+    geo = state_geometry(state) if geometry is None else geometry
+    is_decode = state.is_decode[: state.bucket.num_reqs]
+    token_start = geo.token_start[:-1]
     decode_start = token_start if cfg.num_spec_tokens > 0 else token_start * cfg.pcp_size
-    start = torch.where(is_decode, decode_start, token_start + (cfg.pcp_size - 1) * D)
-    return RestoredSpans(start, n)
+    prefill_start = torch.add(token_start, geo.num_decode_tokens, alpha=cfg.pcp_size - 1)
+    return RestoredSpans(torch.where(is_decode, decode_start, prefill_start), geo.num_scheduled)
 
 
-def first_pass_rows(state: PCPState) -> LocalRows:
+def first_pass_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
     """``[L_b]`` rows of the MTP drafter's first pass on this rank: request and offset inside the
     request's padded tokens (``offset >= n``: a zero pad), decode tokens first, ``valid`` False past.
 
@@ -132,12 +132,11 @@ def first_pass_rows(state: PCPState) -> LocalRows:
     DualChunkSwap layout. ``P = 2``, rank 1, prefills ``[3, 5]``: requests ``[0, 0, 1, 1, 1, 1]``,
     offsets ``[2, 3, 4, 5, 6, 7]`` (offsets 3, 5, 6, 7 are pads).
     """
-    geo = state_geometry(state)
+    geo = state_geometry(state) if geometry is None else geometry
     rows = state.bucket.num_tokens
     start = geo.local_start
     shift = torch.where(geo.replicated, 0, state.pcp_rank * geo.local) - start[:-1]
-    ids = torch.arange(start.shape[0] - 1, dtype=torch.int64, device=start.device)
-    shift, request = expand_runs(start[:-1], torch.stack([shift, ids]), rows)
+    shift, request = expand_runs(start[:-1], torch.stack([shift, geo.request_ids]), rows)
     row = torch.arange(rows, dtype=torch.int64, device=start.device)
     valid = row < start[-1]
     return LocalRows(torch.where(valid, request, 0), torch.where(valid, row + shift, 0), valid)

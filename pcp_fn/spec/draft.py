@@ -29,10 +29,10 @@ import torch
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import masked_gather, ragged_index, take
 from ..dcs.batch import token_rows
-from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
+from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans
 from ..dcs.state import PCPState
 from ..layouts import layout_of
-from .inputs import check_rows, real_requests, sampled_rows
+from .inputs import check_rows, real_requests, sampled_rows, state_view
 
 
 @pytree_dataclass
@@ -76,24 +76,28 @@ def _check_hidden(state: PCPState, hidden: torch.Tensor) -> None:
 
 
 class _Sources(NamedTuple):
-    ids: torch.Tensor  # [L_b] input id of each row (0 on pads and past the rows)
-    hidden: torch.Tensor  # [L_b, ...] hidden state of each row (0 where the restored buffer has none)
+    index: torch.Tensor  # [2, L_b] int64 full-id row / restored hidden row of each row (0 where none)
+    held: torch.Tensor  # [2, L_b] bool the row has an input id (not a pad) / a restored hidden state
 
 
-def _sources(
-    geo: RequestGeometry,
-    spans: RestoredSpans,
-    rows: LocalRows,
-    full_ids: torch.Tensor,
-    hidden_states: torch.Tensor,
-) -> _Sources:
-    """Input id and restored hidden state of each first-pass row."""
-    req, off = rows.request, rows.position
-    real = rows.valid & (off < take(geo.num_scheduled, req))
-    ids = masked_gather(full_ids, take(geo.token_start, req) + off, real, 0)
-    held = rows.valid & (off < take(spans.length, req))
-    hidden = masked_gather(hidden_states, take(spans.start, req) + off, held, 0)
-    return _Sources(ids, hidden)
+def _sources(geo: RequestGeometry, spans: RestoredSpans, rows: LocalRows) -> _Sources:
+    """Where each first-pass row's input id and restored hidden state come from: one gather of the
+    per-request ``(limit, start)`` of both; a row at offset ``o`` reads ``start + o`` if ``o < limit``."""
+    per_request = torch.stack([geo.num_scheduled, spans.length, geo.token_start[:-1], spans.start])
+    limit, start = per_request.index_select(1, rows.request).view(2, 2, -1).unbind(0)
+    held = (rows.position < limit) & rows.valid
+    return _Sources((start + rows.position) * held, held)
+
+
+def _take_ids(ids: torch.Tensor, index: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``ids[index]`` where ``held``, else 0 (``index`` in range)."""
+    return ids.index_select(0, index) * held
+
+
+def _take_hidden(hidden: torch.Tensor, index: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
+    """``hidden[index]`` where ``held``, else 0 (a select, not a product: exact for any value)."""
+    rows = hidden.index_select(0, index)
+    return torch.where(held.view(-1, *[1] * (rows.dim() - 1)), rows, 0)
 
 
 def decode_hidden_states(state: PCPState, hidden_states: torch.Tensor) -> tuple[PCPState, torch.Tensor]:
@@ -154,28 +158,29 @@ def split_prefill_for_draft(
     )
     _check_hidden(state, hidden_states)
     layout = layout_of(cfg)
-    geo = state_geometry(state)
+    geo, real = state_view(state)
     is_decode = state.is_decode[:Rb]
-    prefill = real_requests(state) & ~is_decode
+    prefill = real & ~is_decode
     num_decode_reqs = is_decode.sum()
     num_decode_tokens = torch.where(is_decode, geo.num_scheduled, 0).sum()
     src = _sources(
-        geo, layout.restored_spans(state), layout.first_pass_rows(state), input_ids_full, hidden_states
+        geo, layout.restored_spans(state, geometry=geo), layout.first_pass_rows(state, geometry=geo)
     )
 
     # the prefill rows are the first-pass rows after the decode tokens (decodes come first, one row per token)
     k = torch.arange(Lb, device=geo.num_scheduled.device)
     num_tokens = torch.where(prefill, geo.local, 0).sum()
     at = (k + num_decode_tokens).clamp(max=Lb - 1)
-    keep = k < num_tokens
+    held = src.held.index_select(1, at) & (k < num_tokens)
+    index = src.index.index_select(1, at)
 
     # prefill k is request num_decode_reqs + k
     j = torch.arange(Rb, device=k.device)
     lens = torch.where(j + num_decode_reqs < state.num_reqs, take(geo.local, j + num_decode_reqs), 0)
     out = DraftSplit(
         num_tokens=num_tokens,
-        input_ids=masked_gather(src.ids, at, keep, 0),
-        hidden_states=masked_gather(src.hidden, at, keep, 0),
+        input_ids=_take_ids(input_ids_full, index[0], held[0]),
+        hidden_states=_take_hidden(hidden_states, index[1], held[1]),
         max_query_len=lens.max(),
         seq_lens=lens.to(torch.int32),
         cu_num_tokens=torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)]),
@@ -273,11 +278,10 @@ def first_pass_inputs(
         )
     if seq_lens is not None:
         check_rows("seq_lens", seq_lens, Rb, "R_b, one per request row")
-    geo = state_geometry(state)
-    real = real_requests(state)
+    geo, real = state_view(state)
     is_decode = state.is_decode[:Rb] & real
-    prefill = real & ~is_decode
-    decode_lens = torch.where(is_decode, geo.num_scheduled, 0).to(torch.int32)
+    prefill = real ^ is_decode  # real & ~is_decode (is_decode is real)
+    decode_lens = geo.num_scheduled * is_decode
     tis = token_indices_to_sample
     if P == 1:  # nothing is split: vllm-ascend hands everything back as it came
         return state, FirstPassInputs(
@@ -288,37 +292,34 @@ def first_pass_inputs(
             token_indices_to_sample=tis,
             query_start_loc=geo.token_start.to(torch.int32),
             seq_lens=seq_lens,
-            max_query_len=torch.where(real, geo.num_scheduled, 0).max(),
-            decode_query_lens=decode_lens,
+            max_query_len=(geo.num_scheduled * real).max(),
+            decode_query_lens=decode_lens.to(torch.int32),
             ori_token_indices_to_sample=tis,
         )
 
     layout = layout_of(cfg)
     src = _sources(
-        geo, layout.restored_spans(state), layout.first_pass_rows(state), input_ids_full, hidden_states
+        geo, layout.restored_spans(state, geometry=geo), layout.first_pass_rows(state, geometry=geo)
     )
     # decodes: logits_indices[tis]; prefill i (one of the last num_prefill entries):
     # logits_indices[num_logits - num_prefill + (i - num_decode)] = logits_indices[num_logits - num_reqs + i]
-    i = torch.arange(Rb, device=tis.device)
-    from_decode = take(logits_indices, tis.to(torch.int64))
-    from_prefill = take(logits_indices, num_logits - state.num_reqs + i)
-    new_tis = torch.where(is_decode, from_decode, torch.where(prefill, from_prefill, tis))
-    largest_prefill = torch.where(prefill, geo.local, 0).max()
+    entry = torch.where(is_decode, tis, geo.request_ids + (num_logits - state.num_reqs))
+    new_tis = torch.where(real, take(logits_indices, entry), tis)
     max_query_len = torch.where(
         prefill.any(),
-        largest_prefill.clamp(min=cfg.decode_threshold),
-        torch.where(is_decode, geo.num_scheduled, 0).max(),
+        (geo.local * prefill).max().clamp(min=cfg.decode_threshold),
+        decode_lens.max(),
     )
     out = FirstPassInputs(
         num_tokens=geo.local_start[-1],
-        input_ids=src.ids,
+        input_ids=_take_ids(input_ids_full, src.index[0], src.held[0]),
         positions=positions,
-        hidden_states=src.hidden,
+        hidden_states=_take_hidden(hidden_states, src.index[1], src.held[1]),
         token_indices_to_sample=new_tis.to(tis.dtype),
         query_start_loc=geo.local_start.to(torch.int32),
         seq_lens=None if seq_lens is None else torch.where(prefill, geo.local.to(seq_lens.dtype), seq_lens),
         max_query_len=max_query_len,
-        decode_query_lens=decode_lens,
+        decode_query_lens=decode_lens.to(torch.int32),
         ori_token_indices_to_sample=tis,
     )
     return state, out

@@ -23,19 +23,19 @@ rows of :func:`rebuild_spec_positions`, which it asks the layout for.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from ..core.buckets import Bucket
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import ragged_index, take
+from ..core.ragged import segment_of, segments_of, take
 from ..dcs.batch import token_rows
 from ..dcs.config import PCPConfig
-from ..dcs.layout import RequestGeometry, state_geometry
 from ..dcs.state import PCPState
 from ..layouts import layout_of
-from .inputs import check_rows, mtp_extra_tokens, mtp_rows, real_requests
+from .inputs import StateView, check_rows, mtp_extra_tokens, mtp_rows, state_view
 
 SlotFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -59,35 +59,74 @@ class MTPLayout:
     slot_mapping: torch.Tensor | None
 
 
-def mtp_layout(
-    cfg: PCPConfig,
-    bucket: Bucket,
-    geo: RequestGeometry,
-    real: torch.Tensor,
-    num_computed: torch.Tensor,
-    slot_fn: SlotFn | None,
-) -> MTPLayout | None:
-    """The MTP rows of a batch (``None`` when ``num_spec_tokens < 2``: vllm-ascend builds none)."""
+class ScheduledRows(NamedTuple):
+    """Request and absolute position of each scheduler-order row (``F_b``) and MTP row (``M_b``)."""
+
+    request: torch.Tensor  # [F_b] int64 (0 past the real rows)
+    positions: torch.Tensor  # [F_b] int64 num_computed[request] + offset (0 past)
+    valid: torch.Tensor  # [F_b] bool
+    mtp: MTPLayout | None  # the MTP rows (slot_mapping None), None when num_spec_tokens < 2
+    mtp_valid: torch.Tensor | None  # [M_b] bool, the real MTP rows
+
+
+def scheduled_rows(
+    cfg: PCPConfig, bucket: Bucket, view: StateView, num_computed: torch.Tensor
+) -> ScheduledRows:
+    """The scheduler-order rows and the MTP rows of a batch: one table of per-request shifts, painted
+    onto both row sets (one search each: one histogram on the CPU).
+
+    Request ``i``'s tokens are rows ``token_start[i] ..``, its MTP rows (its tokens, then
+    ``k - 1`` extras) start at ``token_start[i] + (k - 1) * i`` (the requests are a prefix); inside
+    either run the position grows with the row, so ``position = row + shift`` with one shift per
+    request and row set.
+    """
+    geo, real = view
+    F_rows = token_rows(cfg, bucket)
     extra = mtp_extra_tokens(cfg)
+    ts = geo.token_start
+    shift = num_computed - ts[:-1]  # int64 (token_start is)
+    channels = [shift, geo.request_ids]
     if extra == 0:
-        return None
-    M = mtp_rows(cfg, bucket)
-    lens = torch.where(real, geo.num_scheduled + extra, 0)
-    rows = ragged_index(lens, M)
-    positions = torch.where(rows.valid, take(num_computed, rows.segment) + rows.offset, 0)
-    request = torch.where(rows.valid, rows.segment, 0)
-    slots = None
-    if slot_fn is not None:
-        P = cfg.pcp_size
-        got = slot_fn(request, positions)
-        if got.shape != (M,):
-            raise ValueError(f"slot_fn must return [{M}] slots (one per MTP row), got {tuple(got.shape)}")
-        got = got.to(torch.int32)
-        pad = torch.full_like(got, cfg.pad_slot_id)
-        # token-strided, like the decode region of the padded slot mapping: row t at t * P
-        spread = torch.cat([torch.where(rows.valid, got, pad)[:, None], pad[:, None].expand(M, P - 1)], 1)
-        slots = spread.reshape(M * P)
-    return MTPLayout(request=request, positions=positions, num_tokens=lens.sum(), slot_mapping=slots)
+        slot = torch.arange(F_rows, dtype=torch.int64, device=ts.device)
+        table = torch.stack(channels)
+        segment = segment_of(ts[1:-1], slot)
+    else:
+        M = mtp_rows(cfg, bucket)  # >= F_b: the scheduler-order slots are a prefix of the MTP ones
+        slot = torch.arange(M, dtype=torch.int64, device=ts.device)
+        # every real request adds `extra` rows; real is a prefix: cumsum(real) = min(i + 1, num_reqs)
+        mtp_end = torch.add(ts[1:], torch.cumsum(real, 0), alpha=extra)
+        table = torch.stack([*channels, torch.add(shift, geo.request_ids, alpha=-extra)])
+        segment, mtp_segment = segments_of((ts[1:-1], slot[:F_rows]), (mtp_end[:-1], slot))
+    valid = slot[:F_rows] < ts[-1]
+    masked = table[:2].index_select(1, segment) * valid
+    positions = torch.addcmul(masked[0], slot[:F_rows], valid)
+    mtp = mtp_valid = None
+    if extra > 0:
+        mtp_valid = slot < mtp_end[-1]
+        mtp_masked = table[1:].index_select(1, mtp_segment) * mtp_valid
+        mtp = MTPLayout(
+            request=mtp_masked[0],
+            positions=torch.addcmul(mtp_masked[1], slot, mtp_valid),
+            num_tokens=mtp_end[-1],
+            slot_mapping=None,
+        )
+    return ScheduledRows(masked[1], positions, valid, mtp, mtp_valid)
+
+
+def mtp_slots(cfg: PCPConfig, rows: ScheduledRows, slot_fn: SlotFn | None) -> MTPLayout | None:
+    """The MTP layout of ``rows`` with its padded slot mapping (``slot_fn`` of every MTP row), or
+    without one when there is no ``slot_fn``."""
+    mtp, valid = rows.mtp, rows.mtp_valid
+    if mtp is None or slot_fn is None:
+        return mtp
+    M, P = mtp.request.shape[0], cfg.pcp_size
+    got = slot_fn(mtp.request, mtp.positions)
+    if got.shape != (M,):
+        raise ValueError(f"slot_fn must return [{M}] slots (one per MTP row), got {tuple(got.shape)}")
+    got = torch.where(valid, got.to(torch.int32), cfg.pad_slot_id)
+    # token-strided, like the decode region of the padded slot mapping: row t at t * P
+    slots = F.pad(got[:, None], (0, P - 1), value=cfg.pad_slot_id).reshape(M * P) if P > 1 else got
+    return MTPLayout(mtp.request, mtp.positions, mtp.num_tokens, slot_mapping=slots)
 
 
 @pytree_dataclass
@@ -111,15 +150,10 @@ class FullInputs:
     mtp: MTPLayout | None
 
 
-def _full_positions(geo: RequestGeometry, num_computed: torch.Tensor, rows: int):
-    idx = ragged_index(geo.num_scheduled, rows)
-    positions = torch.where(idx.valid, take(num_computed, idx.segment) + idx.offset, 0)
-    return idx, positions
-
-
-def _full_query_start_loc(geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
-    k = torch.arange(geo.token_start.shape[0], device=num_reqs.device)
-    return torch.where(k <= num_reqs, geo.token_start, -1).to(torch.int32)
+def full_query_start_loc(view: StateView) -> torch.Tensor:
+    """``[R_b + 1]`` int32 ``[0, cumsum(num_scheduled)]``, then -1 past ``num_reqs``."""
+    past = F.pad(~view.real, (1, 0))  # entry k is past the requests when k > num_reqs
+    return view.geo.token_start.masked_fill(past, -1).to(torch.int32)
 
 
 def full_input_ids(
@@ -158,25 +192,46 @@ def full_input_ids(
         num_computed_tokens: ``[R_b]`` (``batch.num_computed``).
         slot_fn: ``slot_fn(request [M_b], position [M_b]) -> [M_b]`` slots.
     """
-    cfg, bucket = state.config, state.bucket
-    check_rows("num_computed_tokens", num_computed_tokens, bucket.num_reqs, "R_b, one per request row")
+    check_rows("num_computed_tokens", num_computed_tokens, state.bucket.num_reqs, "R_b, one per request row")
+    check_token_ids(token_ids)
+    return state, full_inputs(state, state_view(state), token_ids, num_computed_tokens, slot_fn)
+
+
+def check_token_ids(token_ids: object) -> None:
     if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2 or 0 in token_ids.shape:
         shape = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
         raise ValueError(f"token_ids must be a [num_rows, max_model_len] table (non-empty), got {shape}")
-    geo = state_geometry(state)
-    computed = num_computed_tokens.to(torch.int64)
-    idx, positions = _full_positions(geo, computed, token_rows(cfg, bucket))
-    rows, width = token_ids.shape
-    flat = idx.segment.clamp(max=rows - 1) * width + positions.clamp(max=width - 1)
-    ids = token_ids.reshape(-1)[flat]
-    out = FullInputs(
-        input_ids=torch.where(idx.valid, ids, torch.zeros_like(ids)),
-        positions=positions,
-        query_start_loc=_full_query_start_loc(geo, state.num_reqs),
-        num_tokens=geo.token_start[-1],
-        mtp=mtp_layout(cfg, bucket, geo, real_requests(state), computed, slot_fn),
+
+
+def full_inputs(
+    state: PCPState,
+    view: StateView,
+    token_ids: torch.Tensor,
+    num_computed: torch.Tensor,
+    slot_fn: SlotFn | None,
+    table_checked: bool = False,
+) -> FullInputs:
+    """:func:`full_input_ids` (inputs checked) on the state's :class:`StateView`.
+
+    ``table_checked``: the host checked the table against the batch (``spec_step``:
+    ``make_spec_batch(..., token_ids=)``, and a table at least that large), so every real token
+    lies inside it and no read needs clamping (the rows past them read position 0 of row 0).
+    """
+    cfg, bucket = state.config, state.bucket
+    rows = scheduled_rows(cfg, bucket, view, num_computed)
+    num_rows, width = token_ids.shape
+    request, positions = rows.request, rows.positions
+    if not table_checked:  # a read past the table reads its last row / column
+        request = request if num_rows >= bucket.num_reqs else request.clamp(max=num_rows - 1)
+        positions = positions.clamp(max=width - 1)
+    flat = torch.add(positions, request, alpha=width)
+    return FullInputs(
+        input_ids=token_ids.reshape(-1).index_select(0, flat) * rows.valid,
+        positions=rows.positions,
+        query_start_loc=full_query_start_loc(view),
+        num_tokens=view.geo.token_start[-1],
+        mtp=mtp_slots(cfg, rows, slot_fn),
     )
-    return state, out
 
 
 def repair_full_input_ids(
@@ -210,11 +265,19 @@ def repair_full_input_ids(
     scheduled token is never written (vllm-ascend would write into the
     previous request's last token).
     """
-    cfg, bucket = state.config, state.bucket
-    Rb, F_rows = bucket.num_reqs, token_rows(cfg, bucket)
-    k = cfg.num_spec_tokens
-    check_rows("input_ids_full", input_ids_full, F_rows, "F_b, the bucket's scheduler-order tokens")
-    check_rows("prev_positions", prev_positions, Rb, "R_b, one per request row")
+    rows = token_rows(state.config, state.bucket)
+    check_rows("input_ids_full", input_ids_full, rows, "F_b, the bucket's scheduler-order tokens")
+    check_rows("prev_positions", prev_positions, state.bucket.num_reqs, "R_b, one per request row")
+    check_previous_tokens(state.config, prev_sampled_token_ids, draft_token_ids)
+    out = repaired_ids(
+        state, state_view(state), input_ids_full, prev_sampled_token_ids, draft_token_ids, prev_positions
+    )
+    return state, out
+
+
+def check_previous_tokens(config: PCPConfig, prev_sampled_token_ids: object, draft_token_ids: object) -> None:
+    """The previous step's tokens :func:`repair_full_input_ids` reads have the shapes it needs."""
+    k = config.num_spec_tokens
     if not isinstance(prev_sampled_token_ids, torch.Tensor) or prev_sampled_token_ids.dim() != 2:
         raise ValueError(
             "prev_sampled_token_ids must be [prev_reqs, num_sampled], "
@@ -235,25 +298,47 @@ def repair_full_input_ids(
             f"draft_token_ids must be [prev_reqs >= 1, num_spec_tokens={k}] or None, "
             f"got {tuple(getattr(draft_token_ids, 'shape', ()))}"
         )
-    geo = state_geometry(state)
-    n = geo.num_scheduled
-    drafts = torch.where(state.is_decode[:Rb], (n - 1).clamp(min=0), 0)
-    sample = geo.token_start[1:] - 1 - drafts
-    prev = prev_positions.to(torch.int64)
-    common = (prev >= 0) & real_requests(state) & (n > 0)
-    safe = prev.clamp(0, prev_sampled_token_ids.shape[0] - 1)
-    dtype = input_ids_full.dtype
 
-    dst = [torch.where(common, sample, F_rows)]
-    src = [prev_sampled_token_ids[safe, 0].to(dtype)]
-    if draft_token_ids is not None and k > 0:
-        j = torch.arange(k, device=prev.device)
-        spec = common[:, None] & (j < drafts.clamp(max=k)[:, None])
-        dst.append(torch.where(spec, sample[:, None] + 1 + j, F_rows).reshape(-1))
-        src.append(take(draft_token_ids.reshape(-1), safe[:, None] * k + j).to(dtype).reshape(-1))
+
+def repaired_ids(
+    state: PCPState,
+    view: StateView,
+    input_ids_full: torch.Tensor,
+    prev_sampled_token_ids: torch.Tensor,
+    draft_token_ids: torch.Tensor | None,
+    prev_positions: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`repair_full_input_ids` (inputs checked) on the state's :class:`StateView`.
+
+    One ``[R_b, 1 + k]`` grid of writes: column ``c`` of request ``i`` writes full row
+    ``sample[i] + c`` (the sampled token, then its drafts), kept when the request is carried
+    over and ``c <= drafts[i]``; the rest go to a trash row past the end.
+    """
+    cfg, Rb = state.config, state.bucket.num_reqs
+    F_rows = token_rows(cfg, state.bucket)
+    geo, real = view
+    n = geo.num_scheduled
+    k = cfg.num_spec_tokens if draft_token_ids is not None else 0
+    # a decode's drafts are its tokens but the first (at most k: a decode has at most 1 + k tokens)
+    drafts = (n - 1) * state.is_decode[:Rb]
+    carried = (prev_positions >= 0) & (n > 0) & real
+    last = torch.where(carried, drafts, -1)  # last column written, -1: none
+    column = torch.arange(-1, k, device=n.device)  # c - 1: the sampled token is at query_end - 1 - drafts
+    dst = (geo.token_start[1:] - drafts)[:, None] + column
+    dst = dst.masked_fill(column >= last[:, None], F_rows)
+    sampled_rows = prev_sampled_token_ids.shape[0]
+    safe = prev_positions.clamp(0, sampled_rows - 1)
+    if k == 0:
+        src = prev_sampled_token_ids[:, :1].index_select(0, safe)
+    elif draft_token_ids.shape[0] == sampled_rows:
+        src = torch.cat([prev_sampled_token_ids[:, :1], draft_token_ids], 1).index_select(0, safe)
+    else:  # tables of other lengths: each read clamped into its own table
+        j = torch.arange(k, device=n.device)
+        drafted = take(draft_token_ids.reshape(-1), safe[:, None].to(torch.int64) * k + j)
+        src = torch.cat([prev_sampled_token_ids[:, 0].index_select(0, safe)[:, None], drafted], 1)
     # writes go to distinct rows (each request's own); the rest land in a trash row past the end
-    out = F.pad(input_ids_full, (0, 1)).scatter(0, torch.cat(dst), torch.cat(src))
-    return state, out[:F_rows]
+    out = F.pad(input_ids_full, (0, 1)).scatter(0, dst.reshape(-1), src.to(input_ids_full.dtype).reshape(-1))
+    return out[:F_rows]
 
 
 @pytree_dataclass
@@ -298,14 +383,13 @@ def rebuild_spec_positions(
     """
     cfg, bucket = state.config, state.bucket
     check_rows("num_computed_tokens", num_computed_tokens, bucket.num_reqs, "R_b, one per request row")
-    geo = state_geometry(state)
-    computed = num_computed_tokens.to(torch.int64)
-    mine = layout_of(cfg).state_local_rows(state)
-    _, positions_full = _full_positions(geo, computed, token_rows(cfg, bucket))
+    view = state_view(state)
+    rows = scheduled_rows(cfg, bucket, view, num_computed_tokens)
+    mine = layout_of(cfg).state_local_rows(state, geometry=view.geo)
     out = RebuiltPositions(
-        positions=torch.where(mine.valid, take(computed, mine.request) + mine.position, 0),
-        positions_full=positions_full,
-        query_start_loc_full=_full_query_start_loc(geo, state.num_reqs),
-        mtp=mtp_layout(cfg, bucket, geo, real_requests(state), computed, slot_fn),
+        positions=(num_computed_tokens.index_select(0, mine.request) + mine.position) * mine.valid,
+        positions_full=rows.positions,
+        query_start_loc_full=full_query_start_loc(view),
+        mtp=mtp_slots(cfg, rows, slot_fn),
     )
     return state, out

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import ragged_index, take
-from ..dcs.layout import state_geometry
+from ..core.ragged import segment_of
 from ..dcs.state import PCPState
 from ..layouts import layout_of
-from .inputs import check_rows, draft_rows, real_requests, sampled_rows
+from .inputs import StateView, check_rows, draft_rows, sampled_rows, state_view
 
 
 @pytree_dataclass
@@ -90,45 +90,64 @@ def spec_decode_indices(
     A request with no scheduled token is not sampled by a real runner; where
     vllm-ascend's index would be ``-1`` (first request empty) it is 0 here.
     """
-    cfg, bucket = state.config, state.bucket
-    Rb, Lb = bucket.num_reqs, bucket.num_tokens
+    Rb, Lb = state.bucket.num_reqs, state.bucket.num_tokens
     check_rows("num_draft_tokens", num_draft_tokens, Rb, "R_b, one per request row")
     check_rows("input_ids", input_ids, Lb, "L_b, this rank's local rows")
+    return state, sampling_indices(state, state_view(state), num_draft_tokens, input_ids)
+
+
+def sampling_indices(
+    state: PCPState,
+    view: StateView,
+    num_draft_tokens: torch.Tensor,
+    input_ids: torch.Tensor,
+    local_start: torch.Tensor | None = None,
+) -> SpecDecodeIndices:
+    """:func:`spec_decode_indices` (inputs checked) on the state's :class:`StateView`;
+    ``local_start``: the layout's ``state_local_start`` when the caller has it (``spec_step``).
+
+    Both index sets are runs per request: request ``i``'s sampled slots ``cu_s[i] - s_i + j``
+    (``j < s_i``) hold ``end[i] - s_i + j`` for ``end`` its local or restored end, i.e.
+    ``slot + (end - cu_s)[i]``; its draft slots ``cu_d[i] - d_i + j`` target sampled slot
+    ``cu_s[i] - s_i + j = slot + i`` and read local row ``local_end[i] - d_i + j``. So one
+    scan gives both cumulative counts, and one search over both slot sets (sampled slots
+    ``[0, S_b)``, draft slots from ``S_b``) paints every index from one ``[2, 2 R_b + 2]``
+    table; a run's pad column (past the real slots of each set) paints values that clamp to 0.
+    """
+    cfg, bucket = state.config, state.bucket
+    Rb = bucket.num_reqs
+    S, D = sampled_rows(cfg, bucket), draft_rows(cfg, bucket)
     layout = layout_of(cfg)
-    n = state_geometry(state).num_scheduled
-    local_start = layout.state_local_start(state)
-    spans = layout.restored_spans(state)
-    real = real_requests(state)
-    drafts = torch.where(real, num_draft_tokens.to(torch.int64), 0)
-    sampled = torch.where(real, drafts + 1, 0)
-    cu_sampled = torch.cumsum(sampled, 0)
-
-    # sampled slots: request i's j-th sampled token is its (n - s + j)-th token
-    rows = ragged_index(sampled, sampled_rows(cfg, bucket))
-    first = lambda end: take(end - sampled, rows.segment) + rows.offset  # noqa: E731
-    local = first(local_start[1:])
-    restored = first(spans.start + n)
-    local = torch.where(rows.valid, local.clamp(min=0), 0)
-    restored = torch.where(rows.valid, restored.clamp(min=0), 0)
-
-    # draft slots: draft k of request i targets sampled slot (cu_sampled - s)[i] + k
-    drows = ragged_index(drafts, draft_rows(cfg, bucket))
-    target = take(cu_sampled - sampled, drows.segment) + drows.offset
-    target = torch.where(drows.valid, target, 0)
-    # the draft token is the next sampled token's input id (the runner's input_ids[logits][target + 1])
-    draft_ids = take(input_ids, take(local, target + 1))
-    draft_ids = torch.where(drows.valid, draft_ids, torch.zeros_like(draft_ids))
-
-    out = SpecDecodeIndices(
-        logits_indices=restored,
-        local_logits_indices=local,
-        target_logits_indices=target,
-        bonus_logits_indices=torch.where(real, cu_sampled - 1, 0),
-        cu_num_draft_tokens=torch.cumsum(drafts, 0).to(torch.int32),
-        cu_num_sampled_tokens=cu_sampled.to(torch.int32),
+    geo, real = view
+    if local_start is None:
+        local_start = layout.state_local_start(state, geometry=geo)
+    restored_end = layout.restored_spans(state, geometry=geo).start + geo.num_scheduled
+    local_end = local_start[1:]
+    drafts = num_draft_tokens * real
+    sampled = drafts + real
+    cu = torch.cumsum(torch.stack([sampled, drafts]), 1, dtype=torch.int64)  # the one scan: [cu_s, cu_d]
+    device = cu.device
+    # run ends of the two slot sets laid end to end: sampled [cu_s, S_b], drafts S_b + [cu_d, S_b]
+    ends = F.pad(cu, (0, 1), value=S) + torch.arange(0, 2 * S, S, device=device)[:, None]
+    # value - slot, per channel (local / restored for sampled slots, target / local row + 1 for drafts)
+    base = torch.stack([local_end, geo.request_ids + cu[1], restored_end, local_end + 1]).view(2, 2, Rb)
+    table = F.pad(base - ends[:, :Rb], (0, 1), value=-2 * S).view(2, 2 * Rb + 2)
+    slot = torch.arange(2 * S, dtype=torch.int64, device=device)
+    painted = table.index_select(1, segment_of(ends.view(-1), slot))
+    values = (painted + slot).clamp(min=0)
+    # the draft token is the next sampled token's input id (the runner's input_ids[logits][target + 1]);
+    # a zero row in front serves the slots past the drafts (their index clamps to 0)
+    draft_ids = F.pad(input_ids, (1, 0)).index_select(0, values[1, S : S + D])
+    cu32 = cu.to(torch.int32)
+    return SpecDecodeIndices(
+        logits_indices=values[1, :S],
+        local_logits_indices=values[0, :S],
+        target_logits_indices=values[0, S : S + D],
+        bonus_logits_indices=(cu[0] - 1) * real,
+        cu_num_draft_tokens=cu32[1],
+        cu_num_sampled_tokens=cu32[0],
         draft_token_ids=draft_ids,
         num_draft_tokens=drafts.to(torch.int32),
-        num_sampled=sampled.sum(),
-        num_drafts=drafts.sum(),
+        num_sampled=cu[0, -1],
+        num_drafts=cu[1, -1],
     )
-    return state, out

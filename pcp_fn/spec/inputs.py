@@ -2,7 +2,8 @@
 
 ``make_spec_batch`` is ``make_batch`` plus the per-request draft counts: it
 validates them (and, given the token table, that the table is wide enough),
-and moves everything to the device in one copy. Inside the ops nothing reads a
+and moves everything to the device in one copy (``make_batch``'s packed,
+staged host buffer, with the draft counts beside the other per-request rows). Inside the ops nothing reads a
 value; each buffer has a static capacity derived from ``(config, bucket)``:
 
 ==================  =================================  ==========================================
@@ -30,15 +31,17 @@ per-token input must have exactly its bucket rows (:func:`check_rows`: a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from ..core.buckets import Bucket
-from ..core.checks import ArrayLike, host_ints
+from ..core.checks import ArrayLike, host_int_rows, host_ints
 from ..core.pytree import pytree_dataclass, static_field
-from ..dcs.batch import SchedulerBatch, make_batch, token_rows
+from ..dcs.batch import SchedulerBatch, build_batch, token_rows
 from ..dcs.config import PCPConfig
+from ..dcs.layout import RequestGeometry, state_geometry
 from ..dcs.state import PCPState
 
 
@@ -93,6 +96,21 @@ def check_rows(name: str, tensor: object, rows: int, what: str) -> None:
 def real_requests(state: PCPState) -> torch.Tensor:
     """``[R_b]`` bool: the rows of the state's bucket that are requests of its last update."""
     return torch.arange(state.bucket.num_reqs, device=state.device) < state.num_reqs
+
+
+class StateView(NamedTuple):
+    """What every spec op reads of the state's last update, built once per op (``spec_step``: once,
+    from its own step's geometry) rather than once per map it derives."""
+
+    geo: RequestGeometry  # the request geometry at the bucket's R_b rows (one scan: every start)
+    real: torch.Tensor  # [R_b] bool, rows that are requests of the last update
+
+
+def state_view(state: PCPState, geometry: RequestGeometry | None = None) -> StateView:
+    """:class:`StateView` of ``state``; ``geometry``: its :func:`pcp_fn.dcs.layout.state_geometry`
+    when the caller already has it (``spec_step``: the step's own)."""
+    geo = state_geometry(state) if geometry is None else geometry
+    return StateView(geo, geo.request_ids < state.num_reqs)
 
 
 def check_num_draft_tokens(config: PCPConfig, num_scheduled: np.ndarray, drafts: np.ndarray) -> None:
@@ -153,10 +171,16 @@ def make_spec_batch(
 ) -> tuple[SchedulerBatch, SpecInputs]:
     """``make_batch`` plus the draft counts, validated, in one host-to-device copy.
 
+    The draft counts travel in ``make_batch``'s packed host buffer (after the
+    per-request counts): one copy for the batch, its slot mapping and the
+    drafts, on a GPU or NPU a non-blocking one from a pinned staging buffer
+    (:mod:`pcp_fn.core.staging`). Every check is kept and vectorised; the
+    loops that name a bad entry run only once a check failed.
+
     Args:
         num_scheduled_tokens, num_computed_tokens, num_prompt_tokens,
             slot_mapping, bucket: as for :func:`pcp_fn.make_batch` (the slot
-            mapping, padded to ``[F_b]``, is a second copy).
+            mapping padded to ``[F_b]``).
         num_draft_tokens: draft tokens per request (``0 .. num_spec_tokens``,
             and at most ``num_scheduled - 1``).
         token_ids: the ``[rows, max_model_len]`` token table the spec ops will
@@ -174,45 +198,47 @@ def make_spec_batch(
         batch, spec = make_spec_batch(cfg, [2, 2, 8], [6, 8, 0], [6, 8, 8], [1, 1, 0])
         spec.num_draft_tokens      # [1, 1, 0, 0]  (bucket of 4 requests)
     """
-    host = make_batch(
-        config,
-        num_scheduled_tokens,
-        num_computed_tokens,
-        num_prompt_tokens,
-        slot_mapping=slot_mapping,
-        bucket=bucket,
-    )
-    sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
-    comp = host_ints("num_computed_tokens", num_computed_tokens)
-    drafts = host_ints("num_draft_tokens", num_draft_tokens)
-    check_num_draft_tokens(config, sched, drafts)
+    counts = (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
     shape = None
     if token_ids is not None:
-        shape = tuple(int(x) for x in (token_ids.shape if isinstance(token_ids, torch.Tensor) else token_ids))
-        check_token_table(shape, sched, comp)
+        if isinstance(token_ids, torch.Tensor):
+            shape = tuple(token_ids.shape)  # torch.Size: ints already
+        else:
+            shape = tuple(int(x) for x in token_ids)
 
-    Rb = host.bucket.num_reqs
-    padded = np.zeros(Rb, dtype=np.int32)
-    padded[: drafts.size] = drafts
-    # one buffer, one copy: the batch's [3*Rb + 1] then the drafts [Rb]
-    packed = torch.cat(
-        [
-            host.num_scheduled,
-            host.num_computed,
-            host.num_prompt,
-            host.num_reqs.reshape(1),
-            torch.from_numpy(padded),
-        ]
+    def check(rows: np.ndarray, top: list[int]) -> None:
+        # drafts and table in the common case: no drafts, or drafts <= k and drafts <= n - 1 (one
+        # reduction), and no request reads past the table; anything else (an empty request's 0
+        # drafts among others too) takes the exact checks, which name the entry
+        if top[3] and (top[3] > config.num_spec_tokens or _smin(rows[0] - rows[3]) < 1):
+            check_num_draft_tokens(config, rows[0], rows[3])
+        if shape is not None and (len(shape) != 2 or rows.shape[1] > shape[0] or top[0] + top[1] > shape[1]):
+            check_token_table(shape, rows[0], rows[1])
+
+    drafts = num_draft_tokens
+    if not (_int_vector(drafts) and _int_vector(counts[0]) and drafts.shape[0] == counts[0].shape[0]):
+        # not the runner's numpy arrays: the counts' own checks, then the drafts' (messages that
+        # name them), then every check on the arrays as numpy
+        counts = tuple(host_int_rows(_COUNTS, counts)[0])
+        drafts = host_ints("num_draft_tokens", drafts)
+        if drafts.shape[0] != counts[0].shape[0]:
+            check_num_draft_tokens(config, counts[0], drafts)
+    batch, (drafts_d,) = build_batch(config, _NAMES, (*counts, drafts), device, slot_mapping, bucket, check)
+    spec = _new(SpecInputs)  # checked above: no __init__ to repeat it
+    spec.__dict__.update(num_draft_tokens=drafts_d, token_ids_shape=shape)
+    return batch, spec
+
+
+def _int_vector(a: object) -> bool:
+    """A 1-D numpy array of an integer type whose values an int64 holds (not uint64)."""
+    return (
+        type(a) is np.ndarray
+        and a.ndim == 1
+        and (a.dtype.kind == "i" or (a.dtype.kind == "u" and a.dtype.itemsize < 8))
     )
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    dev = packed.to(device)
-    batch = SchedulerBatch(
-        config=host.config,
-        bucket=host.bucket,
-        num_reqs=dev[3 * Rb],
-        num_scheduled=dev[0:Rb],
-        num_computed=dev[Rb : 2 * Rb],
-        num_prompt=dev[2 * Rb : 3 * Rb],
-        slot_mapping=None if host.slot_mapping is None else host.slot_mapping.to(device),
-    )
-    return batch, SpecInputs(num_draft_tokens=dev[3 * Rb + 1 :], token_ids_shape=shape)
+
+
+_new = object.__new__
+_smin = np.minimum.reduce
+_COUNTS = ("num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens")
+_NAMES = (*_COUNTS, "num_draft_tokens")

@@ -16,9 +16,8 @@ import torch
 from ..core.pytree import pytree_dataclass
 from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
-from ..dcs.layout import state_geometry
 from ..dcs.state import PCPState
-from .inputs import check_rows, mtp_rows, real_requests
+from .inputs import StateView, check_rows, mtp_rows, state_view
 
 
 def my_cp_lens(state: PCPState, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,17 +82,26 @@ def mtp_slot_inputs(
     check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
     _check_mtp_slots(state, mtp_slot_mapping)
     k = cfg.num_spec_tokens if num_speculative_tokens is None else num_speculative_tokens
-    geo = state_geometry(state)
-    starts, ends = geo.token_start[:-1], geo.token_start[1:]
-    rejected = ends - token_indices_to_sample.to(torch.int64) - 1
-    accepted = geo.num_scheduled - rejected
-    i = torch.arange(Rb, device=starts.device)
-    base = starts * P + i * (k - 1) * P + (accepted - 1) * P
     used = state.num_reqs if num_reqs is None else num_reqs
-    base = torch.where(i < used, base, 0)
-    rank = torch.arange(P, device=starts.device)
-    slot_indices = torch.where((i < used)[:, None], base[:, None] + rank, 0).reshape(Rb * P)
-    return state, MTPSlotInputs(slot_indices=slot_indices, slot_mapping=mtp_slot_mapping)
+    return state, MTPSlotInputs(
+        slot_indices=slot_indices(token_indices_to_sample, k, P, used), slot_mapping=mtp_slot_mapping
+    )
+
+
+def slot_indices(
+    token_indices_to_sample: torch.Tensor, k: int, P: int, num_reqs: torch.Tensor | int
+) -> torch.Tensor:
+    """``[R_b * P]`` int64 :attr:`MTPSlotInputs.slot_indices`.
+
+    ``query_start + accepted - 1`` is ``token_indices_to_sample`` itself (``accepted - 1 =
+    tis - (query_end - query_len)``), so request ``i``'s rows are ``(tis[i] + i*(k-1)) * P + r``:
+    nothing of the layout is read.
+    """
+    Rb = token_indices_to_sample.shape[0]
+    i = torch.arange(Rb, device=token_indices_to_sample.device)
+    row = torch.add(token_indices_to_sample, i, alpha=k - 1)  # int64 (i is)
+    rank = torch.arange(P, device=row.device)
+    return (torch.add(rank, row[:, None], alpha=P) * (i < num_reqs)[:, None]).reshape(Rb * P)
 
 
 @pytree_dataclass
@@ -146,25 +154,22 @@ def mtp_drafting_inputs(
     check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
     check_rows("seq_lens", seq_lens, Rb, "R_b, one per request row")
     _check_mtp_slots(state, mtp_slot_mapping)
-    num_decode = (state.is_decode[:Rb] & real_requests(state)).sum()
+    # is_decode is False past num_reqs (PCPState: the decodes of the last update, a prefix)
+    num_decode = state.is_decode[:Rb].sum()
     if is_prefill_batch is None:
-        prefill = num_decode < state.num_reqs
+        decode_batch = num_decode >= state.num_reqs
     elif isinstance(is_prefill_batch, bool):  # a static flag: a fill kernel, no host-to-device copy
-        prefill = torch.full((), is_prefill_batch, dtype=torch.bool, device=num_decode.device)
+        decode_batch = torch.full((), not is_prefill_batch, dtype=torch.bool, device=num_decode.device)
     else:
-        prefill = is_prefill_batch.to(torch.bool)
-    decode_only = (num_decode > 0) & ~prefill
-    dcp_prefill = prefill & (cfg.pcp_size == 1 and cfg.dcp_size > 1)
-    num_reqs = torch.where(dcp_prefill, state.num_reqs, num_decode)
-    _, slots = mtp_slot_inputs(
-        state,
-        token_indices_to_sample,
-        mtp_slot_mapping,
-        num_reqs=num_reqs,
-        num_speculative_tokens=k,
-    )
+        decode_batch = ~is_prefill_batch.to(torch.bool)
+    active = (num_decode > 0) & decode_batch
+    num_reqs = num_decode
+    if cfg.pcp_size == 1 and cfg.dcp_size > 1:  # a prefill batch under DCP alone: every request drafts
+        active = active | ~decode_batch
+        num_reqs = torch.where(decode_batch, num_decode, state.num_reqs)
+    slots = MTPSlotInputs(slot_indices(token_indices_to_sample, k, cfg.pcp_size, num_reqs), mtp_slot_mapping)
     out = MTPDraftingInputs(
-        active=decode_only | dcp_prefill,
+        active=active,
         num_reqs=num_reqs,
         seq_lens=seq_lens,
         slot_indices=slots.slot_indices,
@@ -216,34 +221,51 @@ def mtp_attention_mask(
             past it are dropped. Not a row count: the rows are the state's
             bucket's.
     """
-    cfg = state.config
-    Rb, T = state.bucket.num_reqs, cfg.decode_threshold
+    Rb = state.bucket.num_reqs
     check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row")
     if isinstance(num_cols, bool) or not isinstance(num_cols, int) or num_cols < 1:
         raise ValueError(f"num_cols must be a positive int, got {num_cols!r}")
-    geo = state_geometry(state)
-    decode = state.is_decode[:Rb] & real_requests(state)
-    h, n = num_computed_tokens.to(torch.int64), geo.num_scheduled
-    q = torch.arange(T, device=h.device)
-    _, seen = my_cp_lens(state, h[:, None] + q + 1)  # [R_b, T] local keys query q sees
-    _, held = my_cp_lens(state, h + n)  # [R_b] local keys of the request
+    return state, attention_mask(state, state_view(state), num_computed_tokens, num_cols)
+
+
+def rank_local_lens(state: PCPState, seq_lens: torch.Tensor) -> torch.Tensor:
+    """This rank's entry of :func:`pcp_fn.cp_local_seq_lens` (``my_cp_lens(state, seq_lens)[1]``),
+    computed for this rank alone: ``seq_lens``' shape, int64."""
+    cfg = state.config
+    C, I = cfg.pcp_size * cfg.dcp_size, cfg.cp_kv_cache_interleave_size
+    c = state.pcp_rank * cfg.dcp_size + cfg.dcp_rank  # this rank's place among the C (int or 0-d tensor)
+    if I == 1:  # rank c holds the tokens t < s with t % C == c: ceil((s - c) / C), 0 when s <= c
+        return (seq_lens + (C - 1 - c)) // C
+    rounds = seq_lens // (C * I)  # full rounds of C blocks, then rank c's share of the partial round
+    return torch.add(torch.add(seq_lens - c * I, rounds, alpha=-C * I).clamp(0, I), rounds, alpha=I)
+
+
+def attention_mask(
+    state: PCPState, view: StateView, num_computed: torch.Tensor, num_cols: int
+) -> MTPAttentionMask:
+    """:func:`mtp_attention_mask` (inputs checked) on the state's :class:`StateView`."""
+    cfg = state.config
+    Rb, T = state.bucket.num_reqs, cfg.decode_threshold
+    geo, real = view
+    decode = state.is_decode[:Rb] & real
+    q = torch.arange(1, T + 1, device=num_computed.device)  # query q - 1 sees the first h + q tokens
+    seen = rank_local_lens(state, num_computed[:, None] + q)  # [R_b, T] local keys query q sees
+    held = rank_local_lens(state, num_computed + geo.num_scheduled)  # [R_b] local keys of the request
     # The blocked keys of query q form one interval [seen, held) of at most n - 1 - q < thr keys
-    # (the request's local keys among its later spec tokens). So the mask is all zeros but
-    # R_b * thr * (thr - 1) entries: write those by index into a zero buffer (a trash slot takes
-    # the rest) instead of comparing every one of the R_b * thr * num_cols entries.
-    row = decode[:, None] & (q < n[:, None]) & (seen >= 1)
-    j = torch.arange(max(T - 1, 0), device=h.device)
-    col = seen[:, :, None] + j  # [R_b, thr, thr - 1]
-    hit = row[:, :, None] & (col < held[:, None, None]) & (col < num_cols)
-    cell = (torch.arange(Rb * T, device=h.device).reshape(Rb, T, 1) * num_cols + col).reshape(-1)
+    # (the request's local keys among its later spec tokens; empty for q >= n, where seen >= held).
+    # So the mask is all zeros but R_b * thr * (thr - 1) entries: write those by index into a zero
+    # buffer (a trash slot takes the rest) instead of comparing every one of the R_b * thr * num_cols
+    # entries. A query that sees no local key blocks nothing (vllm-ascend's guard), nor does a row
+    # that is not a decode: their interval ends at 0.
+    end = (held.clamp(max=num_cols) * decode)[:, None] * (seen >= 1)  # [R_b, thr]
+    col = seen[:, :, None] + torch.arange(max(T - 1, 0), device=q.device)  # [R_b, thr, thr - 1]
     size = Rb * T * num_cols
-    flat = torch.zeros(size + 1, dtype=torch.int8, device=h.device)
-    flat = flat.index_fill(0, torch.where(hit.reshape(-1), cell, size), 1)
+    cell = torch.arange(0, size, num_cols, device=q.device).view(Rb, T, 1) + col
+    cell = cell.masked_fill(col >= end[:, :, None], size)
+    flat = torch.zeros(size + 1, dtype=torch.int8, device=q.device).index_fill(0, cell.view(-1), 1)
     mask = flat[:size].view(torch.bool).reshape(Rb, T, num_cols)
     num_decode = decode.sum()
-    return state, MTPAttentionMask(
-        mask=mask, num_rows=torch.where(num_decode > 0, num_decode, state.num_reqs)
-    )
+    return MTPAttentionMask(mask=mask, num_rows=torch.where(num_decode > 0, num_decode, state.num_reqs))
 
 
 def mask_restore_index_for_graph(

@@ -22,16 +22,21 @@ import torch
 
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import masked_gather, take
 from ..dcs.batch import SchedulerBatch
-from ..dcs.layout import state_geometry
 from ..dcs.state import PCPState
 from ..layouts import check_batch
-from ..step import StepOutputs, step
-from .full import FullInputs, SlotFn, full_input_ids, repair_full_input_ids
-from .indices import SpecDecodeIndices, spec_decode_indices
-from .inputs import SpecInputs, check_rows
-from .mtp import MTPAttentionMask, mtp_attention_mask
+from ..step import StepOutputs, step_update
+from .full import (
+    FullInputs,
+    SlotFn,
+    check_previous_tokens,
+    check_token_ids,
+    full_inputs,
+    repaired_ids,
+)
+from .indices import SpecDecodeIndices, sampling_indices
+from .inputs import SpecInputs, check_rows, state_view
+from .mtp import MTPAttentionMask, attention_mask
 
 
 @pytree_dataclass
@@ -126,35 +131,34 @@ def spec_step(
         raise TypeError(f"spec must be SpecInputs (make_spec_batch), got {type(spec).__name__}")
     check_rows("spec.num_draft_tokens", spec.num_draft_tokens, batch.bucket.num_reqs, "R_b, the batch's")
     _check_token_table(spec, token_ids)
+    check_token_ids(token_ids)
     if prev is not None:
         check_rows("prev.positions", prev.positions, batch.bucket.num_reqs, "R_b, the batch's")
+        check_previous_tokens(state.config, prev.sampled_token_ids, prev.draft_token_ids)
     cfg = state.config
-    state, out = step(state, batch, slot_mapping)
-    # from here on `state` records this batch (its bucket): the consumer ops read it
-    state, full = full_input_ids(state, token_ids, batch.num_computed, slot_fn=slot_fn)
+    up, out = step_update(state, batch, slot_mapping)
+    # from here on `state` records this batch (its bucket): the consumer ops read it, and the
+    # step's own geometry (the state's: not rebuilt)
+    state = up.state
+    view = state_view(state, up.geometry)
+    full = full_inputs(state, view, token_ids, batch.num_computed, slot_fn, table_checked=True)
     if prev is not None:
-        state, ids = repair_full_input_ids(
-            state, full.input_ids, prev.sampled_token_ids, prev.draft_token_ids, prev.positions
+        ids = repaired_ids(
+            state, view, full.input_ids, prev.sampled_token_ids, prev.draft_token_ids, prev.positions
         )
-        full = FullInputs(
-            input_ids=ids,
-            positions=full.positions,
-            query_start_loc=full.query_start_loc,
-            num_tokens=full.num_tokens,
-            mtp=full.mtp,
-        )
+        full = FullInputs(ids, full.positions, full.query_start_loc, full.num_tokens, full.mtp)
     # local ids: a local row at offset o < n of request i is scheduler-order token token_start[i] + o
-    geo = state_geometry(state)
     layout = out.layout
     request, offset = layout.request_index, layout.positions
-    real = (torch.arange(batch.bucket.num_tokens, device=offset.device) < layout.num_tokens) & (
-        offset < take(geo.num_scheduled, request)
+    start_and_len = torch.stack([view.geo.token_start[:-1], view.geo.num_scheduled]).index_select(1, request)
+    real = (offset < start_and_len[1]) & (
+        torch.arange(batch.bucket.num_tokens, device=offset.device) < layout.num_tokens
     )
-    local_ids = masked_gather(full.input_ids, take(geo.token_start, request) + offset, real, 0)
-    state, indices = spec_decode_indices(state, spec.num_draft_tokens, local_ids)
+    local_ids = full.input_ids.index_select(0, (start_and_len[0] + offset) * real) * real
+    indices = sampling_indices(state, view, spec.num_draft_tokens, local_ids, local_start=up.local_start)
     mask = None
     if cfg.pcp_size * cfg.dcp_size > 1 and cfg.num_spec_tokens > 0:
-        state, mask = mtp_attention_mask(state, batch.num_computed, token_ids.shape[1])
+        mask = attention_mask(state, view, batch.num_computed, token_ids.shape[1])
     return state, SpecStepOutputs(
         step=out, input_ids=local_ids, full=full, indices=indices, attention_mask=mask
     )
