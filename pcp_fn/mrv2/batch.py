@@ -263,19 +263,20 @@ def make_batch(
         names = _COUNTS
     else:
         names, counts = _COUNTS_AND_MAPPING, (*counts, idx_mapping)
-    arrays, rows, top = host_int_rows(names, counts)  # [k, n] int64, each in [0, INT32_MAX]
+    arrays, rows, bound = host_int_rows(names, counts)  # [k, n] int64, each in [0, bound <= INT32_MAX]
     num_reqs = rows.shape[1]
     if is_prefilling is not None:
         pf = host_bools("is_prefilling", is_prefilling)
         if pf.shape[0] != num_reqs:
             check_same_length(**dict(zip(names, arrays)), is_prefilling=pf)
-    if top[0] + top[1] > INT32_MAX:  # only then can a sequence length overflow
+    if 2 * bound > INT32_MAX:  # only then can a sequence length overflow
         seq_end = rows[1] + rows[0]
-        i = int(np.flatnonzero(seq_end > INT32_MAX)[0])
-        raise ValueError(
-            f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
-            f"limit {INT32_MAX} (request {i}'s sequence length, vLLM's seq_lens_cpu_upper_bound)"
-        )
+        if seq_end.max() > INT32_MAX:
+            i = int(np.argmax(seq_end > INT32_MAX))
+            raise ValueError(
+                f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
+                f"limit {INT32_MAX} (request {i}'s sequence length, vLLM's seq_lens_cpu_upper_bound)"
+            )
     R, T = config.max_num_reqs, config.max_num_tokens
     if num_reqs > R:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {R}")
@@ -321,7 +322,7 @@ def make_batch(
             host_pos[: pos.shape[0]] = pos
             host_pos[pos.shape[0] :] = 0
         else:
-            _default_positions(host_pos, rows, top[0], total)
+            _default_positions(host_pos, rows, int(rows[0].max()) if num_reqs else 0, total)
     per_request = host_words[pos_words:ids_at]
     table = per_request[: 5 * R].reshape(5, R)
     table[:3, :num_reqs] = rows[:3]
