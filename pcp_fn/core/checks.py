@@ -137,6 +137,23 @@ def host_int_rows(
     return arrs, flat.reshape(len(arrs), n), bound
 
 
+def check_sequence_ends(rows: np.ndarray, bound: int, meaning: str) -> None:
+    """``num_computed_tokens + num_scheduled_tokens`` (``rows[1] + rows[0]`` of
+    :func:`host_int_rows`) must fit int32; ``bound`` is its bound on every entry, so the sums
+    are only formed when two entries could overflow. ``meaning`` says what the sum is (``{i}``
+    is the request) in the ``ValueError``.
+    """
+    if 2 * bound <= INT32_MAX:
+        return
+    seq_end = rows[1] + rows[0]
+    if seq_end.max() > INT32_MAX:
+        i = int(np.argmax(seq_end > INT32_MAX))
+        raise ValueError(
+            f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
+            f"limit {INT32_MAX} ({meaning.format(i=i)})"
+        )
+
+
 def host_bools(name: str, values: ArrayLike) -> np.ndarray:
     """``[n]`` bool copy of a per-request flag array (dtype must be bool)."""
     arr = _host_array(name, values)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..core.buckets import Bucket
-from ..core.checks import INT32_MAX, ArrayLike, host_int_rows
+from ..core.checks import ArrayLike, check_sequence_ends, host_int_rows
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.staging import host_buffer, to_device
 from .config import PCPConfig
@@ -193,14 +193,7 @@ def build_batch(
     arrays, rows, bound = host_int_rows(names, counts)
     sched, comp, prompt = arrays[:3]  # each holds values in [0, INT32_MAX]: arithmetic below cannot wrap
     num_reqs = rows.shape[1]
-    if 2 * bound > INT32_MAX:  # only then can a sequence length overflow
-        seq_end = rows[1] + rows[0]
-        if seq_end.max() > INT32_MAX:
-            i = int(np.argmax(seq_end > INT32_MAX))
-            raise ValueError(
-                f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
-                f"limit {INT32_MAX} (the sequence length of request {i})"
-            )
+    check_sequence_ends(rows, bound, "the sequence length of request {i}")
     if num_reqs > config.max_num_reqs:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {config.max_num_reqs}")
     total = int(np.add.reduce(sched))

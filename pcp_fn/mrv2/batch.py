@@ -27,7 +27,15 @@ import numpy as np
 import torch
 
 from ..core.buckets import Bucket
-from ..core.checks import INT32_MAX, ArrayLike, check_same_length, host_bools, host_int_rows, host_ints
+from ..core.checks import (
+    INT32_MAX,
+    ArrayLike,
+    check_same_length,
+    check_sequence_ends,
+    host_bools,
+    host_int_rows,
+    host_ints,
+)
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.staging import host_buffer, to_device
 from . import host
@@ -269,14 +277,7 @@ def make_batch(
         pf = host_bools("is_prefilling", is_prefilling)
         if pf.shape[0] != num_reqs:
             check_same_length(**dict(zip(names, arrays)), is_prefilling=pf)
-    if 2 * bound > INT32_MAX:  # only then can a sequence length overflow
-        seq_end = rows[1] + rows[0]
-        if seq_end.max() > INT32_MAX:
-            i = int(np.argmax(seq_end > INT32_MAX))
-            raise ValueError(
-                f"num_computed_tokens[{i}] + num_scheduled_tokens[{i}] = {seq_end[i]} exceeds the int32 "
-                f"limit {INT32_MAX} (request {i}'s sequence length, vLLM's seq_lens_cpu_upper_bound)"
-            )
+    check_sequence_ends(rows, bound, "request {i}'s sequence length, vLLM's seq_lens_cpu_upper_bound")
     R, T = config.max_num_reqs, config.max_num_tokens
     if num_reqs > R:
         raise ValueError(f"the batch has {num_reqs} requests; max_num_reqs is {R}")
