@@ -140,6 +140,9 @@ def gloo_worker(rank, world_size, init_file, result_dir, layout, k, compiled):
         accepted = sum(len(s) - 1 for r in records for s in r.sampled)
         with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as f:
             f.write(f"{len(records)} {worst} {drafts} {accepted}\n")
+        # every rank done before any tears gloo down: a peer destroyed mid-send once aborted a
+        # rank ("terminate called without an active exception") after all checks had passed
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
