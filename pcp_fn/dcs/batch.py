@@ -176,7 +176,7 @@ def build_batch(
     device: torch.device | str | None = None,
     slot_mapping: ArrayLike | None = None,
     bucket: Bucket | None = None,
-    check: Callable[[np.ndarray, list[int]], None] | None = None,
+    check: Callable[[np.ndarray, int], None] | None = None,
 ) -> tuple[SchedulerBatch, list[torch.Tensor]]:
     """:func:`make_batch` of ``counts`` (scheduled, computed, prompt, then any extra rows).
 
@@ -184,9 +184,9 @@ def build_batch(
     the batch in its one copy: ``counts[3:]`` (named by ``names[3:]``; ``names[:3]`` name the
     three counts) are checked with the three in one pass (1-D integers in ``[0, INT32_MAX]``, the
     batch's length) and come back as one ``[R_b]`` int32 device tensor each, zero past
-    ``num_reqs``. ``check(rows, top)`` runs once every ``make_batch`` check passed, before
-    anything is copied (``rows``: ``[len(counts), n]`` int64, ``top`` the row maxima): the
-    boundary's own checks.
+    ``num_reqs``. ``check(rows, bound)`` runs once every ``make_batch`` check passed, before
+    anything is copied (``rows``: ``[len(counts), n]`` int64, ``bound`` >= every entry, from
+    :func:`pcp_fn.core.checks.host_int_rows`): the boundary's own checks.
     """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
@@ -235,7 +235,7 @@ def build_batch(
             )
     slots = None if slot_mapping is None else _host_slots(slot_mapping, total)
     if check is not None:
-        check(rows, rows.max(axis=1).tolist() if num_reqs else [0] * rows.shape[0])
+        check(rows, bound)
     C = rows.shape[0]
     if device is not None:
         device = torch.device(device)

@@ -206,14 +206,15 @@ def make_spec_batch(
         else:
             shape = tuple(int(x) for x in token_ids)
 
-    def check(rows: np.ndarray, top: list[int]) -> None:
-        # drafts and table in the common case: no drafts, or drafts <= k and drafts <= n - 1 (one
-        # reduction), and no request reads past the table; anything else (an empty request's 0
-        # drafts among others too) takes the exact checks, which name the entry
-        if top[3] and (top[3] > config.num_spec_tokens or _smin(rows[0] - rows[3]) < 1):
-            check_num_draft_tokens(config, rows[0], rows[3])
-        if shape is not None and (len(shape) != 2 or rows.shape[1] > shape[0] or top[0] + top[1] > shape[1]):
-            check_token_table(shape, rows[0], rows[1])
+    def check(rows: np.ndarray, bound: int) -> None:
+        # the common case in two reductions: drafts <= min(scheduled - 1, k) everywhere, and no
+        # request reads past the table (2 * bound >= computed + scheduled); anything else (an empty
+        # request's 0 drafts too) takes the exact checks, which name the entry
+        sched, drafts = rows[0], rows[3]
+        if rows.shape[1] and _smax(drafts - np.minimum(sched - 1, config.num_spec_tokens)) > 0:
+            check_num_draft_tokens(config, sched, drafts)
+        if shape is not None and (len(shape) != 2 or rows.shape[1] > shape[0] or 2 * bound > shape[1]):
+            check_token_table(shape, sched, rows[1])
 
     drafts = num_draft_tokens
     if not (_int_vector(drafts) and _int_vector(counts[0]) and drafts.shape[0] == counts[0].shape[0]):
@@ -239,6 +240,6 @@ def _int_vector(a: object) -> bool:
 
 
 _new = object.__new__
-_smin = np.minimum.reduce
+_smax = np.maximum.reduce
 _COUNTS = ("num_scheduled_tokens", "num_computed_tokens", "num_prompt_tokens")
 _NAMES = (*_COUNTS, "num_draft_tokens")
