@@ -37,9 +37,8 @@ from vllm_lockstep import (
     MAX_BLOCKS,
     Case,
     assert_same,
-    block_ids,
     make_global_batch,
-    scheduler_steps,
+    runner_steps,
 )
 
 #: Where the adapter may differ from vllm-ascend's manager, and how the driver maps it.
@@ -349,21 +348,8 @@ def run_ascend_lockstep(
             refs[q].input_buffers.query_start_loc.shape,
             ads[q].input_buffers.query_start_loc.shape,
         )
-    seen_states: dict[int, int] = {}
-    for i, step in enumerate(scheduler_steps(case)):
-        if i >= case.max_steps:
-            break
-        for rid, s in zip(step.req_ids, step.states):
-            if seen_states.get(s) != rid:
-                seen_states[s] = rid
-                for bt in tables:
-                    bt.set_row(s, block_ids(rid))
-        order = list(range(len(step.req_ids)))
-        if i % 4 == 3:
-            rng.shuffle(order)
-            summary.shuffled += 1
-        sched = np.array([step.sched[k] for k in order], np.int32)
-        prefilling = (np.minimum(step.computed, step.prompt) < np.array(step.prompt))[order]
+    for rs in runner_steps(case, tables, rng, summary):
+        i, step, order, sched, prefilling = rs.index, rs.step, rs.order, rs.sched, rs.prefilling
         widest = refs[0].get_num_tokens_for_dispatch(sched, prefilling)
         for q in range(P):
             cmp.same(f"step {i} dispatch", widest, ads[q].get_num_tokens_for_dispatch(sched, prefilling))

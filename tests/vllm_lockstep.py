@@ -139,6 +139,39 @@ def scheduler_steps(case: Case) -> Iterator[GlobalStep]:
                 req.drafts = rng.integers(1, 100, case.spec).tolist()
 
 
+@dataclasses.dataclass
+class RunnerStep:
+    """One scheduler step as the runner hands it to every rank's manager."""
+
+    index: int
+    step: GlobalStep
+    order: list[int]  # the rows of ``step`` in the runner's order (every 4th step shuffled)
+    sched: np.ndarray  # [n] int32 scheduled tokens, in ``order``
+    prefilling: np.ndarray  # [n] bool, in ``order``: the request is still in its prompt
+
+
+def runner_steps(case: Case, tables: list[Any], rng: Any, summary: Any) -> Iterator[RunnerStep]:
+    """:func:`scheduler_steps` (at most ``case.max_steps``) as a runner walks them: a request new to
+    its state row gets its blocks in every block table of ``tables``, and every 4th step's rows
+    are shuffled (``summary.shuffled`` counts them)."""
+    seen_states: dict[int, int] = {}
+    for i, step in enumerate(scheduler_steps(case)):
+        if i >= case.max_steps:
+            return
+        for rid, s in zip(step.req_ids, step.states):
+            if seen_states.get(s) != rid:  # a new request in this state row: its blocks
+                seen_states[s] = rid
+                for bt in tables:
+                    bt.set_row(s, block_ids(rid))
+        order = list(range(len(step.req_ids)))
+        if i % 4 == 3:
+            rng.shuffle(order)
+            summary.shuffled += 1
+        sched = np.array([step.sched[k] for k in order], np.int32)
+        prefilling = (np.minimum(step.computed, step.prompt) < np.array(step.prompt))[order]
+        yield RunnerStep(i, step, order, sched, prefilling)
+
+
 def block_ids(req_id: int) -> list[list[int]]:
     return [[1 + req_id * MAX_BLOCKS + j for j in range(MAX_BLOCKS)]]
 
@@ -302,22 +335,8 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         ptrs.append({k: v.data_ptr() for k, v in ads[-1].persistent_buffers().items()})
     caps = _capture_sizes(case.T)
     summary = Summary()
-    seen_states: dict[int, int] = {}
-    for i, step in enumerate(scheduler_steps(case)):
-        if i >= case.max_steps:
-            break
-        for rid, s in zip(step.req_ids, step.states):
-            if seen_states.get(s) != rid:  # a new request in this state row: its blocks
-                seen_states[s] = rid
-                for bt in tables:
-                    bt.set_row(s, block_ids(rid))
-        order = list(range(len(step.req_ids)))
-        if i % 4 == 3:
-            rng.shuffle(order)
-            summary.shuffled += 1
-        sched = np.array([step.sched[k] for k in order], np.int32)
-        prefilling = np.minimum(step.computed, step.prompt) < np.array(step.prompt)
-        prefilling = prefilling[order]
+    for rs in runner_steps(case, tables, rng, summary):
+        i, step, order, sched, prefilling = rs.index, rs.step, rs.order, rs.sched, rs.prefilling
         widest = refs[0].get_num_tokens_for_dispatch(sched, prefilling)
         for q in range(P):
             assert ads[q].get_num_tokens_for_dispatch(sched, prefilling) == widest
