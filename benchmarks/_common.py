@@ -84,3 +84,13 @@ def seed_loader_or_none(seed_path: str | None):
     except ImportError:
         return None
     return seed_loader if seed_loader.seed_path() is not None else None
+
+
+def cpu_options(args: tuple) -> dict:
+    """The inductor options ``pcp_fn.graph.capture`` compiles ``args``' graph with on the CPU
+    (scalar C++ for index maps alone), for a direct ``torch.compile`` to measure the same code."""
+    import torch
+
+    import pcp_fn
+
+    return pcp_fn.graph.inductor_options(args, torch.device("cpu"))

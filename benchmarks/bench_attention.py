@@ -31,7 +31,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import R, inductor_kernels, median_us, seed_loader_or_none  # noqa: E402
+from _common import R, cpu_options, inductor_kernels, median_us, seed_loader_or_none  # noqa: E402
 from bench_core import on_meta  # noqa: E402
 
 import pcp_fn  # noqa: E402
@@ -94,7 +94,8 @@ def main():
         paths = {"eager": op}
         if not args.no_compile:
             torch._dynamo.reset()
-            paths["compile"] = torch.compile(op, fullgraph=True, dynamic=False)
+            options = cpu_options((state, batch))
+            paths["compile"] = torch.compile(op, fullgraph=True, dynamic=False, options=options)
             paths["aoti"] = pcp_fn.graph.capture(op, state, batch, backend="aoti")
         dev, cpu = count_kernels(op, *on_meta((state, batch))), count_kernels(op, state, batch)
         fused = "" if args.no_compile else " inductor {}+{}".format(*inductor_kernels(op, state, batch))

@@ -24,7 +24,9 @@ it prints, on one thread:
   all-gathered buffer, two ways: op by op (``update_tokens ->
   get_logits_indices -> padded_slot_mapping -> restore_hidden_states``, the
   consumers rebuilding their maps from the state) and as a runner does it
-  (``step``, then the gather through the step's ``restore_index``), through
+  (the captured ``step``, then the hidden states gathered through its
+  ``restore_index``: one ``index_select`` into a persistent buffer; a runner's
+  forward and all-gather sit between the two, so they are never one graph), through
   each backend of ``pcp_fn.graph.capture``: ``eager`` (a direct call),
   ``compile`` (``torch.compile``'s wrapper) and ``aoti`` (AOTInductor, one
   package per bucket); all paths and the reference are timed in interleaved
@@ -63,12 +65,12 @@ def composed(state, batch, gathered):
     return state, layout, logits, sm, hidden
 
 
-@entry_op
-def step_and_restore(state, batch, gathered):
-    """The same step as a runner composes it: ``step`` (update, logits, slots in one pass), then
-    the hidden-state restore through the step's own restore index."""
-    state, out = pcp_fn.step(state, batch)
-    return state, out, gathered.index_select(0, out.layout.restore_index)
+def step_and_restore(step_call, state, batch, gathered, hidden):
+    """The same step as a runner composes it: ``step`` (update, logits, slots in one pass; eager or
+    captured, ``step_call``), then the hidden-state restore through the step's own restore index
+    (the all-gathered ``gathered``) into the runner's persistent ``hidden`` buffer."""
+    state, out = step_call(state, batch)
+    return state, out, torch.index_select(gathered, 0, out.layout.restore_index, out=hidden)
 
 
 def on_meta(tree):
@@ -179,8 +181,7 @@ def main():
 
         ref = reference_host_path(P, sched, comp, prompt, args.seed)
         paths = {}
-        ops["step + restore"] = (step_and_restore, (state, batch, gathered))
-        for op in ("step", "composed step", "step + restore"):
+        for op in ("step", "composed step"):
             fn, fargs = ops[op]
             for backend in backends:
                 if backend == "eager":
@@ -190,6 +191,10 @@ def main():
                     kind = "inductor" if backend == "compile" else backend
                     call = pcp_fn.graph.capture(fn, *fargs, backend=kind, **extra)
                 paths[(op, backend)] = functools.partial(call, *fargs)
+                if op == "step":
+                    paths[("step + restore", backend)] = functools.partial(
+                        step_and_restore, call, state, batch, gathered, torch.empty_like(gathered)
+                    )
         if ref is not None:
             paths[("reference", "with restore")], paths[("reference", "bookkeeping")] = ref
         timed = interleaved(paths, args.iters)

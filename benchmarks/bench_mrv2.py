@@ -50,7 +50,7 @@ import torch.utils._pytree as pytree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import H, R, T, inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
+from _common import H, R, T, cpu_options, inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
 
 from pcp_fn import mrv2  # noqa: E402
 from pcp_fn.graph import count_kernels  # noqa: E402
@@ -168,7 +168,7 @@ def main():
             eager = median_us(lambda fn=fn, a=fargs: fn(*a), args.iters)
             compiled = float("nan")
             if not args.no_compile:
-                cfn = torch.compile(fn, fullgraph=True, dynamic=False)
+                cfn = torch.compile(fn, fullgraph=True, dynamic=False, options=cpu_options(fargs))
                 cfn(*fargs)
                 compiled = median_us(lambda cfn=cfn, a=fargs: cfn(*a), args.iters)
             count = (count_kernels(fn, *on_meta(fargs)), count_kernels(fn, *fargs))

@@ -49,7 +49,7 @@ import torch.utils._pytree as pytree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
+from _common import cpu_options, inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
 
 import pcp_fn  # noqa: E402
 from pcp_fn.core.entry import entry_op  # noqa: E402
@@ -203,7 +203,7 @@ def main():
         eager = median_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters)
         compiled = float("nan")
         if not args.no_compile:
-            cfn = torch.compile(own_code(fn), fullgraph=True, dynamic=False)
+            cfn = torch.compile(own_code(fn), fullgraph=True, dynamic=False, options=cpu_options(fargs))
             cfn(*fargs)
             compiled = median_us(lambda cfn=cfn, fargs=fargs: cfn(*fargs), args.iters)
         counts = [

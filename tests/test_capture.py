@@ -449,3 +449,19 @@ def test_entry_states_with_the_same_constant_tensors_replay_as_the_template():
     other = init_state(CFG)  # equal values, other tensors: this call's entry fields are used
     swapped = captured._as_entry((other, None))[0]
     assert swapped is not state and swapped.constants is other.constants
+
+
+def test_inductor_options_scalar_code_for_index_maps_vectorised_for_hidden_rows():
+    state, batch = init_state(CFG), _batch("mixed")
+    cpu = torch.device("cpu")
+    assert graph.inductor_options((state, batch), cpu) == {"cpp.simdlen": 1}
+    updated, _ = pcp_fn.update_tokens(state, batch)
+    gathered = torch.randn(CFG.pcp_size * batch.bucket.num_tokens, 8)
+    assert graph.inductor_options((updated, gathered), cpu) == {}  # rows of floats: vectorised
+    assert graph.inductor_options((state, batch), torch.device("meta")) == {}  # not the C++ backend
+    # both kinds of code equal eager, and an explicit choice is the caller's
+    for options in (None, {}):
+        captured = graph.capture(pcp_fn.step, state, batch, inductor_options=options)
+        assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
+    restore = graph.capture(pcp_fn.restore_hidden_states, updated, gathered)
+    assert tree_equal(restore(updated, gathered), pcp_fn.restore_hidden_states(updated, gathered))

@@ -13,7 +13,7 @@
   :func:`count_aten_ops`, :func:`count_kernels` (the same minus view ops).
 """
 
-from .capture import Captured, CaptureError, capture, compile_per_bucket
+from .capture import Captured, CaptureError, capture, compile_per_bucket, inductor_options
 from .export import export
 from .sync import (
     HostSyncError,
@@ -36,6 +36,7 @@ __all__ = [
     "count_aten_ops",
     "count_kernels",
     "export",
+    "inductor_options",
     "is_view_op",
     "no_host_syncs",
 ]
