@@ -207,11 +207,11 @@ def make_spec_batch(
             shape = tuple(int(x) for x in token_ids)
 
     def check(rows: np.ndarray, bound: int) -> None:
-        # the common case in two reductions: drafts <= min(scheduled - 1, k) everywhere, and no
-        # request reads past the table (2 * bound >= computed + scheduled); anything else (an empty
-        # request's 0 drafts too) takes the exact checks, which name the entry
+        # the common case in two reductions: drafts < scheduled and drafts <= k everywhere, and
+        # no request reads past the table (2 * bound >= computed + scheduled); anything else (an
+        # empty request's 0 drafts too) takes the exact checks, which name the entry
         sched, drafts = rows[0], rows[3]
-        if rows.shape[1] and _smax(drafts - np.minimum(sched - 1, config.num_spec_tokens)) > 0:
+        if rows.shape[1] and (_smax(drafts - sched) >= 0 or _smax(drafts) > config.num_spec_tokens):
             check_num_draft_tokens(config, sched, drafts)
         if shape is not None and (len(shape) != 2 or rows.shape[1] > shape[0] or 2 * bound > shape[1]):
             check_token_table(shape, sched, rows[1])
