@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import os
 import tempfile
 import types
@@ -161,6 +162,13 @@ def inductor_options(args: tuple[Any, ...], device: torch.device) -> dict[str, A
     return {"cpp.simdlen": 1}
 
 
+def _scalar_isa_note(record: logging.LogRecord) -> bool:
+    """Drops the loader's warning that a scalar package (``cpp.simdlen=1``: no vector ISA, so
+    ``INVALID_VEC_ISA``) differs from this CPU's ISA: scalar code runs on any CPU."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (len(args) == 3 and args[0] == "AOTI_CPU_ISA" and args[2] == "INVALID_VEC_ISA")
+
+
 class _CompiledGraph:
     def __init__(self, fn: Callable[..., Any], backend: str, args: tuple[Any, ...], options: dict) -> None:
         extra = {"options": options} if options and backend == "inductor" else {}
@@ -189,7 +197,12 @@ class _AOTIGraph:
         self._rebuild = Rebuild(example)
         program = export(over_leaves, *[leaves[i] for i in self._tensors])
         torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=options)
-        self._run = torch._inductor.aoti_load_package(path).loader.run
+        package_log = logging.getLogger("torch.export.pt2_archive._package")
+        package_log.addFilter(_scalar_isa_note)
+        try:
+            self._run = torch._inductor.aoti_load_package(path).loader.run
+        finally:
+            package_log.removeFilter(_scalar_isa_note)
         if flatten(args)[0] != leaves:  # the fast walk and torch's pytree agree on the order
             raise CaptureError("the arguments flatten differently from torch.utils._pytree")
 
