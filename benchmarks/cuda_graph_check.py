@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import pcp_fn
+from pcp_fn.core.entry import entry_op
 
 R, T, P = 256, 8192, 4
 
@@ -45,7 +46,34 @@ def random_batch(cfg, rng, device, bucket=None):
         sched.append(n)
         comp.append(c)
         prompt.append(c + n + (1 if chunked else 0))
-    return pcp_fn.make_batch(cfg, sched, comp, prompt, device, bucket=bucket)
+    slots = np.arange(sum(sched), dtype=np.int64)  # scheduler-order KV slots, padded by make_batch
+    return pcp_fn.make_batch(cfg, sched, comp, prompt, device, bucket=bucket, slot_mapping=slots)
+
+
+@entry_op
+def full_step(state, batch):
+    """The step a runner captures: ``step`` (layout, logits, slots, restore index) and the
+    attention index metadata of the same batch."""
+    state, out = pcp_fn.step(state, batch)
+    _, meta = pcp_fn.attention_metadata(state, batch)
+    return state, out, meta
+
+
+def replay_kernels(fn, device):
+    """CUDA kernels the profiler sees in one call of ``fn`` (a graph replay: its kernels and the
+    copies into its static inputs), or ``None`` where the profiler cannot tell."""
+    if device.type != "cuda":
+        return None
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as e:  # a profiler that cannot trace graphs here: say so, do not fail the check
+        print(f"  (profiler: {type(e).__name__}: {e})")
+        return None
 
 
 def timed(fn, device, iters=1):
@@ -68,20 +96,19 @@ def main():
         import torch_npu  # noqa: F401
     cfg = pcp_fn.PCPConfig(P, 0, R, T)
     state = pcp_fn.init_state(cfg, device)
-    slots = torch.arange(T, dtype=torch.int64, device=device)
     rng = np.random.default_rng(0)
     batches = [random_batch(cfg, rng, device, bucket=cfg.capacity) for _ in range(args.batches)]
     if device.type == "cuda":
         torch.cuda.set_sync_debug_mode("error")
-    captured = pcp_fn.graph.capture(pcp_fn.step, state, batches[0], slots)
+    captured = pcp_fn.graph.capture(pcp_fn.step, state, batches[0])
     replay_us, eager_us, mismatches = [], [], 0
     for b in batches:
-        got, us = timed(lambda b=b: captured(state, b, slots), device)
+        got, us = timed(lambda b=b: captured(state, b), device)
         got = pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, got)
         replay_us.append(us)
         if device.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)
-        ref, us = timed(lambda b=b: pcp_fn.step(state, b, slots), device)
+        ref, us = timed(lambda b=b: pcp_fn.step(state, b), device)
         eager_us.append(us)
         if device.type == "cuda":
             torch.cuda.set_sync_debug_mode("error")
@@ -93,15 +120,30 @@ def main():
     print(f"capacity bucket {cfg.capacity}: {len(batches)} batches, {mismatches} mismatches")
     replay_med, eager_med = statistics.median(replay_us), statistics.median(eager_us)
     print(f"  replay median {replay_med:.1f} us, eager median {eager_med:.1f} us")
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode(0)
+    kernels = pcp_fn.graph.count_kernels(pcp_fn.step, state, batches[0])
+    seen = replay_kernels(lambda: captured(state, batches[0]), device)
+    print(f"  step: {kernels} kernel-launching aten ops per call; profiler, one replay: {seen} CUDA events")
+    whole = pcp_fn.graph.capture(full_step, state, batches[0])
+    whole_us = [timed(lambda b=b: whole(state, b), device)[1] for b in batches]
+    kernels = pcp_fn.graph.count_kernels(full_step, state, batches[0])
+    seen = replay_kernels(lambda: whole(state, batches[0]), device)
+    print(
+        f"  step + attention_metadata: replay median {statistics.median(whole_us):.1f} us, "
+        f"{kernels} kernel-launching aten ops per call; profiler, one replay: {seen} CUDA events"
+    )
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
 
     natural = [random_batch(cfg, rng, device) for _ in range(args.batches)]
     lazily = pcp_fn.graph.Captured(pcp_fn.step)
     per_bucket: dict = {}
     for b in natural:
-        lazily(state, b, slots)  # first use captures
-        got, us = timed(lambda b=b: lazily(state, b, slots), device)
+        lazily(state, b)  # first use captures
+        got, us = timed(lambda b=b: lazily(state, b), device)
         per_bucket.setdefault(b.bucket, []).append(us)
-        ref = pcp_fn.step(state, b, slots)
+        ref = pcp_fn.step(state, b)
         if device.type == "cuda":
             torch.cuda.set_sync_debug_mode(0)
         same = all(
