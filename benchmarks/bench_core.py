@@ -1,7 +1,7 @@
 """Core op, host boundary and composed-step timings on the DESIGN.md reference batches.
 
     taskset -c 1 python benchmarks/bench_core.py [--iters 300] [--backends eager,compile,aoti]
-                                                 [--batches A,B,C] [--seed PATH]
+                                                 [--batches A,B,C] [--seed PATH] [--per-octave N]
 
 For each batch (R=256, T=8192, hidden 128, rank 0):
 
@@ -51,6 +51,7 @@ import torch.utils._pytree as pytree
 from _common import H, R, T, inductor_kernels, reference_batches, seed_loader_or_none, spread, timings_us
 
 import pcp_fn
+from pcp_fn.core.buckets import geometric_buckets
 from pcp_fn.core.entry import entry_op
 from pcp_fn.graph import count_kernels
 
@@ -128,6 +129,12 @@ def main():
     ap.add_argument("--batches", default="A,B,C")
     ap.add_argument("--no-inductor-counts", action="store_true", help="skip inductor's kernel counts")
     ap.add_argument("--seed", default=None, help="path of the vllm-ascend pcp_utils reference")
+    ap.add_argument(
+        "--per-octave",
+        type=int,
+        default=1,
+        help="token buckets per doubling (core.buckets.geometric_buckets; 1: powers of two, the default)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
@@ -138,6 +145,9 @@ def main():
         if name not in args.batches.split(","):
             continue
         cfg = pcp_fn.PCPConfig(P, 0, R, T)
+        if args.per_octave != 1:
+            ladder = geometric_buckets(cfg.max_local_tokens, args.per_octave)
+            cfg = pcp_fn.PCPConfig(P, 0, R, T, token_buckets=ladder)
         state = pcp_fn.init_state(cfg)
         slot_list = np.arange(sum(sched), dtype=np.int64)
         batch = pcp_fn.make_batch(cfg, sched, comp, prompt, slot_mapping=slot_list)

@@ -80,3 +80,21 @@ def test_buckets_pick_the_smallest_that_holds():
     b = make_batch(cfg, [1] * 64 + [2048, 1000], [500] * 64 + [0, 0], [100] * 64 + [2048, 1000])
     assert b.bucket == Bucket(128, 1024)  # 64 + 512 + 250 = 826 local tokens
     assert len(cfg.buckets()) == len(cfg.request_buckets) * len(cfg.token_buckets)
+
+
+def test_geometric_buckets_bound_the_padding_and_serve_as_a_config_ladder():
+    from pcp_fn.core.buckets import geometric_buckets, powers_of_two_then
+
+    assert geometric_buckets(24, 2) == (1, 2, 3, 4, 6, 8, 12, 16, 24)
+    for cap in (1, 2, 5, 96, 8448):
+        assert geometric_buckets(cap) == powers_of_two_then(cap)
+    for per_octave in (1, 2, 3, 4):
+        sizes = geometric_buckets(300, per_octave)
+        assert list(sizes) == sorted(set(sizes)) and sizes[0] == 1 and sizes[-1] == 300
+        for n in range(1, 301):
+            bucket = next(s for s in sizes if s >= n)
+            assert bucket < n * (1 + 1 / per_octave) + 1, (per_octave, n, bucket)
+    # a config built on it picks the tighter bucket: 767 local tokens fit 768, not 1024
+    cap = PCPConfig(8, 0, 256, 8192).max_local_tokens
+    cfg = PCPConfig(8, 0, 256, 8192, token_buckets=geometric_buckets(cap, 2))
+    assert cfg.bucket_for(256, 767) == Bucket(256, 768)

@@ -49,6 +49,30 @@ def powers_of_two_then(cap: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def geometric_buckets(cap: int, per_octave: int = 1) -> tuple[int, ...]:
+    """Bucket sizes up to ``cap`` with ``per_octave`` sizes in each doubling, then ``cap``.
+
+    Size ``ceil(2**k * (1 + j / per_octave))`` for ``j < per_octave``, so a batch of ``n``
+    rows gets a bucket below ``n * (1 + 1 / per_octave) + 1``;
+    ``per_octave=1`` is :func:`powers_of_two_then`. Each size is one graph per request bucket:
+    ``per_octave`` times the graphs for a finer fit (less padding to compute and to restore)::
+
+        geometric_buckets(24, 2)   ->  (1, 2, 3, 4, 6, 8, 12, 16, 24)
+        geometric_buckets(40, 4)   ->  (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40)
+    """
+    check_int("cap", cap, 1)
+    check_int("per_octave", per_octave, 1)
+    sizes = set()
+    base = 1
+    while base < cap:
+        for j in range(per_octave):
+            size = base - (-base * j // per_octave)
+            if size < cap:
+                sizes.add(size)
+        base *= 2
+    return (*sorted(sizes), cap)
+
+
 def normalise_buckets(name: str, sizes: Iterable[int] | None, cap: int) -> tuple[int, ...]:
     """Sorted distinct bucket sizes, each in ``[1, cap]``, ending with ``cap``.
 
