@@ -63,7 +63,8 @@ class PCPConfig:
             the full-attention layers (:mod:`pcp_fn.hybrid`).
         pad_slot_id: slot written for rows that are padding.
         request_buckets, token_buckets: allowed bucket sizes (requests; local
-            tokens per rank). Default: powers of two, then the capacity.
+            tokens per rank). Default: powers of two, then the capacity;
+            :func:`pcp_fn.core.buckets.geometric_buckets` makes finer ladders.
         pd_decode_recompute: PD-disaggregated decode with the recompute
             scheduler: ``num_computed == num_prompt - 1`` also counts as done.
     """
