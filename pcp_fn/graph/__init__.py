@@ -6,7 +6,8 @@
 - :mod:`.capture`: :func:`capture` / :class:`Captured` (CUDA graph, NPU graph,
   or ``torch.compile`` per bucket on the CPU); :func:`compile_per_bucket`
   (``torch.compile``, one graph per bucket on any device, within Dynamo's
-  default recompile limit).
+  default recompile limit); :func:`inductor_options` (scalar C++ for CPU graphs
+  of index maps alone).
 - :mod:`.export`: :func:`export` (``torch.export`` with no symbolic shape).
 - :mod:`.sync`: :func:`no_host_syncs`, :func:`assert_no_host_syncs` (a
   dispatch mode that fails on host syncs and host data inside an op) and
