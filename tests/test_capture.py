@@ -465,3 +465,23 @@ def test_inductor_options_scalar_code_for_index_maps_vectorised_for_hidden_rows(
         assert tree_equal(captured(state, batch), pcp_fn.step(state, batch))
     restore = graph.capture(pcp_fn.restore_hidden_states, updated, gathered)
     assert tree_equal(restore(updated, gathered), pcp_fn.restore_hidden_states(updated, gathered))
+
+
+def test_aoti_packages_are_scalar_for_index_maps_and_vectorised_for_hidden_rows(tmp_path):
+    # the package records the vector ISA it was built for: none for the scalar bookkeeping graph
+    from torch._C._aoti import AOTIModelPackageLoader
+
+    def isa(captured):
+        (path,) = tmp_path.glob(f"{captured.fn.__name__}_*.pt2")
+        return AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")["AOTI_CPU_ISA"]
+
+    state, batch = init_state(CFG), _batch("mixed")
+    updated, _ = pcp_fn.update_tokens(state, batch)
+    gathered = torch.randn(CFG.pcp_size * batch.bucket.num_tokens, 8)
+    step = graph.capture(pcp_fn.step, state, batch, backend="aoti", package_dir=tmp_path)
+    restore = graph.capture(
+        pcp_fn.restore_hidden_states, updated, gathered, backend="aoti", package_dir=tmp_path
+    )
+    assert isa(step) == "INVALID_VEC_ISA" and isa(restore) != "INVALID_VEC_ISA"
+    assert tree_equal(step(state, batch), pcp_fn.step(state, batch))
+    assert tree_equal(restore(updated, gathered), pcp_fn.restore_hidden_states(updated, gathered))
