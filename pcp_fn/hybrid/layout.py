@@ -51,10 +51,13 @@ import dataclasses
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import arange_of, expand_runs, offsets, take
+from ..core.ragged import arange_of, expand_runs, offsets, segment_of
+from ..core.rank import select_rank
 from ..dcs.batch import SchedulerBatch
+from ..dcs.config import PCPConfig
 from ..dcs.layout import (
     GatheredOrder,
     LayoutUpdate,
@@ -63,7 +66,6 @@ from ..dcs.layout import (
     TokenLayout,
     batch_is_decode,
     gathered_order,
-    local_rows,
     next_state,
     request_geometry,
 )
@@ -131,38 +133,132 @@ def linear_rows(split: LinearSplit, num_rows: int, *, arange: torch.Tensor | Non
     return LocalRows(request * valid, (row + shift) * valid, valid)
 
 
-def enter_fa_restore_index(
-    split: LinearSplit, P: int, rows_per_rank: int, spec_decode: bool, *, arange: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``[P * rows_per_rank]`` int64: gathered linear row of each compact FA-input row.
+class LinearRuns(NamedTuple):
+    """The linear split of every request as runs of rows, from two scans; int64.
 
-    Compact FA order: the ``P * D`` replicated decode rows (token-major, or
-    rank-major when ``spec_decode``), then every prefill token in scheduler
-    order. Rank ``q``'s local linear row ``l`` is gathered row
-    ``q * rows_per_rank + l``; a prefill's tokens held by one rank form a run
-    in which the gathered row grows with the FA row. 0 past ``fa_len``.
+    ``m`` runs of the compact FA input: ``n * P`` (request ``i``, rank ``q``) runs, request-major,
+    preceded with speculative tokens configured by ``P`` rank-major decode runs (``m = (n + 1) * P``).
     """
-    size = P * rows_per_rank
-    D, counts = split.num_decode_tokens, split.counts
-    dev = counts.device
-    k = arange_of(size, dev, arange)
-    if spec_decode:
-        rank = k // D.clamp(min=1)
-        decode_row = rank * rows_per_rank + (k - rank * D)
+
+    counts: torch.Tensor  # [n, P] prefill tokens of every rank (0 for decodes)
+    rows: torch.Tensor  # [n, P] linear rows of every request on every rank: counts, or n for a decode
+    starts: torch.Tensor  # [n + 1, P] first linear row of every request on every rank, then the total
+    fa_end: torch.Tensor  # [m] end of every run of the compact FA input (the last: its length)
+    fa_shift: torch.Tensor  # [m] gathered linear row minus compact FA row inside every run
+
+
+def linear_runs(
+    config: PCPConfig, geo: RequestGeometry, is_decode: torch.Tensor, rows_per_rank: int, constants: dict
+) -> LinearRuns:
+    """The linear split of the requests of ``geo`` and the runs of the compact FA input.
+
+    Rank ``q`` holds ``ceil((n - q) / P)`` tokens of a prefill of ``n`` (``n // P + (q < n % P)``).
+    Without speculative tokens every decode has at most one token (the decode threshold), so its
+    ``P`` replicated rows in the token-major decode region are ``P`` runs of (at most) one row, one
+    per rank: run ``(i, q)`` of every request, decode or prefill, is rank ``q``'s rows of request
+    ``i`` and starts, in the FA input, after every earlier run (request-major). With them the decode
+    region is ``P`` rank-major runs of ``D`` rows. Inside a run the gathered row
+    ``q * rows_per_rank + linear row`` grows with the FA row: one shift per run.
+    ``constants``: ``state.constants`` (its chunk ranks give ``0 .. P-1`` and ``P-1 .. 0``).
+    """
+    P = config.pcp_size
+    n = geo.num_scheduled
+    decode_len = geo.replicated_len if P > 1 else n * is_decode  # replicated == decode when P > 1
+    chunk_rank = constants["dcs_chunks"][2]  # [0 .. P-1, P-1 .. 0]
+    counts = ((n - decode_len)[:, None] + chunk_rank[P:]) // P  # (n + P-1 - q) // P
+    rows = counts + decode_len[:, None]
+    ends = torch.cumsum(rows, 0)  # decodes come first: a prefill's rows start after every decode's
+    starts = F.pad(ends, (0, 0, 1, 0))
+    if config.num_spec_tokens > 0:
+        decode = geo.num_decode_tokens.expand(1, P)  # rank q's decode rows end at D
+        lengths, gathered_end = torch.cat([decode, counts]), torch.cat([decode, ends])
     else:
-        decode_row = (k % P) * rows_per_rank + k // P
-    # runs (request i, rank q), request-major: the linear split keeps a request's tokens in rank order
-    run_len = counts.flatten()
-    run_start = P * D + offsets(run_len)[:-1]
-    before = torch.cumsum(counts, 0) - counts  # [n, P] rank q's rows of earlier requests (contiguous)
-    q = arange_of(P, dev, arange)
-    gathered_start = q * rows_per_rank + D + before
-    prefill_row = k + expand_runs(run_start, gathered_start.flatten() - run_start, size, arange=arange)
-    return torch.where(k < P * D, decode_row, prefill_row * (k < split.fa_len))
+        lengths, gathered_end = rows, ends
+    fa_end = torch.cumsum(lengths.flatten(), 0)
+    # gathered end minus FA end: the same shift as at the run's start
+    fa_shift = torch.add(gathered_end, chunk_rank[:P], alpha=rows_per_rank).flatten() - fa_end
+    return LinearRuns(counts, rows, starts, fa_end, fa_shift)
+
+
+def enter_fa_rows(runs: LinearRuns, size: int, arange: torch.Tensor) -> torch.Tensor:
+    """``[size]`` int64 ``enter_fa_restore_idx``: gathered linear row of each compact FA-input row,
+    0 past ``fa_len`` (one search of the run ends; ``arange``: an int64 arange of ``size`` rows at least)."""
+    k = arange[:size]
+    run = segment_of(runs.fa_end[:-1], k)
+    return (k + runs.fa_shift.index_select(0, run)) * (k < runs.fa_end[-1])
+
+
+class LinearLocal(NamedTuple):
+    """This rank's linear rows (``[L_b + 1]``: one padding row past the bucket, 0 everywhere)."""
+
+    rows: LocalRows  # request, position, validity and absolute position of the local rows
+    exit_rows: torch.Tensor  # row of the all-gathered DCS prefill queries holding the row's token
+    start: torch.Tensor  # [n + 1] first local linear row of each request, then the total
+
+
+def linear_local(
+    runs: LinearRuns,
+    geo: RequestGeometry,
+    rank: int | torch.Tensor,
+    num_computed: torch.Tensor,
+    rows_per_rank: int,
+    constants: dict,
+    arange: torch.Tensor,
+) -> LinearLocal:
+    """Paint this rank's linear rows with one search.
+
+    Rank ``r`` holds tokens ``[o, o + rows)`` of request ``i`` (``o``: the earlier ranks' counts), at
+    local rows from ``start[i]``: position ``row + o - start[i]``. Split at the DCS chunk
+    boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.chunk``), a request's rows are
+    ``2P`` segments; in chunk ``k`` a token sits at DCS prefill row
+    ``local_start - D + o - k c (+ c for a tail)`` of the chunk's rank (``dcs_chunks``: rank and
+    ``beta_k``), so the exit row also grows with the row (:func:`exit_fa_rows`).
+    """
+    P = runs.counts.shape[1]
+    upto, _, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
+    if isinstance(rank, int):
+        before = runs.counts[:, :rank].sum(1)
+    else:
+        before = (runs.counts * (chunk_rank[:P] < rank)).sum(1)
+    start = select_rank(runs.starts, rank, dim=1)
+    ls, le = start[:-1, None], start[1:, None]
+    lag = start[:-1] - before  # row - position
+    shift = before - start[:-1]
+    chunk = geo.chunk[:, None]
+    ends = torch.clamp(torch.addcmul(lag[:, None], chunk, upto), min=ls, max=le)
+    base = (geo.local_start[:-1] + shift - geo.num_decode_tokens)[:, None]
+    exit_shift = torch.addcmul(torch.add(base, chunk_rank, alpha=rows_per_rank), beta, chunk)
+    columns = (shift[:, None], (shift + num_computed)[:, None], exit_shift, geo.request_ids[:, None])
+    table = torch.stack(torch.broadcast_tensors(*columns)).flatten(1)  # [4, 2P n]
+    row = arange[: rows_per_rank + 1]
+    painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))
+    valid = row < start[-1]
+    masked = painted * valid  # request (0 on padding rows), shifts
+    shifted = torch.addcmul(masked[:-1], row, valid)
+    Lb = rows_per_rank
+    local = LocalRows(masked[-1, :Lb], shifted[0, :Lb], valid[:Lb], shifted[1, :Lb])
+    return LinearLocal(local, shifted[2], start)
+
+
+def dcs_query_rows(
+    geo: RequestGeometry, rank: int | torch.Tensor, P: int, constants: dict, arange: torch.Tensor, rows: int
+) -> torch.Tensor:
+    """``[rows]`` int64: DCS padded-order row, relative to the prefill region (``- P * D``), of each of
+    this rank's DCS local rows; 0 past ``N_dcs``.
+
+    A request's DCS local rows are its head and tail (:func:`pcp_fn.dcs.layout.local_rows`); in each
+    the padded row is ``row + padded_start - local_start + c * (chunks before)``: one search.
+    """
+    le, c = geo.local_start[1:], geo.prefill_chunk
+    ends = torch.stack([le - c, le], -1).flatten()
+    lag = torch.add(geo.local_less_padded_start[:-1], geo.num_decode_tokens, alpha=P)[:, None]
+    table = torch.addcmul(lag, c[:, None], select_rank(constants["dcs_ranks"], rank), value=-1).flatten()
+    row = arange[:rows]
+    return (row - table.index_select(0, segment_of(ends[:-1], row))) * (row < geo.local_start[-1])
 
 
 def fa_padding_restore_index(
-    order: GatheredOrder, split: LinearSplit, P: int, *, arange: torch.Tensor | None = None
+    order: GatheredOrder, D: torch.Tensor, fa_len: torch.Tensor, P: int, *, arange: torch.Tensor | None = None
 ) -> torch.Tensor:
     """``[G]`` int64: compact FA-input row of each DCS padded-order row.
 
@@ -174,65 +270,9 @@ def fa_padding_restore_index(
     the consumer appends one zero row there). Where vllm-ascend returns ``None``
     (no prefill pads) this is the identity on ``[:P * N_dcs]``.
     """
-    D = split.num_decode_tokens
     g = arange_of(order.unpad_mask.shape[0], D.device, arange)
-    real = torch.where(order.unpad_mask, order.token + (P - 1) * D, split.fa_len)
+    real = torch.where(order.unpad_mask, order.token + (P - 1) * D, fa_len)
     return torch.where(g < P * D, g, real)
-
-
-def _shifted(
-    values: torch.Tensor, shift: torch.Tensor, length: torch.Tensor, arange: torch.Tensor | None
-) -> torch.Tensor:
-    """``out[j] = values[j + shift]`` for ``j < length``, 0 elsewhere (``[cap]`` -> ``[cap]``)."""
-    j = arange_of(values.shape[0], values.device, arange)
-    return take(values, j + shift) * (j < length)
-
-
-def fa_query_index(
-    geo: RequestGeometry,
-    dcs: LocalRows,
-    D: torch.Tensor,
-    num_tokens_padded: torch.Tensor,
-    P: int,
-    *,
-    arange: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``[L_b]`` int64: DCS padded-order row (relative to the prefill region) of this rank's prefill queries.
-
-    This rank's DCS local rows after its ``D`` decode rows, i.e. vllm-ascend's
-    ``get_current_rank_positions(padded_start, rank)[D:] - P * D``; length
-    ``N_dcs - D``, 0 past it.
-    """
-    padded_row = geo.padded_start[dcs.request] + dcs.position - P * D
-    return _shifted(padded_row, D, num_tokens_padded - D, arange)
-
-
-def exit_fa_scatter_index(
-    geo: RequestGeometry,
-    lin: LocalRows,
-    split: LinearSplit,
-    P: int,
-    rows_per_rank: int,
-    *,
-    arange: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``[L_b]`` int64: row of the all-gathered DCS prefill queries holding each local linear prefill token.
-
-    Token ``o`` of a prefill sits in DCS chunk ``k = o // c``, owned by rank
-    ``k`` (head, ``k < P``) or ``2P-1-k`` (tail), at that rank's DCS prefill row
-    ``local_start - D + (o - k*c)`` (head) or ``... + c + (o - k*c)`` (tail).
-    Rank ``q``'s prefill queries are gathered at ``q * rows_per_rank``. Length
-    ``num_tokens - D`` (this rank's linear prefill tokens), 0 past it.
-    """
-    D = split.num_decode_tokens
-    req, o = lin.request, lin.position
-    c = geo.chunk[req].clamp(min=1)
-    k = o // c
-    head = k < P
-    owner = torch.where(head, k, 2 * P - 1 - k)
-    within = o - k * c + c.masked_fill(head, 0)
-    row = owner * rows_per_rank + geo.local_start[req] - D + within
-    return _shifted(row, D, split.local_start[-1] - D, arange)
 
 
 @pytree_dataclass
@@ -290,20 +330,23 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
     is_decode = batch_is_decode(cfg, batch)
-    # one arange serves every index map below (P * L_b rows at most, R_b request ids)
-    ids = torch.arange(max(batch.bucket.num_reqs, P * Lb), dtype=torch.int64, device=is_decode.device)
+    # one arange serves every index map below (P * L_b rows at most, L_b + 1 local rows, R_b request ids)
+    size = max(batch.bucket.num_reqs, P * Lb, Lb + 1)
+    ids = torch.arange(size, dtype=torch.int64, device=is_decode.device)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants, arange=ids)
     order = gathered_order(cfg, geo, Lb, state.constants, arange=ids)
-    split = linear_split(P, geo.num_scheduled, is_decode, rank, arange=ids)
-    lin = linear_rows(split, Lb, arange=ids)
-    dcs = local_rows(geo, rank, P, Lb, constants=state.constants, arange=ids)
-    D, M = split.num_decode_tokens, split.max_tokens
-    num_tokens = split.local_start[-1]
+    runs = linear_runs(cfg, geo, is_decode, Lb, state.constants)
+    lin = linear_local(runs, geo, rank, batch.num_computed, Lb, state.constants, ids)
+    queries = dcs_query_rows(geo, rank, P, state.constants, ids, Lb + 1)
+    D, M, fa_len = geo.num_decode_tokens, runs.starts[-1, 0], runs.fa_end[-1]  # rank 0 holds the most
+    num_tokens = lin.start[-1]
     N_dcs = geo.local_start[-1]
+    # the prefill rows follow the D decode rows: row j of both prefill maps reads local row j + D
+    prefill_row = (ids[:Lb] + D).clamp(max=Lb)  # row L_b: 0 in both
     layout = HybridLayout(
-        pcp_tokens=split.local.to(torch.int32),
-        positions=lin.position,
-        request_index=lin.request,
+        pcp_tokens=select_rank(runs.rows, rank, dim=1).to(torch.int32),
+        positions=lin.rows.position,
+        request_index=lin.rows.request,
         num_tokens=num_tokens,
         num_pads=geo.num_pads,
         is_decode=is_decode,
@@ -315,21 +358,21 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         num_tokens_padded=N_dcs,
         max_num_tokens_across_pcp=M,
         pcp_padded_tokens_fla=M - num_tokens,
-        total_pcp_padding_tokens_fla=P * M - split.fa_len,
-        enter_fa_restore_idx=enter_fa_restore_index(split, P, Lb, cfg.num_spec_tokens > 0, arange=ids),
-        enter_fa_len=split.fa_len,
-        fa_padding_restore_idx=fa_padding_restore_index(order, split, P, arange=ids),
-        fa_query_idx=fa_query_index(geo, dcs, D, N_dcs, P, arange=ids),
+        total_pcp_padding_tokens_fla=P * M - fa_len,
+        enter_fa_restore_idx=enter_fa_rows(runs, P * Lb, ids),
+        enter_fa_len=fa_len,
+        fa_padding_restore_idx=fa_padding_restore_index(order, D, fa_len, P, arange=ids),
+        fa_query_idx=queries.index_select(0, prefill_row),
         fa_query_len=N_dcs - D,
-        exit_fa_scatter_idx=exit_fa_scatter_index(geo, lin, split, P, Lb, arange=ids),
+        exit_fa_scatter_idx=lin.exit_rows.index_select(0, prefill_row),
         exit_fa_len=num_tokens - D,
     )
-    positions = take(batch.num_computed, lin.request) + lin.position  # int64 (the positions' dtype)
+    assert lin.rows.absolute is not None
     return LayoutUpdate(
         next_state(state, batch, is_decode),
         layout,
         geo,
-        positions * lin.valid,
+        lin.rows.absolute,
         order.token,
-        split.local_start,
+        lin.start,
     )

@@ -13,7 +13,7 @@ from ..core.ragged import expand_runs
 from ..dcs.config import PCPConfig
 from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
 from ..dcs.state import PCPState
-from .layout import LinearSplit, enter_fa_restore_index, linear_rows, linear_split
+from .layout import LinearSplit, enter_fa_rows, linear_rows, linear_runs, linear_split
 
 
 def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
@@ -32,9 +32,11 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
 
 def restore_index(state: PCPState) -> torch.Tensor:
     """``[P*L_b]`` int64: the state's ``enter_fa_restore_idx`` (rank-independent)."""
-    cfg, Rb = state.config, state.bucket.num_reqs
-    split = linear_split(cfg.pcp_size, state.num_scheduled[:Rb], state.is_decode[:Rb], 0)
-    return enter_fa_restore_index(split, cfg.pcp_size, state.bucket.num_tokens, cfg.num_spec_tokens > 0)
+    cfg, Lb = state.config, state.bucket.num_tokens
+    geo = state_geometry(state)
+    runs = linear_runs(cfg, geo, state.is_decode[: state.bucket.num_reqs], Lb, state.constants)
+    size = cfg.pcp_size * Lb
+    return enter_fa_rows(runs, size, torch.arange(size, dtype=torch.int64, device=geo.local_start.device))
 
 
 def adjust_cu_num_scheduled_tokens(
