@@ -189,7 +189,8 @@ def enter_fa_rows(runs: LinearRuns, size: int, arange: torch.Tensor) -> torch.Te
 
 
 class LinearLocal(NamedTuple):
-    """This rank's linear rows (``[L_b + 1]``: one padding row past the bucket, 0 everywhere)."""
+    """This rank's linear rows; ``exit_rows`` ``[2 L_b]``: padding rows past the bucket (0) let a reader
+    shift by up to ``L_b`` rows without a clamp."""
 
     rows: LocalRows  # request, position, validity and absolute position of the local rows
     exit_rows: torch.Tensor  # row of the all-gathered DCS prefill queries holding the row's token
@@ -212,7 +213,8 @@ def linear_local(
     boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.chunk``), a request's rows are
     ``2P`` segments; in chunk ``k`` a token sits at DCS prefill row
     ``local_start - D + o - k c (+ c for a tail)`` of the chunk's rank (``dcs_chunks``: rank and
-    ``beta_k``), so the exit row also grows with the row (:func:`exit_fa_rows`).
+    ``beta_k``), so the exit row also grows with the row; the layout's ``exit_fa_scatter_idx`` reads
+    it from row ``D`` on. ``num_computed`` ``[n]`` adds the absolute positions.
     """
     P = runs.counts.shape[1]
     upto, _, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
@@ -230,7 +232,7 @@ def linear_local(
     exit_shift = torch.addcmul(torch.add(base, chunk_rank, alpha=rows_per_rank), beta, chunk)
     columns = (shift[:, None], (shift + num_computed)[:, None], exit_shift, geo.request_ids[:, None])
     table = torch.stack(torch.broadcast_tensors(*columns)).flatten(1)  # [4, 2P n]
-    row = arange[: rows_per_rank + 1]
+    row = arange[: 2 * rows_per_rank]
     painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))
     valid = row < start[-1]
     masked = painted * valid  # request (0 on padding rows), shifts
@@ -271,7 +273,7 @@ def fa_padding_restore_index(
     (no prefill pads) this is the identity on ``[:P * N_dcs]``.
     """
     g = arange_of(order.unpad_mask.shape[0], D.device, arange)
-    real = torch.where(order.unpad_mask, order.token + (P - 1) * D, fa_len)
+    real = torch.where(order.unpad_mask, torch.add(order.token, D, alpha=P - 1), fa_len)
     return torch.where(g < P * D, g, real)
 
 
@@ -330,19 +332,19 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
     is_decode = batch_is_decode(cfg, batch)
-    # one arange serves every index map below (P * L_b rows at most, L_b + 1 local rows, R_b request ids)
-    size = max(batch.bucket.num_reqs, P * Lb, Lb + 1)
+    # one arange serves every index map below (P * L_b gathered rows, 2 L_b local rows, R_b request ids)
+    size = max(batch.bucket.num_reqs, P * Lb, 2 * Lb)
     ids = torch.arange(size, dtype=torch.int64, device=is_decode.device)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants, arange=ids)
     order = gathered_order(cfg, geo, Lb, state.constants, arange=ids)
     runs = linear_runs(cfg, geo, is_decode, Lb, state.constants)
     lin = linear_local(runs, geo, rank, batch.num_computed, Lb, state.constants, ids)
-    queries = dcs_query_rows(geo, rank, P, state.constants, ids, Lb + 1)
+    queries = dcs_query_rows(geo, rank, P, state.constants, ids, 2 * Lb)
     D, M, fa_len = geo.num_decode_tokens, runs.starts[-1, 0], runs.fa_end[-1]  # rank 0 holds the most
     num_tokens = lin.start[-1]
     N_dcs = geo.local_start[-1]
     # the prefill rows follow the D decode rows: row j of both prefill maps reads local row j + D
-    prefill_row = (ids[:Lb] + D).clamp(max=Lb)  # row L_b: 0 in both
+    prefill_row = ids[:Lb] + D  # D <= L_b: inside the 2 L_b rows, 0 past the local ones
     layout = HybridLayout(
         pcp_tokens=select_rank(runs.rows, rank, dim=1).to(torch.int32),
         positions=lin.rows.position,
