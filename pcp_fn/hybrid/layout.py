@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import arange_of, expand_runs, offsets, segment_of
+from ..core.ragged import arange_of, expand_runs, offsets, segment_of, segments_of
 from ..core.rank import select_rank
 from ..dcs.batch import SchedulerBatch
 from ..dcs.config import PCPConfig
@@ -63,10 +63,12 @@ from ..dcs.layout import (
     LayoutUpdate,
     LocalRows,
     RequestGeometry,
+    Segments,
     TokenLayout,
     batch_is_decode,
-    gathered_order,
+    gathered_segments,
     next_state,
+    paint_gathered,
     request_geometry,
 )
 from ..dcs.state import PCPState
@@ -148,7 +150,11 @@ class LinearRuns(NamedTuple):
 
 
 def linear_runs(
-    config: PCPConfig, geo: RequestGeometry, is_decode: torch.Tensor, rows_per_rank: int, constants: dict
+    config: PCPConfig,
+    geo: RequestGeometry,
+    is_decode: torch.Tensor,
+    rows_per_rank: int,
+    constants: dict[str, torch.Tensor],
 ) -> LinearRuns:
     """The linear split of the requests of ``geo`` and the runs of the compact FA input.
 
@@ -180,12 +186,17 @@ def linear_runs(
     return LinearRuns(counts, rows, starts, fa_end, fa_shift)
 
 
-def enter_fa_rows(runs: LinearRuns, size: int, arange: torch.Tensor) -> torch.Tensor:
-    """``[size]`` int64 ``enter_fa_restore_idx``: gathered linear row of each compact FA-input row,
-    0 past ``fa_len`` (one search of the run ends; ``arange``: an int64 arange of ``size`` rows at least)."""
-    k = arange[:size]
-    run = segment_of(runs.fa_end[:-1], k)
+def paint_enter_fa(runs: LinearRuns, run: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``enter_fa_restore_idx`` of the compact FA rows ``k`` (``arange``) from each row's run: gathered
+    linear row, 0 past ``fa_len``."""
     return (k + runs.fa_shift.index_select(0, run)) * (k < runs.fa_end[-1])
+
+
+def enter_fa_rows(runs: LinearRuns, size: int, arange: torch.Tensor) -> torch.Tensor:
+    """``[size]`` int64 ``enter_fa_restore_idx`` with one search of the run ends (``arange``: an int64
+    arange of ``size`` rows at least)."""
+    k = arange[:size]
+    return paint_enter_fa(runs, segment_of(runs.fa_end[:-1], k), k)
 
 
 class LinearLocal(NamedTuple):
@@ -194,27 +205,25 @@ class LinearLocal(NamedTuple):
 
     rows: LocalRows  # request, position, validity and absolute position of the local rows
     exit_rows: torch.Tensor  # row of the all-gathered DCS prefill queries holding the row's token
-    start: torch.Tensor  # [n + 1] first local linear row of each request, then the total
 
 
-def linear_local(
+def linear_segments(
     runs: LinearRuns,
     geo: RequestGeometry,
     rank: int | torch.Tensor,
     num_computed: torch.Tensor,
     rows_per_rank: int,
-    constants: dict,
-    arange: torch.Tensor,
-) -> LinearLocal:
-    """Paint this rank's linear rows with one search.
+    constants: dict[str, torch.Tensor],
+) -> tuple[Segments, torch.Tensor]:
+    """The ``2P n`` segments of this rank's linear rows and their start per request (``[n + 1]``).
 
     Rank ``r`` holds tokens ``[o, o + rows)`` of request ``i`` (``o``: the earlier ranks' counts), at
     local rows from ``start[i]``: position ``row + o - start[i]``. Split at the DCS chunk
     boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.chunk``), a request's rows are
     ``2P`` segments; in chunk ``k`` a token sits at DCS prefill row
     ``local_start - D + o - k c (+ c for a tail)`` of the chunk's rank (``dcs_chunks``: rank and
-    ``beta_k``), so the exit row also grows with the row; the layout's ``exit_fa_scatter_idx`` reads
-    it from row ``D`` on. ``num_computed`` ``[n]`` adds the absolute positions.
+    ``beta_k``), so the exit row also grows with the row. Channels: ``[position shift, absolute
+    position shift (num_computed [n] added), exit shift, request]``.
     """
     P = runs.counts.shape[1]
     upto, _, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
@@ -223,40 +232,51 @@ def linear_local(
     else:
         before = (runs.counts * (chunk_rank[:P] < rank)).sum(1)
     start = select_rank(runs.starts, rank, dim=1)
-    ls, le = start[:-1, None], start[1:, None]
     lag = start[:-1] - before  # row - position
     shift = before - start[:-1]
     chunk = geo.chunk[:, None]
-    ends = torch.clamp(torch.addcmul(lag[:, None], chunk, upto), min=ls, max=le)
+    ends = torch.clamp(torch.addcmul(lag[:, None], chunk, upto), min=start[:-1, None], max=start[1:, None])
     base = (geo.local_start[:-1] + shift - geo.num_decode_tokens)[:, None]
     exit_shift = torch.addcmul(torch.add(base, chunk_rank, alpha=rows_per_rank), beta, chunk)
     columns = (shift[:, None], (shift + num_computed)[:, None], exit_shift, geo.request_ids[:, None])
     table = torch.stack(torch.broadcast_tensors(*columns)).flatten(1)  # [4, 2P n]
-    row = arange[: 2 * rows_per_rank]
-    painted = table.index_select(1, segment_of(ends.flatten()[:-1], row))
+    return Segments(ends.flatten(), table), start
+
+
+def paint_linear(
+    segments: Segments, start: torch.Tensor, segment: torch.Tensor, row: torch.Tensor, rows_per_rank: int
+) -> LinearLocal:
+    """:class:`LinearLocal` from the linear segments and each row's segment (``row``: ``arange(2 L_b)``)."""
+    Lb = rows_per_rank
+    painted = segments.table.index_select(1, segment)
     valid = row < start[-1]
     masked = painted * valid  # request (0 on padding rows), shifts
     shifted = torch.addcmul(masked[:-1], row, valid)
-    Lb = rows_per_rank
     local = LocalRows(masked[-1, :Lb], shifted[0, :Lb], valid[:Lb], shifted[1, :Lb])
-    return LinearLocal(local, shifted[2], start)
+    return LinearLocal(local, shifted[2])
 
 
-def dcs_query_rows(
-    geo: RequestGeometry, rank: int | torch.Tensor, P: int, constants: dict, arange: torch.Tensor, rows: int
-) -> torch.Tensor:
-    """``[rows]`` int64: DCS padded-order row, relative to the prefill region (``- P * D``), of each of
-    this rank's DCS local rows; 0 past ``N_dcs``.
+def query_segments(
+    geo: RequestGeometry, rank: int | torch.Tensor, P: int, constants: dict[str, torch.Tensor]
+) -> Segments:
+    """The ``2n`` DCS local segments of this rank (head, tail: :func:`pcp_fn.dcs.layout.local_rows`),
+    one channel: local row minus DCS padded row, relative to the prefill region (``+ P * D``).
 
-    A request's DCS local rows are its head and tail (:func:`pcp_fn.dcs.layout.local_rows`); in each
-    the padded row is ``row + padded_start - local_start + c * (chunks before)``: one search.
+    In a segment the padded row is ``row + padded_start - local_start + c * (chunks before)``.
     """
     le, c = geo.local_start[1:], geo.prefill_chunk
     ends = torch.stack([le - c, le], -1).flatten()
     lag = torch.add(geo.local_less_padded_start[:-1], geo.num_decode_tokens, alpha=P)[:, None]
-    table = torch.addcmul(lag, c[:, None], select_rank(constants["dcs_ranks"], rank), value=-1).flatten()
-    row = arange[:rows]
-    return (row - table.index_select(0, segment_of(ends[:-1], row))) * (row < geo.local_start[-1])
+    table = torch.addcmul(lag, c[:, None], select_rank(constants["dcs_ranks"], rank), value=-1)
+    return Segments(ends, table.reshape(1, -1))
+
+
+def paint_queries(
+    geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+) -> torch.Tensor:
+    """DCS padded-order row (less ``P * D``) of each of this rank's DCS local rows ``row`` (``arange``),
+    0 past ``N_dcs``."""
+    return (row - segments.table[0].index_select(0, segment)) * (row < geo.local_start[-1])
 
 
 def fa_padding_restore_index(
@@ -336,12 +356,22 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     size = max(batch.bucket.num_reqs, P * Lb, 2 * Lb)
     ids = torch.arange(size, dtype=torch.int64, device=is_decode.device)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants, arange=ids)
-    order = gathered_order(cfg, geo, Lb, state.constants, arange=ids)
     runs = linear_runs(cfg, geo, is_decode, Lb, state.constants)
-    lin = linear_local(runs, geo, rank, batch.num_computed, Lb, state.constants, ids)
-    queries = dcs_query_rows(geo, rank, P, state.constants, ids, 2 * Lb)
+    linear, start = linear_segments(runs, geo, rank, batch.num_computed, Lb, state.constants)
+    chunks = gathered_segments(geo, Lb, state.constants)
+    queries = query_segments(geo, rank, P, state.constants)
+    padded_row, row = ids[: P * Lb], ids[: 2 * Lb]
+    chunk, run, linear_segment, query = segments_of(  # one histogram on the CPU
+        (chunks.ends[:-1], padded_row),
+        (runs.fa_end[:-1], padded_row),
+        (linear.ends[:-1], row),
+        (queries.ends[:-1], row),
+    )
+    order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
+    lin = paint_linear(linear, start, linear_segment, row, Lb)
+    query_rows = paint_queries(geo, queries, query, row)
     D, M, fa_len = geo.num_decode_tokens, runs.starts[-1, 0], runs.fa_end[-1]  # rank 0 holds the most
-    num_tokens = lin.start[-1]
+    num_tokens = start[-1]
     N_dcs = geo.local_start[-1]
     # the prefill rows follow the D decode rows: row j of both prefill maps reads local row j + D
     prefill_row = ids[:Lb] + D  # D <= L_b: inside the 2 L_b rows, 0 past the local ones
@@ -361,10 +391,10 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         max_num_tokens_across_pcp=M,
         pcp_padded_tokens_fla=M - num_tokens,
         total_pcp_padding_tokens_fla=P * M - fa_len,
-        enter_fa_restore_idx=enter_fa_rows(runs, P * Lb, ids),
+        enter_fa_restore_idx=paint_enter_fa(runs, run, padded_row),
         enter_fa_len=fa_len,
         fa_padding_restore_idx=fa_padding_restore_index(order, D, fa_len, P, arange=ids),
-        fa_query_idx=queries.index_select(0, prefill_row),
+        fa_query_idx=query_rows.index_select(0, prefill_row),
         fa_query_len=N_dcs - D,
         exit_fa_scatter_idx=lin.exit_rows.index_select(0, prefill_row),
         exit_fa_len=num_tokens - D,
@@ -376,5 +406,5 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         geo,
         lin.rows.absolute,
         order.token,
-        lin.start,
+        start,
     )
