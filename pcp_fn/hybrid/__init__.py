@@ -11,7 +11,7 @@ ops (:mod:`.ops`); the draft model's linear prefill split is
 by the config (:func:`pcp_fn.layouts.layout_of` lists the interface).
 """
 
-from .layout import HybridLayout, LinearSplit, build, linear_split
+from .layout import HybridLayout, build
 from .ops import (
     adjust_cu_num_scheduled_tokens,
     first_pass_rows,
@@ -24,11 +24,9 @@ from .ops import (
 
 __all__ = [
     "HybridLayout",
-    "LinearSplit",
     "adjust_cu_num_scheduled_tokens",
     "build",
     "first_pass_rows",
-    "linear_split",
     "logits_from_geometry",
     "restore_index",
     "restored_spans",

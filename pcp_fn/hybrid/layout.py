@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
-from ..core.ragged import arange_of, expand_runs, offsets, segment_of, segments_of
+from ..core.ragged import arange_of, segment_of, segments_of
 from ..core.rank import select_rank
 from ..dcs.batch import SchedulerBatch
 from ..dcs.config import PCPConfig
@@ -72,67 +72,6 @@ from ..dcs.layout import (
     request_geometry,
 )
 from ..dcs.state import PCPState
-
-
-class LinearSplit(NamedTuple):
-    """Per-request sizes of the linear split; ``[n]`` int64 unless said otherwise."""
-
-    counts: torch.Tensor  # [n, P] prefill tokens of every rank (0 for decodes)
-    local: torch.Tensor  # tokens on this rank: n for a decode, counts[:, rank] for a prefill
-    offset: torch.Tensor  # first token of the request this rank holds (0 for decodes)
-    local_start: torch.Tensor  # [n + 1] first local linear row of each request, then the total
-    num_decode_tokens: torch.Tensor  # 0-d D
-    max_tokens: torch.Tensor  # 0-d M = D + sum(counts[:, 0]): rank 0 holds the most
-    fa_len: torch.Tensor  # 0-d rows of the compact FA input: P * D + prefill tokens
-
-
-def linear_split(
-    P: int,
-    num_scheduled: torch.Tensor,
-    is_decode: torch.Tensor,
-    rank: int | torch.Tensor,
-    *,
-    arange: torch.Tensor | None = None,
-) -> LinearSplit:
-    """Linear split of every prefill over ``P`` ranks; ``rank`` an int or a 0-d tensor.
-
-    ``P = 2``, ``[1, 3, 5]`` with request 0 a decode, rank 1:
-    ``counts [[0, 0], [2, 1], [3, 2]]``, ``local [1, 1, 2]``, ``offset [0, 2, 3]``.
-    """
-    n = num_scheduled.to(torch.int64)  # a no-op given the geometry's int64 counts
-    base = n // P
-    rem = n - base * P
-    q = arange_of(P, n.device, arange)
-    counts = (base[:, None] + (q < rem[:, None])).masked_fill(is_decode[:, None], 0)
-    local = torch.where(is_decode, n, base + (rem > rank))
-    before = torch.minimum(rem, rank) if isinstance(rank, torch.Tensor) else rem.clamp(max=rank)
-    offset = (rank * base + before).masked_fill(is_decode, 0)
-    D = (n * is_decode).sum()
-    return LinearSplit(
-        counts=counts,
-        local=local,
-        offset=offset,
-        local_start=offsets(local),
-        num_decode_tokens=D,
-        max_tokens=D + counts[:, 0].sum(),  # rank 0 holds the most
-        fa_len=(P - 1) * D + n.sum(),
-    )
-
-
-def linear_rows(split: LinearSplit, num_rows: int, *, arange: torch.Tensor | None = None) -> LocalRows:
-    """Request and position (offset inside the scheduled tokens) of each local linear row.
-
-    One run per request: row ``local_start[i] + j`` is token ``offset[i] + j``. ``arange``: a
-    shared int64 arange (:func:`pcp_fn.core.ragged.arange_of`).
-    """
-    start = split.local_start
-    ids = arange_of(split.local.shape[-1], start.device, arange)
-    shift, request = expand_runs(
-        start[:-1], torch.stack([split.offset - start[:-1], ids]), num_rows, arange=arange
-    )
-    row = arange_of(num_rows, start.device, arange)
-    valid = row < start[-1]
-    return LocalRows(request * valid, (row + shift) * valid, valid)
 
 
 class LinearRuns(NamedTuple):
@@ -211,7 +150,7 @@ def linear_segments(
     runs: LinearRuns,
     geo: RequestGeometry,
     rank: int | torch.Tensor,
-    num_computed: torch.Tensor,
+    num_computed: torch.Tensor | None,
     rows_per_rank: int,
     constants: dict[str, torch.Tensor],
 ) -> tuple[Segments, torch.Tensor]:
@@ -222,8 +161,8 @@ def linear_segments(
     boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.chunk``), a request's rows are
     ``2P`` segments; in chunk ``k`` a token sits at DCS prefill row
     ``local_start - D + o - k c (+ c for a tail)`` of the chunk's rank (``dcs_chunks``: rank and
-    ``beta_k``), so the exit row also grows with the row. Channels: ``[position shift, absolute
-    position shift (num_computed [n] added), exit shift, request]``.
+    ``beta_k``), so the exit row also grows with the row. Channels: ``[position shift, (absolute
+    position shift: num_computed [n] added, when given), exit shift, request]``.
     """
     P = runs.counts.shape[1]
     upto, _, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
@@ -238,22 +177,25 @@ def linear_segments(
     ends = torch.clamp(torch.addcmul(lag[:, None], chunk, upto), min=start[:-1, None], max=start[1:, None])
     base = (geo.local_start[:-1] + shift - geo.num_decode_tokens)[:, None]
     exit_shift = torch.addcmul(torch.add(base, chunk_rank, alpha=rows_per_rank), beta, chunk)
-    columns = (shift[:, None], (shift + num_computed)[:, None], exit_shift, geo.request_ids[:, None])
-    table = torch.stack(torch.broadcast_tensors(*columns)).flatten(1)  # [4, 2P n]
+    absolute = [] if num_computed is None else [(shift + num_computed)[:, None]]
+    columns = (shift[:, None], *absolute, exit_shift, geo.request_ids[:, None])
+    table = torch.stack(torch.broadcast_tensors(*columns)).flatten(1)  # [4 (3 without num_computed), 2P n]
     return Segments(ends.flatten(), table), start
 
 
 def paint_linear(
     segments: Segments, start: torch.Tensor, segment: torch.Tensor, row: torch.Tensor, rows_per_rank: int
 ) -> LinearLocal:
-    """:class:`LinearLocal` from the linear segments and each row's segment (``row``: ``arange(2 L_b)``)."""
+    """:class:`LinearLocal` from the linear segments and each row's segment (``row``: ``arange(2 L_b)``,
+    or ``arange(L_b)`` for a reader of the local rows alone; ``absolute`` where the segments have it)."""
     Lb = rows_per_rank
     painted = segments.table.index_select(1, segment)
     valid = row < start[-1]
     masked = painted * valid  # request (0 on padding rows), shifts
     shifted = torch.addcmul(masked[:-1], row, valid)
-    local = LocalRows(masked[-1, :Lb], shifted[0, :Lb], valid[:Lb], shifted[1, :Lb])
-    return LinearLocal(local, shifted[2])
+    absolute = shifted[1, :Lb] if shifted.shape[0] > 2 else None
+    local = LocalRows(masked[-1, :Lb], shifted[0, :Lb], valid[:Lb], absolute)
+    return LinearLocal(local, shifted[-1])
 
 
 def query_segments(

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from ..core.ragged import expand_runs
+from ..core.ragged import expand_runs, segment_of
+from ..core.rank import select_rank
 from ..dcs.config import PCPConfig
 from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
 from ..dcs.state import PCPState
-from .layout import LinearSplit, enter_fa_rows, linear_rows, linear_runs, linear_split
+from .layout import LinearRuns, enter_fa_rows, linear_runs, linear_segments, paint_linear
 
 
 def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
@@ -30,11 +31,17 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
     return last * (geo.request_ids < num_reqs)
 
 
+def _state_runs(state: PCPState, geo: RequestGeometry) -> LinearRuns:
+    """The linear split of the state's last update (``geo``: its geometry), as ``build`` makes it."""
+    is_decode = state.is_decode[: state.bucket.num_reqs]
+    return linear_runs(state.config, geo, is_decode, state.bucket.num_tokens, state.constants)
+
+
 def restore_index(state: PCPState) -> torch.Tensor:
     """``[P*L_b]`` int64: the state's ``enter_fa_restore_idx`` (rank-independent)."""
     cfg, Lb = state.config, state.bucket.num_tokens
     geo = state_geometry(state)
-    runs = linear_runs(cfg, geo, state.is_decode[: state.bucket.num_reqs], Lb, state.constants)
+    runs = _state_runs(state, geo)
     size = cfg.pcp_size * Lb
     return enter_fa_rows(runs, size, torch.arange(size, dtype=torch.int64, device=geo.local_start.device))
 
@@ -78,17 +85,19 @@ def adjust_cu_num_scheduled_tokens(
 
 
 # -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layouts.layout_of) --
-def _state_split(state: PCPState) -> LinearSplit:
-    """The linear split of the state's last update for its rank, at the bucket's ``R_b`` rows."""
-    Rb = state.bucket.num_reqs
-    return linear_split(state.config.pcp_size, state.num_scheduled[:Rb], state.is_decode[:Rb], state.pcp_rank)
-
-
 def state_local_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
     """This rank's ``[L_b]`` linear rows of the state's last update (``HybridLayout.request_index`` /
     ``positions``): request and offset inside its scheduled tokens, ``valid`` False past them.
-    (``geometry``: accepted for the interface; the linear split does not read it.)"""
-    return linear_rows(_state_split(state), state.bucket.num_tokens)
+
+    ``build``'s painting (:func:`.layout.linear_segments`) without ``num_computed`` (the state
+    does not keep it), on the ``L_b`` local rows alone. ``geometry``:
+    :func:`pcp_fn.dcs.layout.state_geometry` of the state when the caller has it.
+    """
+    geo = state_geometry(state) if geometry is None else geometry
+    Lb = state.bucket.num_tokens
+    segments, start = linear_segments(_state_runs(state, geo), geo, state.pcp_rank, None, Lb, state.constants)
+    row = torch.arange(Lb, dtype=torch.int64, device=start.device)
+    return paint_linear(segments, start, segment_of(segments.ends[:-1], row), row, Lb).rows
 
 
 def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = None) -> torch.Tensor:
@@ -96,9 +105,11 @@ def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = Non
 
     ``StepOutputs.query_start_loc``: ``[0, cumsum(pcp_tokens)]`` of the linear counts, the runner's
     ``cu_num_tokens`` with a leading 0. ``P = 2``, fresh prefills ``[3, 5]``: rank 0 ``[0, 2, 5]``,
-    rank 1 ``[0, 1, 3]``. (``geometry``: accepted for the interface, not read.)
+    rank 1 ``[0, 1, 3]``. ``geometry``: :func:`pcp_fn.dcs.layout.state_geometry` of the state when
+    the caller has it.
     """
-    return _state_split(state).local_start
+    geo = state_geometry(state) if geometry is None else geometry
+    return select_rank(_state_runs(state, geo).starts, state.pcp_rank, dim=1)
 
 
 def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) -> RestoredSpans:
