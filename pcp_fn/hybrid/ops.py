@@ -109,7 +109,8 @@ def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = Non
     the caller has it.
     """
     geo = state_geometry(state) if geometry is None else geometry
-    return select_rank(_state_runs(state, geo).starts, state.pcp_rank, dim=1)
+    # a column of the [R_b + 1, P] starts: made contiguous, like every other op's output
+    return select_rank(_state_runs(state, geo).starts, state.pcp_rank, dim=1).contiguous()
 
 
 def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) -> RestoredSpans:
