@@ -131,10 +131,10 @@ def paint_enter_fa(runs: LinearRuns, run: torch.Tensor, k: torch.Tensor) -> torc
     return (k + runs.fa_shift.index_select(0, run)) * (k < runs.fa_end[-1])
 
 
-def enter_fa_rows(runs: LinearRuns, size: int, arange: torch.Tensor) -> torch.Tensor:
-    """``[size]`` int64 ``enter_fa_restore_idx`` with one search of the run ends (``arange``: an int64
-    arange of ``size`` rows at least)."""
-    k = arange[:size]
+def enter_fa_rows(runs: LinearRuns, size: int, *, arange: torch.Tensor | None = None) -> torch.Tensor:
+    """``[size]`` int64 ``enter_fa_restore_idx`` with one search of the run ends (``arange``: a shared
+    int64 arange, :func:`pcp_fn.core.ragged.arange_of`)."""
+    k = arange_of(size, runs.fa_end.device, arange)
     return paint_enter_fa(runs, segment_of(runs.fa_end[:-1], k), k)
 
 

@@ -42,8 +42,7 @@ def restore_index(state: PCPState) -> torch.Tensor:
     cfg, Lb = state.config, state.bucket.num_tokens
     geo = state_geometry(state)
     runs = _state_runs(state, geo)
-    size = cfg.pcp_size * Lb
-    return enter_fa_rows(runs, size, torch.arange(size, dtype=torch.int64, device=geo.local_start.device))
+    return enter_fa_rows(runs, cfg.pcp_size * Lb)
 
 
 def adjust_cu_num_scheduled_tokens(
