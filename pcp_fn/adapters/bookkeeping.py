@@ -14,7 +14,7 @@ Per step:
    token ids and positions into persistent ``[T]`` buffers; then one graph per
    bucket ``(Rb, Lb)`` (:func:`pcp_fn.graph.capture`, bound once to those
    staging buffers with ``Captured.bind``: a CUDA/NPU graph, ``torch.compile``
-   on the CPU, or plain calls with ``backend=None``) builds the
+   or AOTInductor on the CPU, or plain calls with ``backend=None``) builds the
    :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
    :func:`pcp_fn.mrv2.partition_batch`, rewrites the gathered-row maps from the
    bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row ``q * Lb + l``
@@ -31,8 +31,14 @@ Per step:
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import dataclasses
 import functools
+import hashlib
+import logging
+import os
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -40,8 +46,63 @@ import numpy as np
 import torch
 
 from .. import graph, mrv2
-from ..core.buckets import Bucket
+from ..core.buckets import Bucket, normalise_buckets
 from ..mrv2 import host
+
+logger = logging.getLogger("pcp_fn.adapters")
+
+#: The smallest rung of the default ladder: below it a graph costs the same, so it serves all.
+SMALLEST_BUCKET = 16
+
+
+def graph_ladder(
+    max_local_reqs: int, max_local_tokens: int, token_sizes: Sequence[int] | None = None
+) -> tuple[Bucket, ...]:
+    """The buckets the adapter prepares: one per token size, rows growing with tokens.
+
+    ``token_sizes`` (default: powers of two from :data:`SMALLEST_BUCKET`) end
+    with the capacity ``T``; each gives ``Bucket(min(Lb, 2R), Lb)``, plus
+    ``Bucket(2R, T)`` when ``2R > T`` (a FULL descriptor may pad rows past
+    ``T``)::
+
+        2R = 8, T = 100   ->  (8, 16) (8, 32) (8, 64) (8, 100)
+        2R = 512, T = 64  ->  (16, 16) (32, 32) (64, 64) (512, 64)
+    """
+    if token_sizes is None:
+        token_sizes = [s for s in (SMALLEST_BUCKET << k for k in range(64)) if s < max_local_tokens]
+    sizes = normalise_buckets("token_sizes", token_sizes, max_local_tokens)
+    ladder = [Bucket(min(t, max_local_reqs), t) for t in sizes]
+    if max_local_reqs > max_local_tokens:
+        ladder.append(Bucket(max_local_reqs, max_local_tokens))
+    return tuple(ladder)
+
+
+@functools.cache
+def _source_digest() -> str:
+    """SHA-256 of pcp_fn's Python sources (a cached package is stale once any of them changes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class GraphStats:
+    """What the bookkeeping's graphs did: ``prepared`` graphs made up front in
+    ``prepare_seconds``; ``steps`` partitions; ``fallbacks`` steps run eagerly because
+    their bucket had no prepared graph (each bucket logged once)."""
+
+    prepared: int = 0
+    prepare_seconds: float = 0.0
+    steps: int = 0
+    fallbacks: int = 0
 
 
 class Destinations(NamedTuple):
@@ -80,6 +141,7 @@ class _BucketGraph:
         self.args = args
         self.fn: Any = None
         self.replay: Any = None
+        self.fallback = False  # its steps run eagerly: no graph was prepared for it
 
 
 class StepPlan(NamedTuple):
@@ -182,6 +244,20 @@ def _partition_step(
     return state, local
 
 
+def _partition_step_args(
+    bucket: Bucket,
+    state: mrv2.MRV2State,
+    out: Destinations,
+    layout_out: tuple[torch.Tensor, torch.Tensor],
+    packed: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+    """:func:`_partition_step` with the state and the persistent buffers as arguments (what an
+    AOTInductor package needs: it writes the buffers it is given, in place)."""
+    return _partition_step(state, bucket, out, layout_out, packed, input_ids, positions)
+
+
 _NO_GUARD = contextlib.nullcontext()  # reusable
 
 
@@ -195,10 +271,19 @@ class Bookkeeping:
             :class:`pcp_fn.mrv2.MRV2Config`; its ``ValueError`` names a bad one).
         device: where the graphs run.
         out: the persistent buffers (:class:`Destinations`).
-        backend: ``torch.compile`` backend on the CPU (``"inductor"``,
-            ``"eager"``, ...) or ``None`` for plain calls (no capture). CUDA and
-            NPU devices always capture device graphs unless ``None``.
+        backend: ``"aoti"`` (AOTInductor packages), a ``torch.compile``
+            backend on the CPU (``"inductor"``, ``"eager"``, ...) or ``None``
+            for plain calls (no capture). CUDA and NPU devices capture device
+            graphs unless ``None`` or ``"aoti"``.
         check_host_syncs: run the device part under :func:`pcp_fn.graph.no_host_syncs`.
+        token_buckets: the ladder's token sizes (:func:`graph_ladder`).
+        prepare: make every graph of the ladder now (:meth:`prepare`); with
+            ``False`` nothing is ever compiled and every step runs eagerly
+            (counted as a fallback when ``backend`` is set).
+        package_dir: ``backend="aoti"``: a directory caching one package per
+            bucket (:meth:`package_path`): a later start-up with the same
+            config, torch and pcp_fn loads them instead of compiling. ``None``:
+            packages in a new temporary directory, compiled every time.
     """
 
     def __init__(
@@ -217,7 +302,12 @@ class Bookkeeping:
         out: Destinations,
         backend: str | None,
         check_host_syncs: bool = False,
+        token_buckets: Sequence[int] | None = None,
+        prepare: bool = True,
+        package_dir: str | None = None,
     ) -> None:
+        self.ladder = graph_ladder(2 * max_num_reqs, max_num_tokens, token_buckets)
+        self._rungs = tuple(b.num_tokens for b in self.ladder)
         self.config = mrv2.MRV2Config(
             pcp_size,
             pcp_rank,
@@ -228,6 +318,8 @@ class Bookkeeping:
             dcp_rank=dcp_rank,
             cp_interleave=cp_interleave,
             pad_slot_id=pad_slot_id,
+            request_buckets=sorted({b.num_reqs for b in self.ladder}),
+            token_buckets=self._rungs,
         )
         self.device = device
         self.out = out
@@ -252,11 +344,55 @@ class Bookkeeping:
         self._plans: dict[tuple[int, int, int], StepPlan] = {}
         self._plan: StepPlan | None = None
         self._last: tuple[mrv2.MRV2State, mrv2.LocalBatch] | None = None
+        self.package_dir = package_dir
+        self.stats = GraphStats()
+        if prepare:
+            self.prepare()
 
     @property
     def num_graphs(self) -> int:
         """Graphs captured so far (one per bucket; 0 with ``backend=None``)."""
-        return sum(g.replay is not None and self.backend is not None for g in self._graphs.values())
+        if self.backend is None:
+            return 0
+        return sum(g.replay is not None and not g.fallback for g in self._graphs.values())
+
+    def prepare(self) -> GraphStats:
+        """Capture or compile the graph of every bucket of the ladder now (start-up), so that
+        no step compiles. Idempotent; a no-op for ``backend=None`` (plain calls)."""
+        if self.backend is None:
+            return self.stats
+        start = time.perf_counter()
+        with torch.inference_mode():  # the mode every step runs in (_run): no guard fails later
+            for bucket in self.ladder:
+                g = self._bucket_graph(bucket)
+                if g.replay is None or g.fallback:
+                    g.fallback = False
+                    self._make_graph(g)
+                    self.stats.prepared += 1
+        self.stats.prepare_seconds += time.perf_counter() - start
+        return self.stats
+
+    def package_path(self, bucket: Bucket) -> str:
+        """The AOTInductor package of ``bucket``'s graph in :attr:`package_dir`, named by all it
+        depends on: the config, the bucket, the device type, torch's version and pcp_fn's source."""
+        assert self.package_dir is not None
+        key = "\n".join(
+            (repr(self.config), repr(bucket), self.device.type, torch.__version__, _source_digest())
+        )
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        return os.path.join(self.package_dir, f"mrv2_partition_{digest}.pt2")
+
+    def bucket_for(self, Lp: int, Rpad: int, rows: int) -> Bucket:
+        """The ladder's bucket of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks
+        hold at most ``rows`` local rows (all within the capacities, checked by the caller)."""
+        need = max(Lp, Rpad, rows, 1)
+        rungs = self._rungs
+        i = bisect.bisect_left(rungs, need)
+        if i < len(rungs):
+            bucket = self.ladder[i]
+            if bucket.num_reqs >= max(Rpad, rows):
+                return bucket
+        return self.ladder[-1]  # rows past T (2R > T): the last rung holds every row
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
         return graph.no_host_syncs() if self.check_host_syncs else _NO_GUARD
@@ -280,7 +416,7 @@ class Bookkeeping:
         if plan is None:
             if len(self._plans) > 1024:  # bounded: a few sizes repeat in practice
                 self._plans.clear()
-            bucket = self.config.bucket_for(max(Rpad, rows, 1), Lp)
+            bucket = self.bucket_for(Lp, Rpad, rows)
             view = self._view_state(Lp)
             F = view.layout.hidden_restore_idx.shape[0]
             P, o = self.config.pcp_size, self.out
@@ -323,16 +459,42 @@ class Bookkeeping:
 
     # ---------------------------------------------------------------- device
 
+    def _make_graph(self, g: _BucketGraph) -> None:
+        """Capture (or compile) ``g``'s graph and bind it to its staging buffers."""
+        layout_out = (self._per_rank, self._num_tokens)
+        if self.backend == "aoti":
+            # AOTInductor needs every tensor as an argument: the persistent buffers it writes
+            fn = functools.partial(_partition_step_args, g.bucket)
+            args = (self._state0, self.out, layout_out, *g.args)
+            path = None if self.package_dir is None else self.package_path(g.bucket)
+            captured = graph.capture(fn, *args, backend="aoti", package_path=path)
+            g.replay = captured.bind(*args)
+        else:
+            g.fn = functools.partial(_partition_step, self._state0, g.bucket, self.out, layout_out)
+            g.replay = graph.capture(g.fn, *g.args, backend=self.backend).bind(*g.args)
+
     def _run(self, g: _BucketGraph) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
-        """The partition of the staged batch in ``g``'s graph (captured and bound on first use)."""
+        """The partition of the staged batch in ``g``'s graph (made by :meth:`prepare`), or the
+        same function called eagerly: with ``backend=None``, or as a counted fallback."""
+        self.stats.steps += 1
         if g.replay is None:
             layout_out = (self._per_rank, self._num_tokens)
             g.fn = functools.partial(_partition_step, self._state0, g.bucket, self.out, layout_out)
-            if self.backend is None:
-                g.replay = functools.partial(g.fn, *g.args)
-            else:
-                g.replay = graph.capture(g.fn, *g.args, backend=self.backend).bind(*g.args)
-        return g.replay()
+            g.replay = functools.partial(g.fn, *g.args)
+            g.fallback = self.backend is not None
+            if g.fallback:
+                logger.warning(
+                    "pcp_fn: no prepared %r graph for bucket %s: its steps run eagerly (counted in "
+                    "stats.fallbacks); Bookkeeping.prepare makes every graph at start-up",
+                    self.backend,
+                    g.bucket,
+                )
+        if g.fallback:
+            self.stats.fallbacks += 1
+        # vLLM steps under inference mode, tests and tools may not: Dynamo guards on the mode,
+        # so the graphs are made and replayed under one
+        with torch.inference_mode():
+            return g.replay()
 
     def partition(
         self,

@@ -57,11 +57,36 @@ class VllmApi:
     get_pcp_group: Callable[[], Any]
 
 
-def default_graph_backend() -> str | None:
-    """``$PCP_FN_GRAPH_BACKEND``: a ``torch.compile`` backend for the CPU, or ``none`` for
-    plain calls; default ``inductor``. CUDA/NPU devices capture device graphs unless ``none``."""
-    value = os.environ.get("PCP_FN_GRAPH_BACKEND", "inductor")
-    return None if value.lower() == "none" else value
+AUTO = "auto"
+
+
+def default_graph_backend() -> str:
+    """``$PCP_FN_GRAPH_BACKEND`` (default ``auto``): see :func:`resolve_graph_backend`."""
+    return os.environ.get("PCP_FN_GRAPH_BACKEND", AUTO)
+
+
+def resolve_graph_backend(value: str | None, device: torch.device) -> str | None:
+    """The bookkeeping backend for ``device``: ``None`` means plain calls (nothing compiled).
+
+    ``auto``: device graphs on CUDA / NPU (captured at construction: no compile),
+    plain calls on the CPU, where a compile costs seconds per graph at start-up
+    for well under a millisecond a step (README, "Run it in a real vLLM
+    engine"). ``none``: plain calls. ``aoti``: AOTInductor packages, cached on
+    disk (:func:`package_cache_dir`). Anything else: a ``torch.compile``
+    backend on the CPU (device graphs on CUDA / NPU).
+    """
+    if value is None or value.lower() == "none":
+        return None
+    if value.lower() == AUTO:
+        return None if device.type == "cpu" else "inductor"
+    return value
+
+
+def package_cache_dir() -> str:
+    """Where ``aoti`` packages are cached: ``$PCP_FN_CACHE_DIR``, else ``~/.cache/pcp_fn/aoti``."""
+    return os.environ.get("PCP_FN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "pcp_fn", "aoti"
+    )
 
 
 class _Override:
@@ -133,13 +158,18 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         (checked in lockstep), with the bookkeeping in one captured graph per bucket.
 
         Class attributes (set on a subclass or the class to change every instance):
-            graph_backend: ``torch.compile`` backend on the CPU, ``None`` for plain
-                calls (default :func:`default_graph_backend`).
+            graph_backend: ``"auto"``, ``"aoti"``, a ``torch.compile`` backend, or
+                ``None`` for plain calls (default ``$PCP_FN_GRAPH_BACKEND``, else
+                ``auto``; :func:`resolve_graph_backend`). Every graph is made in
+                the constructor (the engine's start-up), never at a step.
+            token_buckets: the graph ladder's token sizes (default powers of two
+                from 16; :func:`pcp_fn.adapters.bookkeeping.graph_ladder`).
             check_host_syncs: run the device part under ``pcp_fn.no_host_syncs``.
         """
 
         vllm_api = api
         graph_backend: str | None = default_graph_backend()
+        token_buckets: tuple[int, ...] | None = None
         check_host_syncs = False
 
         def __init__(
@@ -208,6 +238,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 (num_groups, P * T), api.PAD_SLOT_ID, dtype=slot_dtype, device=dev
             )
 
+            backend = resolve_graph_backend(self.graph_backend, dev)
             out = Destinations(
                 ib.input_ids,
                 ib.positions,
@@ -235,8 +266,10 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 pad_slot_id=api.PAD_SLOT_ID,
                 device=dev,
                 out=out,
-                backend=self.graph_backend,
+                backend=backend,
                 check_host_syncs=self.check_host_syncs,
+                token_buckets=self.token_buckets,
+                package_dir=package_cache_dir() if backend == "aoti" else None,
             )
 
         # ------------------------------------------------------------ config
@@ -269,6 +302,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if self._global_batch is None:
                 raise RuntimeError("global_batch: no batch was partitioned yet")
             return self._global_batch
+
+        @property
+        def graph_stats(self) -> Any:
+            """The bookkeeping's :class:`pcp_fn.adapters.bookkeeping.GraphStats`: graphs prepared at
+            construction and their time, steps partitioned, steps run eagerly as fallbacks."""
+            return self._pcp.stats
 
         def persistent_buffers(self) -> dict[str, torch.Tensor]:
             """Every persistent device buffer by name (their ``data_ptr()``s never change)."""

@@ -55,6 +55,7 @@ the compile backend every call returns fresh tensors.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -180,9 +181,16 @@ class _CompiledGraph:
 
 
 class _AOTIGraph:
-    """One AOTInductor package: ``fn`` exported over the tensor leaves of ``args``."""
+    """One AOTInductor package: ``fn`` exported over the tensor leaves of ``args``.
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], path: str, options: dict) -> None:
+    With ``reuse``, a package already at ``path`` is loaded instead of compiled (the
+    caller's ``path`` names everything the program depends on); a new one is written
+    under an exclusive lock, so processes sharing ``path`` compile it once.
+    """
+
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], path: str, options: dict, reuse: bool = False
+    ) -> None:
         leaves, spec = pytree.tree_flatten(args)
         self._tensors = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         fixed = list(leaves)
@@ -195,8 +203,15 @@ class _AOTIGraph:
 
         example = fn(*args)
         self._rebuild = Rebuild(example)
-        program = export(over_leaves, *[leaves[i] for i in self._tensors])
-        torch._inductor.aoti_compile_and_package(program, package_path=path, inductor_configs=options)
+        self.compiled = False
+        with _package_lock(path) if reuse else contextlib.nullcontext():
+            if not (reuse and os.path.exists(path)):
+                program = export(over_leaves, *[leaves[i] for i in self._tensors])
+                root, ext = os.path.splitext(path)  # aoti wants the .pt2 suffix
+                tmp = f"{root}.{os.getpid()}.tmp{ext}"
+                torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=options)
+                os.replace(tmp, path)  # readers never see a partial package
+                self.compiled = True
         package_log = logging.getLogger("torch.export.pt2_archive._package")
         package_log.addFilter(_scalar_isa_note)
         try:
@@ -208,6 +223,22 @@ class _AOTIGraph:
 
     def __call__(self, args: tuple[Any, ...], leaves: list[Any]) -> Any:
         return self._rebuild(self._run([leaves[i] for i in self._tensors]))
+
+
+@contextlib.contextmanager
+def _package_lock(path: str) -> Any:
+    """An exclusive ``flock`` on ``path + ".lock"`` (POSIX; elsewhere no lock)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path + ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class _StaticInputs:
@@ -341,9 +372,11 @@ class Captured:
         warmup: int = 2,
         compile_only: bool = False,
         package_dir: str | None = None,
+        package_path: str | None = None,
         inductor_options: dict[str, Any] | None = None,
     ) -> None:
         self.fn = fn
+        self.package_path = package_path
         self.inductor_options = inductor_options
         self.grow = grow
         self.backend = backend
@@ -412,6 +445,9 @@ class Captured:
     def _build(self, args: tuple[Any, ...]) -> Any:
         assert self._device is not None
         if self.backend == "aoti":
+            if self.package_path is not None and not self._graphs:
+                os.makedirs(os.path.dirname(os.path.abspath(self.package_path)), exist_ok=True)
+                return _AOTIGraph(self.fn, args, self.package_path, self._options(args), reuse=True)
             if self.package_dir is None:
                 self.package_dir = tempfile.mkdtemp(prefix="pcp_fn_aoti_")
             os.makedirs(self.package_dir, exist_ok=True)
@@ -484,6 +520,7 @@ def capture(
     backend: str = "inductor",
     warmup: int = 2,
     package_dir: str | None = None,
+    package_path: str | None = None,
     inductor_options: dict[str, Any] | None = None,
 ) -> Captured:
     """Capture ``fn(*example_args)`` into a graph now and return the replaying callable.
@@ -496,6 +533,11 @@ def capture(
         warmup: eager runs before a CUDA/NPU capture.
         package_dir: where ``backend="aoti"`` writes its ``.pt2`` packages
             (default: a new temporary directory).
+        package_path: ``backend="aoti"``: the package file of the example's
+            signature, loaded if it exists (compiled and written there
+            otherwise, under a lock: processes sharing it compile once). The
+            caller names it by everything the program depends on (a disk
+            cache); other signatures go to ``package_dir``.
         inductor_options: inductor config of the compiled graphs (``backend="aoti"``
             or ``"inductor"``); default :func:`inductor_options` of the arguments.
     """
@@ -505,6 +547,7 @@ def capture(
         backend=backend,
         warmup=warmup,
         package_dir=package_dir,
+        package_path=package_path,
         inductor_options=inductor_options,
     )
     captured.capture(*example_args)
