@@ -124,6 +124,7 @@ def _settings(args: argparse.Namespace) -> None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model: nothing to fetch
     cores = sorted(os.sched_getaffinity(0))
     ranks = args.pcp * args.dcp_tp
     # one core per rank (shared round-robin when there are more ranks than cores)

@@ -96,10 +96,12 @@ def _source_digest() -> str:
 @dataclasses.dataclass
 class GraphStats:
     """What the bookkeeping's graphs did: ``prepared`` graphs made up front in
-    ``prepare_seconds``; ``steps`` partitions; ``fallbacks`` steps run eagerly because
-    their bucket had no prepared graph (each bucket logged once)."""
+    ``prepare_seconds`` (``loaded`` of them AOTInductor packages found in the disk cache,
+    not compiled); ``steps`` partitions; ``fallbacks`` steps run eagerly because their
+    bucket had no prepared graph (each bucket logged once)."""
 
     prepared: int = 0
+    loaded: int = 0
     prepare_seconds: float = 0.0
     steps: int = 0
     fallbacks: int = 0
@@ -358,10 +360,16 @@ class Bookkeeping:
 
     def prepare(self) -> GraphStats:
         """Capture or compile the graph of every bucket of the ladder now (start-up), so that
-        no step compiles. Idempotent; a no-op for ``backend=None`` (plain calls)."""
+        no step compiles. Idempotent; a no-op for ``backend=None`` (plain calls).
+
+        Each graph is made on an empty staged batch, which it writes into the persistent
+        buffers: call it before serving (the manager's constructor does), not between a
+        step's partition and its consumers.
+        """
         if self.backend is None:
             return self.stats
         start = time.perf_counter()
+        self._packed.zero_()  # the example every graph is made on: an empty batch
         with torch.inference_mode():  # the mode every step runs in (_run): no guard fails later
             for bucket in self.ladder:
                 g = self._bucket_graph(bucket)
@@ -467,6 +475,7 @@ class Bookkeeping:
             fn = functools.partial(_partition_step_args, g.bucket)
             args = (self._state0, self.out, layout_out, *g.args)
             path = None if self.package_dir is None else self.package_path(g.bucket)
+            self.stats.loaded += path is not None and os.path.exists(path)
             captured = graph.capture(fn, *args, backend="aoti", package_path=path)
             g.replay = captured.bind(*args)
         else:
