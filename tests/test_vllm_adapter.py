@@ -82,6 +82,9 @@ def _check_summary(summary, case: Case) -> None:
     assert summary.steps >= 12, summary
     assert summary.mixed and summary.decode_only and summary.drafts and summary.dummies and summary.tail
     assert set(summary.modes) == {"NONE", "PIECEWISE", "FULL"}, summary.modes
+    assert summary.unrestored_drafts  # the drafter's FULL prefill-graph path (never restored)
+    if (case.P, case.shard) == (8, False):  # the dispatcher's FULL graph is short of a rank's rows
+        assert summary.full_split_rows, summary
 
 
 # --------------------------------------------------------------------------- default suite (no vllm)
@@ -121,7 +124,7 @@ def test_captured_mixed_full_steps_replay_equal_to_eager(device):
         for step in scheduler_steps(case):
             desc = Desc(cg_mode=Mode.FULL, num_tokens=32, num_reqs=8)
             g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), dev)
-            seg = a._pcp.segments(g.num_scheduled_tokens, g.is_prefilling_np)
+            seg = a._fn_pcp.segments(g.num_scheduled_tokens, g.is_prefilling_np)
             if seg.per_rank_num_tokens.max() > 32 or seg.per_rank_num_reqs.max() > 8:
                 continue  # no FULL graph of this size holds it
             mixed += g.has_prefill
@@ -140,7 +143,7 @@ def test_captured_mixed_full_steps_replay_equal_to_eager(device):
                 elif isinstance(x, np.ndarray):
                     assert np.array_equal(x, y), f.name
             assert torch.equal(a.prepare_attn(la)[1], b.prepare_attn(lb)[1])
-        assert a._pcp.num_graphs >= 1
+        assert a._fn_pcp.num_graphs >= 1
     assert mixed >= 3
 
 
@@ -205,8 +208,6 @@ def test_bad_arrays_and_constructor():
     with pytest.raises(ValueError, match="num_computed_tokens_np must be 1-D with num_reqs=2 entries"):
         bad = dataclasses.replace(g, num_computed_tokens_np=np.zeros(3, np.int32))
         m.partition_batch(bad, Desc(Mode.NONE, 0, None))
-    with pytest.raises(ValueError, match="needs max_num_reqs and max_num_tokens"):
-        _one_step_manager(max_num_reqs=None)
     with pytest.raises(ValueError, match="shard_decode_requests requires dcp_size == 1"):
         _one_step_manager(shard_decode_requests=True, dcp_world_size=2)
     with pytest.raises(RuntimeError, match="no batch was partitioned"):
@@ -234,6 +235,43 @@ def test_pyproject_declares_the_plugin_and_extra():
 
 
 # --------------------------------------------------------------------------- the real vLLM
+
+
+def vllm_full_dispatcher(monkeypatch, max_num_seqs: int, capture_sizes: list[int] | None = None):
+    """vLLM's own MRV2 dispatcher (``CudaGraphManager.dispatch`` through
+    ``dispatch_cg_and_sync_dp``, as ``GPUModelRunner.execute_model`` calls it) for
+    ``cudagraph_mode=FULL``, built from a real ``VllmConfig``. As in vLLM's own tests
+    (``tests/v1/cudagraph/test_cudagraph_manager.py``): no PP group or graph pool on the
+    CPU, and the graphs count as captured. ``capture_sizes=None``: vLLM's default sizes
+    up to 512. Returns ``(num_reqs, num_tokens) -> BatchExecutionDescriptor``."""
+    from vllm.config import CompilationConfig, CUDAGraphMode, SchedulerConfig, VllmConfig
+    from vllm.v1.worker.gpu import cudagraph_utils
+    from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
+
+    monkeypatch.setattr(
+        cudagraph_utils, "get_pp_group", lambda: SimpleNamespace(is_first_rank=True, is_last_rank=True)
+    )
+    monkeypatch.setattr(cudagraph_utils.current_platform, "get_global_graph_pool", lambda: object())
+    config = VllmConfig(scheduler_config=SchedulerConfig.default_factory(max_num_seqs=max_num_seqs))
+    if capture_sizes is None:
+        compilation = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL, max_cudagraph_capture_size=512)
+    else:
+        compilation = CompilationConfig(
+            cudagraph_mode=CUDAGraphMode.FULL, cudagraph_capture_sizes=capture_sizes
+        )
+        compilation.max_cudagraph_capture_size = max(capture_sizes)
+    compilation.post_init_cudagraph_sizes()
+    config.compilation_config = compilation  # the CPU platform turns graphs off in __post_init__
+    manager = cudagraph_utils.CudaGraphManager(
+        vllm_config=config, device=torch.device("cpu"), cudagraph_mode=CUDAGraphMode.FULL, decode_query_len=1
+    )
+    manager._graphs_captured = True
+
+    def dispatch(num_reqs: int, num_tokens: int):
+        return dispatch_cg_and_sync_dp(manager, num_reqs, num_tokens, None, 1, 0)[0]
+
+    dispatch.capture_sizes = sorted(compilation.cudagraph_capture_sizes)
+    return dispatch
 
 
 @pytest.fixture
@@ -269,6 +307,7 @@ def vllm_backend(monkeypatch):
         make_oracle=lambda **kw: OracleManager(api, **kw),
         reference_takes_full_mixed=False,
         group=group,
+        make_dispatcher=lambda R, sizes: vllm_full_dispatcher(monkeypatch, R, sizes),
     )
 
 
@@ -281,7 +320,9 @@ def test_lockstep_against_real_vllm(vllm_backend, case):
         f"{summary.steps} steps ({summary.mixed} mixed, {summary.decode_only} decode-only; "
         f"modes {summary.modes}; {summary.tail} padded above the batch; {summary.shuffled} shuffled), "
         f"{summary.rank_steps} rank-steps, {summary.drafts} draft prefills, {summary.dummies} dummy runs, "
-        f"{summary.full_mixed_vs_oracle} FULL mixed steps vs the oracle (vLLM refuses them); "
+        f"{summary.full_mixed_vs_oracle} FULL mixed steps vs the oracle (vLLM refuses them), "
+        f"{summary.full_split_rows} with more rows on a rank than the descriptor's requests, "
+        f"{summary.unrestored_drafts} draft prefills left unrestored; "
         f"{len(summary.fields)} InputBatch fields equal"
     )
 
