@@ -276,6 +276,11 @@ def make_functional_ascend_manager(
             named["dummy_restore_idx"] = self._dummy_restore_idx
             return named
 
+        def _fn_full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
+            """``padded_num_reqs`` as given: vllm-ascend's runner passes the rows of its own graph
+            (vLLM's MRV2 dispatcher, whose mixed FULL graphs the base class widens, is not in play)."""
+            return num_reqs
+
         # ------------------------------------------------------------ partition
 
         def partition_batch(
