@@ -353,7 +353,10 @@ def test_real_subclass_and_full_mixed_refusal(vllm_backend):
     with pytest.raises(RuntimeError, match="PCP FULL graphs require a decode-only batch"):
         PCPManager(**kw).partition_batch(g, desc)
     local = vllm_backend.make_adapter(**kw).partition_batch(g, desc)
-    assert local.num_reqs == 3 and local.num_reqs_after_padding == 4 and local.has_prefill
+    # a mixed FULL graph capped at max_num_reqs = 4 holds min(8, 2 * 4) local rows
+    assert local.num_reqs == 3 and local.num_reqs_after_padding == 8 and local.has_prefill
+    below_cap = Desc(cg_mode=Mode.FULL, num_tokens=8, num_reqs=3)  # vLLM's count below the cap
+    assert vllm_backend.make_adapter(**kw).partition_batch(g, below_cap).num_reqs_after_padding == 3
 
 
 def test_validate_config_real(vllm_backend, monkeypatch):
