@@ -181,9 +181,12 @@ def make_functional_ascend_manager(
                 cp_interleave,
             )
             self.req_states = req_states
-            # a dummy batch's restore rows (build_attention_context): views of one arange
-            self._dummy_restore_idx = torch.arange(
-                pcp_world_size * self.max_num_tokens, dtype=torch.int64, device=self.device
+            # a dummy batch's restore rows (build_attention_context): views of one arange (none
+            # without capacities: like the base's buffers)
+            self._dummy_restore_idx = (
+                None
+                if self.max_num_tokens is None
+                else torch.arange(pcp_world_size * self.max_num_tokens, dtype=torch.int64, device=self.device)
             )
 
         # ------------------------------------------------------------ config
