@@ -6,8 +6,11 @@ itself, or ``vllm_standin``) and which manager is the reference (vLLM's
 simulator's chunked-prefill scheduler (``pcp_fn.sim.engine.Scheduler``): mixed
 steps, decode-only steps, speculative drafts, arrivals and departures; each
 step is run with a CUDA-graph mode (``NONE``, ``PIECEWISE`` padded to a capture
-size above the batch, ``FULL``), sometimes with its rows shuffled, sometimes
-with a draft prefill or a dummy/capture run.
+size above the batch, ``FULL`` with the descriptor the runner's dispatcher
+picks: vLLM's own ``CudaGraphManager`` when the backend brings it, which checks
+the global request count only), sometimes with its rows shuffled, sometimes
+with a draft prefill (some left unrestored across the next ``partition_batch``,
+as the drafter's FULL prefill-graph path leaves them) or a dummy/capture run.
 
 Per step and rank, :func:`run_lockstep` compares every field of the returned
 local batch, the block tables and gathered slot mappings, the restored hidden
