@@ -89,8 +89,8 @@ def graph_replayed(manager: Any, step: Any) -> Any:
     (``pcp_fn.graph.capture`` on CUDA/NPU), then the outputs of the first run (which wrote the
     persistent buffers). What is left is the host path (numpy twin, staging, host fields, the
     local ``InputBatch``, slot mappings, restores)."""
-    run, seen = manager._pcp._run, {}
-    manager._pcp._run = lambda g: seen.setdefault("out", run(g))
+    run, seen = manager._fn_pcp._run, {}
+    manager._fn_pcp._run = lambda g: seen.setdefault("out", run(g))
     step(manager)
     statics: dict[int, list[torch.Tensor]] = {}
 
@@ -101,7 +101,7 @@ def graph_replayed(manager: Any, step: Any) -> Any:
         torch._foreach_copy_(dst, list(g.args))
         return seen["out"]
 
-    manager._pcp._run = replay
+    manager._fn_pcp._run = replay
     return manager
 
 

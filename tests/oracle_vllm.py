@@ -116,8 +116,7 @@ class OracleManager:
             cu_num_logits_np=np.arange(n + 1, dtype=np.int32) if real_tokens else np.zeros(n + 1, np.int32),
             prompt_lens=None,
         )
-        self.global_batch = g
-        self.draft_prefill_batch = None
+        self.global_batch = g  # draft_prefill_batch is left as it is, like vLLM's
         return self.local
 
     def prepare_attn(self, local: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:

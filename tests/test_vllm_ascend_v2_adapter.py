@@ -526,3 +526,12 @@ def test_the_real_class_is_built_lazily():
     assert "FunctionalAscendPCPManager" in va.__all__
     with pytest.raises(AttributeError):
         va.NotAName  # noqa: B018
+
+
+def test_constructor_without_capacities():
+    """vllm-ascend's defaults (``max_num_reqs=None``, ``max_num_tokens=None``), as for the base: no
+    buffers, the host methods work, the device path names what it needs."""
+    m = ascend_manager()(pcp_world_size=2, pcp_rank=0, device=torch.device("cpu"))
+    assert m.get_num_tokens_for_dispatch(np.array([3, 8]), np.array([False, True])) == 7
+    with pytest.raises(RuntimeError, match="needs the max_num_reqs and max_num_tokens"):
+        m.persistent_buffers()

@@ -6,8 +6,11 @@ itself, or ``vllm_standin``) and which manager is the reference (vLLM's
 simulator's chunked-prefill scheduler (``pcp_fn.sim.engine.Scheduler``): mixed
 steps, decode-only steps, speculative drafts, arrivals and departures; each
 step is run with a CUDA-graph mode (``NONE``, ``PIECEWISE`` padded to a capture
-size above the batch, ``FULL``), sometimes with its rows shuffled, sometimes
-with a draft prefill or a dummy/capture run.
+size above the batch, ``FULL`` with the descriptor the runner's dispatcher
+picks: vLLM's own ``CudaGraphManager`` when the backend brings it, which checks
+the global request count only), sometimes with its rows shuffled, sometimes
+with a draft prefill (some left unrestored across the next ``partition_batch``,
+as the drafter's FULL prefill-graph path leaves them) or a dummy/capture run.
 
 Per step and rank, :func:`run_lockstep` compares every field of the returned
 local batch, the block tables and gathered slot mappings, the restored hidden
@@ -42,7 +45,10 @@ class Backend:
     ``make_reference`` / ``make_adapter`` / ``make_oracle`` take the manager
     constructor's keyword arguments. ``reference_takes_full_mixed``: the
     reference serves FULL steps with a prefill (vLLM's does not; the oracle is
-    then the reference of those steps).
+    then the reference of those steps). ``make_dispatcher(max_num_seqs,
+    capture_sizes)`` returns the ``cudagraph_mode=FULL`` dispatch
+    ``(num_reqs, num_tokens) -> BatchExecutionDescriptor`` of the runner (vLLM's
+    own ``CudaGraphManager`` with vLLM; :func:`full_dispatcher` without).
     """
 
     name: str
@@ -53,6 +59,7 @@ class Backend:
     make_oracle: Callable[..., Any]
     reference_takes_full_mixed: bool
     group: Any  # vllm_standin.FakePCPGroup, the PCP group both managers see
+    make_dispatcher: Callable[[int, list[int]], Callable[[int, int], Any]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +88,8 @@ class Summary:
     dummies: int = 0
     shuffled: int = 0
     tail: int = 0
+    full_split_rows: int = 0  # FULL steps where a rank has more rows than the descriptor's requests
+    unrestored_drafts: int = 0  # draft prefills prepared and never restored before the next step
     fields: set[str] = dataclasses.field(default_factory=set)
 
 
@@ -287,6 +296,31 @@ def assert_views(manager: Any, local: Any, ptrs: dict[str, int]) -> None:
 # --------------------------------------------------------------------------- the driver
 
 
+def full_dispatcher(api: Any, max_num_seqs: int, capture_sizes: list[int]) -> Callable[[int, int], Any]:
+    """The runner's dispatch under ``cudagraph_mode=FULL`` without vLLM: vLLM's mixed FULL
+    descriptors ``(size, min(size, max_num_seqs))`` (``CudaGraphManager._init_candidates``), the
+    smallest that holds the *global* request count and the largest rank's tokens
+    (``_is_compatible``), else ``NONE``."""
+    Mode, Desc = api.CUDAGraphMode, api.BatchExecutionDescriptor
+
+    def dispatch(num_reqs: int, num_tokens: int) -> Any:
+        for size in sorted(capture_sizes):
+            if size >= num_tokens and min(size, max_num_seqs) >= num_reqs:
+                return Desc(cg_mode=Mode.FULL, num_tokens=size, num_reqs=min(size, max_num_seqs))
+        return Desc(cg_mode=Mode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
+
+    return dispatch
+
+
+def full_graph_rows(desc: Any, max_num_reqs: int) -> int:
+    """The local request rows a mixed FULL graph must hold: a rank gets a head and a tail row of each
+    split prefill and each row has a token, so ``min(num_tokens, 2 * max_num_reqs)`` when vLLM caps
+    the graph at ``max_num_reqs`` requests, else the descriptor's."""
+    if desc.num_reqs == max_num_reqs < desc.num_tokens:
+        return min(desc.num_tokens, 2 * max_num_reqs)
+    return desc.num_reqs
+
+
 def _capture_sizes(T: int) -> list[int]:
     sizes, s = [], 1
     while s < T:
@@ -334,7 +368,11 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         oracles.append(refs[-1] if backend.reference_takes_full_mixed else backend.make_oracle(**kw))
         ptrs.append({k: v.data_ptr() for k, v in ads[-1].persistent_buffers().items()})
     caps = _capture_sizes(case.T)
+    make_dispatcher = backend.make_dispatcher or (lambda R, sizes: full_dispatcher(api, R, sizes))
+    dispatch_full = make_dispatcher(case.R, caps)
     summary = Summary()
+    unrestored: list[Any] = []  # the adapters' local batches of a draft prefill left unrestored
+    prev_reference: Any = None
     for rs in runner_steps(case, tables, rng, summary):
         i, step, order, sched, prefilling = rs.index, rs.step, rs.order, rs.sched, rs.prefilling
         widest = refs[0].get_num_tokens_for_dispatch(sched, prefilling)
@@ -343,19 +381,23 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         mode = (Mode.NONE, Mode.PIECEWISE, Mode.FULL)[i % 3]
         low = min(widest + (i % 2), case.T)  # sometimes a graph size above the batch
         if mode == Mode.FULL:
-            # vLLM's FULL descriptors hold min(size, max_num_reqs) rows, at least the global requests
-            # and (for the graph to be valid) every rank's local rows
-            rows = max(len(order), *(_local_rows(o, sched, prefilling) for o in oracles))
-            fits = [c for c in caps if c >= low and min(c, case.R) >= rows]
-            if not fits:
+            # what the runner's dispatcher hands partition_batch: it checks the *global* request
+            # count only, so a rank's rows (two per split prefill) may exceed desc.num_reqs
+            desc = dispatch_full(len(order), widest)
+            if desc.cg_mode != Mode.FULL:
                 mode = Mode.PIECEWISE
         if mode == Mode.NONE:
             desc = Desc(cg_mode=mode, num_tokens=widest, num_reqs=None)
         elif mode == Mode.PIECEWISE:
             desc = Desc(cg_mode=mode, num_tokens=next(c for c in caps if c >= low), num_reqs=None)
-        else:
-            desc = Desc(cg_mode=mode, num_tokens=fits[0], num_reqs=min(fits[0], case.R))
         summary.tail += desc.num_tokens > widest
+        # the reference pads FULL steps to the rows the adapter's graph holds (vLLM's own would
+        # refuse the split prefills; the oracle serves those)
+        ref_desc = desc
+        if mode == Mode.FULL:
+            ref_desc = dataclasses.replace(desc, num_reqs=full_graph_rows(desc, case.R))
+            rows = max(_local_rows(o, sched, prefilling) for o in oracles)
+            summary.full_split_rows += rows > desc.num_reqs
         global_batch = make_global_batch(api, step, desc, order, device)
         has_prefill = global_batch.has_prefill
         use_oracle = mode == Mode.FULL and has_prefill and not backend.reference_takes_full_mixed
@@ -366,8 +408,16 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         summary.mixed += has_prefill
         summary.decode_only += not has_prefill
 
-        ref_local = [reference[q].partition_batch(global_batch, desc) for q in range(P)]
+        ref_local = [reference[q].partition_batch(global_batch, ref_desc) for q in range(P)]
         ad_local = [ads[q].partition_batch(global_batch, desc) for q in range(P)]
+        if unrestored:  # partition_batch leaves an unrestored draft prefill prepared, like vLLM's
+            for q in range(P):
+                assert ads[q].draft_prefill_batch is unrestored[q], f"step {i} rank {q}: draft prefill reset"
+                assert ads[q].get_draft_input_buffers(object()) is unrestored[q]
+                if reference is prev_reference:
+                    assert reference[q].draft_prefill_batch is not None, f"step {i}: reference reset it"
+            unrestored = []
+        prev_reference = reference
         for q in range(P):
             assert_same_batch(f"step {i} rank {q} local", ref_local[q], ad_local[q], summary)
             assert_views(ads[q], ad_local[q], ptrs[q])
@@ -440,6 +490,18 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
                 # a batch that is not the partitioned one prepares nothing
                 ads[q].prepare_draft_prefill(dataclasses.replace(global_batch), draft_ids)
                 assert ads[q].draft_prefill_batch is None
+            if i % 4 == 1:  # the drafter's FULL prefill-graph path: prepared, never restored
+                summary.unrestored_drafts += 1
+                for q in range(P):
+                    reference[q].prepare_draft_prefill(global_batch, draft_ids)
+                    ads[q].prepare_draft_prefill(global_batch, draft_ids)
+                    assert_same_batch(
+                        f"step {i} rank {q} unrestored draft",
+                        reference[q].draft_prefill_batch,
+                        ads[q].draft_prefill_batch,
+                        summary,
+                    )
+                unrestored = [ads[q].draft_prefill_batch for q in range(P)]
 
         if i % 5 == 4:  # a dummy / capture run between real steps
             summary.dummies += 1

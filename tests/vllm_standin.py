@@ -13,8 +13,9 @@ It is NOT vLLM and holds none of vLLM's PCP logic. It mirrors only the
   one too; both managers then get the same tables.
 - ``FakePCPGroup``: an ``all_gather`` that returns what the test staged (one
   process plays every rank).
-- ``PCPManager``: an empty base class whose ``validate_config`` only records
-  what it was asked (a spy); the adapter reimplements every method.
+- ``PCPManager``: an empty base class (its constructor takes vLLM's arguments
+  and keeps nothing) whose ``validate_config`` only records what it was asked
+  (a spy); the adapter reimplements every method.
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ class InputBatch:
     prefill_runs_as_decode_np: np.ndarray | None = None
 
     @classmethod
-    def make_dummy(cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers, **_: Any) -> InputBatch:
+    def make_dummy(
+        cls, num_reqs: int, num_tokens: int, input_buffers: InputBuffers, max_query_len: int | None = None
+    ) -> InputBatch:
         """A capture/profile batch: ``num_tokens`` split evenly over ``num_reqs`` (extra tokens last)."""
         device = input_buffers.device
         sched = np.full(num_reqs, num_tokens // num_reqs, dtype=np.int32)
@@ -159,6 +162,7 @@ class InputBatch:
             cu_num_logits_np=np.arange(num_reqs + 1, dtype=np.int32),
             has_structured_output_reqs=False,
             prompt_lens=None,
+            max_query_len=max_query_len,
         )
 
 
@@ -310,6 +314,9 @@ class PCPManager:
     """Stand-in base class: no behaviour. ``validate_config`` records its arguments (a spy)."""
 
     validated: list[tuple[Any, bool]] = []  # noqa: RUF012
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's constructor signature; the stand-in keeps no state (vLLM's sets its own)."""
 
     @staticmethod
     def validate_config(vllm_config: Any, supports_mm_inputs: bool) -> None:

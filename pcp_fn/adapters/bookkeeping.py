@@ -263,6 +263,37 @@ def _partition_step_args(
 _NO_GUARD = contextlib.nullcontext()  # reusable
 
 
+class HostLayout:
+    """The host twin alone (no capacities, no device): what a manager constructed without
+    ``max_num_reqs`` / ``max_num_tokens`` still answers (``get_num_tokens_for_dispatch``).
+    The layout rules read no capacity, so the config carries nominal ones."""
+
+    def __init__(
+        self,
+        pcp_size: int,
+        pcp_rank: int,
+        *,
+        shard_decode_requests: bool,
+        dcp_size: int,
+        dcp_rank: int,
+        cp_interleave: int,
+    ) -> None:
+        self.config = mrv2.MRV2Config(
+            pcp_size,
+            pcp_rank,
+            1,
+            1,
+            shard_decode_requests=shard_decode_requests,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_rank,
+            cp_interleave=cp_interleave,
+        )
+
+    def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
+        """This rank's segments and every rank's counts (host, ``O(P * R)``)."""
+        return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
+
+
 class Bookkeeping:
     """One rank's MRV2 bookkeeping for the adapter.
 

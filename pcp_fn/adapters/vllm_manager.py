@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bookkeeping import Bookkeeping, Destinations
+from .bookkeeping import Bookkeeping, Destinations, HostLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,14 +185,23 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             dcp_rank: int = 0,
             cp_interleave: int = 1,
         ) -> None:
-            # The base class's __init__ is not called: it would allocate a second set of
-            # buffers; every attribute vLLM reads from a manager is set here.
-            if max_num_reqs is None or max_num_tokens is None:
-                raise ValueError(
-                    "FunctionalPCPManager needs max_num_reqs and max_num_tokens (its buffers are "
-                    f"allocated once, at capacity); got max_num_reqs={max_num_reqs}, "
-                    f"max_num_tokens={max_num_tokens}"
-                )
+            # vLLM's own state first, without its capacities: the base allocates no buffer, and
+            # every attribute its inherited helpers (_build_batch_layout, ...) read or write
+            # exists as in vLLM. The drop-in's own state is under ``_fn_`` names, so those
+            # helpers never touch it; the vLLM names it sets keep vLLM's meaning.
+            api.PCPManager.__init__(
+                self,
+                pcp_world_size,
+                pcp_rank,
+                device,
+                shard_decode_requests,
+                None,
+                None,
+                block_tables,
+                dcp_world_size,
+                dcp_rank,
+                cp_interleave,
+            )
             self.pcp_world_size = pcp_world_size
             self.pcp_rank = pcp_rank
             self.device = torch.device(device)
@@ -205,23 +214,39 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self.draft_prefill_batch: Any = None
             self._global_batch: Any = None
             self._local_batch: Any = None
-            self._local_rows: np.ndarray = _NO_ROW
             self._block_tables = block_tables
+            self._input_buffers: Any = None
+            self._local_block_tables: tuple[torch.Tensor, ...] | None = None
+            self._local_block_table_ptrs: torch.Tensor | None = None
+            self._fn_local_rows: np.ndarray = _NO_ROW
+            # the host twin serves get_num_tokens_for_dispatch with or without capacities
+            self._fn_host = HostLayout(
+                pcp_world_size,
+                pcp_rank,
+                shard_decode_requests=bool(shard_decode_requests),
+                dcp_size=dcp_world_size,
+                dcp_rank=dcp_rank,
+                cp_interleave=cp_interleave,
+            )
+            self._fn_pcp: Any = None
+            # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
+            self._fn_capture_rows = (0, 0)
+            if max_num_reqs is None or max_num_tokens is None:
+                # like vLLM's: no buffers; the host methods work, the device path needs both
+                return
 
             P, R2, T, dev = pcp_world_size, 2 * max_num_reqs, max_num_tokens, self.device
             # a request puts at most a head and a tail segment on a rank: 2R local rows
             self._input_buffers = api.InputBuffers(R2, T, dev)
             ib = self._input_buffers
-            self._idx_mapping = torch.zeros(R2, dtype=torch.int64, device=dev)
-            self._expanded_local_pos = torch.zeros(R2, dtype=torch.int32, device=dev)  # stays zero
-            self._logits_indices = torch.zeros(R2, dtype=torch.int32, device=dev)
-            self._cu_num_logits = torch.zeros(R2 + 1, dtype=torch.int32, device=dev)
-            self._hidden_restore_idx = torch.zeros(T, dtype=torch.int64, device=dev)
-            self._padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
-            self._kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
+            self._fn_idx_mapping = torch.zeros(R2, dtype=torch.int64, device=dev)
+            self._fn_expanded_local_pos = torch.zeros(R2, dtype=torch.int32, device=dev)  # stays zero
+            self._fn_logits_indices = torch.zeros(R2, dtype=torch.int32, device=dev)
+            self._fn_cu_num_logits = torch.zeros(R2 + 1, dtype=torch.int32, device=dev)
+            self._fn_hidden_restore_idx = torch.zeros(T, dtype=torch.int64, device=dev)
+            self._fn_padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
+            self._fn_kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
             num_groups = 0 if block_tables is None else block_tables.num_kv_cache_groups
-            self._local_block_tables: tuple[torch.Tensor, ...] = ()
-            self._local_block_table_ptrs: torch.Tensor | None = None
             if block_tables is not None:
                 self._local_block_tables = tuple(
                     t.new_zeros((R2, t.shape[1])) for t in block_tables.input_block_tables
@@ -230,11 +255,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._local_block_table_ptrs = torch.tensor(
                     [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
                 )
-            self._views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
-            # the block tables' slot dtype (int64 in vLLM; the cache-write kernels read these buffers)
-            slot_dtype = torch.int64 if block_tables is None else block_tables.slot_mappings.dtype
-            self._global_slot_mappings = torch.zeros(num_groups, T, dtype=slot_dtype, device=dev)
-            self._gathered_slot_mappings = torch.full(
+            self._fn_views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
+            # the slot dtype of the cache-write kernels: the block tables' (vllm-ascend's are int32)
+            # when they have one, else vLLM's int64
+            slot_dtype = getattr(getattr(block_tables, "slot_mappings", None), "dtype", torch.int64)
+            self._fn_global_slot_mappings = torch.zeros(num_groups, T, dtype=slot_dtype, device=dev)
+            self._fn_gathered_slot_mappings = torch.full(
                 (num_groups, P * T), api.PAD_SLOT_ID, dtype=slot_dtype, device=dev
             )
 
@@ -245,16 +271,16 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 ib.is_padding,
                 ib.query_start_loc,
                 ib.seq_lens,
-                self._idx_mapping,
-                self._logits_indices,
-                self._cu_num_logits,
-                self._hidden_restore_idx,
-                self._padded_gather_idx,
-                self._kv_write_mask,
-                self._global_slot_mappings,
-                self._gathered_slot_mappings,
+                self._fn_idx_mapping,
+                self._fn_logits_indices,
+                self._fn_cu_num_logits,
+                self._fn_hidden_restore_idx,
+                self._fn_padded_gather_idx,
+                self._fn_kv_write_mask,
+                self._fn_global_slot_mappings,
+                self._fn_gathered_slot_mappings,
             )
-            self._pcp = Bookkeeping(
+            self._fn_pcp = Bookkeeping(
                 pcp_world_size,
                 pcp_rank,
                 max_num_reqs,
@@ -271,6 +297,34 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 token_buckets=self.token_buckets,
                 package_dir=package_cache_dir() if backend == "aoti" else None,
             )
+
+        def _fn_full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
+            """The local request rows of the FULL graph of ``num_tokens`` tokens that vLLM sizes for
+            ``num_reqs`` requests with queries up to ``max_query_len`` tokens.
+
+            vLLM's mixed FULL graphs (``CudaGraphManager._init_candidates``) hold
+            ``min(num_tokens, max_num_seqs)`` requests, and its dispatcher checks the *global*
+            request count; a split prefill puts a head and a tail row on a rank, so a rank of
+            such a graph can hold up to ``min(num_tokens, 2 * max_num_seqs)`` rows (each row has
+            a token). A graph that can replay prefills (queries as long as the graph: vLLM's
+            capture promises ``max_query_len = num_tokens`` to a mixed FULL graph) and whose
+            request count is capped at ``max_num_seqs`` gets those rows; decode graphs (shorter
+            queries, at most one row per request) and graphs below the cap keep vLLM's count.
+            """
+            R = self.max_num_reqs
+            if max_query_len is not None and max_query_len >= num_tokens and num_reqs == R < num_tokens:
+                return min(num_tokens, 2 * R)
+            return num_reqs
+
+        def _fn_bookkeeping(self, what: str) -> Any:
+            """The bookkeeping, or a ``RuntimeError`` naming ``what`` needs the capacities (vLLM's
+            manager asserts its buffers there too)."""
+            if self._fn_pcp is None:
+                raise RuntimeError(
+                    f"{what} needs the max_num_reqs and max_num_tokens given to the constructor "
+                    "(the persistent buffers are allocated once, at capacity)"
+                )
+            return self._fn_pcp
 
         # ------------------------------------------------------------ config
 
@@ -294,6 +348,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         @property
         def input_buffers(self) -> Any:
             """The persistent local ``InputBuffers`` (``2 * max_num_reqs`` rows, ``max_num_tokens``)."""
+            self._fn_bookkeeping("input_buffers")
             return self._input_buffers
 
         @property
@@ -311,6 +366,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
 
         def persistent_buffers(self) -> dict[str, torch.Tensor]:
             """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
+            self._fn_bookkeeping("persistent_buffers")
             ib = self._input_buffers
             named = {
                 "input_ids": ib.input_ids,
@@ -319,17 +375,17 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 "query_start_loc": ib.query_start_loc,
                 "seq_lens": ib.seq_lens,
                 "dcp_local_seq_lens": ib.dcp_local_seq_lens,
-                "idx_mapping": self._idx_mapping,
-                "expanded_local_pos": self._expanded_local_pos,
-                "logits_indices": self._logits_indices,
-                "cu_num_logits": self._cu_num_logits,
-                "hidden_restore_idx": self._hidden_restore_idx,
-                "padded_gather_idx": self._padded_gather_idx,
-                "kv_write_mask": self._kv_write_mask,
-                "global_slot_mappings": self._global_slot_mappings,
-                "gathered_slot_mappings": self._gathered_slot_mappings,
+                "idx_mapping": self._fn_idx_mapping,
+                "expanded_local_pos": self._fn_expanded_local_pos,
+                "logits_indices": self._fn_logits_indices,
+                "cu_num_logits": self._fn_cu_num_logits,
+                "hidden_restore_idx": self._fn_hidden_restore_idx,
+                "padded_gather_idx": self._fn_padded_gather_idx,
+                "kv_write_mask": self._fn_kv_write_mask,
+                "global_slot_mappings": self._fn_global_slot_mappings,
+                "gathered_slot_mappings": self._fn_gathered_slot_mappings,
             }
-            named.update({f"block_table_{g}": t for g, t in enumerate(self._local_block_tables)})
+            named.update({f"block_table_{g}": t for g, t in enumerate(self._local_block_tables or ())})
             return named
 
         # ------------------------------------------------------------ dispatch
@@ -342,7 +398,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             pf = _host_ints("is_prefilling_np", is_prefilling, sched.size)
             if sched.size == 0:
                 return 0
-            return int(self._pcp.segments(sched, pf).per_rank_num_tokens.max())
+            return int(self._fn_host.segments(sched, pf).per_rank_num_tokens.max())
 
         def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
             """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
@@ -350,13 +406,17 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             ``batch_desc.cg_mode``: ``NONE`` pads the local tokens to the largest
             rank; ``PIECEWISE``/``FULL`` to ``batch_desc.num_tokens``; ``FULL``
             also pads the local request rows to ``batch_desc.num_reqs`` -- for
-            mixed prefill + decode batches too, unlike vLLM.
+            mixed prefill + decode batches too, unlike vLLM -- or, for a mixed
+            FULL graph capped at ``max_num_reqs`` requests, to the rows a split
+            prefill can give a rank (:meth:`_fn_full_rows`; the capture stages
+            the same rows).
 
             Raises:
                 ValueError: more requests or tokens than the capacities, arrays
                     of the wrong length, a padded size below what a rank holds
                     or beyond the buffers.
             """
+            pcp = self._fn_bookkeeping("partition_batch")
             g = input_batch
             R, T = self.max_num_reqs, self.max_num_tokens
             sched = _host_ints("num_scheduled_tokens", g.num_scheduled_tokens)
@@ -381,14 +441,20 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     f"{total} scheduled tokens"
                 )
 
-            seg = self._pcp.segments(sched, pf)
+            seg = pcp.segments(sched, pf)
             widest = int(np.maximum.reduce(seg.per_rank_num_tokens)) if num_reqs else 0
             Lp, pad_reqs = widest, None
             mode = batch_desc.cg_mode
             if mode != Mode.NONE:
                 Lp = batch_desc.num_tokens
-                if mode == Mode.FULL:
-                    pad_reqs = batch_desc.num_reqs
+                if mode == Mode.FULL and batch_desc.num_reqs is not None:
+                    # the query bound vLLM's capture gave this graph (prepare_inputs_to_capture)
+                    bound = (
+                        getattr(batch_desc, "max_query_len", None)
+                        or getattr(batch_desc, "uniform_token_count", None)
+                        or Lp
+                    )
+                    pad_reqs = self._fn_full_rows(batch_desc.num_reqs, Lp, bound)
             if Lp < widest:
                 raise ValueError(
                     "PCP padded token count is smaller than the largest rank-local batch: "
@@ -415,11 +481,11 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             # the graph bucket holds every rank's rows (the layout covers all ranks) and vLLM's sizes
             rows = int(np.maximum.reduce(seg.per_rank_num_reqs)) if num_reqs else 1
             key = (Lp, Rpad, n, rows)
-            cached = self._views.get(key)
+            cached = self._fn_views.get(key)
             if cached is None:
-                cached = self._step_views(key)
+                cached = self._fn_step_views(key)
             plan, views = cached
-            self._pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
+            pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
 
             # host fields: the numpy twin, never a device read
             num_sched = length.astype(np.int32)
@@ -442,7 +508,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
                 dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
                 whole = (computed + sched)[req]
-                dcp_upper[:n] = torch.from_numpy(self._pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
+                dcp_upper[:n] = torch.from_numpy(pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
             req_ids = g.req_ids
             fields = dict(
                 req_ids=[req_ids[i] for i in req.tolist()],
@@ -470,33 +536,35 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 prompt_lens=None,
             )
             fields.update(views)
-            self._local_rows = req  # each local row's global request (host)
+            self._fn_local_rows = req  # each local row's global request (host)
             self._local_batch = _replace(g, fields)
             self._global_batch = g
-            self.draft_prefill_batch = None
+            self._fn_capture_rows = (0, 0)
+            # draft_prefill_batch is left as it is, like vLLM's partition_batch (a draft prefill
+            # that was prepared but not restored stays prepared until prepare_draft_prefill)
             return self._local_batch
 
-        def _step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
+        def _fn_step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
             """The bookkeeping's plan and the local batch's device fields (views of the persistent
             buffers) for a step of these sizes: made once, steady steps repeat their sizes."""
-            if len(self._views) > 1024:
-                self._views.clear()
+            if len(self._fn_views) > 1024:
+                self._fn_views.clear()
             Lp, Rpad, n, rows = key
             ib = self._input_buffers
-            idx_mapping = self._idx_mapping[:n]
+            idx_mapping = self._fn_idx_mapping[:n]
             views = dict(
                 idx_mapping=idx_mapping,
                 expanded_idx_mapping=idx_mapping,
-                expanded_local_pos=self._expanded_local_pos[:n],
+                expanded_local_pos=self._fn_expanded_local_pos[:n],
                 query_start_loc=ib.query_start_loc[: Rpad + 1],
                 seq_lens=ib.seq_lens[:Rpad],
                 input_ids=ib.input_ids[:Lp],
                 positions=ib.positions[:Lp],
                 is_padding=ib.is_padding[:Lp],
-                logits_indices=self._logits_indices[:Rpad],
-                cu_num_logits=self._cu_num_logits[: n + 1],
+                logits_indices=self._fn_logits_indices[:Rpad],
+                cu_num_logits=self._fn_cu_num_logits[: n + 1],
             )
-            cached = self._views[key] = (self._pcp.plan(Lp, Rpad, rows), views)
+            cached = self._fn_views[key] = (self._fn_pcp.plan(Lp, Rpad, rows), views)
             return cached
 
         # ------------------------------------------------------------ attention
@@ -521,23 +589,38 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             g = self.global_batch
             # vLLM's kernel writes the first num_tokens columns of the persistent [K, T] buffer
             self._block_tables.compute_slot_mappings(
-                g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self._global_slot_mappings
+                g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self._fn_global_slot_mappings
             )
-            return self._pcp.gathered_slot_mappings(g.num_tokens)
+            return self._fn_pcp.gathered_slot_mappings(g.num_tokens)
 
         def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
             """Zeroed views of the persistent local block tables (capture and dummy runs)."""
-            return tuple(t[:num_reqs].zero_() for t in self._local_block_tables)
+            if self._local_block_tables is None:
+                raise RuntimeError(
+                    "get_dummy_block_tables needs the block_tables, max_num_reqs and max_num_tokens "
+                    "given to the constructor"
+                )
+            asked, staged = self._fn_capture_rows
+            rows = staged if num_reqs == asked else num_reqs  # the capture batch's rows
+            return tuple(t[:rows].zero_() for t in self._local_block_tables)
 
         def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
             """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
-            self._gathered_slot_mappings.fill_(api.PAD_SLOT_ID)
-            return self._gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
+            self._fn_bookkeeping("get_dummy_slot_mappings")
+            self._fn_gathered_slot_mappings.fill_(api.PAD_SLOT_ID)
+            return self._fn_gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
 
         def prepare_inputs_to_capture(self, input_batch: Any) -> Any:
-            """Stage a capture or dummy batch in the persistent local buffers."""
-            ib = self._input_buffers
+            """Stage a capture or dummy batch in the persistent local buffers; a mixed FULL graph's
+            batch gets the rows ``partition_batch`` pads its steps to (:meth:`_fn_full_rows`)."""
+            ib = self.input_buffers
             r, t = input_batch.num_reqs_after_padding, input_batch.num_tokens_after_padding
+            bound = getattr(input_batch, "max_query_len", None)  # None: no FULL capture
+            rows = self._fn_full_rows(r, t, bound)
+            self._fn_capture_rows = (r, rows)
+            if rows > r:
+                input_batch = type(input_batch).make_dummy(rows, t, ib, max_query_len=bound)
+                r = rows
             return dataclasses.replace(
                 input_batch,
                 input_ids=ib.input_ids[:t].copy_(input_batch.input_ids),
@@ -552,10 +635,10 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
             """All-gather the ranks' ``[Lp, ...]`` rows and put them in global token order
             ``[num_tokens, ...]`` (unchanged before the first ``partition_batch``)."""
-            if not self._pcp.has_layout:
+            if self._fn_pcp is None or not self._fn_pcp.has_layout:
                 return hidden_states
             gathered = api.get_pcp_group().all_gather(hidden_states, dim=0)
-            return self._pcp.restore(gathered, self.global_batch.num_tokens)
+            return self._fn_pcp.restore(gathered, self.global_batch.num_tokens)
 
         def restore_for_sampling(
             self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
@@ -567,7 +650,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             aux = (
                 None if aux_hidden_states is None else [group.all_gather(a, dim=0) for a in aux_hidden_states]
             )
-            hidden, aux = self._pcp.restore_for_sampling(gathered, aux, g.num_tokens)
+            hidden, aux = self._fn_pcp.restore_for_sampling(gathered, aux, g.num_tokens)
             return hidden, aux, g
 
         # ------------------------------------------------------------ drafter
@@ -583,7 +666,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if input_batch is not self._global_batch or self._local_batch is None:
                 return
             local = self._local_batch
-            self._pcp.draft_input_ids(input_ids, local.input_ids)
+            self._fn_pcp.draft_input_ids(input_ids, local.input_ids)
             self.draft_prefill_batch = local
 
         def restore_draft_prefill(
@@ -596,7 +679,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             last = group.all_gather(last_hidden_states, dim=0)
             other = last if hidden_states is last_hidden_states else group.all_gather(hidden_states, dim=0)
             self.draft_prefill_batch = None
-            return self._pcp.restore_draft_prefill(last, other, self.global_batch.num_tokens)
+            return self._fn_pcp.restore_draft_prefill(last, other, self.global_batch.num_tokens)
 
     FunctionalPCPManager.__name__ = FunctionalPCPManager.__qualname__ = name
     return FunctionalPCPManager

@@ -181,9 +181,12 @@ def make_functional_ascend_manager(
                 cp_interleave,
             )
             self.req_states = req_states
-            # a dummy batch's restore rows (build_attention_context): views of one arange
-            self._dummy_restore_idx = torch.arange(
-                pcp_world_size * self.max_num_tokens, dtype=torch.int64, device=self.device
+            # a dummy batch's restore rows (build_attention_context): views of one arange (none
+            # without capacities: like the base's buffers)
+            self._dummy_restore_idx = (
+                None
+                if self.max_num_tokens is None
+                else torch.arange(pcp_world_size * self.max_num_tokens, dtype=torch.int64, device=self.device)
             )
 
         # ------------------------------------------------------------ config
@@ -276,6 +279,11 @@ def make_functional_ascend_manager(
             named["dummy_restore_idx"] = self._dummy_restore_idx
             return named
 
+        def _fn_full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
+            """``padded_num_reqs`` as given: vllm-ascend's runner passes the rows of its own graph
+            (vLLM's MRV2 dispatcher, whose mixed FULL graphs the base class widens, is not in play)."""
+            return num_reqs
+
         # ------------------------------------------------------------ partition
 
         def partition_batch(
@@ -334,9 +342,9 @@ def make_functional_ascend_manager(
             if spec:
                 Lp = local.num_tokens_after_padding
                 if Lp > num_local:  # vllm-ascend re-gathers the ids: padding rows read global token 0
-                    with self._pcp._guard():
+                    with self._fn_pcp._guard():
                         ib.input_ids[num_local:Lp].copy_(g.input_ids[:1].expand(Lp - num_local))
-                local_drafts = drafts.astype(np.int32)[self._local_rows]
+                local_drafts = drafts.astype(np.int32)[self._fn_local_rows]
                 changes.update(
                     num_draft_tokens=int(local_drafts.sum()), num_draft_tokens_per_req=local_drafts
                 )
@@ -344,13 +352,13 @@ def make_functional_ascend_manager(
             # the global batch's padding rows have no segment: their restore rows read gathered row 0
             restore_rows = int(g.query_start_loc_np[-1])
             if restore_rows > g.num_tokens:
-                if restore_rows > self._hidden_restore_idx.shape[0]:
+                if restore_rows > self._fn_hidden_restore_idx.shape[0]:
                     raise ValueError(
                         f"input_batch.query_start_loc_np ends at {restore_rows} tokens; "
                         f"max_num_tokens is {self.max_num_tokens}"
                     )
-                with self._pcp._guard():
-                    self._hidden_restore_idx[g.num_tokens : restore_rows].zero_()
+                with self._fn_pcp._guard():
+                    self._fn_hidden_restore_idx[g.num_tokens : restore_rows].zero_()
 
             graph_tokens = g.num_tokens_after_padding
             token_sized = (
@@ -410,7 +418,7 @@ def make_functional_ascend_manager(
                 )
             num_local, n = local.num_tokens, local.num_reqs
             qsl = ib.query_start_loc[: reqs + 1]
-            with self._pcp._guard():  # fixed-shape device writes only
+            with self._fn_pcp._guard():  # fixed-shape device writes only
                 ib.input_ids[num_local:tokens].zero_()
                 ib.positions[num_local:tokens].zero_()
                 ib.is_padding[num_local:tokens].fill_(True)
@@ -447,7 +455,7 @@ def make_functional_ascend_manager(
                 return slots
             P, K = self.pcp_world_size, slots.shape[0]
             width = slots.shape[1] // P  # the layout's local tokens
-            out = self._gathered_slot_mappings[:, : P * graph]
+            out = self._fn_gathered_slot_mappings[:, : P * graph]
             if width == graph:
                 return out
             if width > graph:
@@ -455,7 +463,7 @@ def make_functional_ascend_manager(
                     f"the layout's {width} local tokens exceed the decode graph's "
                     f"input_batch.num_tokens_after_padding={graph}"
                 )
-            with self._pcp._guard():
+            with self._fn_pcp._guard():
                 compact = slots.view(K, P, width).clone()  # the source overlaps the destination
                 grid = out.view(K, P, graph)
                 grid[:, :, width:].fill_(PAD)
@@ -476,7 +484,7 @@ def make_functional_ascend_manager(
             return its zeroed block tables and ``PAD_SLOT_ID`` slot mappings."""
             ib = self._input_buffers
             t, r = input_batch.num_tokens_after_padding, input_batch.num_reqs_after_padding
-            with self._pcp._guard():
+            with self._fn_pcp._guard():
                 torch._foreach_copy_(
                     [
                         ib.input_ids[:t],
@@ -538,14 +546,14 @@ def make_functional_ascend_manager(
             if self.dcp_world_size > 1 and np.asarray(g.is_prefilling_np).any():
                 host = tables.num_blocks.np[:, g.idx_mapping_np[: g.num_reqs]]
                 num_blocks = torch.from_numpy(host).to(device=self.device, non_blocking=True)
-            width = self._pcp._current().Lp * self.pcp_world_size
+            width = self._fn_pcp._current().Lp * self.pcp_world_size
             return Context(
                 global_batch=g,
                 global_block_tables=tables.gather_block_tables(g.idx_mapping, g.num_reqs_after_padding),
-                global_slot_mappings=self._global_slot_mappings[:, : g.num_tokens_after_padding],
-                hidden_restore_idx=self._hidden_restore_idx[: int(g.query_start_loc_np[-1])],
-                padded_gather_idx=self._padded_gather_idx[:width],
-                gathered_kv_write_mask=self._kv_write_mask[:width],
+                global_slot_mappings=self._fn_global_slot_mappings[:, : g.num_tokens_after_padding],
+                hidden_restore_idx=self._fn_hidden_restore_idx[: int(g.query_start_loc_np[-1])],
+                padded_gather_idx=self._fn_padded_gather_idx[:width],
+                gathered_kv_write_mask=self._fn_kv_write_mask[:width],
                 global_block_table_num_blocks=num_blocks,
             )
 
@@ -570,7 +578,7 @@ def make_functional_ascend_manager(
         def _layout_rows(self, gathered: torch.Tensor) -> torch.Tensor:
             """``gathered`` at the layout's ``P * Lp`` rows: a decode graph padded past the layout
             gathers ``P * num_tokens_after_padding`` rows, whose restored rows are all rank 0's."""
-            P, Lp, g = self.pcp_world_size, self._pcp._current().Lp, self._global_batch
+            P, Lp, g = self.pcp_world_size, self._fn_pcp._current().Lp, self._global_batch
             rows = gathered.shape[0]
             if rows == P * Lp or g is None or np.asarray(g.is_prefilling_np).any():
                 return gathered
@@ -581,12 +589,12 @@ def make_functional_ascend_manager(
             """All-gather the ranks' local rows and put them in global order: ``[num_tokens, ...]``,
             or the global graph's ``[num_tokens_after_padding, ...]`` with zero padding rows.
             Unchanged off the last pipeline stage and before the first ``partition_batch``."""
-            if not self.is_last_pp_rank or not self._pcp.has_layout:
+            if not self.is_last_pp_rank or not self._fn_pcp.has_layout:
                 return hidden_states
             gathered = vllm_api.get_pcp_group().all_gather(hidden_states, dim=0)
             n, rows = self._restored_rows()
-            restored = self._pcp.restore(self._layout_rows(gathered), rows)
-            with self._pcp._guard():
+            restored = self._fn_pcp.restore(self._layout_rows(gathered), rows)
+            with self._fn_pcp._guard():
                 return _zero_padding_rows(restored, n, rows)
 
         def restore_hidden_state_buffer(self, hidden_states: torch.Tensor) -> None:
@@ -594,9 +602,9 @@ def make_functional_ascend_manager(
             tokens) are this rank's; the restored global rows overwrite its head."""
             if not self.is_last_pp_rank:
                 return
-            if not self._pcp.has_layout:
+            if not self._fn_pcp.has_layout:
                 raise RuntimeError("restore_hidden_state_buffer: no batch was partitioned yet")
-            restored = self.restore_hidden_states(hidden_states[: self._pcp._current().Lp])
+            restored = self.restore_hidden_states(hidden_states[: self._fn_pcp._current().Lp])
             hidden_states[: restored.shape[0]].copy_(restored)
 
         def restore_for_sampling(
@@ -615,8 +623,8 @@ def make_functional_ascend_manager(
                 else [self._layout_rows(group.all_gather(a, dim=0)) for a in aux_hidden_states]
             )
             n, rows = self._restored_rows()
-            hidden, aux = self._pcp.restore_for_sampling(gathered, aux, rows)
-            with self._pcp._guard():
+            hidden, aux = self._fn_pcp.restore_for_sampling(gathered, aux, rows)
+            with self._fn_pcp._guard():
                 hidden = _zero_padding_rows(hidden, n, rows)
                 if aux is not None:
                     aux = [_zero_padding_rows(a, n, rows) for a in aux]
@@ -637,8 +645,8 @@ def make_functional_ascend_manager(
             same = hidden_states is last_hidden_states
             other = last if same else self._layout_rows(group.all_gather(hidden_states, dim=0))
             n, rows = self._restored_rows()
-            last, other = self._pcp.restore_draft_prefill(last, other, rows)
-            with self._pcp._guard():
+            last, other = self._fn_pcp.restore_draft_prefill(last, other, rows)
+            with self._fn_pcp._guard():
                 last = _zero_padding_rows(last, n, rows)
                 other = last if same else _zero_padding_rows(other, n, rows)
             return last, other
