@@ -47,7 +47,8 @@ LAYERS = {
     "adapters": 8,
 }
 # imported lazily on purpose: optional extras and heavy or process-wide machinery
-LAZY_OK = {"torch_npu", "vllm", "vllm_ascend", "tqdm", "torch.distributed", "torch._dynamo"}
+# fcntl: POSIX only, imported where a package cache is locked
+LAZY_OK = {"torch_npu", "vllm", "vllm_ascend", "tqdm", "torch.distributed", "torch._dynamo", "fcntl"}
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -113,11 +113,51 @@ def _worker_report(worker: Any) -> dict[str, Any]:
     stats = getattr(manager, "graph_stats", None)
     if stats is not None:
         report["graph_stats"] = dict(vars(stats))
+    timers = getattr(manager, "_engine_tool_timers", None)
+    if timers is not None:
+        report["method_seconds"] = {name: list(total) for name, total in timers.items()}
     from torch._dynamo.utils import counters
 
     # graphs torch.compile has made in this process so far (none may appear while serving)
     report["dynamo_graphs"] = int(counters["stats"]["unique_graphs"])
     return report
+
+
+#: The manager methods the model runner calls each step (timed in the workers by ``_time_methods``).
+TIMED_METHODS = (
+    "get_num_tokens_for_dispatch",
+    "partition_batch",
+    "prepare_attn",
+    "restore_hidden_states",
+    "restore_for_sampling",
+)
+
+
+def _time_methods(worker: Any) -> bool:
+    """Runs in each worker: wrap the PCP manager's per-step methods to add up their wall time
+    (``time.perf_counter``) and calls, reported by ``_worker_report`` as ``method_seconds``."""
+    import functools
+
+    manager = getattr(worker.model_runner, "pcp_manager", None)
+    if manager is None:
+        return False
+    totals: dict[str, list[float]] = {}
+    for name in TIMED_METHODS:
+        method = getattr(manager, name)
+        total = totals.setdefault(name, [0.0, 0])
+
+        @functools.wraps(method)
+        def timed(*a: Any, _m: Any = method, _t: list = total, **k: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return _m(*a, **k)
+            finally:
+                _t[0] += time.perf_counter() - start
+                _t[1] += 1
+
+        setattr(manager, name, timed)
+    manager._engine_tool_timers = totals  # read by _worker_report
+    return True
 
 
 def _settings(args: argparse.Namespace) -> None:
@@ -172,6 +212,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     startup = time.perf_counter() - start
     engine = llm.llm_engine
     before = llm.collective_rpc(_worker_report)
+    llm.collective_rpc(_time_methods)
 
     steps: list[dict[str, list[Any]]] = []
     pending = sorted(enumerate(WORKLOAD), key=lambda x: x[1][0])
@@ -240,9 +281,14 @@ def main(argv: list[str] | None = None) -> int:
             f.write(text)
     else:
         print(text)
+    host = ""
+    timers = result["workers"][0].get("method_seconds")
+    if timers:
+        per_step = sum(t for t, _ in timers.values()) / max(result["engine_steps"], 1)
+        host = f" manager={per_step * 1e6:.0f}us/step(rank 0)"
     print(
         f"manager={args.manager} pcp={args.pcp} startup={result['startup_s']:.1f}s "
-        f"generate={result['generate_s']:.2f}s steps={result['engine_steps']}",
+        f"generate={result['generate_s']:.2f}s steps={result['engine_steps']}{host}",
         file=sys.stderr,
     )
     return 0

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bookkeeping import Bookkeeping, Destinations, HostLayout
+from .bookkeeping import Bookkeeping, Destinations, GraphStats, HostLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -362,7 +362,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         def graph_stats(self) -> Any:
             """The bookkeeping's :class:`pcp_fn.adapters.bookkeeping.GraphStats`: graphs prepared at
             construction and their time, steps partitioned, steps run eagerly as fallbacks."""
-            return self._pcp.stats
+            return GraphStats() if self._fn_pcp is None else self._fn_pcp.stats
 
         def persistent_buffers(self) -> dict[str, torch.Tensor]:
             """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
