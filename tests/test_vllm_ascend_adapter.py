@@ -77,6 +77,18 @@ CONFIGS = [
         max_new=(6, 12),
     ),
     SimConfig("DCP2 only k=2", pcp=1, dcp=2, spec=2, R=6, T=48, num_requests=5, max_prompt=12),
+    SimConfig(
+        "decode-heavy k=1 P2 DCP2 interleave 2",
+        pcp=2,
+        dcp=2,
+        spec=1,
+        interleave=2,
+        R=6,
+        T=48,
+        num_requests=6,
+        max_prompt=6,
+        max_new=(2, 9),
+    ),
     SimConfig("multimodal P2 k=1", pcp=2, spec=1, multimodal=True, R=6, T=64, num_requests=5, max_prompt=24),
 ]
 STEPS = 7
@@ -98,10 +110,25 @@ def _table(cfg: SimConfig, st) -> list[list[int]]:
 
 
 class Tracker:
-    """What a rank's checks remember across steps: the last MTP slot mapping built."""
+    """What a rank's checks remember across steps: the last MTP slot mapping built, and the
+    MTP attention mask buffer (``[R][1 + k][max_model_len]``, rows kept until rewritten)."""
 
     def __init__(self) -> None:
         self.mtp_slots: list[int] | None = None
+        self.mask: list | None = None
+
+    def mask_rows(self, cfg: SimConfig, rank: int, dcp_rank: int, hist, counts, nd: int, n: int) -> list:
+        """The rows ``generate_pcp_metadata`` returns: vllm-ascend's buffer semantics (rows ``[:nd]``
+        rewritten only when some decode's last token reaches this CP rank), the oracle's values."""
+        thr, cols = 1 + cfg.spec, cfg.max_model_len
+        if self.mask is None:
+            self.mask = [[[False] * cols for _ in range(thr)] for _ in range(cfg.R)]
+        C, c = cfg.pcp * cfg.dcp, rank * cfg.dcp + dcp_rank
+        if nd and any(hist[i] + counts[i] - 1 >= c for i in range(nd)):
+            self.mask[:nd] = [
+                oracle_mtp_mask(hist[i], counts[i], thr, cols, C, c, cfg.interleave) for i in range(nd)
+            ]
+        return self.mask[: nd if nd else n]
 
 
 def _mtp_expected(cfg, st, comp, P) -> list[int]:
@@ -112,7 +139,7 @@ def _mtp_expected(cfg, st, comp, P) -> list[int]:
 
 def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Tracker) -> int:
     """Every observation of one (step, rank) against the oracles; returns how many were checked."""
-    P, D, k, thr = cfg.pcp, cfg.dcp, cfg.spec, 1 + cfg.spec
+    P, D, k = cfg.pcp, cfg.dcp, cfg.spec
     sched, comp, n = list(st.sched), list(st.comp), len(st.sched)
     orc = oracle_step(P, sched, comp, list(st.prompt), k)
     hyb = oracle_hybrid(P, sched, comp, list(st.prompt), k) if cfg.hybrid and P > 1 else None
@@ -221,13 +248,8 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
         eq(L(meta["pcp_fa_padding_restore_idx"]), hyb.fa_padding if fa_len < P * N else None)
         eq(meta["max_num_tokens_across_pcp"], M)
     if k:
-        C, c = P * D, rank * D + dcp_rank
         hist = [f - s for f, s in zip(fixed, sched)] if fixed else comp
-        rows = [
-            oracle_mtp_mask(hist[i], sched[i], thr, cfg.max_model_len, C, c, cfg.interleave)
-            for i in range(nd)
-        ]
-        eq(L(meta["dcp_mtp_attn_mask"]), rows or [[[False] * cfg.max_model_len] * thr] * n)
+        eq(L(meta["dcp_mtp_attn_mask"]), tr.mask_rows(cfg, rank, dcp_rank, hist, sched, nd, n))
 
     if k:
         _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, view, eq)
@@ -714,3 +736,59 @@ def test_install_switches_the_runner_to_the_functional_manager(monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm_ascend.worker.model_runner_v1")
     install()
     assert issubclass(utils.PCPManager, FunctionalDCSManager)
+
+
+def _metadata_step(m, sched, comp, prompt, max_reqs):
+    """One real step's manager calls up to ``generate_pcp_metadata`` (runner order); its metadata."""
+    n = len(sched)
+    nst = np.array(sched, dtype=np.int32)
+    comp_r = np.zeros(max_reqs, dtype=np.int32)
+    comp_r[:n] = comp
+    prompt_r = np.zeros(max_reqs, dtype=np.int32)
+    prompt_r[:n] = prompt
+    m.init_batch_info(nst, n, comp_r, prompt_r)
+    local = nst
+    if m.pcp_world_size > 1:
+        local, _ = m.update_tokens_for_pcp(nst.copy())
+    if m.pcp_world_size > 1 and m.pcp_use_hybrid_attn:
+        query_lens = m.num_scheduled_tokens_padded
+        total = int(np.sum(sched))
+    else:
+        query_lens, total = local, int(np.sum(local))
+    meta, _ = m.generate_pcp_metadata(
+        total,
+        torch.from_numpy(np.asarray(query_lens)),
+        SimpleNamespace(num_computed_tokens_cpu=comp_r),
+        np.asarray(local),
+        torch.zeros(n, 4),
+        n,
+        n,
+    )
+    return meta
+
+
+def test_mtp_mask_rows_not_recomputed_are_the_buffers_last_rows():
+    """vllm-ascend's ``dcp_mtp_attn_mask`` buffer semantics, interleave 2 (P = 2, DCP = 2, rank 3 of 4).
+
+    Rows ``[:nd]`` are rewritten only when some decode's last token reaches the
+    rank; a step without decodes exposes ``num_reqs`` rows of the buffer, a step
+    whose decodes hold no local key exposes the decodes' rows as last written.
+    """
+    cfg = SimConfig("mask rows", pcp=2, dcp=2, spec=1, interleave=2, R=4, T=64, max_model_len=32)
+    m, _ = _manager(cfg, 1, 1)
+    tr = Tracker()
+    steps = [
+        ([2, 2, 2], [13, 13, 21], [5, 5, 5]),  # three decodes: rows 0..2 written
+        ([1], [9], [5]),  # one decode: row 0 rewritten, rows 1, 2 kept
+        ([8, 8, 8], [0, 0, 0], [8, 8, 8]),  # no decode: rows 0..2 exposed as they are
+        ([1, 1], [1, 2], [1, 1]),  # decodes whose last token (1, 2) is before rank 3: nothing rewritten
+    ]
+    seen = []
+    for sched, comp, prompt in steps:
+        meta = _metadata_step(m, sched, comp, prompt, cfg.R)
+        nd = m.num_decode_reqs
+        got = L(meta.dcp_mtp_attn_mask)
+        assert got == tr.mask_rows(cfg, 1, 1, comp, sched, nd, len(sched))
+        seen.append(got)
+    assert seen[2][1] == seen[0][1] and seen[2][2] == seen[0][2] and any(map(any, seen[0][1]))
+    assert seen[3] == seen[2][:2] and any(map(any, seen[3][1]))  # not the all-False rows

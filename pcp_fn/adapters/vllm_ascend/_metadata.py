@@ -127,9 +127,20 @@ class MetadataMethods:
         fixed_decode_seq_lens_cpu: np.ndarray | None,
         num_reqs: int,
     ) -> torch.Tensor:
-        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes)."""
+        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes).
+
+        The buffer semantics of vllm-ascend's ``generate_pcp_metadata`` /
+        ``generate_mtp_attention_mask_for_decode``: rows ``[:nd]`` are rewritten
+        (each decode's mask, all False for a decode with no local key) only when
+        some decode's last token ``h + n - 1`` reaches this CP rank
+        (``>= pcp_rank * dcp_size + dcp_rank``); otherwise, and in a step without
+        decodes, the rows returned are what the buffer last held (the rows last
+        written, zeros where never written). The values written are the
+        interleave-aware mask (for ``cp_kv_cache_interleave_size = 1`` vllm-ascend's).
+        """
         buf = self._buffers.dcp_mtp_attn_mask
         assert buf is not None
+        s = self.settings
         nd = h.num_decode_reqs
         if nd > 0:
             batch = self._record.batch
@@ -137,16 +148,18 @@ class MetadataMethods:
                 decode_computed = np.asarray(fixed_decode_seq_lens_cpu)[:nd] - num_scheduled[:nd]
             else:
                 decode_computed = computed_cpu[:nd]
-            computed = batch.num_computed
-            if not np.array_equal(decode_computed, h.num_computed[:nd]):
-                # async spec decode corrected the histories: one copy of the [R_b] counts
-                Rb = batch.bucket.num_reqs
-                host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
-                host[: h.num_reqs] = h.num_computed
-                host[:nd] = decode_computed
-                computed = self._buffers.computed_in[:Rb]
-                computed.copy_(torch.from_numpy(host), non_blocking=True)
-            mask = self._device(_ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2])
-            with self._device.guard():
-                buf.gpu[: mask.shape[0]].copy_(mask)
+            cp_rank = s.pcp_rank * s.dcp_size + s.dcp_rank
+            if (decode_computed + num_scheduled[:nd] - 1 >= cp_rank).any():
+                computed = batch.num_computed
+                if not np.array_equal(decode_computed, h.num_computed[:nd]):
+                    # async spec decode corrected the histories: one copy of the [R_b] counts
+                    Rb = batch.bucket.num_reqs
+                    host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
+                    host[: h.num_reqs] = h.num_computed
+                    host[:nd] = decode_computed
+                    computed = self._buffers.computed_in[:Rb]
+                    computed.copy_(torch.from_numpy(host), non_blocking=True)
+                mask = self._device(_ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2])
+                with self._device.guard():
+                    buf.gpu[:nd].copy_(mask[:nd])
         return buf.gpu[: nd if nd > 0 else num_reqs]

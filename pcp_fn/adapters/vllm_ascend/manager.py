@@ -24,8 +24,8 @@ forward -> ``get_restore_hidden_states`` -> the proposer's helpers.
 Differences from the reference (see the README's table): the restore index
 and metadata index tensors are views of device buffers built by pcp_fn (the
 host ``.np`` copies are not kept); ``pcp_unpad_mask`` in the metadata is the
-device mask; the MTP attention mask is the interleave-aware one; rows a
-reference buffer leaves stale hold their true value here.
+device mask; the MTP attention mask is the interleave-aware one (with the
+reference's buffer semantics: rows it does not recompute keep their last values).
 """
 
 from __future__ import annotations
