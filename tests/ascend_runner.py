@@ -5,12 +5,14 @@ call order, one scheduled step at a time, and records every value the runner
 and the MTP proposer get back (return values, the attributes they read, the
 objects the manager writes into) as an observation ``{name: value}``:
 
-    _prepare_inputs   init_batch_info -> generate_pcp_mtp_input -> update_tokens_for_pcp
+    _prepare_inputs   (P > 1: block_table.compute_slot_mapping) -> init_batch_info
+                      -> generate_pcp_mtp_input -> update_tokens_for_pcp
                       -> (multimodal: remap_mrope_positions_for_pcp, fill_prompt_embeds_for_pcp,
                       cache_local_schedule_layout) -> rebuild_async_spec_decode_inputs
                       -> get_logits_indices | spec-decode logits from num_pcp_pads_cpu
                       (and adjust_cu_num_scheduled_tokens_for_pcp)
-    _build_attention_metadata   get_padded_slot_mapping per KV cache group -> generate_pcp_metadata
+    _build_attention_metadata   get_padded_slot_mapping per KV cache group (of the block
+                      table's ``slot_mapping.gpu``) -> generate_pcp_metadata
     _preprocess       maybe_localize_scheduler_output_for_mm_preprocess -> gather_mm_embeddings_for_pcp
                       -> restore_scheduler_output_after_mm_preprocess
     execute_model     get_restore_hidden_states
@@ -99,22 +101,42 @@ def slot_of(request: Any, position: Any) -> Any:
 
 
 class BlockTable:
-    """vllm-ascend's block table as the manager uses it: draft slot mappings, and slot-mapping calls."""
+    """vllm-ascend 0.23's ``BlockTable`` (``worker/block_table.py``) as the runner and the manager use it.
+
+    With ``pcp * dcp > 1`` both ``compute_slot_mapping`` and
+    ``compute_slot_mapping_draft`` go through ``_compute_pcp_dcp_slot_mapping``,
+    which writes ``slot_mapping.gpu[:n]`` when its indices are device tensors and
+    ``slot_mapping.cpu[:n]`` when they are host ones (``compute_slot_mapping_draft``
+    turns numpy arrays into CPU tensors first). The two are separate buffers;
+    the runner reads ``slot_mapping.gpu`` for the main model's slots. Here a
+    torch tensor stands for a device tensor and a numpy array for a host one,
+    as the runner's and the manager's call sites pass them. The block lookup is
+    :func:`slot_of` (the rank's ``-1`` for keys stored on other CP ranks is not modelled).
+    """
 
     def __init__(self, size: int = 1 << 13) -> None:
-        self.slot_mapping = SimpleNamespace(cpu=torch.zeros(size, dtype=torch.int32))
-        self.slot_mapping.gpu = self.slot_mapping.cpu
+        self.slot_mapping = SimpleNamespace(
+            cpu=torch.full((size,), -1, dtype=torch.int32), gpu=torch.full((size,), -1, dtype=torch.int32)
+        )
         self.block_tables = [self]
         self.calls: list[tuple[int, list[int], list[int]]] = []
 
-    def compute_slot_mapping_draft(self, req_indices: Any, positions: Any) -> None:
-        req = torch.as_tensor(np.asarray(req_indices)) if not torch.is_tensor(req_indices) else req_indices
-        pos = torch.as_tensor(np.asarray(positions)) if not torch.is_tensor(positions) else positions
+    def _write(self, req: torch.Tensor, pos: torch.Tensor, on_device: bool) -> None:
         slots = slot_of(req.to(torch.int64), pos.to(torch.int64)).to(torch.int32)
-        self.slot_mapping.cpu[: slots.shape[0]] = slots
+        (self.slot_mapping.gpu if on_device else self.slot_mapping.cpu)[: slots.shape[0]] = slots
+
+    def compute_slot_mapping_draft(self, req_indices: Any, positions: Any) -> None:
+        on_device = torch.is_tensor(req_indices)
+        req = req_indices if on_device else torch.from_numpy(np.asarray(req_indices))
+        pos = positions if torch.is_tensor(positions) else torch.from_numpy(np.asarray(positions))
+        self._write(req, pos, on_device)
 
     def compute_slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor, positions: Any) -> None:
         self.calls.append((num_reqs, query_start_loc.tolist(), torch.as_tensor(positions).tolist()))
+        pos = torch.as_tensor(positions)
+        counts = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+        req = torch.repeat_interleave(torch.arange(num_reqs), counts, output_size=pos.shape[0])
+        self._write(req, pos, on_device=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +392,11 @@ class SimRunner:
         cu = np.cumsum(nst)
         total = int(cu[-1])
         positions_np = comp[req_indices] + (self.arange_np[:total] - np.repeat(cu - nst, nst))
-        slots = slot_of(torch.from_numpy(req_indices), torch.from_numpy(positions_np)).to(torch.int32)
+        if P > 1:  # the runner's slot mapping, from the host positions, before the split (on the device)
+            qsl = torch.zeros(n + 1, dtype=torch.int32)
+            qsl[1:] = torch.from_numpy(cu.astype(np.int32))
+            self.block_table.compute_slot_mapping(n, qsl, torch.from_numpy(positions_np.astype(np.int64)))
+            self.block_table.calls.clear()
         m.init_batch_info(nst, n, input_batch.num_computed_tokens_cpu, input_batch.num_prompt_tokens)
         for name in ("num_reqs", "num_decode_reqs", "num_prefill_reqs", "num_decode_tokens"):
             obs[name] = int(getattr(m, name))
@@ -468,6 +494,7 @@ class SimRunner:
                 full = int(np.sum(m.num_scheduled_tokens_padded)) * P - pads_total
             else:
                 full = num_tokens * P - pads_total
+            slots = self.block_table.slot_mapping.gpu  # what the block table holds now
             for gid in range(cfg.kv_groups):
                 padded = m.get_padded_slot_mapping(num_tokens, num_tokens_padded, slots[:full], gid)
                 obs[f"padded_slot_mapping.{gid}"] = _snap(padded)

@@ -21,8 +21,10 @@ import numpy as np
 import pytest
 import torch
 from ascend_runner import (
+    BlockTable,
     SimConfig,
     SimRunner,
+    StepInput,
     correct_optimistic_seq_lens_cpu,
     mm_cache,
     mm_requests,
@@ -201,7 +203,11 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
 
     # padded slot mapping, per KV cache group
     if P > 1:
-        slots = [slot_of(i, comp[i] + j) for i in range(n) for j in range(sched[i])]
+        # the block table's main-model slots: the runner's (host counts), or the async rebuild's
+        # (corrected counts); never the MTP layout compute_slot_mapping_draft writes
+        rebuilt = obs.get("rebuild.result", (False, False))[0]
+        base = list(st.true_comp) if rebuilt else comp
+        slots = [slot_of(i, base[i] + j) for i in range(n) for j in range(sched[i])]
         padded = orc.padded_slot_mapping(slots, -1)
         pad8 = -(-total_sampled // 8) * 8
         length = N * P if hyb is not None and total_sampled == pad8 else pad8 * P
@@ -792,3 +798,69 @@ def test_mtp_mask_rows_not_recomputed_are_the_buffers_last_rows():
         seen.append(got)
     assert seen[2][1] == seen[0][1] and seen[2][2] == seen[0][2] and any(map(any, seen[0][1]))
     assert seen[3] == seen[2][:2] and any(map(any, seen[3][1]))  # not the all-False rows
+
+
+def _async_decode_step(k: int, true_comp: tuple[int, ...], over: tuple[int, ...]) -> StepInput:
+    """A decode-only async step on the device rebuild branch: every request ``1 + k`` tokens, the
+    host counts ``over`` ahead of the true ones (drafts the verification rejected)."""
+    n = len(true_comp)
+    ids = tuple(f"r{i}" for i in range(n))
+    comp = tuple(c + o for c, o in zip(true_comp, over))
+    return StepInput(
+        index=2,  # even: the runner hands prev_positions_gpu (the device branch)
+        req_ids=ids,
+        sched=(1 + k,) * n,
+        comp=comp,
+        true_comp=true_comp,
+        prompt=(4,) * n,
+        drafts=(k,) * n,
+        rejected=(0,) * n,
+        tokens=tuple(tuple(range(100 * i, 100 * i + c + 1 + k)) for i, c in enumerate(comp)),
+        is_decode=(True,) * n,
+        prev=dict(
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled=torch.arange(n, dtype=torch.int32)[:, None] + 60_000,
+            drafts=torch.arange(n * k).reshape(n, k) + 70_000,
+            over=over,
+        ),
+    )
+
+
+def _owner(slot: int) -> tuple[int, int] | None:
+    """The (request, position) whose KV the stand-in block table keeps at ``slot`` (:func:`slot_of`)."""
+    return None if slot < 0 else (slot // 100_000, (slot % 100_000 - 1) // 3)
+
+
+def test_async_mtp_device_rebuild_keeps_the_main_models_slots(async_stand_in):
+    """Async MTP (k = 2), decode-only step, device branch of ``rebuild_async_spec_decode_inputs``.
+
+    vllm-ascend's real ``BlockTable`` (0.23.0, ``worker/block_table.py``): with
+    ``pcp * dcp > 1`` both ``compute_slot_mapping`` and ``compute_slot_mapping_draft``
+    write ``slot_mapping.gpu`` for device inputs (``_compute_pcp_dcp_slot_mapping``),
+    and the runner reads ``slot_mapping.gpu`` for the main model's padded slot
+    mapping. The reference calls the draft last, so the main model gets the MTP
+    layout; the adapter calls it first, so the block table ends with the main
+    model's slots (and ``mtp_slot_pad`` with the MTP layout).
+    """
+    cfg = SimConfig("async MTP", pcp=2, spec=2, async_sched=True, R=4, T=32, max_model_len=64)
+    st = _async_decode_step(2, true_comp=(10, 20), over=(1, 0))
+    m, runner = _manager(cfg, 0, 0)
+    obs = runner.step(st)
+    assert obs["rebuild.result"] == (True, True)
+    main = [(0, 10), (0, 11), (0, 12), (1, 20), (1, 21), (1, 22)]
+    mtp = [(0, 10), (0, 11), (0, 12), (0, 13), (1, 20), (1, 21), (1, 22), (1, 23)]
+    padded = obs["padded_slot_mapping.0"].tolist()
+    assert [_owner(x) for x in padded[:12:2]] == main and padded[1:12:2] == [-1] * 6
+    assert [_owner(x) for x in runner.block_table.slot_mapping.gpu[:6].tolist()] == main
+    assert [_owner(x) for x in obs["rebuild.mtp_slot_pad"].tolist()[::2]] == mtp
+
+    # The reference's order on the same block table: the main model's K/V would land at the MTP
+    # layout's first six slots: request 1's first token in request 0's slot for position 13, its
+    # positions 21 and 22 one slot early, its slot for position 22 never written.
+    table = BlockTable()
+    qsl = torch.tensor([0, 3, 6], dtype=torch.int32)
+    table.compute_slot_mapping(2, qsl, torch.tensor([10, 11, 12, 20, 21, 22]))
+    req, pos = torch.tensor([r for r, _ in mtp]), torch.tensor([p for _, p in mtp])
+    table.compute_slot_mapping_draft(req, pos)
+    written = [_owner(x) for x in table.slot_mapping.gpu[:6].tolist()]
+    assert written == [(0, 10), (0, 11), (0, 12), (0, 13), (1, 20), (1, 21)] != main

@@ -44,7 +44,14 @@ if _missing:
 
 import check_spec_against_seed as spec_tool  # noqa: E402  (stand-ins, the reference module, the runner's CALC)
 import seed_loader  # noqa: E402
-from ascend_runner import Kinds, SimConfig, SimRunner, correct_optimistic_seq_lens_cpu, schedule  # noqa: E402
+from ascend_runner import (  # noqa: E402
+    Kinds,
+    SimConfig,
+    SimRunner,
+    correct_optimistic_seq_lens_cpu,
+    schedule,
+    slot_of,
+)
 from oracle_spec import oracle_mtp_mask  # noqa: E402
 
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager  # noqa: E402
@@ -84,6 +91,10 @@ CONFIGS = [
 DEVIATIONS = {
     "mtp mask, interleave > 1": "the reference's MTP mask ignores cp_kv_cache_interleave_size; "
     "ours is interleave-aware (compared with oracle_spec.oracle_mtp_mask)",
+    "async device rebuild, k >= 2: main-model slots": "the reference calls the block table's "
+    "compute_slot_mapping, then compute_slot_mapping_draft on device tensors, which overwrites "
+    "slot_mapping.gpu: the runner's padded slot mapping gets the MTP layout; ours keeps the main "
+    "model's slots (both checked against the slots they hold)",
 }
 COUNT: collections.Counter = collections.Counter()
 
@@ -137,11 +148,40 @@ def _mask_check(cfg, st, rank, dcp_rank, ref, ours, nd, ctx) -> None:
         COUNT["field matches"] += 1
 
 
+def _slots_check(cfg, st, ref, ours, ctx) -> None:
+    """A decode-only step's padded slot mapping after the device rebuild with k >= 2: the reference
+    holds the MTP layout's first slots (each request's tokens and k - 1 extra positions), ours the
+    main model's (the corrected positions); every P-th row, -1 between."""
+    P, n, comp = cfg.pcp, len(st.sched), st.true_comp
+    main = [slot_of(i, comp[i] + j) for i in range(n) for j in range(st.sched[i])]
+    mtp = [slot_of(i, comp[i] + j) for i in range(n) for j in range(st.sched[i] + cfg.spec - 1)]
+
+    def padded(slots):
+        rows = [-1] * ours.shape[0]
+        for t, v in enumerate(slots[: len(main)]):
+            rows[t * P] = v
+        return rows
+
+    assert ours.tolist() == padded(main), f"{ctx}: padded slot mapping (ours) is not the main model's"
+    assert ref.tolist() == padded(mtp), f"{ctx}: padded slot mapping (reference) is not the MTP layout"
+    if main != mtp[: len(main)]:
+        COUNT["deviation: " + "async device rebuild, k >= 2: main-model slots"] += 1
+    else:
+        COUNT["field matches"] += 1
+
+
 def compare(cfg, st, rank, dcp_rank, ref_obs, our_obs) -> None:
     ctx = f"[{cfg.name}] step {st.index} rank {rank}/{dcp_rank}"
     assert ref_obs.keys() == our_obs.keys(), f"{ctx}: observed {set(ref_obs) ^ set(our_obs)} on one side only"
     for key in ref_obs:
         ref, ours = ref_obs[key], our_obs[key]
+        if (
+            key.startswith("padded_slot_mapping.")
+            and cfg.spec >= 2
+            and our_obs.get("rebuild.result") == (True, True)
+        ):
+            _slots_check(cfg, st, ref, ours, ctx)
+            continue
         if key == "metadata" and ref is not None:
             assert ours is not None and ref.keys() == ours.keys(), (
                 f"{ctx}: metadata fields {ref.keys() ^ ours.keys()}"
