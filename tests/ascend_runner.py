@@ -343,6 +343,9 @@ class SimRunner:
         self.arange_np = np.arange(1 << 14, dtype=np.int64)
         self.block_table = BlockTable()
         self.step_index = 0
+        # the runner's input batch arrays as the last step left them (what a _dummy_run reads)
+        self.num_computed = np.zeros(cfg.R, dtype=np.int32)
+        self.num_prompt = np.zeros(cfg.R, dtype=np.int32)
         for _ in range(cfg.kv_groups):
             manager.initialize_slot_mapping()
 
@@ -364,6 +367,7 @@ class SimRunner:
         comp[:n] = st.comp
         prompt = np.zeros(R, dtype=np.int32)
         prompt[:n] = st.prompt
+        self.num_computed, self.num_prompt = comp, prompt
         table = torch.zeros(R, cfg.max_model_len, dtype=torch.int32)
         for i, toks in enumerate(st.tokens):
             table[i, : len(toks)] = torch.tensor(toks, dtype=torch.int32)
@@ -519,6 +523,73 @@ class SimRunner:
         # ------------------------------------------------------------ the MTP proposer
         if cfg.spec and P * cfg.dcp > 1:
             self._proposer(obs, st, m, spec_meta, logits, restored, positions, thr, nst[:n])
+        return obs
+
+    # ---------------------------------------------------------------- _dummy_run
+    @staticmethod
+    def dummy_counts(cfg: SimConfig, num_tokens: int, uniform_decode: bool) -> np.ndarray:
+        """``_dummy_run``'s ``num_scheduled_tokens``: ``1 + k`` per request (uniform decode), else
+        ``num_tokens`` spread over ``min(num_tokens, max_num_seqs)`` requests."""
+        if uniform_decode:
+            q = 1 + cfg.spec
+            n = min(cfg.R, -(-num_tokens // q))
+            counts = [q] * n
+            if num_tokens % q:
+                counts[-1] = num_tokens % q
+        else:
+            n = min(num_tokens, cfg.R)
+            counts = [num_tokens // n] * n
+            counts[-1] += num_tokens % n
+        return np.array(counts, dtype=np.int32)
+
+    def dummy_run(self, num_tokens: int, uniform_decode: bool = False, capturing: bool = False) -> dict:
+        """vllm-ascend 0.23.0's ``_dummy_run`` with its attention metadata built (graph capture, or the
+        runs between steps): ``init_batch_info`` on the input batch's arrays as they are (no
+        ``update_tokens_for_pcp``), ``query_lens_pcp_full`` with spec decode, then
+        ``_build_attention_metadata``'s slot mappings and ``generate_pcp_metadata`` with the dummy
+        batch's own counts; outside capture the block table's slots are reset to -1 afterwards."""
+        m, cfg, P = self.m, self.cfg, self.P
+        nst = self.dummy_counts(cfg, num_tokens, uniform_decode)
+        n = nst.shape[0]
+        max_query_len = 1 + cfg.spec if uniform_decode else num_tokens
+        m.init_batch_info(nst, n, self.num_computed, self.num_prompt)
+        if cfg.spec:
+            m.query_lens_pcp_full.cpu[:n] = torch.from_numpy(nst)
+            m.query_lens_pcp_full.copy_to_gpu()
+        obs: dict[str, Any] = {"num_decode_reqs": int(m.num_decode_reqs), "counts": nst.copy()}
+        num_tokens_padded = -(-num_tokens // 8) * 8
+        slots = self.block_table.slot_mapping.gpu
+
+        def padded(gid: int) -> None:
+            if P == 1:
+                return
+            pads = int(np.sum(m.num_pcp_pads_cpu[:n]))  # the last update's, as the runner reads it
+            if m.pcp_use_hybrid_attn:
+                full = int(np.sum(m.num_scheduled_tokens_padded)) * P - pads
+            else:
+                full = num_tokens * P - pads
+            got = m.get_padded_slot_mapping(num_tokens, num_tokens_padded, slots[:full], gid)
+            obs[f"padded_slot_mapping.{gid}"] = _snap(got)
+
+        padded(0)
+        # async spec decode: the optimistic seq lens the dummy run set (max_query_len each)
+        fixed = np.full(n, max_query_len, dtype=np.int32) if cfg.async_sched and cfg.spec else None
+        obs["fixed"] = fixed
+        meta, _ = m.generate_pcp_metadata(
+            num_tokens,
+            torch.from_numpy(nst),
+            SimpleNamespace(num_computed_tokens_cpu=self.num_computed),
+            nst,
+            torch.zeros(n, 4),
+            n,
+            n,
+            fixed,
+        )
+        obs["metadata"] = None if meta is None else {k: _snap(v) for k, v in vars(meta).items()}
+        for gid in range(1, cfg.kv_groups):
+            padded(gid)
+        if not capturing:
+            slots.fill_(-1)
         return obs
 
     # ---------------------------------------------------------------- pieces

@@ -472,16 +472,35 @@ def _persistent(m: FunctionalDCSManager) -> dict[str, int]:
     return {k: v.data_ptr() for k, v in tensors.items()}
 
 
+def _dummy_runs(cfg: SimConfig, index: int) -> list[tuple[int, bool, bool]]:
+    """The ``_dummy_run``s before step ``index`` (``(num_tokens, uniform_decode, capturing)``):
+    graph capture at start-up (uniform decode and mixed sizes), then runs between steps (the
+    input batch's stale counts classify some rows as decodes; ``R * (q + 1)`` tokens: none)."""
+    q = 1 + cfg.spec
+    if index == 0:
+        return [(2 * q, True, True), (3 * q - 1, True, True), (5, False, True), (1, False, True)]
+    if index % 2:
+        return [(cfg.R * (q + 1), False, False), (3 * q, True, False)]
+    return [(q, True, False), (7, False, False)]
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_lockstep_runner_order_equals_the_oracles(cfg, async_stand_in):
+    """Real steps in the runner's order, with ``_dummy_run``s at start-up and between steps: every real
+    step against the oracles, every dummy run's metadata against the real step of its batch."""
     steps = schedule(cfg, STEPS, seed=7)
     checked = 0
     for rank in range(cfg.pcp):
         for dcp_rank in range(cfg.dcp):
             m, runner = _manager(cfg, rank, dcp_rank)
+            twin, _ = _manager(cfg, rank, dcp_rank)
             before = _persistent(m)
             tr = Tracker()
             for st in steps:
+                for num_tokens, uniform, capturing in _dummy_runs(cfg, st.index):
+                    obs = runner.dummy_run(num_tokens, uniform, capturing)
+                    ctx = f"[{cfg.name}] dummy run {num_tokens} before step {st.index} rank {rank}/{dcp_rank}"
+                    checked += check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr, ctx)
                 obs = runner.step(st)
                 checked += check_step(cfg, st, rank, dcp_rank, obs, tr)
                 # the device views the runner got are the persistent buffers themselves
@@ -744,7 +763,7 @@ def test_install_switches_the_runner_to_the_functional_manager(monkeypatch):
     assert issubclass(utils.PCPManager, FunctionalDCSManager)
 
 
-def _metadata_step(m, sched, comp, prompt, max_reqs):
+def _metadata_step(m, sched, comp, prompt, max_reqs, fixed=None):
     """One real step's manager calls up to ``generate_pcp_metadata`` (runner order); its metadata."""
     n = len(sched)
     nst = np.array(sched, dtype=np.int32)
@@ -769,8 +788,47 @@ def _metadata_step(m, sched, comp, prompt, max_reqs):
         torch.zeros(n, 4),
         n,
         n,
+        fixed,
     )
     return meta
+
+
+def _same_fields(dummy: dict, real: dict, ctx: str) -> None:
+    """Capture-time metadata against a real step's, field by field: the same fields, types, shapes,
+    dtypes and values (the MTP mask: shape and dtype; its rows are the buffer's history)."""
+    assert dummy.keys() == real.keys(), f"{ctx}: fields {dummy.keys() ^ real.keys()}"
+    for name, a in dummy.items():
+        b = real[name]
+        assert type(a) is type(b), f"{ctx}: {name} is {type(a).__name__}, a real step's {type(b).__name__}"
+        if isinstance(a, (torch.Tensor, np.ndarray)):
+            assert (tuple(a.shape), a.dtype) == (tuple(b.shape), b.dtype), (
+                f"{ctx}: {name} {tuple(a.shape)} {a.dtype}, a real step's {tuple(b.shape)} {b.dtype}"
+            )
+            if name != "dcp_mtp_attn_mask":
+                assert L(a) == L(b), f"{ctx}: {name}\n{L(a)}\n{L(b)}"
+        else:
+            assert a == b, f"{ctx}: {name} {a!r}, a real step's {b!r}"
+
+
+def check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr: Tracker, ctx: str) -> int:
+    """A ``_dummy_run``'s metadata against the real step of the same batch (run on ``twin``, a manager
+    of the same rank), and its MTP mask against the modelled buffer; returns the checks made."""
+    counts = obs["counts"].tolist()
+    n = len(counts)
+    comp, prompt = runner.num_computed[:n].tolist(), runner.num_prompt[:n].tolist()
+    real = _metadata_step(twin, counts, comp, prompt, cfg.R, obs["fixed"])
+    if real is None:
+        assert obs["metadata"] is None, ctx
+        return 1
+    real = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(real).items()}
+    _same_fields(obs["metadata"], real, ctx)
+    if cfg.spec:
+        nd = obs["num_decode_reqs"]
+        fixed = obs["fixed"]
+        hist = [f - c for f, c in zip(fixed.tolist(), counts)] if fixed is not None else comp
+        rows = tr.mask_rows(cfg, rank, dcp_rank, hist, counts, nd, n)
+        assert L(obs["metadata"]["dcp_mtp_attn_mask"]) == rows, f"{ctx}: dcp_mtp_attn_mask"
+    return 1
 
 
 def test_mtp_mask_rows_not_recomputed_are_the_buffers_last_rows():
@@ -864,3 +922,52 @@ def test_async_mtp_device_rebuild_keeps_the_main_models_slots(async_stand_in):
     table.compute_slot_mapping_draft(req, pos)
     written = [_owner(x) for x in table.slot_mapping.gpu[:6].tolist()]
     assert written == [(0, 10), (0, 11), (0, 12), (0, 13), (1, 20), (1, 21)] != main
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SimConfig("DualChunkSwap P2 k=1", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10),
+        SimConfig("hybrid P2 k=1, 2 KV groups", pcp=2, hybrid=True, spec=1, kv_groups=2, R=4, T=32),
+    ],
+    ids=["dcs", "hybrid"],
+)
+def test_dummy_run_metadata_is_the_real_steps_field_by_field(cfg, async_stand_in):
+    """``_dummy_run`` (graph capture at start-up, and between steps): ``init_batch_info`` without
+    ``update_tokens_for_pcp``, ``generate_pcp_metadata`` with the dummy batch's counts. Its metadata
+    has the fields, shapes, dtypes (and values) of the real step of that batch; with hybrid
+    attention the hybrid index fields are there from the first capture on."""
+    hybrid_fields = {"pcp_enter_fa_restore_idx", "pcp_fa_query_idx", "pcp_exit_fa_scatter_idx"}
+    for rank in range(cfg.pcp):
+        m, runner = _manager(cfg, rank, 0)
+        twin, _ = _manager(cfg, rank, 0)
+        tr = Tracker()
+        for num_tokens, uniform in ((4, True), (6, False), (1, False), (8, True)):
+            obs = runner.dummy_run(num_tokens, uniform, capturing=True)
+            check_dummy(cfg, obs, twin, runner, rank, 0, tr, f"start-up dummy run {num_tokens}")
+            assert obs["metadata"]["num_actual_tokens_pcp_padded"] == 2 * m.record.host.num_tokens
+            if cfg.hybrid:
+                assert hybrid_fields <= obs["metadata"].keys()
+        for st in schedule(cfg, 3, seed=5):
+            runner.step(st)
+            obs = runner.dummy_run(6, False)
+            check_dummy(cfg, obs, twin, runner, rank, 0, tr, f"dummy run after step {st.index}")
+
+
+def test_generate_pcp_metadata_checks_query_lens():
+    """``query_lens`` is read: the step's local counts (or a dummy run's own counts), else ``ValueError``."""
+    cfg = SimConfig("query lens", pcp=2, R=4, T=32)
+    m, _ = _manager(cfg, 0, 0)
+    sched = np.array([1, 5, 8], dtype=np.int32)
+    comp = np.array([7, 0, 0, 0], dtype=np.int32)
+    m.init_batch_info(sched, 3, comp, np.array([3, 5, 8, 0]))
+    local, _ = m.update_tokens_for_pcp(sched.copy())
+    batch = SimpleNamespace(num_computed_tokens_cpu=comp)
+    with pytest.raises(ValueError, match=r"query_lens must start with the step's local tokens .*\[1, 4, 4\]"):
+        m.generate_pcp_metadata(9, torch.from_numpy(sched), batch, local, torch.zeros(3, 1), 3, 3)
+    m.generate_pcp_metadata(9, torch.from_numpy(local), batch, local, torch.zeros(3, 1), 3, 3)
+    m.init_batch_info(sched, 3, comp, np.array([3, 5, 8, 0]))  # a dummy run: its own counts
+    with pytest.raises(ValueError, match=r"query_lens must start with the dummy batch's scheduled tokens"):
+        m.generate_pcp_metadata(14, torch.from_numpy(local), batch, sched, torch.zeros(3, 1), 3, 3)
+    meta, _ = m.generate_pcp_metadata(14, torch.from_numpy(sched), batch, sched, torch.zeros(3, 1), 3, 3)
+    assert meta.num_actual_tokens_pcp_padded == 18  # the real step's (P * 9), not 14 * P
