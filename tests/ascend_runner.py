@@ -542,12 +542,20 @@ class SimRunner:
             counts[-1] += num_tokens % n
         return np.array(counts, dtype=np.int32)
 
-    def dummy_run(self, num_tokens: int, uniform_decode: bool = False, capturing: bool = False) -> dict:
+    def dummy_run(
+        self,
+        num_tokens: int,
+        uniform_decode: bool = False,
+        capturing: bool = False,
+        slot_mappings: bool = True,
+    ) -> dict:
         """vllm-ascend 0.23.0's ``_dummy_run`` with its attention metadata built (graph capture, or the
         runs between steps): ``init_batch_info`` on the input batch's arrays as they are (no
         ``update_tokens_for_pcp``), ``query_lens_pcp_full`` with spec decode, then
         ``_build_attention_metadata``'s slot mappings and ``generate_pcp_metadata`` with the dummy
-        batch's own counts; outside capture the block table's slots are reset to -1 afterwards."""
+        batch's own counts; outside capture the block table's slots are reset to -1 afterwards.
+        ``slot_mappings=False`` leaves out the padded slot mappings (the check against vllm-ascend's
+        manager, whose ``get_padded_slot_mapping`` can raise there, runs the rest alone)."""
         m, cfg, P = self.m, self.cfg, self.P
         nst = self.dummy_counts(cfg, num_tokens, uniform_decode)
         n = nst.shape[0]
@@ -561,7 +569,7 @@ class SimRunner:
         slots = self.block_table.slot_mapping.gpu
 
         def padded(gid: int) -> None:
-            if P == 1:
+            if P == 1 or not slot_mappings:
                 return
             pads = int(np.sum(m.num_pcp_pads_cpu[:n]))  # the last update's, as the runner reads it
             if m.pcp_use_hybrid_attn:
@@ -591,6 +599,18 @@ class SimRunner:
         if not capturing:
             slots.fill_(-1)
         return obs
+
+    @staticmethod
+    def dummy_plan(cfg: SimConfig, index: int) -> list[tuple[int, bool, bool]]:
+        """The ``_dummy_run``s before step ``index`` (``(num_tokens, uniform_decode, capturing)``):
+        graph capture at start-up (uniform decode and mixed sizes), then runs between steps (the
+        input batch's stale counts classify some rows as decodes; ``R * (q + 1)`` tokens: none)."""
+        q = 1 + cfg.spec
+        if index == 0:
+            return [(2 * q, True, True), (3 * q - 1, True, True), (5, False, True), (1, False, True)]
+        if index % 2:
+            return [(cfg.R * (q + 1), False, False), (3 * q, True, False)]
+        return [(q, True, False), (7, False, False)]
 
     # ---------------------------------------------------------------- pieces
     def _observe_full(self, obs: dict[str, Any], total: int) -> None:

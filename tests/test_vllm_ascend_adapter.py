@@ -472,18 +472,6 @@ def _persistent(m: FunctionalDCSManager) -> dict[str, int]:
     return {k: v.data_ptr() for k, v in tensors.items()}
 
 
-def _dummy_runs(cfg: SimConfig, index: int) -> list[tuple[int, bool, bool]]:
-    """The ``_dummy_run``s before step ``index`` (``(num_tokens, uniform_decode, capturing)``):
-    graph capture at start-up (uniform decode and mixed sizes), then runs between steps (the
-    input batch's stale counts classify some rows as decodes; ``R * (q + 1)`` tokens: none)."""
-    q = 1 + cfg.spec
-    if index == 0:
-        return [(2 * q, True, True), (3 * q - 1, True, True), (5, False, True), (1, False, True)]
-    if index % 2:
-        return [(cfg.R * (q + 1), False, False), (3 * q, True, False)]
-    return [(q, True, False), (7, False, False)]
-
-
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_lockstep_runner_order_equals_the_oracles(cfg, async_stand_in):
     """Real steps in the runner's order, with ``_dummy_run``s at start-up and between steps: every real
@@ -497,7 +485,7 @@ def test_lockstep_runner_order_equals_the_oracles(cfg, async_stand_in):
             before = _persistent(m)
             tr = Tracker()
             for st in steps:
-                for num_tokens, uniform, capturing in _dummy_runs(cfg, st.index):
+                for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
                     obs = runner.dummy_run(num_tokens, uniform, capturing)
                     ctx = f"[{cfg.name}] dummy run {num_tokens} before step {st.index} rank {rank}/{dcp_rank}"
                     checked += check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr, ctx)
