@@ -16,6 +16,8 @@ objects the manager writes into) as an observation ``{name: value}``:
     _preprocess       maybe_localize_scheduler_output_for_mm_preprocess -> gather_mm_embeddings_for_pcp
                       -> restore_scheduler_output_after_mm_preprocess
     execute_model     get_restore_hidden_states
+    _dummy_run        init_batch_info (the input batch's arrays as they are) -> get_padded_slot_mapping
+                      -> generate_pcp_metadata, no update_tokens_for_pcp (SimRunner.dummy_run)
     proposer          prepare_spec_decode_first_pass_inputs (get_spec_decode_decode_hidden_states)
                       -> prepare_spec_decode_mtp_drafting_inputs -> update_spec_decode_drafting_cp_metadata
                       -> mask_spec_decode_restore_idx_for_graph

@@ -959,3 +959,32 @@ def test_generate_pcp_metadata_checks_query_lens():
         m.generate_pcp_metadata(14, torch.from_numpy(local), batch, sched, torch.zeros(3, 1), 3, 3)
     meta, _ = m.generate_pcp_metadata(14, torch.from_numpy(sched), batch, sched, torch.zeros(3, 1), 3, 3)
     assert meta.num_actual_tokens_pcp_padded == 18  # the real step's (P * 9), not 14 * P
+
+
+def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):
+    """Hybrid attention, ``capture=True``: the start-up ``_dummy_run``s capture the device step (one
+    graph per bucket, reused by every later call of that bucket), and every observation of the
+    dummy runs and the real steps (the hybrid index fields included) equals the eager manager's."""
+    cfg = SimConfig("hybrid capture", pcp=2, hybrid=True, spec=1, R=4, T=32, num_requests=4, max_prompt=12)
+    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", check_syncs=False)
+    eager, re = _manager(cfg, 1, 0)
+
+    def same(a, b, ctx):
+        assert a.keys() == b.keys(), ctx
+        for key in a:
+            x, y = a[key], b[key]
+            if isinstance(x, dict):
+                same(x, y, f"{ctx} {key}")
+            else:
+                assert repr(L(x)) == repr(L(y)), f"{ctx} {key}"
+
+    for st in schedule(cfg, 3, seed=4):
+        for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
+            same(
+                rc.dummy_run(num_tokens, uniform, capturing),
+                re.dummy_run(num_tokens, uniform, capturing),
+                "dummy",
+            )
+        same(rc.step(st), re.step(st), f"step {st.index}")
+    assert captured.num_graphs > 0
+    assert "pcp_enter_fa_restore_idx" in vars(captured.long_seq_metadata)
