@@ -3,8 +3,11 @@
 The lockstep driver (``ascend_runner.SimRunner``) runs the manager in
 ``model_runner_v1.py``'s call order over engine schedules (mixed, decode-only,
 spec decode with accepted and rejected drafts, async scheduling, hybrid
-attention, DCP 2, interleave > 1, multimodal); every observation is checked
-against the oracles of ``oracle*.py`` (plain Python, no pcp_fn code). Then the
+attention, DCP 2, interleave > 1, multimodal), with ``_dummy_run``s at start-up and
+between steps and a block table that writes ``slot_mapping.gpu`` / ``.cpu`` as
+vllm-ascend's does; every observation is checked against the oracles of
+``oracle*.py`` (plain Python, no pcp_fn code), every dummy run's metadata against
+the real step of its batch, the MTP mask against a model of vllm-ascend's buffer. Then the
 reference docstring's golden vectors, buffer addresses, the host-sync detector
 on the device path, graph capture per bucket, bad input and the import rules.
 """
