@@ -5,15 +5,19 @@ call order, one scheduled step at a time, and records every value the runner
 and the MTP proposer get back (return values, the attributes they read, the
 objects the manager writes into) as an observation ``{name: value}``:
 
-    _prepare_inputs   init_batch_info -> generate_pcp_mtp_input -> update_tokens_for_pcp
+    _prepare_inputs   (P > 1: block_table.compute_slot_mapping) -> init_batch_info
+                      -> generate_pcp_mtp_input -> update_tokens_for_pcp
                       -> (multimodal: remap_mrope_positions_for_pcp, fill_prompt_embeds_for_pcp,
                       cache_local_schedule_layout) -> rebuild_async_spec_decode_inputs
                       -> get_logits_indices | spec-decode logits from num_pcp_pads_cpu
                       (and adjust_cu_num_scheduled_tokens_for_pcp)
-    _build_attention_metadata   get_padded_slot_mapping per KV cache group -> generate_pcp_metadata
+    _build_attention_metadata   get_padded_slot_mapping per KV cache group (of the block
+                      table's ``slot_mapping.gpu``) -> generate_pcp_metadata
     _preprocess       maybe_localize_scheduler_output_for_mm_preprocess -> gather_mm_embeddings_for_pcp
                       -> restore_scheduler_output_after_mm_preprocess
     execute_model     get_restore_hidden_states
+    _dummy_run        init_batch_info (the input batch's arrays as they are) -> get_padded_slot_mapping
+                      -> generate_pcp_metadata, no update_tokens_for_pcp (SimRunner.dummy_run)
     proposer          prepare_spec_decode_first_pass_inputs (get_spec_decode_decode_hidden_states)
                       -> prepare_spec_decode_mtp_drafting_inputs -> update_spec_decode_drafting_cp_metadata
                       -> mask_spec_decode_restore_idx_for_graph
@@ -99,22 +103,42 @@ def slot_of(request: Any, position: Any) -> Any:
 
 
 class BlockTable:
-    """vllm-ascend's block table as the manager uses it: draft slot mappings, and slot-mapping calls."""
+    """vllm-ascend 0.23's ``BlockTable`` (``worker/block_table.py``) as the runner and the manager use it.
+
+    With ``pcp * dcp > 1`` both ``compute_slot_mapping`` and
+    ``compute_slot_mapping_draft`` go through ``_compute_pcp_dcp_slot_mapping``,
+    which writes ``slot_mapping.gpu[:n]`` when its indices are device tensors and
+    ``slot_mapping.cpu[:n]`` when they are host ones (``compute_slot_mapping_draft``
+    turns numpy arrays into CPU tensors first). The two are separate buffers;
+    the runner reads ``slot_mapping.gpu`` for the main model's slots. Here a
+    torch tensor stands for a device tensor and a numpy array for a host one,
+    as the runner's and the manager's call sites pass them. The block lookup is
+    :func:`slot_of` (the rank's ``-1`` for keys stored on other CP ranks is not modelled).
+    """
 
     def __init__(self, size: int = 1 << 13) -> None:
-        self.slot_mapping = SimpleNamespace(cpu=torch.zeros(size, dtype=torch.int32))
-        self.slot_mapping.gpu = self.slot_mapping.cpu
+        self.slot_mapping = SimpleNamespace(
+            cpu=torch.full((size,), -1, dtype=torch.int32), gpu=torch.full((size,), -1, dtype=torch.int32)
+        )
         self.block_tables = [self]
         self.calls: list[tuple[int, list[int], list[int]]] = []
 
-    def compute_slot_mapping_draft(self, req_indices: Any, positions: Any) -> None:
-        req = torch.as_tensor(np.asarray(req_indices)) if not torch.is_tensor(req_indices) else req_indices
-        pos = torch.as_tensor(np.asarray(positions)) if not torch.is_tensor(positions) else positions
+    def _write(self, req: torch.Tensor, pos: torch.Tensor, on_device: bool) -> None:
         slots = slot_of(req.to(torch.int64), pos.to(torch.int64)).to(torch.int32)
-        self.slot_mapping.cpu[: slots.shape[0]] = slots
+        (self.slot_mapping.gpu if on_device else self.slot_mapping.cpu)[: slots.shape[0]] = slots
+
+    def compute_slot_mapping_draft(self, req_indices: Any, positions: Any) -> None:
+        on_device = torch.is_tensor(req_indices)
+        req = req_indices if on_device else torch.from_numpy(np.asarray(req_indices))
+        pos = positions if torch.is_tensor(positions) else torch.from_numpy(np.asarray(positions))
+        self._write(req, pos, on_device)
 
     def compute_slot_mapping(self, num_reqs: int, query_start_loc: torch.Tensor, positions: Any) -> None:
         self.calls.append((num_reqs, query_start_loc.tolist(), torch.as_tensor(positions).tolist()))
+        pos = torch.as_tensor(positions)
+        counts = (query_start_loc[1:] - query_start_loc[:-1]).to(torch.int64)
+        req = torch.repeat_interleave(torch.arange(num_reqs), counts, output_size=pos.shape[0])
+        self._write(req, pos, on_device=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +345,9 @@ class SimRunner:
         self.arange_np = np.arange(1 << 14, dtype=np.int64)
         self.block_table = BlockTable()
         self.step_index = 0
+        # the runner's input batch arrays as the last step left them (what a _dummy_run reads)
+        self.num_computed = np.zeros(cfg.R, dtype=np.int32)
+        self.num_prompt = np.zeros(cfg.R, dtype=np.int32)
         for _ in range(cfg.kv_groups):
             manager.initialize_slot_mapping()
 
@@ -342,6 +369,7 @@ class SimRunner:
         comp[:n] = st.comp
         prompt = np.zeros(R, dtype=np.int32)
         prompt[:n] = st.prompt
+        self.num_computed, self.num_prompt = comp, prompt
         table = torch.zeros(R, cfg.max_model_len, dtype=torch.int32)
         for i, toks in enumerate(st.tokens):
             table[i, : len(toks)] = torch.tensor(toks, dtype=torch.int32)
@@ -370,7 +398,11 @@ class SimRunner:
         cu = np.cumsum(nst)
         total = int(cu[-1])
         positions_np = comp[req_indices] + (self.arange_np[:total] - np.repeat(cu - nst, nst))
-        slots = slot_of(torch.from_numpy(req_indices), torch.from_numpy(positions_np)).to(torch.int32)
+        if P > 1:  # the runner's slot mapping, from the host positions, before the split (on the device)
+            qsl = torch.zeros(n + 1, dtype=torch.int32)
+            qsl[1:] = torch.from_numpy(cu.astype(np.int32))
+            self.block_table.compute_slot_mapping(n, qsl, torch.from_numpy(positions_np.astype(np.int64)))
+            self.block_table.calls.clear()
         m.init_batch_info(nst, n, input_batch.num_computed_tokens_cpu, input_batch.num_prompt_tokens)
         for name in ("num_reqs", "num_decode_reqs", "num_prefill_reqs", "num_decode_tokens"):
             obs[name] = int(getattr(m, name))
@@ -468,6 +500,7 @@ class SimRunner:
                 full = int(np.sum(m.num_scheduled_tokens_padded)) * P - pads_total
             else:
                 full = num_tokens * P - pads_total
+            slots = self.block_table.slot_mapping.gpu  # what the block table holds now
             for gid in range(cfg.kv_groups):
                 padded = m.get_padded_slot_mapping(num_tokens, num_tokens_padded, slots[:full], gid)
                 obs[f"padded_slot_mapping.{gid}"] = _snap(padded)
@@ -493,6 +526,93 @@ class SimRunner:
         if cfg.spec and P * cfg.dcp > 1:
             self._proposer(obs, st, m, spec_meta, logits, restored, positions, thr, nst[:n])
         return obs
+
+    # ---------------------------------------------------------------- _dummy_run
+    @staticmethod
+    def dummy_counts(cfg: SimConfig, num_tokens: int, uniform_decode: bool) -> np.ndarray:
+        """``_dummy_run``'s ``num_scheduled_tokens``: ``1 + k`` per request (uniform decode), else
+        ``num_tokens`` spread over ``min(num_tokens, max_num_seqs)`` requests."""
+        if uniform_decode:
+            q = 1 + cfg.spec
+            n = min(cfg.R, -(-num_tokens // q))
+            counts = [q] * n
+            if num_tokens % q:
+                counts[-1] = num_tokens % q
+        else:
+            n = min(num_tokens, cfg.R)
+            counts = [num_tokens // n] * n
+            counts[-1] += num_tokens % n
+        return np.array(counts, dtype=np.int32)
+
+    def dummy_run(
+        self,
+        num_tokens: int,
+        uniform_decode: bool = False,
+        capturing: bool = False,
+        slot_mappings: bool = True,
+    ) -> dict:
+        """vllm-ascend 0.23.0's ``_dummy_run`` with its attention metadata built (graph capture, or the
+        runs between steps): ``init_batch_info`` on the input batch's arrays as they are (no
+        ``update_tokens_for_pcp``), ``query_lens_pcp_full`` with spec decode, then
+        ``_build_attention_metadata``'s slot mappings and ``generate_pcp_metadata`` with the dummy
+        batch's own counts; outside capture the block table's slots are reset to -1 afterwards.
+        ``slot_mappings=False`` leaves out the padded slot mappings (the check against vllm-ascend's
+        manager, whose ``get_padded_slot_mapping`` can raise there, runs the rest alone)."""
+        m, cfg, P = self.m, self.cfg, self.P
+        nst = self.dummy_counts(cfg, num_tokens, uniform_decode)
+        n = nst.shape[0]
+        max_query_len = 1 + cfg.spec if uniform_decode else num_tokens
+        m.init_batch_info(nst, n, self.num_computed, self.num_prompt)
+        if cfg.spec:
+            m.query_lens_pcp_full.cpu[:n] = torch.from_numpy(nst)
+            m.query_lens_pcp_full.copy_to_gpu()
+        obs: dict[str, Any] = {"num_decode_reqs": int(m.num_decode_reqs), "counts": nst.copy()}
+        num_tokens_padded = -(-num_tokens // 8) * 8
+        slots = self.block_table.slot_mapping.gpu
+
+        def padded(gid: int) -> None:
+            if P == 1 or not slot_mappings:
+                return
+            pads = int(np.sum(m.num_pcp_pads_cpu[:n]))  # the last update's, as the runner reads it
+            if m.pcp_use_hybrid_attn:
+                full = int(np.sum(m.num_scheduled_tokens_padded)) * P - pads
+            else:
+                full = num_tokens * P - pads
+            got = m.get_padded_slot_mapping(num_tokens, num_tokens_padded, slots[:full], gid)
+            obs[f"padded_slot_mapping.{gid}"] = _snap(got)
+
+        padded(0)
+        # async spec decode: the optimistic seq lens the dummy run set (max_query_len each)
+        fixed = np.full(n, max_query_len, dtype=np.int32) if cfg.async_sched and cfg.spec else None
+        obs["fixed"] = fixed
+        meta, _ = m.generate_pcp_metadata(
+            num_tokens,
+            torch.from_numpy(nst),
+            SimpleNamespace(num_computed_tokens_cpu=self.num_computed),
+            nst,
+            torch.zeros(n, 4),
+            n,
+            n,
+            fixed,
+        )
+        obs["metadata"] = None if meta is None else {k: _snap(v) for k, v in vars(meta).items()}
+        for gid in range(1, cfg.kv_groups):
+            padded(gid)
+        if not capturing:
+            slots.fill_(-1)
+        return obs
+
+    @staticmethod
+    def dummy_plan(cfg: SimConfig, index: int) -> list[tuple[int, bool, bool]]:
+        """The ``_dummy_run``s before step ``index`` (``(num_tokens, uniform_decode, capturing)``):
+        graph capture at start-up (uniform decode and mixed sizes), then runs between steps (the
+        input batch's stale counts classify some rows as decodes; ``R * (q + 1)`` tokens: none)."""
+        q = 1 + cfg.spec
+        if index == 0:
+            return [(2 * q, True, True), (3 * q - 1, True, True), (5, False, True), (1, False, True)]
+        if index % 2:
+            return [(cfg.R * (q + 1), False, False), (3 * q, True, False)]
+        return [(q, True, False), (7, False, False)]
 
     # ---------------------------------------------------------------- pieces
     def _observe_full(self, obs: dict[str, Any], total: int) -> None:

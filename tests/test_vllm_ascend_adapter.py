@@ -3,8 +3,11 @@
 The lockstep driver (``ascend_runner.SimRunner``) runs the manager in
 ``model_runner_v1.py``'s call order over engine schedules (mixed, decode-only,
 spec decode with accepted and rejected drafts, async scheduling, hybrid
-attention, DCP 2, interleave > 1, multimodal); every observation is checked
-against the oracles of ``oracle*.py`` (plain Python, no pcp_fn code). Then the
+attention, DCP 2, interleave > 1, multimodal), with ``_dummy_run``s at start-up and
+between steps and a block table that writes ``slot_mapping.gpu`` / ``.cpu`` as
+vllm-ascend's does; every observation is checked against the oracles of
+``oracle*.py`` (plain Python, no pcp_fn code), every dummy run's metadata against
+the real step of its batch, the MTP mask against a model of vllm-ascend's buffer. Then the
 reference docstring's golden vectors, buffer addresses, the host-sync detector
 on the device path, graph capture per bucket, bad input and the import rules.
 """
@@ -21,8 +24,10 @@ import numpy as np
 import pytest
 import torch
 from ascend_runner import (
+    BlockTable,
     SimConfig,
     SimRunner,
+    StepInput,
     correct_optimistic_seq_lens_cpu,
     mm_cache,
     mm_requests,
@@ -77,6 +82,18 @@ CONFIGS = [
         max_new=(6, 12),
     ),
     SimConfig("DCP2 only k=2", pcp=1, dcp=2, spec=2, R=6, T=48, num_requests=5, max_prompt=12),
+    SimConfig(
+        "decode-heavy k=1 P2 DCP2 interleave 2",
+        pcp=2,
+        dcp=2,
+        spec=1,
+        interleave=2,
+        R=6,
+        T=48,
+        num_requests=6,
+        max_prompt=6,
+        max_new=(2, 9),
+    ),
     SimConfig("multimodal P2 k=1", pcp=2, spec=1, multimodal=True, R=6, T=64, num_requests=5, max_prompt=24),
 ]
 STEPS = 7
@@ -98,10 +115,25 @@ def _table(cfg: SimConfig, st) -> list[list[int]]:
 
 
 class Tracker:
-    """What a rank's checks remember across steps: the last MTP slot mapping built."""
+    """What a rank's checks remember across steps: the last MTP slot mapping built, and the
+    MTP attention mask buffer (``[R][1 + k][max_model_len]``, rows kept until rewritten)."""
 
     def __init__(self) -> None:
         self.mtp_slots: list[int] | None = None
+        self.mask: list | None = None
+
+    def mask_rows(self, cfg: SimConfig, rank: int, dcp_rank: int, hist, counts, nd: int, n: int) -> list:
+        """The rows ``generate_pcp_metadata`` returns: vllm-ascend's buffer semantics (rows ``[:nd]``
+        rewritten only when some decode's last token reaches this CP rank), the oracle's values."""
+        thr, cols = 1 + cfg.spec, cfg.max_model_len
+        if self.mask is None:
+            self.mask = [[[False] * cols for _ in range(thr)] for _ in range(cfg.R)]
+        C, c = cfg.pcp * cfg.dcp, rank * cfg.dcp + dcp_rank
+        if nd and any(hist[i] + counts[i] - 1 >= c for i in range(nd)):
+            self.mask[:nd] = [
+                oracle_mtp_mask(hist[i], counts[i], thr, cols, C, c, cfg.interleave) for i in range(nd)
+            ]
+        return self.mask[: nd if nd else n]
 
 
 def _mtp_expected(cfg, st, comp, P) -> list[int]:
@@ -112,7 +144,7 @@ def _mtp_expected(cfg, st, comp, P) -> list[int]:
 
 def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Tracker) -> int:
     """Every observation of one (step, rank) against the oracles; returns how many were checked."""
-    P, D, k, thr = cfg.pcp, cfg.dcp, cfg.spec, 1 + cfg.spec
+    P, D, k = cfg.pcp, cfg.dcp, cfg.spec
     sched, comp, n = list(st.sched), list(st.comp), len(st.sched)
     orc = oracle_step(P, sched, comp, list(st.prompt), k)
     hyb = oracle_hybrid(P, sched, comp, list(st.prompt), k) if cfg.hybrid and P > 1 else None
@@ -174,7 +206,11 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
 
     # padded slot mapping, per KV cache group
     if P > 1:
-        slots = [slot_of(i, comp[i] + j) for i in range(n) for j in range(sched[i])]
+        # the block table's main-model slots: the runner's (host counts), or the async rebuild's
+        # (corrected counts); never the MTP layout compute_slot_mapping_draft writes
+        rebuilt = obs.get("rebuild.result", (False, False))[0]
+        base = list(st.true_comp) if rebuilt else comp
+        slots = [slot_of(i, base[i] + j) for i in range(n) for j in range(sched[i])]
         padded = orc.padded_slot_mapping(slots, -1)
         pad8 = -(-total_sampled // 8) * 8
         length = N * P if hyb is not None and total_sampled == pad8 else pad8 * P
@@ -221,13 +257,8 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
         eq(L(meta["pcp_fa_padding_restore_idx"]), hyb.fa_padding if fa_len < P * N else None)
         eq(meta["max_num_tokens_across_pcp"], M)
     if k:
-        C, c = P * D, rank * D + dcp_rank
         hist = [f - s for f, s in zip(fixed, sched)] if fixed else comp
-        rows = [
-            oracle_mtp_mask(hist[i], sched[i], thr, cfg.max_model_len, C, c, cfg.interleave)
-            for i in range(nd)
-        ]
-        eq(L(meta["dcp_mtp_attn_mask"]), rows or [[[False] * cfg.max_model_len] * thr] * n)
+        eq(L(meta["dcp_mtp_attn_mask"]), tr.mask_rows(cfg, rank, dcp_rank, hist, sched, nd, n))
 
     if k:
         _check_spec(cfg, st, rank, dcp_rank, obs, tr, orc, hyb, view, eq)
@@ -446,14 +477,21 @@ def _persistent(m: FunctionalDCSManager) -> dict[str, int]:
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
 def test_lockstep_runner_order_equals_the_oracles(cfg, async_stand_in):
+    """Real steps in the runner's order, with ``_dummy_run``s at start-up and between steps: every real
+    step against the oracles, every dummy run's metadata against the real step of its batch."""
     steps = schedule(cfg, STEPS, seed=7)
     checked = 0
     for rank in range(cfg.pcp):
         for dcp_rank in range(cfg.dcp):
             m, runner = _manager(cfg, rank, dcp_rank)
+            twin, _ = _manager(cfg, rank, dcp_rank)
             before = _persistent(m)
             tr = Tracker()
             for st in steps:
+                for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
+                    obs = runner.dummy_run(num_tokens, uniform, capturing)
+                    ctx = f"[{cfg.name}] dummy run {num_tokens} before step {st.index} rank {rank}/{dcp_rank}"
+                    checked += check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr, ctx)
                 obs = runner.step(st)
                 checked += check_step(cfg, st, rank, dcp_rank, obs, tr)
                 # the device views the runner got are the persistent buffers themselves
@@ -714,3 +752,242 @@ def test_install_switches_the_runner_to_the_functional_manager(monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm_ascend.worker.model_runner_v1")
     install()
     assert issubclass(utils.PCPManager, FunctionalDCSManager)
+
+
+def _metadata_step(m, sched, comp, prompt, max_reqs, fixed=None):
+    """One real step's manager calls up to ``generate_pcp_metadata`` (runner order); its metadata."""
+    n = len(sched)
+    nst = np.array(sched, dtype=np.int32)
+    comp_r = np.zeros(max_reqs, dtype=np.int32)
+    comp_r[:n] = comp
+    prompt_r = np.zeros(max_reqs, dtype=np.int32)
+    prompt_r[:n] = prompt
+    m.init_batch_info(nst, n, comp_r, prompt_r)
+    local = nst
+    if m.pcp_world_size > 1:
+        local, _ = m.update_tokens_for_pcp(nst.copy())
+    if m.pcp_world_size > 1 and m.pcp_use_hybrid_attn:
+        query_lens = m.num_scheduled_tokens_padded
+        total = int(np.sum(sched))
+    else:
+        query_lens, total = local, int(np.sum(local))
+    meta, _ = m.generate_pcp_metadata(
+        total,
+        torch.from_numpy(np.asarray(query_lens)),
+        SimpleNamespace(num_computed_tokens_cpu=comp_r),
+        np.asarray(local),
+        torch.zeros(n, 4),
+        n,
+        n,
+        fixed,
+    )
+    return meta
+
+
+def _same_fields(dummy: dict, real: dict, ctx: str) -> None:
+    """Capture-time metadata against a real step's, field by field: the same fields, types, shapes,
+    dtypes and values (the MTP mask: shape and dtype; its rows are the buffer's history)."""
+    assert dummy.keys() == real.keys(), f"{ctx}: fields {dummy.keys() ^ real.keys()}"
+    for name, a in dummy.items():
+        b = real[name]
+        assert type(a) is type(b), f"{ctx}: {name} is {type(a).__name__}, a real step's {type(b).__name__}"
+        if isinstance(a, (torch.Tensor, np.ndarray)):
+            assert (tuple(a.shape), a.dtype) == (tuple(b.shape), b.dtype), (
+                f"{ctx}: {name} {tuple(a.shape)} {a.dtype}, a real step's {tuple(b.shape)} {b.dtype}"
+            )
+            if name != "dcp_mtp_attn_mask":
+                assert L(a) == L(b), f"{ctx}: {name}\n{L(a)}\n{L(b)}"
+        else:
+            assert a == b, f"{ctx}: {name} {a!r}, a real step's {b!r}"
+
+
+def check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr: Tracker, ctx: str) -> int:
+    """A ``_dummy_run``'s metadata against the real step of the same batch (run on ``twin``, a manager
+    of the same rank), and its MTP mask against the modelled buffer; returns the checks made."""
+    counts = obs["counts"].tolist()
+    n = len(counts)
+    comp, prompt = runner.num_computed[:n].tolist(), runner.num_prompt[:n].tolist()
+    real = _metadata_step(twin, counts, comp, prompt, cfg.R, obs["fixed"])
+    if real is None:
+        assert obs["metadata"] is None, ctx
+        return 1
+    real = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(real).items()}
+    _same_fields(obs["metadata"], real, ctx)
+    if cfg.spec:
+        nd = obs["num_decode_reqs"]
+        fixed = obs["fixed"]
+        hist = [f - c for f, c in zip(fixed.tolist(), counts)] if fixed is not None else comp
+        rows = tr.mask_rows(cfg, rank, dcp_rank, hist, counts, nd, n)
+        assert L(obs["metadata"]["dcp_mtp_attn_mask"]) == rows, f"{ctx}: dcp_mtp_attn_mask"
+    return 1
+
+
+def test_mtp_mask_rows_not_recomputed_are_the_buffers_last_rows():
+    """vllm-ascend's ``dcp_mtp_attn_mask`` buffer semantics, interleave 2 (P = 2, DCP = 2, rank 3 of 4).
+
+    Rows ``[:nd]`` are rewritten only when some decode's last token reaches the
+    rank; a step without decodes exposes ``num_reqs`` rows of the buffer, a step
+    whose decodes hold no local key exposes the decodes' rows as last written.
+    """
+    cfg = SimConfig("mask rows", pcp=2, dcp=2, spec=1, interleave=2, R=4, T=64, max_model_len=32)
+    m, _ = _manager(cfg, 1, 1)
+    tr = Tracker()
+    steps = [
+        ([2, 2, 2], [13, 13, 21], [5, 5, 5]),  # three decodes: rows 0..2 written
+        ([1], [9], [5]),  # one decode: row 0 rewritten, rows 1, 2 kept
+        ([8, 8, 8], [0, 0, 0], [8, 8, 8]),  # no decode: rows 0..2 exposed as they are
+        ([1, 1], [1, 2], [1, 1]),  # decodes whose last token (1, 2) is before rank 3: nothing rewritten
+    ]
+    seen = []
+    for sched, comp, prompt in steps:
+        meta = _metadata_step(m, sched, comp, prompt, cfg.R)
+        nd = m.num_decode_reqs
+        got = L(meta.dcp_mtp_attn_mask)
+        assert got == tr.mask_rows(cfg, 1, 1, comp, sched, nd, len(sched))
+        seen.append(got)
+    assert seen[2][1] == seen[0][1] and seen[2][2] == seen[0][2] and any(map(any, seen[0][1]))
+    assert seen[3] == seen[2][:2] and any(map(any, seen[3][1]))  # not the all-False rows
+
+
+def _async_decode_step(k: int, true_comp: tuple[int, ...], over: tuple[int, ...]) -> StepInput:
+    """A decode-only async step on the device rebuild branch: every request ``1 + k`` tokens, the
+    host counts ``over`` ahead of the true ones (drafts the verification rejected)."""
+    n = len(true_comp)
+    ids = tuple(f"r{i}" for i in range(n))
+    comp = tuple(c + o for c, o in zip(true_comp, over))
+    return StepInput(
+        index=2,  # even: the runner hands prev_positions_gpu (the device branch)
+        req_ids=ids,
+        sched=(1 + k,) * n,
+        comp=comp,
+        true_comp=true_comp,
+        prompt=(4,) * n,
+        drafts=(k,) * n,
+        rejected=(0,) * n,
+        tokens=tuple(tuple(range(100 * i, 100 * i + c + 1 + k)) for i, c in enumerate(comp)),
+        is_decode=(True,) * n,
+        prev=dict(
+            req_id_to_index={r: i for i, r in enumerate(ids)},
+            sampled=torch.arange(n, dtype=torch.int32)[:, None] + 60_000,
+            drafts=torch.arange(n * k).reshape(n, k) + 70_000,
+            over=over,
+        ),
+    )
+
+
+def _owner(slot: int) -> tuple[int, int] | None:
+    """The (request, position) whose KV the stand-in block table keeps at ``slot`` (:func:`slot_of`)."""
+    return None if slot < 0 else (slot // 100_000, (slot % 100_000 - 1) // 3)
+
+
+def test_async_mtp_device_rebuild_keeps_the_main_models_slots(async_stand_in):
+    """Async MTP (k = 2), decode-only step, device branch of ``rebuild_async_spec_decode_inputs``.
+
+    vllm-ascend's real ``BlockTable`` (0.23.0, ``worker/block_table.py``): with
+    ``pcp * dcp > 1`` both ``compute_slot_mapping`` and ``compute_slot_mapping_draft``
+    write ``slot_mapping.gpu`` for device inputs (``_compute_pcp_dcp_slot_mapping``),
+    and the runner reads ``slot_mapping.gpu`` for the main model's padded slot
+    mapping. The reference calls the draft last, so the main model gets the MTP
+    layout; the adapter calls it first, so the block table ends with the main
+    model's slots (and ``mtp_slot_pad`` with the MTP layout).
+    """
+    cfg = SimConfig("async MTP", pcp=2, spec=2, async_sched=True, R=4, T=32, max_model_len=64)
+    st = _async_decode_step(2, true_comp=(10, 20), over=(1, 0))
+    m, runner = _manager(cfg, 0, 0)
+    obs = runner.step(st)
+    assert obs["rebuild.result"] == (True, True)
+    main = [(0, 10), (0, 11), (0, 12), (1, 20), (1, 21), (1, 22)]
+    mtp = [(0, 10), (0, 11), (0, 12), (0, 13), (1, 20), (1, 21), (1, 22), (1, 23)]
+    padded = obs["padded_slot_mapping.0"].tolist()
+    assert [_owner(x) for x in padded[:12:2]] == main and padded[1:12:2] == [-1] * 6
+    assert [_owner(x) for x in runner.block_table.slot_mapping.gpu[:6].tolist()] == main
+    assert [_owner(x) for x in obs["rebuild.mtp_slot_pad"].tolist()[::2]] == mtp
+
+    # The reference's order on the same block table: the main model's K/V would land at the MTP
+    # layout's first six slots: request 1's first token in request 0's slot for position 13, its
+    # positions 21 and 22 one slot early, its slot for position 22 never written.
+    table = BlockTable()
+    qsl = torch.tensor([0, 3, 6], dtype=torch.int32)
+    table.compute_slot_mapping(2, qsl, torch.tensor([10, 11, 12, 20, 21, 22]))
+    req, pos = torch.tensor([r for r, _ in mtp]), torch.tensor([p for _, p in mtp])
+    table.compute_slot_mapping_draft(req, pos)
+    written = [_owner(x) for x in table.slot_mapping.gpu[:6].tolist()]
+    assert written == [(0, 10), (0, 11), (0, 12), (0, 13), (1, 20), (1, 21)] != main
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SimConfig("DualChunkSwap P2 k=1", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10),
+        SimConfig("hybrid P2 k=1, 2 KV groups", pcp=2, hybrid=True, spec=1, kv_groups=2, R=4, T=32),
+    ],
+    ids=["dcs", "hybrid"],
+)
+def test_dummy_run_metadata_is_the_real_steps_field_by_field(cfg, async_stand_in):
+    """``_dummy_run`` (graph capture at start-up, and between steps): ``init_batch_info`` without
+    ``update_tokens_for_pcp``, ``generate_pcp_metadata`` with the dummy batch's counts. Its metadata
+    has the fields, shapes, dtypes (and values) of the real step of that batch; with hybrid
+    attention the hybrid index fields are there from the first capture on."""
+    hybrid_fields = {"pcp_enter_fa_restore_idx", "pcp_fa_query_idx", "pcp_exit_fa_scatter_idx"}
+    for rank in range(cfg.pcp):
+        m, runner = _manager(cfg, rank, 0)
+        twin, _ = _manager(cfg, rank, 0)
+        tr = Tracker()
+        for num_tokens, uniform in ((4, True), (6, False), (1, False), (8, True)):
+            obs = runner.dummy_run(num_tokens, uniform, capturing=True)
+            check_dummy(cfg, obs, twin, runner, rank, 0, tr, f"start-up dummy run {num_tokens}")
+            assert obs["metadata"]["num_actual_tokens_pcp_padded"] == 2 * m.record.host.num_tokens
+            if cfg.hybrid:
+                assert hybrid_fields <= obs["metadata"].keys()
+        for st in schedule(cfg, 3, seed=5):
+            runner.step(st)
+            obs = runner.dummy_run(6, False)
+            check_dummy(cfg, obs, twin, runner, rank, 0, tr, f"dummy run after step {st.index}")
+
+
+def test_generate_pcp_metadata_checks_query_lens():
+    """``query_lens`` is read: the step's local counts (or a dummy run's own counts), else ``ValueError``."""
+    cfg = SimConfig("query lens", pcp=2, R=4, T=32)
+    m, _ = _manager(cfg, 0, 0)
+    sched = np.array([1, 5, 8], dtype=np.int32)
+    comp = np.array([7, 0, 0, 0], dtype=np.int32)
+    m.init_batch_info(sched, 3, comp, np.array([3, 5, 8, 0]))
+    local, _ = m.update_tokens_for_pcp(sched.copy())
+    batch = SimpleNamespace(num_computed_tokens_cpu=comp)
+    with pytest.raises(ValueError, match=r"query_lens must start with the step's local tokens .*\[1, 4, 4\]"):
+        m.generate_pcp_metadata(9, torch.from_numpy(sched), batch, local, torch.zeros(3, 1), 3, 3)
+    m.generate_pcp_metadata(9, torch.from_numpy(local), batch, local, torch.zeros(3, 1), 3, 3)
+    m.init_batch_info(sched, 3, comp, np.array([3, 5, 8, 0]))  # a dummy run: its own counts
+    with pytest.raises(ValueError, match=r"query_lens must start with the dummy batch's scheduled tokens"):
+        m.generate_pcp_metadata(14, torch.from_numpy(local), batch, sched, torch.zeros(3, 1), 3, 3)
+    meta, _ = m.generate_pcp_metadata(14, torch.from_numpy(sched), batch, sched, torch.zeros(3, 1), 3, 3)
+    assert meta.num_actual_tokens_pcp_padded == 18  # the real step's (P * 9), not 14 * P
+
+
+def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):
+    """Hybrid attention, ``capture=True``: the start-up ``_dummy_run``s capture the device step (one
+    graph per bucket, reused by every later call of that bucket), and every observation of the
+    dummy runs and the real steps (the hybrid index fields included) equals the eager manager's."""
+    cfg = SimConfig("hybrid capture", pcp=2, hybrid=True, spec=1, R=4, T=32, num_requests=4, max_prompt=12)
+    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", check_syncs=False)
+    eager, re = _manager(cfg, 1, 0)
+
+    def same(a, b, ctx):
+        assert a.keys() == b.keys(), ctx
+        for key in a:
+            x, y = a[key], b[key]
+            if isinstance(x, dict):
+                same(x, y, f"{ctx} {key}")
+            else:
+                assert repr(L(x)) == repr(L(y)), f"{ctx} {key}"
+
+    for st in schedule(cfg, 3, seed=4):
+        for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
+            same(
+                rc.dummy_run(num_tokens, uniform, capturing),
+                re.dummy_run(num_tokens, uniform, capturing),
+                "dummy",
+            )
+        same(rc.step(st), re.step(st), f"step {st.index}")
+    assert captured.num_graphs > 0
+    assert "pcp_enter_fa_restore_idx" in vars(captured.long_seq_metadata)

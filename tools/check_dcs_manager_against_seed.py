@@ -44,7 +44,15 @@ if _missing:
 
 import check_spec_against_seed as spec_tool  # noqa: E402  (stand-ins, the reference module, the runner's CALC)
 import seed_loader  # noqa: E402
-from ascend_runner import Kinds, SimConfig, SimRunner, correct_optimistic_seq_lens_cpu, schedule  # noqa: E402
+import test_vllm_ascend_adapter as adapter_tests  # noqa: E402  (the real-step twin of a dummy run)
+from ascend_runner import (  # noqa: E402
+    Kinds,
+    SimConfig,
+    SimRunner,
+    correct_optimistic_seq_lens_cpu,
+    schedule,
+    slot_of,
+)
 from oracle_spec import oracle_mtp_mask  # noqa: E402
 
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager  # noqa: E402
@@ -77,6 +85,7 @@ CONFIGS = [
     SimConfig("hybrid P2 k=2 DCP2", pcp=2, dcp=2, hybrid=True, spec=2),
     SimConfig("async k=2 P2", pcp=2, spec=2, async_sched=True, max_prompt=12, max_new=(6, 14)),
     SimConfig("async k=1 P4 DCP2 interleave 2", pcp=4, dcp=2, spec=1, async_sched=True, interleave=2),
+    SimConfig("async k=3 P2 decode-heavy", pcp=2, spec=3, async_sched=True, max_prompt=6, max_new=(10, 20)),
     SimConfig("multimodal P2", pcp=2, multimodal=True),
     SimConfig("multimodal P4 k=1", pcp=4, spec=1, multimodal=True),
 ]
@@ -84,8 +93,18 @@ CONFIGS = [
 DEVIATIONS = {
     "mtp mask, interleave > 1": "the reference's MTP mask ignores cp_kv_cache_interleave_size; "
     "ours is interleave-aware (compared with oracle_spec.oracle_mtp_mask)",
-    "mtp mask, stale rows": "where the reference exposes rows it did not recompute (no decode in the "
-    "batch, or no decode query holding a local key) they are stale; ours hold the true mask (the oracle)",
+    "dummy run: reference raises": "the reference's get_padded_slot_mapping in a _dummy_run between "
+    "steps scatters the dummy's slots with the last update's unpad mask: a shape mismatch "
+    "(RuntimeError) whenever their sizes differ; ours uses the dummy batch's layout",
+    "dummy run: padded slot mapping": "the reference's (when it does not raise) comes from the last "
+    "update's mask; ours from the dummy batch's layout",
+    "dummy run: metadata field": "the reference builds the dummy's index lists from query_lens as local "
+    "counts and keeps the last update's buffers; ours is the real step of the dummy batch (checked "
+    "field by field against one)",
+    "async device rebuild, k >= 2: main-model slots": "the reference calls the block table's "
+    "compute_slot_mapping, then compute_slot_mapping_draft on device tensors, which overwrites "
+    "slot_mapping.gpu: the runner's padded slot mapping gets the MTP layout; ours keeps the main "
+    "model's slots (both checked against the slots they hold)",
 }
 COUNT: collections.Counter = collections.Counter()
 
@@ -113,29 +132,50 @@ def _describe(a) -> str:
     return repr(a)
 
 
-def _mask_check(cfg, st, rank, dcp_rank, ref, ours, nd, ctx) -> None:
-    """The MTP attention mask against the reference where it is defined, else against the oracle."""
+MASK_BUFFERS: dict = {}  # (config, pcp rank, dcp rank) -> the modelled [R][1 + k][cols] mask buffer
+
+
+def _mask_check(cfg, hist, sched, rank, dcp_rank, ref, ours, nd, ctx) -> None:
+    """The MTP attention mask: against the reference with interleave 1 (every row, the rows the
+    reference did not recompute included); with interleave > 1 against a model of the reference's
+    buffer (rows [:nd] rewritten only when some decode's last token reaches the rank) holding the
+    oracle's interleave-aware rows."""
     thr, cols = 1 + cfg.spec, ours.shape[2]
     C, c, interleave = cfg.pcp * cfg.dcp, rank * cfg.dcp + dcp_rank, cfg.interleave
-    async_fixed = cfg.async_sched and st.index % 2
-    hist = st.true_comp if async_fixed else st.comp
-    n = len(st.sched)
-    oracle = [
-        oracle_mtp_mask(hist[i], st.sched[i], thr, cols, C, c, interleave)
-        if i < nd
-        else [[False] * cols] * thr
-        for i in range(nd if nd else n)
-    ]
-    oracle = torch.tensor(oracle, dtype=torch.bool).reshape(ours.shape)
-    recomputed = nd > 0 and any(hist[i] + st.sched[i] - 1 >= c for i in range(nd))
-    assert torch.equal(ours, oracle), f"{ctx}: MTP mask differs from the oracle"
-    if interleave > 1 and nd:
+    n = len(sched)
+    key = (cfg.name, rank, dcp_rank)
+    buf = MASK_BUFFERS.setdefault(key, [[[False] * cols for _ in range(thr)] for _ in range(cfg.R)])
+    if nd and any(hist[i] + sched[i] - 1 >= c for i in range(nd)):
+        buf[:nd] = [oracle_mtp_mask(hist[i], sched[i], thr, cols, C, c, interleave) for i in range(nd)]
+    model = torch.tensor(buf[: nd if nd else n], dtype=torch.bool).reshape(ours.shape)
+    assert torch.equal(ours, model), f"{ctx}: MTP mask differs from the modelled buffer"
+    if interleave > 1 and not torch.equal(ours, ref):
         COUNT["deviation: " + "mtp mask, interleave > 1"] += 1
-    elif recomputed:
+    else:
         assert torch.equal(ours, ref), f"{ctx}: MTP mask differs from the reference"
         COUNT["field matches"] += 1
+
+
+def _slots_check(cfg, st, ref, ours, ctx) -> None:
+    """A decode-only step's padded slot mapping after the device rebuild with k >= 2: the reference
+    holds the MTP layout's first slots (each request's tokens and k - 1 extra positions), ours the
+    main model's (the corrected positions); every P-th row, -1 between."""
+    P, n, comp = cfg.pcp, len(st.sched), st.true_comp
+    main = [slot_of(i, comp[i] + j) for i in range(n) for j in range(st.sched[i])]
+    mtp = [slot_of(i, comp[i] + j) for i in range(n) for j in range(st.sched[i] + cfg.spec - 1)]
+
+    def padded(slots):
+        rows = [-1] * ours.shape[0]
+        for t, v in enumerate(slots[: len(main)]):
+            rows[t * P] = v
+        return rows
+
+    assert ours.tolist() == padded(main), f"{ctx}: padded slot mapping (ours) is not the main model's"
+    assert ref.tolist() == padded(mtp), f"{ctx}: padded slot mapping (reference) is not the MTP layout"
+    if main != mtp[: len(main)]:
+        COUNT["deviation: " + "async device rebuild, k >= 2: main-model slots"] += 1
     else:
-        COUNT["deviation: " + "mtp mask, stale rows"] += 1
+        COUNT["field matches"] += 1
 
 
 def compare(cfg, st, rank, dcp_rank, ref_obs, our_obs) -> None:
@@ -143,15 +183,22 @@ def compare(cfg, st, rank, dcp_rank, ref_obs, our_obs) -> None:
     assert ref_obs.keys() == our_obs.keys(), f"{ctx}: observed {set(ref_obs) ^ set(our_obs)} on one side only"
     for key in ref_obs:
         ref, ours = ref_obs[key], our_obs[key]
+        if (
+            key.startswith("padded_slot_mapping.")
+            and cfg.spec >= 2
+            and our_obs.get("rebuild.result") == (True, True)
+        ):
+            _slots_check(cfg, st, ref, ours, ctx)
+            continue
         if key == "metadata" and ref is not None:
             assert ours is not None and ref.keys() == ours.keys(), (
                 f"{ctx}: metadata fields {ref.keys() ^ ours.keys()}"
             )
             for field in ref:
                 if field == "dcp_mtp_attn_mask" and ref[field] is not None:
-                    _mask_check(
-                        cfg, st, rank, dcp_rank, ref[field], ours[field], our_obs["num_decode_reqs"], ctx
-                    )
+                    hist = st.true_comp if cfg.async_sched and st.index % 2 else st.comp
+                    nd = our_obs["num_decode_reqs"]
+                    _mask_check(cfg, hist, st.sched, rank, dcp_rank, ref[field], ours[field], nd, ctx)
                     continue
                 assert _equal(ref[field], ours[field]), (
                     f"{ctx}: metadata.{field}\n ref  {_describe(ref[field])}\n ours {_describe(ours[field])}"
@@ -199,6 +246,63 @@ def _calc(runner, num_draft, cu, pads):
     return spec_tool.CALC(stub, num_draft, cu, pads)
 
 
+def _dummies(cfg, st, rank, dcp_rank, ref_runner, our_runner, twin) -> None:
+    """The runner's ``_dummy_run``s before step ``st`` on both managers, compared where the reference
+    runs; ours also against the real step of the dummy batch (field by field, on ``twin``)."""
+    for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
+        ctx = f"[{cfg.name}] dummy run {num_tokens} before step {st.index} rank {rank}/{dcp_rank}"
+        seed_loader.PCP_GROUP.all_gather = our_runner.gather
+        ours = our_runner.dummy_run(num_tokens, uniform, capturing)
+        seed_loader.PCP_GROUP.all_gather = ref_runner.gather
+        try:
+            ref = ref_runner.dummy_run(num_tokens, uniform, capturing)
+        except RuntimeError as e:
+            assert "shape mismatch" in str(e), f"{ctx}: {e}"
+            COUNT["deviation: " + "dummy run: reference raises"] += 1
+            ref = ref_runner.dummy_run(num_tokens, uniform, capturing, slot_mappings=False)
+            ours = {k: v for k, v in ours.items() if not k.startswith("padded_slot_mapping.")}
+        counts = ours["counts"].tolist()
+        n = len(counts)
+        comp = our_runner.num_computed[:n].tolist()
+        real = adapter_tests._metadata_step(
+            twin, counts, comp, our_runner.num_prompt[:n].tolist(), cfg.R, ours["fixed"]
+        )
+        if real is not None:
+            adapter_tests._same_fields(ours["metadata"], {k: _clone(v) for k, v in vars(real).items()}, ctx)
+        assert ref.keys() == ours.keys(), f"{ctx}: observed {set(ref) ^ set(ours)} on one side only"
+        for key in ref:
+            if key == "metadata" and ref[key] is not None:
+                a, b = ref[key], ours[key]
+                assert a.keys() == b.keys(), f"{ctx}: metadata fields {a.keys() ^ b.keys()}"
+                for field in a:
+                    if field == "dcp_mtp_attn_mask" and a[field] is not None:
+                        fixed = ours["fixed"]
+                        hist = [f - c for f, c in zip(fixed.tolist(), counts)] if fixed is not None else comp
+                        nd = ours["num_decode_reqs"]
+                        _mask_check(cfg, hist, counts, rank, dcp_rank, a[field], b[field], nd, ctx)
+                    elif _same(a[field], b[field]):
+                        COUNT["field matches"] += 1
+                    else:
+                        COUNT["deviation: " + "dummy run: metadata field"] += 1
+            elif key.startswith("padded_slot_mapping.") and not _same(ref[key], ours[key]):
+                COUNT["deviation: " + "dummy run: padded slot mapping"] += 1
+            else:
+                assert _equal(ref[key], ours[key]), f"{ctx}: {key}"
+                COUNT["field matches"] += 1
+        COUNT["dummy runs"] += 1
+
+
+def _same(a, b) -> bool:
+    """:func:`_equal`, False where the two cannot be compared (a tensor against ``None``)."""
+    if (a is None) != (b is None):
+        return False
+    return _equal(a, b)
+
+
+def _clone(v):
+    return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+
 def run_config(cfg: SimConfig, num_steps: int, seed: int) -> None:
     steps = schedule(cfg, num_steps, seed)
     kinds = Kinds(mla_spec=spec_tool._MLASpec(), sfa_builder=spec_tool._SFABuilder())
@@ -208,8 +312,10 @@ def run_config(cfg: SimConfig, num_steps: int, seed: int) -> None:
             ref_runner = SimRunner(REF_CLASS(*args), cfg, rank, dcp_rank, _calc, kinds)
             ours = FunctionalDCSManager(*args, check_syncs=True)
             our_runner = SimRunner(ours, cfg, rank, dcp_rank, _calc, kinds)
+            twin = FunctionalDCSManager(*args)  # runs the real step of each dummy batch
             ptrs = {k: v.data_ptr() for k, v in ours._buffers.step.items()}
             for st in steps:
+                _dummies(cfg, st, rank, dcp_rank, ref_runner, our_runner, twin)
                 seed_loader.PCP_GROUP.all_gather = ref_runner.gather
                 ref_obs = ref_runner.step(st)
                 seed_loader.PCP_GROUP.all_gather = our_runner.gather
@@ -231,7 +337,7 @@ if __name__ == "__main__":
     print(
         f"FunctionalDCSManager == vllm-ascend PCPManager: {COUNT['configs']} configs, "
         f"{COUNT['schedule steps']} scheduled steps, {COUNT['manager steps']} (step, rank) pairs, "
-        f"{COUNT['field matches']} fields equal"
+        f"{COUNT['field matches']} fields equal, {COUNT['dummy runs']} dummy runs"
     )
     print("paths exercised ((step, rank) pairs):")
     for name in sorted(k for k in COUNT if k.startswith("path: ")):

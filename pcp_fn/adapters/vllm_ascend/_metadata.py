@@ -34,6 +34,22 @@ def _metadata_class() -> Callable[..., Any]:
     return AscendPrefillContextParallelMetadata
 
 
+def _check_query_lens(query_lens: Any, expected: np.ndarray, dummy: bool) -> None:
+    """``query_lens[:n]`` equals ``expected`` (read only when it is on the host: no device sync)."""
+    if isinstance(query_lens, torch.Tensor):
+        if query_lens.device.type != "cpu":
+            return
+        query_lens = query_lens.numpy()
+    got = np.asarray(query_lens)
+    n = expected.shape[0]
+    what = "the dummy batch's scheduled tokens" if dummy else "the step's local tokens per request"
+    if got.ndim != 1 or got.shape[0] < n or not np.array_equal(got[:n], expected):
+        raise ValueError(
+            f"query_lens must start with {what} {expected.tolist()}, got {got.tolist()} "
+            "(model_runner_v1 passes update_tokens_for_pcp's counts, or num_scheduled_tokens_padded)"
+        )
+
+
 class MetadataMethods:
     """Mixin of :class:`FunctionalDCSManager`: the attention metadata of a step."""
 
@@ -53,12 +69,30 @@ class MetadataMethods:
         Reads ``input_batch.num_computed_tokens_cpu`` (the context of the
         prefills, and of the decodes without ``fixed_decode_seq_lens_cpu``).
         Device fields are views of the manager's persistent buffers.
+
+        ``query_lens`` (host) must hold the step's local token counts per request
+        (``update_tokens_for_pcp``'s, or ``num_scheduled_tokens_padded`` with hybrid
+        attention), as the runner passes them. In a ``_dummy_run``
+        (``init_batch_info`` without ``update_tokens_for_pcp``; the runner then passes
+        the dummy batch's own counts, checked against them) the metadata is the
+        one the real step of the dummy batch gets: every field, the hybrid index
+        fields included, shaped as that step's (a graph captured in a dummy run
+        sees what a real step of that batch sees).
+
+        Raises:
+            ValueError: ``query_lens`` (or ``num_scheduled_tokens``) missing, or not those counts.
         """
         s, h = self.settings, self._host()
         P = s.pcp_size
-        u = self._record.updated
-        if P > 1 and self.pcp_use_hybrid_attn:
-            total_num_scheduled_tokens = int(self.num_scheduled_tokens_padded.sum())
+        # a _dummy_run: no update_tokens_for_pcp since init_batch_info; the step's layout is h
+        dummy = P > 1 and self._record.updated is not h
+        u = h if dummy else self._record.updated
+        if P > 1:
+            _check_query_lens(query_lens, h.num_scheduled if dummy else h.pcp_tokens, dummy)
+            if dummy:
+                total_num_scheduled_tokens = h.num_tokens
+            elif self.pcp_use_hybrid_attn:
+                total_num_scheduled_tokens = int(self.num_scheduled_tokens_padded.sum())
         num_actual = int(total_num_scheduled_tokens) * P
         self._set(num_actual_tokens_pcp_padded=num_actual)
         meta = None
@@ -73,12 +107,13 @@ class MetadataMethods:
                 decode_context = computed_cpu[:nd] + np.asarray(num_scheduled_tokens)[:nd]
             context = np.concatenate([decode_context, computed_cpu[nd:n]])
             ori_query_lens = self.query_lens_pcp_full.cpu[:num_reqs_padded]
+            fla = u.padded_tokens_fla if self.pcp_use_hybrid_attn and u is not None else 0
             fields = dict(
                 pcp_use_hybrid_attn=self.pcp_use_hybrid_attn,
                 num_actual_tokens_pcp_padded=num_actual,
                 num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
-                pcp_unpad_mask=self.pcp_unpad_mask[: self.pcp_padded_tokens_length],
-                pcp_padded_tokens_fla=self.pcp_padded_tokens_fla,
+                pcp_unpad_mask=self.pcp_unpad_mask[: 0 if u is None else P * u.num_tokens],
+                pcp_padded_tokens_fla=fla,
                 query_lens_pcp_full_cpu=ori_query_lens,
                 max_query_len_pcp_full=ori_query_lens.max().item(),
             )
@@ -127,9 +162,20 @@ class MetadataMethods:
         fixed_decode_seq_lens_cpu: np.ndarray | None,
         num_reqs: int,
     ) -> torch.Tensor:
-        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes)."""
+        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes).
+
+        The buffer semantics of vllm-ascend's ``generate_pcp_metadata`` /
+        ``generate_mtp_attention_mask_for_decode``: rows ``[:nd]`` are rewritten
+        (each decode's mask, all False for a decode with no local key) only when
+        some decode's last token ``h + n - 1`` reaches this CP rank
+        (``>= pcp_rank * dcp_size + dcp_rank``); otherwise, and in a step without
+        decodes, the rows returned are what the buffer last held (the rows last
+        written, zeros where never written). The values written are the
+        interleave-aware mask (for ``cp_kv_cache_interleave_size = 1`` vllm-ascend's).
+        """
         buf = self._buffers.dcp_mtp_attn_mask
         assert buf is not None
+        s = self.settings
         nd = h.num_decode_reqs
         if nd > 0:
             batch = self._record.batch
@@ -137,16 +183,18 @@ class MetadataMethods:
                 decode_computed = np.asarray(fixed_decode_seq_lens_cpu)[:nd] - num_scheduled[:nd]
             else:
                 decode_computed = computed_cpu[:nd]
-            computed = batch.num_computed
-            if not np.array_equal(decode_computed, h.num_computed[:nd]):
-                # async spec decode corrected the histories: one copy of the [R_b] counts
-                Rb = batch.bucket.num_reqs
-                host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
-                host[: h.num_reqs] = h.num_computed
-                host[:nd] = decode_computed
-                computed = self._buffers.computed_in[:Rb]
-                computed.copy_(torch.from_numpy(host), non_blocking=True)
-            mask = self._device(_ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2])
-            with self._device.guard():
-                buf.gpu[: mask.shape[0]].copy_(mask)
+            cp_rank = s.pcp_rank * s.dcp_size + s.dcp_rank
+            if (decode_computed + num_scheduled[:nd] - 1 >= cp_rank).any():
+                computed = batch.num_computed
+                if not np.array_equal(decode_computed, h.num_computed[:nd]):
+                    # async spec decode corrected the histories: one copy of the [R_b] counts
+                    Rb = batch.bucket.num_reqs
+                    host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
+                    host[: h.num_reqs] = h.num_computed
+                    host[:nd] = decode_computed
+                    computed = self._buffers.computed_in[:Rb]
+                    computed.copy_(torch.from_numpy(host), non_blocking=True)
+                mask = self._device(_ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2])
+                with self._device.guard():
+                    buf.gpu[:nd].copy_(mask[:nd])
         return buf.gpu[: nd if nd > 0 else num_reqs]

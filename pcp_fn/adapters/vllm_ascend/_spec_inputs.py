@@ -250,10 +250,11 @@ class SpecInputMethods:
 
         Device branch (decode-only, no embeds or multimodal inputs):
         ``spec.rebuild_spec_positions`` on the corrected ``num_computed_tokens``
-        writes ``positions``, hands the scheduler-order positions to
-        ``input_batch.block_table.compute_slot_mapping`` and rebuilds
-        ``mtp_slot_pad``. Host branch: corrects the counts with vllm-ascend's
-        ``correct_optimistic_seq_lens_cpu``, refills the runner's host positions
+        writes ``positions`` and rebuilds ``mtp_slot_pad`` (through
+        ``compute_slot_mapping_draft``), then hands the scheduler-order positions
+        to ``input_batch.block_table.compute_slot_mapping``, so the block table's
+        ``slot_mapping.gpu`` ends with the main model's slots. Host branch: corrects
+        the counts with vllm-ascend's ``correct_optimistic_seq_lens_cpu``, refills the runner's host positions
         and input ids, and calls :meth:`generate_pcp_mtp_input` again.
         """
         s, h = self.settings, self._host()
@@ -291,6 +292,10 @@ class SpecInputMethods:
         rows = full.num_tokens + n * extra if builds_mtp else 0
         slot_fn = _draft_slot_fn(input_batch.block_table, rows, on_host=False) if builds_mtp else None
         computed = F.pad(num_computed_tokens[:n].to(torch.int64), (0, bucket.num_reqs - n))
+        # The draft slots are computed first (inside rebuild_positions) and the main model's last:
+        # vllm-ascend's BlockTable writes both into slot_mapping.gpu for device inputs, and the
+        # runner reads that buffer for the main model's padded slot mapping. (vllm-ascend calls
+        # them the other way round, so its main model gets the MTP layout: see the README.)
         out = _ops.rebuild_positions(self._record.state, computed, slot_fn)
         positions[:total_num_scheduled_tokens].copy_(out.positions[:total_num_scheduled_tokens])
         if P > 1:

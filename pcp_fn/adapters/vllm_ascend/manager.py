@@ -19,13 +19,16 @@ decode) -> ``update_tokens_for_pcp`` -> ``rebuild_async_spec_decode_inputs`` ->
 ``get_logits_indices`` (or the runner's spec metadata with
 ``num_pcp_pads_cpu`` and ``adjust_cu_num_scheduled_tokens_for_pcp``) ->
 ``get_padded_slot_mapping`` per KV cache group -> ``generate_pcp_metadata`` ->
-forward -> ``get_restore_hidden_states`` -> the proposer's helpers.
+forward -> ``get_restore_hidden_states`` -> the proposer's helpers. A
+``_dummy_run`` (graph capture, and the runs between steps) calls
+``init_batch_info`` -> ``get_padded_slot_mapping`` -> ``generate_pcp_metadata``
+without ``update_tokens_for_pcp``: its metadata is the real step's of the dummy batch.
 
 Differences from the reference (see the README's table): the restore index
 and metadata index tensors are views of device buffers built by pcp_fn (the
 host ``.np`` copies are not kept); ``pcp_unpad_mask`` in the metadata is the
-device mask; the MTP attention mask is the interleave-aware one; rows a
-reference buffer leaves stale hold their true value here.
+device mask; the MTP attention mask is the interleave-aware one (with the
+reference's buffer semantics: rows it does not recompute keep their last values).
 """
 
 from __future__ import annotations
