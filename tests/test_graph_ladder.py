@@ -18,7 +18,7 @@ import vllm_standin as standin
 from torch._dynamo.utils import counters
 from vllm_lockstep import Case, make_global_batch, scheduler_steps
 
-from pcp_fn.adapters.bookkeeping import SMALLEST_BUCKET, graph_ladder
+from pcp_fn.adapters.bookkeeping import SMALLEST_BUCKET, capture_ladder, graph_ladder
 from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager, resolve_graph_backend
 from pcp_fn.core.buckets import Bucket
 
@@ -93,6 +93,15 @@ def test_graph_ladder_examples():
     assert SMALLEST_BUCKET == 16
     with pytest.raises(ValueError, match="token_sizes size 64 exceeds the capacity 48"):
         graph_ladder(8, 48, (64,))
+
+
+def test_capture_ladder_holds_the_engines_capture_sizes():
+    assert capture_ladder([1, 2, 4, 8, 16, 24, 32], 128) == (1, 2, 4, 8, 16, 24, 32, 64)
+    assert capture_ladder([512, 8, 8, 1024], 600) == (8, 512)  # sizes past T dropped
+    assert capture_ladder(None, 64) is None and capture_ladder([], 64) is None
+    ladder = graph_ladder(16, 128, capture_ladder([1, 2, 4, 8, 16, 24, 32], 128))
+    assert [b.num_tokens for b in ladder] == [1, 2, 4, 8, 16, 24, 32, 64, 128]
+    assert [b.num_reqs for b in ladder] == [1, 2, 4, 8, 16, 16, 16, 16, 16]
 
 
 def test_bucket_for_is_the_smallest_rung_holding_the_step():

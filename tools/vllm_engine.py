@@ -160,16 +160,23 @@ def _time_methods(worker: Any) -> bool:
     return True
 
 
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def _settings(args: argparse.Namespace) -> None:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local model: nothing to fetch
-    cores = sorted(os.sched_getaffinity(0))
-    ranks = args.pcp * args.dcp_tp
-    # one core per rank (shared round-robin when there are more ranks than cores)
-    bind = "|".join(str(cores[i % len(cores)]) for i in range(ranks))
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
+    if _on_cpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        cores = sorted(os.sched_getaffinity(0))
+        ranks = args.pcp * args.dcp_tp
+        # one core per rank (shared round-robin when there are more ranks than cores)
+        bind = "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
     os.environ["PCP_FN_PCP_MANAGER"] = "1" if args.manager == "pcp_fn" else "0"
 
 
@@ -183,15 +190,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(
         model=model,
         skip_tokenizer_init=True,
-        dtype="float32",
-        enforce_eager=True,
+        dtype="float32" if _on_cpu() else "bfloat16",  # CPU_MLA is fp32; GPU MLA kernels want bf16
+        enforce_eager=not args.cuda_graphs,
         seed=0,
         max_model_len=512,
         max_num_seqs=args.max_num_seqs,
         kv_cache_memory_bytes=64 << 20,
-        compilation_config={"custom_ops": ["all", "-rotary_embedding"]},
         prefill_context_parallel_size=args.pcp,
     )
+    if _on_cpu():  # vllm-cpu's rotary_embedding op is wrong on MLA's strided q_pe / k_pe
+        kwargs["compilation_config"] = {"custom_ops": ["all", "-rotary_embedding"]}
     if args.pcp * args.dcp_tp > 1:
         kwargs["distributed_executor_backend"] = "mp"
     if args.dcp_tp > 1:
@@ -264,6 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=4)
     parser.add_argument("--max-num-batched-tokens", type=int, default=0)
     parser.add_argument("--logprobs", type=int, default=3)
+    parser.add_argument("--cuda-graphs", action="store_true", help="GPU: vLLM's CUDA graphs (not eager)")
     parser.add_argument("--make-model-only", action="store_true", help="write the model and exit")
     parser.add_argument("--out", help="write the JSON result here (default: stdout)")
     return parser.parse_args(argv)

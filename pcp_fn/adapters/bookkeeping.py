@@ -77,6 +77,22 @@ def graph_ladder(
     return tuple(ladder)
 
 
+def capture_ladder(capture_sizes: Sequence[int] | None, max_local_tokens: int) -> tuple[int, ...] | None:
+    """Token sizes of a ladder that holds an engine's CUDA-graph capture sizes: each size up
+    to ``T``, then powers of two to ``T`` (``None`` without sizes: the default ladder)::
+
+        capture_ladder([1, 2, 4, 8, 16, 24, 32], 128)  ->  (1, 2, 4, 8, 16, 24, 32, 64)
+
+    (``graph_ladder`` adds ``T`` itself.) vLLM pads a batch's local tokens to a capture
+    size; a rung of exactly that size replays it without padding it again.
+    """
+    sizes = sorted({int(s) for s in capture_sizes or () if 0 < int(s) <= max_local_tokens})
+    if not sizes:
+        return None
+    top, T = sizes[-1], max_local_tokens
+    return (*sizes, *(1 << k for k in range(top.bit_length(), T.bit_length()) if (1 << k) < T))
+
+
 @functools.cache
 def _source_digest() -> str:
     """SHA-256 of pcp_fn's Python sources (a cached package is stale once any of them changes)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from vllm.config import get_current_vllm_config_or_none
 from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed import parallel_state
 from vllm.v1.attention.backends.utils import PAD_SLOT_ID
@@ -31,12 +32,19 @@ def _get_pcp_group() -> Any:
     return parallel_state.get_pcp_group()  # looked up per call: honours a patched group
 
 
+def _capture_sizes() -> list[int] | None:
+    """The current vLLM config's CUDA-graph capture sizes (``None`` outside a config context)."""
+    config = get_current_vllm_config_or_none()
+    return None if config is None else config.compilation_config.cudagraph_capture_sizes
+
+
 VLLM_API = VllmApi(
     PCPManager=PCPManager,
     InputBuffers=InputBuffers,
     CUDAGraphMode=CUDAGraphMode,
     PAD_SLOT_ID=PAD_SLOT_ID,
     get_pcp_group=_get_pcp_group,
+    capture_sizes=_capture_sizes,
 )
 
 #: A subclass of ``vllm.v1.worker.gpu.pcp_manager.PCPManager`` (vLLM 0.32.0).

@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from .bookkeeping import Bookkeeping, Destinations, GraphStats, HostLayout
+from .bookkeeping import Bookkeeping, Destinations, GraphStats, HostLayout, capture_ladder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +48,9 @@ class VllmApi:
         PAD_SLOT_ID: ``vllm.v1.attention.backends.utils.PAD_SLOT_ID``.
         get_pcp_group: returns the PCP group (``all_gather(tensor, dim=0)``);
             called at each restore, so a patched group is honoured.
+        capture_sizes: the engine's CUDA-graph capture sizes, when it has them
+            (vLLM: ``compilation_config.cudagraph_capture_sizes`` of the
+            current config), so the graph ladder pads a batch once, not twice.
     """
 
     PCPManager: type
@@ -55,6 +58,7 @@ class VllmApi:
     CUDAGraphMode: Any
     PAD_SLOT_ID: int
     get_pcp_group: Callable[[], Any]
+    capture_sizes: Callable[[], Sequence[int] | None] | None = None
 
 
 AUTO = "auto"
@@ -294,7 +298,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 out=out,
                 backend=backend,
                 check_host_syncs=self.check_host_syncs,
-                token_buckets=self.token_buckets,
+                token_buckets=self._fn_token_buckets(backend, max_num_tokens),
                 package_dir=package_cache_dir() if backend == "aoti" else None,
             )
 
@@ -315,6 +319,16 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if max_query_len is not None and max_query_len >= num_tokens and num_reqs == R < num_tokens:
                 return min(num_tokens, 2 * R)
             return num_reqs
+
+        def _fn_token_buckets(self, backend: str | None, T: int) -> Sequence[int] | None:
+            """The ladder's token sizes: the class attribute, else (device graphs) the engine's
+            capture sizes up to ``T`` then powers of two (vLLM pads ``Lp`` to a capture size:
+            a rung of that size replays it without a second padding), else the default."""
+            if self.token_buckets is not None:
+                return self.token_buckets
+            if backend is None or self.device.type == "cpu" or api.capture_sizes is None:
+                return None
+            return capture_ladder(api.capture_sizes(), T)
 
         def _fn_bookkeeping(self, what: str) -> Any:
             """The bookkeeping, or a ``RuntimeError`` naming ``what`` needs the capacities (vLLM's
