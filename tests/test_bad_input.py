@@ -192,3 +192,32 @@ def test_ops_never_change_their_inputs(case):
     pcp_fn.restore_hidden_states(updated, torch.zeros(cfg.pcp_size * batch.bucket.num_tokens, 2))
     assert tree_equal((state, batch, slots), before)
     assert tree_equal(updated, after_update)
+
+
+# -- issue 20: bad input that used to be accepted or fail deep inside torch ----------------------
+
+
+def _missing_device() -> str:
+    # on a CUDA machine, the index one past its last device
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+def test_a_missing_cuda_device_is_named_before_any_pinned_memory(monkeypatch):
+    from pcp_fn.core import staging
+
+    def pinned(nbytes):
+        raise AssertionError("pinned memory asked for on a device that is not there")
+
+    monkeypatch.setattr(staging, "_pinned", pinned)
+    dev = _missing_device()
+    match = rf"device='{dev}' is not available"
+    with pytest.raises(ValueError, match=match):
+        make_batch(CFG, [1, 5], [7, 0], [3, 5], device=dev)
+    with pytest.raises(ValueError, match=match):
+        pcp_fn.make_spec_batch(CFG, [2, 8], [6, 0], [6, 8], [1, 0], device=dev)
+    with pytest.raises(ValueError, match=match):
+        pcp_fn.mrv2.make_batch(pcp_fn.mrv2.MRV2Config(2, 0, 4, 32), [3], [0], [3], device=dev)
+    with pytest.raises(ValueError, match=match):
+        init_state(CFG, dev)
+    with pytest.raises(ValueError, match=match):
+        pcp_fn.mrv2.init_state(pcp_fn.mrv2.MRV2Config(2, 0, 4, 32), dev)
