@@ -197,6 +197,22 @@ def test_ops_never_change_their_inputs(case):
 # -- issue 20: bad input that used to be accepted or fail deep inside torch ----------------------
 
 
+def test_spec_step_refuses_a_float_token_table():
+    table = torch.arange(4 * 16).reshape(4, 16)
+    batch, spec = pcp_fn.make_spec_batch(
+        CFG, [2, 8], [6, 0], [6, 8], [1, 0], token_ids=table, slot_mapping=range(10)
+    )
+    state = init_state(CFG)
+    pcp_fn.spec_step(state, batch, spec, table)  # the integer table is fine
+    for bad in (table.float(), table.to(torch.float64), table.bool()):
+        before = snapshot((state, batch, spec, bad))
+        with pytest.raises(TypeError, match=r"token_ids must hold integers, got torch\.(float|bool)"):
+            pcp_fn.spec_step(state, batch, spec, bad)
+        assert tree_equal((state, batch, spec, bad), before)
+    with pytest.raises(TypeError, match=r"token_ids must hold integers"):
+        pcp_fn.spec.full_input_ids(pcp_fn.update_tokens(state, batch)[0], table.half(), batch.num_computed)
+
+
 def _missing_device() -> str:
     # on a CUDA machine, the index one past its last device
     return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
