@@ -237,3 +237,21 @@ def test_a_missing_cuda_device_is_named_before_any_pinned_memory(monkeypatch):
         init_state(CFG, dev)
     with pytest.raises(ValueError, match=match):
         pcp_fn.mrv2.init_state(pcp_fn.mrv2.MRV2Config(2, 0, 4, 32), dev)
+
+
+def test_attention_metadata_refuses_decode_seq_lens_of_the_wrong_shape_or_dtype():
+    batch = make_batch(CFG, [1, 1, 8], [255, 128, 0], [255, 128, 8])
+    state = init_state(CFG)
+    Rb = batch.bucket.num_reqs
+    good = torch.tensor([300, 129, 999, 999], dtype=torch.int32)
+    assert good.shape == (Rb,)
+    pcp_fn.attention_metadata(state, batch, decode_seq_lens=good)
+    for bad in (good[:3], torch.cat([good, good]), good[:, None], good.reshape(2, 2), torch.tensor(5)):
+        before = snapshot((state, batch, bad))
+        with pytest.raises(ValueError, match=rf"decode_seq_lens must be \[{Rb}\] \(R_b, one per request row"):
+            pcp_fn.attention_metadata(state, batch, decode_seq_lens=bad)
+        assert tree_equal((state, batch, bad), before)
+    with pytest.raises(TypeError, match=r"decode_seq_lens must hold integers, got torch\.float32"):
+        pcp_fn.attention_metadata(state, batch, decode_seq_lens=good.float())
+    with pytest.raises(TypeError, match=r"decode_seq_lens must be a tensor, got list"):
+        pcp_fn.attention_metadata(state, batch, decode_seq_lens=[300, 129, 999, 999])
