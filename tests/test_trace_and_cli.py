@@ -274,6 +274,13 @@ MALFORMED = [
         lambda ls: ls.__setitem__(2, _step(step="two")),
         r"line 3: field 'step' must be an integer, got string",
     ),
+    # issue 20: step numbers must follow the file's order (swapped, missing, repeated)
+    (
+        lambda ls: ls.__setitem__(slice(1, 3), [ls[2], ls[1]]),
+        r"line 2: field 'step' = 1 is out of order; this is step 0",
+    ),
+    (lambda ls: ls.__delitem__(2), r"line 3: field 'step' = 2 is out of order; this is step 1"),
+    (lambda ls: ls.__setitem__(2, ls[1]), r"line 3: field 'step' = 0 is out of order; this is step 1"),
     (
         lambda ls: ls.__setitem__(4, "[" * 100_000 + "]" * 100_000),
         r"line 5: not valid JSON \(nested too deeply\)",

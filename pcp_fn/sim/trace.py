@@ -18,7 +18,9 @@ The whole trace is validated before anything runs, and malformed input raises
 too deeply, a line over :data:`MAX_LINE_BYTES`, a duplicate key, an unknown
 key (a typo such as ``slot_maping`` is an error, not a default), a wrong type,
 an integer out of range (counts are int32, slots int64; integers of any
-length are rejected without being converted). The header's sizes are checked
+length are rejected without being converted), a ``step`` number out of order
+(the field is optional; given, it must be the step's place in the file, from 0).
+The header's sizes are checked
 against :data:`LIMITS` before anything is allocated. :func:`write_trace`
 writes to a temporary file and renames it, so a failed or interrupted write
 leaves nothing behind.
@@ -287,13 +289,19 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
     return config
 
 
-def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig) -> TraceStep:
+def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int) -> TraceStep:
+    """Step ``index`` of the trace (its 0-based place in the file), from line ``lineno``."""
     _check_keys(lineno, obj, _STEP_FIELDS, "step")
     for name in _ARRAYS:
         if name not in obj:
             raise TraceError(f"line {lineno}: field {name!r} is missing")
     if "step" in obj:
-        _int(lineno, "'step'", obj["step"], 0, INT32_MAX)
+        number = _int(lineno, "'step'", obj["step"], 0, INT32_MAX)
+        if number != index:  # replay runs steps in file order: a shuffled or gapped trace is not that run
+            raise TraceError(
+                f"line {lineno}: field 'step' = {number} is out of order; this is step {index} "
+                "(steps are numbered 0, 1, 2, ... in file order)"
+            )
     arrays = {name: _int_list(lineno, name, obj[name], 0, INT32_MAX, "the int32 limit") for name in _ARRAYS}
     slots = obj.get("slot_mapping")
     if slots is not None:
@@ -342,7 +350,7 @@ def parse_trace(lines: Iterable[str | bytes]) -> Trace:
         if config is None:
             config = _parse_header(lineno, obj)
         else:
-            steps.append(_parse_step(lineno, obj, config))
+            steps.append(_parse_step(lineno, obj, config, len(steps)))
     if config is None:
         raise TraceError("line 1: the trace is empty (no header)")
     return Trace(config, tuple(steps))
