@@ -32,7 +32,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from .core.checks import check_int
+from .core.checks import (
+    INT64_MAX,
+    check_device,
+    check_host_buffer,
+    check_int,
+    check_int_tensor,
+    check_not_meta,
+    check_uint64_within,
+    host_ints,
+)
 from .core.pytree import pytree_dataclass
 from .core.ragged import masked_gather
 
@@ -76,12 +85,19 @@ def pack_mrope_tables(
 
     Raises:
         ValueError: more tables than ``num_rows``, ``tables``/``deltas`` of
-            different lengths, a table that is not ``[3, n]`` integers, or a
-            table wider than ``max_len`` (the buffer could not serve its
-            positions ``max_len .. n-1``).
+            different lengths, a table that is not ``[3, n]`` integers, a
+            ``uint64`` table holding a value past the int64 limit, a ``meta``
+            table, a table wider than ``max_len`` (the buffer could not serve its
+            positions ``max_len .. n-1``), a buffer larger than this machine's
+            memory, or a ``device`` this machine does not have.
     """
     check_int("num_rows", num_rows, 1)
     check_int("max_len", max_len, 1)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    check_device("device", dev)
+    check_host_buffer(
+        "max_len", num_rows * 3 * max_len * 8, f"a [num_rows={num_rows}, 3, max_len={max_len}] int64 buffer"
+    )
     if len(tables) != len(deltas):
         raise ValueError(f"tables has {len(tables)} entries but deltas has {len(deltas)}")
     if len(tables) > num_rows:
@@ -98,10 +114,13 @@ def pack_mrope_tables(
         if table is None:
             continue
         t = torch.as_tensor(table)
+        check_not_meta(f"tables[{i}]", t)
         if t.dim() != 2 or t.shape[0] != 3:
             raise ValueError(f"M-RoPE table of request {i} must be [3, n], got shape {tuple(t.shape)}")
         if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
             raise ValueError(f"M-RoPE table of request {i} must hold integers, got {t.dtype}")
+        if t.dtype == torch.uint64:  # the int64 cast below would wrap 2**63 to a negative position
+            check_uint64_within(f"tables[{i}]", t.cpu().numpy(), INT64_MAX)
         n = t.shape[1]
         if n > max_len:
             raise ValueError(
@@ -111,13 +130,25 @@ def pack_mrope_tables(
         host[i, :, :n] = t.to(torch.int64)
         length[i] = n
     flat = torch.cat([host.flatten(), length, delta])
-    dev = flat.to(torch.device(device) if device is not None else "cpu")  # the one copy
+    moved = flat.to(dev)  # the one copy
     size = host.numel()
     return MRopeTables(
-        positions=dev[:size].view(num_rows, 3, max_len),
-        length=dev[size : size + num_rows],
-        delta=dev[size + num_rows :],
+        positions=moved[:size].view(num_rows, 3, max_len),
+        length=moved[size : size + num_rows],
+        delta=moved[size + num_rows :],
     )
+
+
+def _check_local_tokens(positions: object, request_index: object) -> None:
+    """Static: ``positions`` and ``request_index`` are ``[L]`` integer tensors (one entry per local
+    token). Their values are device data, never read here: ``request_index`` must lie in
+    ``[0, R_b)`` (``layout.request_index`` does), which is the caller's contract."""
+    check_int_tensor("positions", positions)
+    if positions.dim() != 1:
+        raise ValueError(
+            f"positions must be 1-D [L] (one per local token), got shape {tuple(positions.shape)}"
+        )
+    check_int_tensor("request_index", request_index, tuple(positions.shape), "[L], like positions")
 
 
 def remap_mrope_positions(
@@ -145,14 +176,16 @@ def remap_mrope_positions(
     ``x`` in all three rows. ``P = 2``, rank 0, requests ``[5 (table m, d=100),
     2 (no table)]`` at positions ``[1, 3, 5 | 2, 4]`` ->
     ``[[m0_1, m0_3, 105, 2, 4], [m1_1, m1_3, 105, 2, 4], [m2_1, m2_3, 105, 2, 4]]``.
+
+    Raises:
+        TypeError, ValueError (static types and shapes only): ``positions`` and
+            ``request_index`` not ``[L]`` integers, tables of another request count.
+            ``request_index`` values in ``[0, R_b)`` are the caller's contract
+            (device data, never read on the host; ``layout.request_index`` holds it).
     """
     if tables.positions.dim() != 3 or tables.positions.shape[1] != 3:
         raise ValueError(f"tables.positions must be [R, 3, M], got {tuple(tables.positions.shape)}")
-    if positions.shape != request_index.shape or positions.dim() != 1:
-        raise ValueError(
-            f"positions {tuple(positions.shape)} and request_index {tuple(request_index.shape)} must be "
-            "equal 1-D shapes"
-        )
+    _check_local_tokens(positions, request_index)
     if tables.length.shape != num_prompt.shape:
         raise ValueError(
             f"tables hold {tables.length.shape[0]} request rows but num_prompt has "
@@ -212,12 +245,16 @@ def pack_prompt_embeds(
 
     Raises:
         ValueError: a request index outside ``[0, num_rows)``, embeds that are
-            not 2-D, embeds of the wrong width (not ``hidden_size``), mixed
-            dtypes, or more rows than ``capacity``.
+            not 2-D, embeds of the wrong width (not ``hidden_size``), ``meta``
+            embeds (no values to pack), mixed dtypes, more rows than ``capacity``,
+            a ``[capacity, hidden_size]`` buffer larger than this machine's memory
+            (checked before it is allocated), or a ``device`` this machine does not have.
     """
     check_int("num_rows", num_rows, 1)
     check_int("hidden_size", hidden_size, 1)
     check_int("capacity", capacity, 1)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    check_device("device", dev)
     items = embeds.items() if isinstance(embeds, Mapping) else enumerate(embeds)
     items = list((i, e) for i, e in items if e is not None)
     for i, _ in items:
@@ -228,6 +265,7 @@ def pack_prompt_embeds(
             raise ValueError(f"prompt embeds for request {i}, outside num_rows={num_rows}")
         if not isinstance(e, torch.Tensor) or e.dim() != 2:
             raise ValueError(f"prompt embeds of request {i} must be a 2-D tensor [E, H]")
+        check_not_meta(f"embeds[{i}]", e)
         if e.shape[1] != hidden_size:
             raise ValueError(
                 f"prompt embeds of request {i} have width {e.shape[1]}; the hidden size is {hidden_size}"
@@ -240,6 +278,11 @@ def pack_prompt_embeds(
     total = sum(e.shape[0] for _, e in items)
     if total > capacity:
         raise ValueError(f"prompt embeds hold {total} rows; capacity is {capacity}")
+    check_host_buffer(
+        "capacity",
+        capacity * hidden_size * dtype.itemsize,
+        f"a [capacity={capacity}, hidden_size={hidden_size}] {dtype} buffer",
+    )
     values = torch.zeros(capacity, hidden_size, dtype=dtype)
     start = torch.zeros(num_rows, dtype=torch.int64)
     length = torch.zeros(num_rows, dtype=torch.int64)
@@ -248,7 +291,6 @@ def pack_prompt_embeds(
         values[row : row + e.shape[0]] = e.detach().to("cpu", dtype)
         start[i], length[i] = row, e.shape[0]
         row += e.shape[0]
-    dev = torch.device(device) if device is not None else torch.device("cpu")
     index = torch.cat([start, length]).to(dev)
     return PromptEmbeds(values=values.to(dev), start=index[:num_rows], length=index[num_rows:])
 
@@ -270,9 +312,13 @@ def gather_prompt_embeds(
     ``[e[0], e[1], out[2], out[3]]``. A masked gather: no boolean indexing.
 
     Raises:
-        ValueError (static shapes only): ``out`` not ``[L, H]`` with the
-            embeds' width and dtype.
+        TypeError, ValueError (static types and shapes only): ``positions`` and
+            ``request_index`` not ``[L]`` integers, ``out`` not ``[L, H]`` with the
+            embeds' width and dtype. ``request_index`` values in ``[0, R_b)``
+            (``R_b``: the packed request rows) are the caller's contract: they are
+            device data, never read on the host (``layout.request_index`` holds it).
     """
+    _check_local_tokens(positions, request_index)
     L = positions.shape[0]
     if out.dim() != 2 or out.shape[0] != L:
         raise ValueError(f"out must be [L={L}, H], got {tuple(out.shape)}")
@@ -334,6 +380,24 @@ def _feature_hits(req_positions: np.ndarray, pos_info: Any) -> tuple[np.ndarray,
     return inside, req_positions[inside] - lo
 
 
+def _local_counts(
+    req_ids: Sequence[str], positions: np.ndarray, local_num_scheduled_tokens: np.ndarray | Sequence[int]
+) -> np.ndarray:
+    """The host checks of the local counts: 1-D integers >= 0 (int64 copy), at least one per
+    request, and no more tokens than ``positions`` holds."""
+    counts = host_ints("local_num_scheduled_tokens", local_num_scheduled_tokens)
+    if counts.shape[0] < len(req_ids):
+        raise ValueError(
+            f"local_num_scheduled_tokens has {counts.shape[0]} entries for {len(req_ids)} requests"
+        )
+    used = int(counts[: len(req_ids)].sum())
+    if len(positions) < used:
+        raise ValueError(
+            f"positions has {len(positions)} entries; local_num_scheduled_tokens gives the requests {used}"
+        )
+    return counts
+
+
 def build_local_mm_schedule(
     req_ids: Sequence[str],
     requests: Mapping[str, Any],
@@ -350,14 +414,17 @@ def build_local_mm_schedule(
     indices not in encoder_cache]}, {hashes of every needed feature})``.
     ``P = 2``, rank 1 of a 16-token prompt holds positions ``4..11``: an image
     at offsets ``12..15`` is not needed here, one at ``8..9`` is.
+
+    Raises:
+        ValueError: a negative local count, or fewer ``positions`` than the counts add up to.
     """
+    counts = _local_counts(req_ids, positions, local_num_scheduled_tokens)
     scheduled: dict[str, list[int]] = {}
     needed: set[str] = set()
     start = 0
-    for req_id, count in zip(req_ids, local_num_scheduled_tokens):
+    for req_id, count in zip(req_ids, counts):
         k = int(count)
-        if k <= 0:
-            start += k
+        if k == 0:
             continue
         req_positions = np.asarray(positions[start : start + k])
         missing = []
@@ -423,20 +490,17 @@ def gather_mm_embeddings(
     ``6..7`` gives ``embeds [enc[0:2]]``, ``is_mm_embed [F, F, T, T]``.
 
     Raises:
-        ValueError: fewer local counts than requests, or an encoder output
-            missing from ``encoder_cache`` (vllm-ascend asserts).
+        ValueError: fewer local counts than requests, a negative local count
+            (``TypeError``: not integers), fewer ``positions`` than the counts add
+            up to, or an encoder output missing from ``encoder_cache`` (vllm-ascend asserts).
     """
-    if len(local_num_scheduled_tokens) < len(req_ids):
-        raise ValueError(
-            f"local_num_scheduled_tokens has {len(local_num_scheduled_tokens)} entries "
-            f"for {len(req_ids)} requests"
-        )
-    is_mm_embed = torch.zeros(int(np.sum(local_num_scheduled_tokens)), dtype=torch.bool)
+    counts = _local_counts(req_ids, positions, local_num_scheduled_tokens)
+    is_mm_embed = torch.zeros(int(counts.sum()), dtype=torch.bool)
     embeds: list[torch.Tensor] = []
     updates: dict[str, tuple[torch.Tensor, Any]] = {}
     sync_mrope = False
     start = 0
-    for req_id, count in zip(req_ids, local_num_scheduled_tokens):
+    for req_id, count in zip(req_ids, counts):
         k = int(count)
         req_positions = np.asarray(positions[start : start + k]) + shift_computed_tokens
         req = requests[req_id]

@@ -192,3 +192,66 @@ def test_ops_never_change_their_inputs(case):
     pcp_fn.restore_hidden_states(updated, torch.zeros(cfg.pcp_size * batch.bucket.num_tokens, 2))
     assert tree_equal((state, batch, slots), before)
     assert tree_equal(updated, after_update)
+
+
+# -- issue 20: bad input that used to be accepted or fail deep inside torch ----------------------
+
+
+def test_spec_step_refuses_a_float_token_table():
+    table = torch.arange(4 * 16).reshape(4, 16)
+    batch, spec = pcp_fn.make_spec_batch(
+        CFG, [2, 8], [6, 0], [6, 8], [1, 0], token_ids=table, slot_mapping=range(10)
+    )
+    state = init_state(CFG)
+    pcp_fn.spec_step(state, batch, spec, table)  # the integer table is fine
+    for bad in (table.float(), table.to(torch.float64), table.bool()):
+        before = snapshot((state, batch, spec, bad))
+        with pytest.raises(TypeError, match=r"token_ids must hold integers, got torch\.(float|bool)"):
+            pcp_fn.spec_step(state, batch, spec, bad)
+        assert tree_equal((state, batch, spec, bad), before)
+    with pytest.raises(TypeError, match=r"token_ids must hold integers"):
+        pcp_fn.spec.full_input_ids(pcp_fn.update_tokens(state, batch)[0], table.half(), batch.num_computed)
+
+
+def _missing_device() -> str:
+    # on a CUDA machine, the index one past its last device
+    return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+
+
+def test_a_missing_cuda_device_is_named_before_any_pinned_memory(monkeypatch):
+    from pcp_fn.core import staging
+
+    def pinned(nbytes):
+        raise AssertionError("pinned memory asked for on a device that is not there")
+
+    monkeypatch.setattr(staging, "_pinned", pinned)
+    dev = _missing_device()
+    match = rf"device='{dev}' is not available"
+    with pytest.raises(ValueError, match=match):
+        make_batch(CFG, [1, 5], [7, 0], [3, 5], device=dev)
+    with pytest.raises(ValueError, match=match):
+        pcp_fn.make_spec_batch(CFG, [2, 8], [6, 0], [6, 8], [1, 0], device=dev)
+    with pytest.raises(ValueError, match=match):
+        pcp_fn.mrv2.make_batch(pcp_fn.mrv2.MRV2Config(2, 0, 4, 32), [3], [0], [3], device=dev)
+    with pytest.raises(ValueError, match=match):
+        init_state(CFG, dev)
+    with pytest.raises(ValueError, match=match):
+        pcp_fn.mrv2.init_state(pcp_fn.mrv2.MRV2Config(2, 0, 4, 32), dev)
+
+
+def test_attention_metadata_refuses_decode_seq_lens_of_the_wrong_shape_or_dtype():
+    batch = make_batch(CFG, [1, 1, 8], [255, 128, 0], [255, 128, 8])
+    state = init_state(CFG)
+    Rb = batch.bucket.num_reqs
+    good = torch.tensor([300, 129, 999, 999], dtype=torch.int32)
+    assert good.shape == (Rb,)
+    pcp_fn.attention_metadata(state, batch, decode_seq_lens=good)
+    for bad in (good[:3], torch.cat([good, good]), good[:, None], good.reshape(2, 2), torch.tensor(5)):
+        before = snapshot((state, batch, bad))
+        with pytest.raises(ValueError, match=rf"decode_seq_lens must be \[{Rb}\] \(R_b, one per request row"):
+            pcp_fn.attention_metadata(state, batch, decode_seq_lens=bad)
+        assert tree_equal((state, batch, bad), before)
+    with pytest.raises(TypeError, match=r"decode_seq_lens must hold integers, got torch\.float32"):
+        pcp_fn.attention_metadata(state, batch, decode_seq_lens=good.float())
+    with pytest.raises(TypeError, match=r"decode_seq_lens must be a tensor, got list"):
+        pcp_fn.attention_metadata(state, batch, decode_seq_lens=[300, 129, 999, 999])

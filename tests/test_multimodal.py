@@ -391,6 +391,85 @@ def test_gather_mm_embeddings_rejects_an_encoder_cache_miss():
         mm.gather_mm_embeddings(["r", "s"], reqs, np.array([0, 1]), np.array([2]), 0, {})
 
 
+def test_pack_mrope_tables_refuses_uint64_values_past_int64_and_meta_tables():
+    # issue 20: a uint64 value >= 2**63 used to wrap to a negative position in the int64 cast
+    table = np.arange(12, dtype=np.uint64).reshape(3, 4)
+    ok = mm.pack_mrope_tables([table], [0], 2, 8)
+    assert tree_equal(ok, mm.pack_mrope_tables([table.astype(np.int64)], [0], 2, 8))
+    big = table.copy()
+    big[1, 2] = 2**63
+    for bad in (big, torch.from_numpy(big)):
+        with pytest.raises(ValueError, match=r"tables\[1\]\[1, 2\] = 9223372036854775808 exceeds the limit"):
+            mm.pack_mrope_tables([None, bad], [0, 0], 2, 8)
+    assert int(big[1, 2]) == 2**63  # the caller's table is untouched
+    with pytest.raises(ValueError, match=r"tables\[0\] is a meta tensor"):
+        mm.pack_mrope_tables([torch.zeros(3, 4, dtype=torch.int64, device="meta")], [0], 2, 8)
+
+
+def test_packers_refuse_meta_embeds_and_buffers_past_the_machine_before_allocating(monkeypatch):
+    with pytest.raises(ValueError, match=r"embeds\[1\] is a meta tensor"):
+        mm.pack_prompt_embeds({0: torch.zeros(2, 4), 1: torch.zeros(2, 4, device="meta")}, 2, 4, 8)
+
+    def zeros(*args, **kwargs):
+        raise AssertionError("allocated")
+
+    monkeypatch.setattr(torch, "zeros", zeros)  # the checks come before any allocation
+    with pytest.raises(ValueError, match=r"capacity asks for a \[capacity=1000000000000, hidden_size=4\] "):
+        mm.pack_prompt_embeds({0: torch.ones(2, 4)}, 2, 4, 10**12)
+    with pytest.raises(ValueError, match=r"max_len asks for a \[num_rows=2, 3, max_len=1000000000000\]"):
+        mm.pack_mrope_tables([None], [0], 2, 10**12)
+    dev = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(ValueError, match=rf"device='{dev}' is not available"):
+        mm.pack_prompt_embeds({0: torch.ones(2, 4)}, 2, 4, 8, device=dev)
+    with pytest.raises(ValueError, match=rf"device='{dev}' is not available"):
+        mm.pack_mrope_tables([None], [0], 2, 8, device=dev)
+
+
+def test_device_ops_refuse_a_request_index_of_another_length_or_dtype():
+    # static checks only: request_index values in [0, R_b) are the caller's contract (device data)
+    packed = mm.pack_prompt_embeds({0: torch.zeros(3, 4)}, 2, 4, 8)
+    tables = mm.pack_mrope_tables([None, None], [0, 0], 2, 4)
+    pos, n, out = torch.zeros(5, dtype=torch.int64), torch.tensor(5), torch.zeros(5, 4)
+    prompt = torch.zeros(2, dtype=torch.int32)
+    for req in (torch.zeros(4, dtype=torch.int64), torch.zeros(6, dtype=torch.int64), torch.zeros(5, 1)):
+        before = (req.clone(), out.clone())
+        with pytest.raises((ValueError, TypeError), match=r"request_index must"):
+            mm.gather_prompt_embeds(packed, pos, req, n, out)
+        with pytest.raises((ValueError, TypeError), match=r"request_index must"):
+            mm.remap_mrope_positions(tables, prompt, pos, req, n)
+        assert torch.equal(req, before[0]) and torch.equal(out, before[1])
+    with pytest.raises(
+        ValueError, match=r"request_index must be \[5\] \(\[L\], like positions\), got shape \(4,\)"
+    ):
+        mm.gather_prompt_embeds(packed, pos, torch.zeros(4, dtype=torch.int64), n, out)
+    with pytest.raises(TypeError, match=r"request_index must hold integers, got torch.float32"):
+        mm.gather_prompt_embeds(packed, pos, torch.zeros(5), n, out)
+    with pytest.raises(ValueError, match=r"positions must be 1-D \[L\]"):
+        mm.gather_prompt_embeds(packed, pos[None], pos[None], n, out)
+
+
+def test_host_schedule_helpers_refuse_negative_local_counts():
+    feature = SimpleNamespace(identifier="x", mm_position=SimpleNamespace(offset=0, length=2, is_embed=None))
+    reqs = {"r": SimpleNamespace(mm_features=[feature]), "s": SimpleNamespace(mm_features=[])}
+    cache = {"x": torch.zeros(2, 3)}
+    counts = np.array([2, -1])
+    for call in (
+        lambda c: mm.gather_mm_embeddings(["r", "s"], reqs, np.array([0, 1, 2]), c, 0, cache),
+        lambda c: mm.build_local_mm_schedule(["r", "s"], reqs, np.array([0, 1, 2]), c, {}),
+    ):
+        with pytest.raises(ValueError, match=r"local_num_scheduled_tokens\[1\] = -1 is negative"):
+            call(counts)
+        with pytest.raises(TypeError, match=r"local_num_scheduled_tokens must hold integers"):
+            call(np.array([2.0, 1.0]))
+        with pytest.raises(
+            ValueError, match=r"positions has 3 entries; local_num_scheduled_tokens gives the requests 5"
+        ):
+            call(np.array([2, 3]))
+        assert counts.tolist() == [2, -1]
+    got = mm.gather_mm_embeddings(["r", "s"], reqs, np.array([0, 1, 2]), np.array([2, 1]), 0, cache)
+    assert got.is_mm_embed.tolist() == [True, True, False]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_device_ops_on_cuda_equal_cpu_without_syncs():
     for name in COMPOSITIONS:

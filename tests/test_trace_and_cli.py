@@ -274,6 +274,13 @@ MALFORMED = [
         lambda ls: ls.__setitem__(2, _step(step="two")),
         r"line 3: field 'step' must be an integer, got string",
     ),
+    # issue 20: step numbers must follow the file's order (swapped, missing, repeated)
+    (
+        lambda ls: ls.__setitem__(slice(1, 3), [ls[2], ls[1]]),
+        r"line 2: field 'step' = 1 is out of order; this is step 0",
+    ),
+    (lambda ls: ls.__delitem__(2), r"line 3: field 'step' = 2 is out of order; this is step 1"),
+    (lambda ls: ls.__setitem__(2, ls[1]), r"line 3: field 'step' = 0 is out of order; this is step 1"),
     (
         lambda ls: ls.__setitem__(4, "[" * 100_000 + "]" * 100_000),
         r"line 5: not valid JSON \(nested too deeply\)",
@@ -461,6 +468,68 @@ def test_an_interrupted_record_leaves_no_file_behind(tmp_path, sig, status):
     assert proc.returncode == status, err
     assert err.endswith(("interrupted\n", "terminated\n")) and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+_SLOW_WRITER = """
+import sys, time
+from pcp_fn.sim.trace import read_trace, write_trace
+
+trace = read_trace(sys.argv[1])
+
+def steps():  # the scheduler stalls after two steps, the temporary file half written
+    yield from trace.steps[:2]
+    print("writing", flush=True)
+    while True:
+        time.sleep(0.05)
+
+write_trace(sys.argv[2], trace.config, steps())
+"""
+
+
+def test_write_trace_removes_its_temporary_file_when_terminated(tmp_path):
+    # issue 20: the library function itself, with no handler of its caller's (the CLI installs one)
+    out = tmp_path / "t.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_WRITER, str(BUNDLED), str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "writing\n", proc.stderr.read()
+        assert [p.name.startswith(".trace-") for p in tmp_path.iterdir()] == [True]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGTERM, err  # still ended by the signal, as by default
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_trace_restores_the_sigterm_handler_and_keeps_the_callers(tmp_path):
+    trace = read_trace(BUNDLED)
+    seen = []
+
+    def steps():
+        seen.append(signal.getsignal(signal.SIGTERM))
+        yield from trace.steps[:1]
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        write_trace(tmp_path / "a.jsonl", trace.config, steps())
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored
+        assert seen[-1] not in (signal.SIG_DFL, mine)  # a handler of its own while it wrote
+        signal.signal(signal.SIGTERM, mine)
+        write_trace(tmp_path / "b.jsonl", trace.config, steps())
+        assert seen[-1] is mine and signal.getsignal(signal.SIGTERM) is mine  # the caller's, untouched
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_command_errors_are_clear(tmp_path, capsys):

@@ -7,6 +7,8 @@ a ``make_batch``), before anything is computed, and raises ``ValueError`` (or
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ import numpy as np
 import torch
 
 INT32_MAX = int(np.iinfo(np.int32).max)
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
 
@@ -51,10 +54,15 @@ def check_config_fields(cfg: Any, ints: dict[str, int], flags: tuple[str, ...]) 
         check_bool(flag, getattr(cfg, flag))
 
 
+def check_not_meta(name: str, value: object) -> None:
+    """A host boundary reads ``value``'s entries: a ``meta`` tensor (shape only) has none."""
+    if isinstance(value, torch.Tensor) and value.device.type == "meta":
+        raise ValueError(f"{name} is a meta tensor: the host boundary needs real values")
+
+
 def _host_array(name: str, values: ArrayLike) -> np.ndarray:
     if isinstance(values, torch.Tensor):
-        if values.device.type == "meta":
-            raise ValueError(f"{name} is a meta tensor: the host boundary needs real values")
+        check_not_meta(name, values)
         values = values.detach().cpu().numpy()
     arr = np.asarray(values)
     if arr.ndim != 1:
@@ -82,9 +90,7 @@ def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.n
         return arr.astype(np.int64)
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(maximum):
-        i = int(np.flatnonzero(arr > np.uint64(maximum))[0])  # compared before a cast: 2**63 would wrap
-        raise ValueError(f"{name}[{i}] = {int(arr[i])} exceeds the limit {maximum}")
+    check_uint64_within(name, arr, maximum)
     arr = arr.astype(np.int64)
     if arr.size and (arr.min() < 0 or arr.max() > maximum):
         bad = np.flatnonzero(arr < 0)
@@ -94,6 +100,15 @@ def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.n
         i = int(np.flatnonzero(arr > maximum)[0])
         raise ValueError(f"{name}[{i}] = {arr[i]} exceeds the limit {maximum}")
     return arr
+
+
+def check_uint64_within(name: str, arr: np.ndarray, maximum: int) -> None:
+    """A ``uint64`` array's entries are at most ``maximum`` (an int64 value), compared before any
+    cast to int64, where ``2**63`` would wrap to a negative number; other dtypes pass."""
+    if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(maximum):
+        at = np.unravel_index(int(np.argmax(arr > np.uint64(maximum))), arr.shape)
+        where = ", ".join(str(int(i)) for i in at)
+        raise ValueError(f"{name}[{where}] = {int(arr[at])} exceeds the limit {maximum}")
 
 
 # numpy integer type codes whose every value an int64 holds (every integer type but uint64)
@@ -169,3 +184,67 @@ def check_same_length(**arrays: np.ndarray) -> int:
         listed = ", ".join(f"{name} has {n}" for name, n in sizes.items())
         raise ValueError(f"per-request arrays differ in length: {listed}")
     return next(iter(sizes.values()), 0)
+
+
+def check_int_tensor(name: str, value: object, shape: tuple[int, ...] | None = None, what: str = "") -> None:
+    """``value`` is an integer tensor (not bool) of exactly ``shape``, if given (``what`` says what
+    the shape is).
+
+    Static (type, dtype and shape only): safe inside an op that is traced or captured.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integers, got {value.dtype}")
+    if shape is not None and tuple(value.shape) != shape:
+        raise ValueError(f"{name} must be {list(shape)} ({what}), got shape {tuple(value.shape)}")
+
+
+# devices check_device has found present: a boundary checks each device once per process
+_PRESENT: set[torch.device] = set()
+
+
+def check_device(name: str, device: torch.device) -> None:
+    """A ``cuda`` or ``npu`` ``device`` must exist on this machine (checked once per device, then
+    a set lookup); other device types pass (the CPU, ``meta``)."""
+    if device in _PRESENT or device.type not in ("cuda", "npu"):
+        return
+    if device.type == "npu":
+        try:
+            import torch_npu  # noqa: F401  (registers torch.npu)
+        except ImportError:
+            raise ValueError(
+                f"{name}={str(device)!r} needs torch_npu, which is not installed (pip install pcp_fn[npu])"
+            ) from None
+    module = getattr(torch, device.type)
+    if not module.is_available():
+        raise ValueError(
+            f"{name}={str(device)!r} is not available: torch.{device.type}.is_available() is False "
+            f"(no {device.type.upper()} device or driver on this machine)"
+        )
+    count = module.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(
+            f"{name}={str(device)!r} is not available: this machine has {count} {device.type} devices"
+        )
+    _PRESENT.add(device)
+
+
+@functools.cache  # fixed for the process's life; a syscall saved per packed step
+def host_memory_bytes() -> int | None:
+    """This machine's physical memory, or ``None`` where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_host_buffer(name: str, nbytes: int, what: str) -> None:
+    """A host buffer of ``nbytes`` (sized by the argument ``name``; ``what`` describes it) must fit
+    in this machine's memory: refused with the sizes instead of failing in the allocator."""
+    total = host_memory_bytes()
+    if total is not None and nbytes > total:
+        raise ValueError(
+            f"{name} asks for {what} of {nbytes / 2**30:.1f} GiB, more than this machine's "
+            f"{total / 2**30:.1f} GiB of memory"
+        )

@@ -31,6 +31,8 @@ import threading
 import numpy as np
 import torch
 
+from .checks import check_device
+
 _TORCH_DTYPES = {
     np.dtype(np.int32): torch.int32,
     np.dtype(np.int64): torch.int64,
@@ -40,9 +42,12 @@ _TORCH_DTYPES = {
 
 
 def _device_module(device: torch.device):
-    """``torch.cuda`` or ``torch.npu`` (``torch_npu`` imported only then): ``Event``, ``current_stream``."""
-    if device.type == "npu":
-        import torch_npu  # noqa: F401  (registers torch.npu)
+    """``torch.cuda`` or ``torch.npu`` (``torch_npu`` imported only then): ``Event``, ``current_stream``.
+
+    Raises ``ValueError`` naming ``device`` when it is not on this machine, before any pinned
+    memory is asked for (which would fail deep inside torch, without the device's name).
+    """
+    check_device("device", device)  # imports torch_npu for an npu
     return getattr(torch, device.type)
 
 

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.checks import check_int_tensor
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import segment_of
@@ -224,7 +225,10 @@ def attention_metadata(
     Args:
         decode_seq_lens: ``[R_b]`` optional context lengths of the decodes (the
             vllm-ascend's ``fixed_decode_seq_lens_cpu`` under async speculative
-            decoding); default ``num_computed + num_scheduled``.
+            decoding); default ``num_computed + num_scheduled``. Its type, integer
+            dtype and shape are checked (``TypeError`` / ``ValueError``); its values
+            are device data, never read on the host: non-negative lengths are the
+            caller's contract.
 
     Example, ``P = 4``, rank 3, fresh prefills ``[8, 12]`` (local lengths
     ``[2, 4]``, ``c = [1, 2]``, ``h = 3``, ``t = 4``)::
@@ -238,6 +242,8 @@ def attention_metadata(
     cfg = state.config
     P, D = cfg.pcp_size, cfg.dcp_size
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
+    if decode_seq_lens is not None:  # static: a wrong shape would broadcast or fail inside torch.where
+        check_int_tensor("decode_seq_lens", decode_seq_lens, (Rb,), "R_b, one per request row of the batch")
     is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
     order = gathered_order(cfg, geo, Lb, state.constants)

@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..core.buckets import Bucket
+from ..core.checks import check_device
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.rank import rank_leaf
 from .attention_tables import attention_constants
@@ -83,6 +84,7 @@ def init_state(
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
+    check_device("device", device)  # a missing GPU named here, not in a torch internal
     R = config.max_num_reqs
     return PCPState(
         config=config,

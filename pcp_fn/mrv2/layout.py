@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.buckets import Bucket
+from ..core.checks import check_device
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.ragged import offsets, scatter_to, segment_of
@@ -136,6 +137,7 @@ def init_state(
     if not isinstance(config, MRV2Config):
         raise TypeError(f"config must be an MRV2Config, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
+    check_device("device", device)  # a missing GPU named here, not in a torch internal
     leaf = rank_leaf(config.pcp_size, rank, device)
     smallest = Bucket(config.request_buckets[0], config.token_buckets[0])
     empty = make_batch(config, [], [], [], bucket=smallest, device=device)

@@ -18,20 +18,24 @@ The whole trace is validated before anything runs, and malformed input raises
 too deeply, a line over :data:`MAX_LINE_BYTES`, a duplicate key, an unknown
 key (a typo such as ``slot_maping`` is an error, not a default), a wrong type,
 an integer out of range (counts are int32, slots int64; integers of any
-length are rejected without being converted). The header's sizes are checked
-against :data:`LIMITS` before anything is allocated. :func:`write_trace`
-writes to a temporary file and renames it, so a failed or interrupted write
-leaves nothing behind.
+length are rejected without being converted), a ``step`` number out of order
+(the field is optional; given, it must be the step's place in the file, from 0).
+The header's sizes are checked against :data:`LIMITS` before anything is
+allocated. :func:`write_trace` writes to a temporary file and renames it, so a
+failed or interrupted write (an exception, Ctrl-C, SIGTERM) leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
+import signal
 import tempfile
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -86,6 +90,60 @@ def config_to_json(config: PCPConfig) -> dict[str, Any]:
     return out
 
 
+class _Terminated(BaseException):
+    """SIGTERM during :func:`write_trace`, raised so that its cleanup runs (not an ``Exception``:
+    ``except Exception`` in a caller's step generator must not swallow it)."""
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """While the body runs, a SIGTERM whose disposition is the default (end the process) raises
+    :class:`_Terminated` instead, so ``finally`` / ``except`` cleanups run; once the body is
+    left the default disposition is back and the signal is delivered again: the process still
+    ends by SIGTERM, only later. A handler the caller installed (the CLI's), an ignored SIGTERM
+    or one handled outside Python is left alone, as is everything off the main thread (Python
+    runs handlers there only).
+    """
+    if not _in_main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    received = False
+
+    def handler(signum: int, frame: object) -> None:
+        nonlocal received
+        if not received:  # a second SIGTERM while unwinding: the first one is delivered again below
+            received = True
+            raise _Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if received:  # the cleanups ran: end the process as the signal would have
+            signal.raise_signal(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT held back (POSIX, main thread) while the body runs: :func:`_write`
+    creates its temporary file and learns its name with no signal in between, so a cleanup
+    always knows it."""
+    if not (hasattr(signal, "pthread_sigmask") and _in_main_thread()):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def write_trace(
     path: str | os.PathLike[str],
     config: PCPConfig,
@@ -96,8 +154,11 @@ def write_trace(
     """Write a trace atomically: a temporary file beside ``path``, renamed once complete.
 
     ``steps`` may be a generator (the trace streams to disk); whatever ends the
-    write early (an exception, ``KeyboardInterrupt``) removes the temporary
-    file. With ``overwrite=False`` an existing ``path`` raises
+    write early (an exception, ``KeyboardInterrupt``, SIGTERM) removes the temporary
+    file. A SIGTERM with the default disposition still ends the process, by the
+    signal, once the file is removed (in the main thread the function installs a
+    handler for the duration of the write and restores the default after); a
+    handler of the caller's is left in place. With ``overwrite=False`` an existing ``path`` raises
     ``FileExistsError`` and is left alone (checked again at the rename, so a
     file created meanwhile is not replaced). Returns the number of steps.
     """
@@ -107,8 +168,15 @@ def write_trace(
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a directory")
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".trace-", suffix=".tmp", dir=folder)
+    with _sigterm_unwinds():
+        return _write(path, folder, config, steps, overwrite)
+
+
+def _write(path: str, folder: str, config: PCPConfig, steps: Iterable[TraceStep], overwrite: bool) -> int:
+    tmp = None
     try:
+        with _signals_deferred():
+            fd, tmp = tempfile.mkstemp(prefix=".trace-", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "w") as f:
             header = {"format": FORMAT, "version": VERSION, "config": config_to_json(config)}
             f.write(json.dumps(header) + "\n")
@@ -130,7 +198,7 @@ def write_trace(
             os.link(tmp, path)  # fails if path appeared meanwhile: never clobbers
             os.unlink(tmp)
     except BaseException:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return count
@@ -287,13 +355,19 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
     return config
 
 
-def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig) -> TraceStep:
+def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int) -> TraceStep:
+    """Step ``index`` of the trace (its 0-based place in the file), from line ``lineno``."""
     _check_keys(lineno, obj, _STEP_FIELDS, "step")
     for name in _ARRAYS:
         if name not in obj:
             raise TraceError(f"line {lineno}: field {name!r} is missing")
     if "step" in obj:
-        _int(lineno, "'step'", obj["step"], 0, INT32_MAX)
+        number = _int(lineno, "'step'", obj["step"], 0, INT32_MAX)
+        if number != index:  # replay runs steps in file order: a shuffled or gapped trace is not that run
+            raise TraceError(
+                f"line {lineno}: field 'step' = {number} is out of order; this is step {index} "
+                "(steps are numbered 0, 1, 2, ... in file order)"
+            )
     arrays = {name: _int_list(lineno, name, obj[name], 0, INT32_MAX, "the int32 limit") for name in _ARRAYS}
     slots = obj.get("slot_mapping")
     if slots is not None:
@@ -342,7 +416,7 @@ def parse_trace(lines: Iterable[str | bytes]) -> Trace:
         if config is None:
             config = _parse_header(lineno, obj)
         else:
-            steps.append(_parse_step(lineno, obj, config))
+            steps.append(_parse_step(lineno, obj, config, len(steps)))
     if config is None:
         raise TraceError("line 1: the trace is empty (no header)")
     return Trace(config, tuple(steps))

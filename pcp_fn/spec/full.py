@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..core.buckets import Bucket
+from ..core.checks import check_int_tensor
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import segment_of, segments_of, take
 from ..dcs.batch import token_rows
@@ -201,6 +202,7 @@ def check_token_ids(token_ids: object) -> None:
     if not isinstance(token_ids, torch.Tensor) or token_ids.dim() != 2 or 0 in token_ids.shape:
         shape = tuple(token_ids.shape) if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
         raise ValueError(f"token_ids must be a [num_rows, max_model_len] table (non-empty), got {shape}")
+    check_int_tensor("token_ids", token_ids)  # a float table would hand the model float "ids"
 
 
 def full_inputs(
