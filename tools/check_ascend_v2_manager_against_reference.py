@@ -6,7 +6,7 @@ reference ``vllm_ascend/worker/v2/pcp_manager.py``, which is not in
 ``tools/reference.py``)::
 
     PCP_FN_REF_VLLM_ASCEND_V2_PCP_MANAGER=/path/vllm_ascend_v2_pcp_manager.txt \\
-        /work/vllm-venv/bin/python tools/check_ascend_v2_manager_against_reference.py [--quick]
+        .vllm-venv/bin/python tools/check_ascend_v2_manager_against_reference.py [--quick]
 
 The reference text is executed as the module ``vllm_ascend.worker.v2.pcp_manager``
 over vLLM 0.32.0's REAL ``PCPManager``. Stand-ins replace only framework plumbing:
