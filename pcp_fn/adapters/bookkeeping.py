@@ -151,8 +151,9 @@ class Destinations(NamedTuple):
 
 
 class _BucketGraph:
-    """One bucket's graph, captured on first use and bound to its arguments (the staging
-    buffers at the bucket's ``F_b`` rows): a call replays it with no lookup."""
+    """One bucket: its function ``fn`` (the state and persistent buffers bound), and ``replay``,
+    its graph (made by ``Bookkeeping.prepare``) or ``fn`` itself, bound to the staging buffers
+    at the bucket's ``F_b`` rows (``args``): a call replays it with no lookup."""
 
     def __init__(self, bucket: Bucket, args: tuple[torch.Tensor, ...]) -> None:
         self.bucket = bucket
@@ -203,15 +204,16 @@ def _to_vllm_rows(
 
 
 def _partition_step(
-    state: mrv2.MRV2State,
     bucket: Bucket,
+    state: mrv2.MRV2State,
     out: Destinations,
     layout_out: tuple[torch.Tensor, torch.Tensor],
     packed: torch.Tensor,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
 ) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
-    """The captured function (``state``, ``bucket`` and the persistent buffers bound):
+    """The captured function (``bucket`` bound; ``state`` and the persistent buffers too, but for
+    AOTInductor, which needs every tensor as an argument and writes the buffers it is given):
     ``mrv2.partition_batch`` of the staged global batch, written into the persistent buffers.
 
     ``packed [5R + 2]`` int32: num_scheduled, num_computed, prefill_len,
@@ -260,20 +262,6 @@ def _partition_step(
         ],
     )
     return state, local
-
-
-def _partition_step_args(
-    bucket: Bucket,
-    state: mrv2.MRV2State,
-    out: Destinations,
-    layout_out: tuple[torch.Tensor, torch.Tensor],
-    packed: torch.Tensor,
-    input_ids: torch.Tensor,
-    positions: torch.Tensor,
-) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
-    """:func:`_partition_step` with the state and the persistent buffers as arguments (what an
-    AOTInductor package needs: it writes the buffers it is given, in place)."""
-    return _partition_step(state, bucket, out, layout_out, packed, input_ids, positions)
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
@@ -492,6 +480,8 @@ class Bookkeeping:
             F = mrv2.token_rows(self.config, bucket)
             args = (self._packed, self._input_ids[:F], self._positions[:F])
             g = self._graphs[bucket] = _BucketGraph(bucket, args)
+            layout_out = (self._per_rank, self._num_tokens)
+            g.fn = functools.partial(_partition_step, bucket, self._state0, self.out, layout_out)
         return g
 
     def _view_state(self, Lp: int) -> mrv2.MRV2State:
@@ -516,17 +506,15 @@ class Bookkeeping:
 
     def _make_graph(self, g: _BucketGraph) -> None:
         """Capture (or compile) ``g``'s graph and bind it to its staging buffers."""
-        layout_out = (self._per_rank, self._num_tokens)
         if self.backend == "aoti":
             # AOTInductor needs every tensor as an argument: the persistent buffers it writes
-            fn = functools.partial(_partition_step_args, g.bucket)
-            args = (self._state0, self.out, layout_out, *g.args)
+            fn = functools.partial(_partition_step, g.bucket)
+            args = (*g.fn.args[1:], *g.args)  # the state, the buffers, the staging inputs
             path = None if self.package_dir is None else self.package_path(g.bucket)
             self.stats.loaded += path is not None and os.path.exists(path)
             captured = graph.capture(fn, *args, backend="aoti", package_path=path)
             g.replay = captured.bind(*args)
         else:
-            g.fn = functools.partial(_partition_step, self._state0, g.bucket, self.out, layout_out)
             g.replay = graph.capture(g.fn, *g.args, backend=self.backend).bind(*g.args)
 
     def _run(self, g: _BucketGraph) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
@@ -534,8 +522,6 @@ class Bookkeeping:
         same function called eagerly: with ``backend=None``, or as a counted fallback."""
         self.stats.steps += 1
         if g.replay is None:
-            layout_out = (self._per_rank, self._num_tokens)
-            g.fn = functools.partial(_partition_step, self._state0, g.bucket, self.out, layout_out)
             g.replay = functools.partial(g.fn, *g.args)
             g.fallback = self.backend is not None
             if g.fallback:
