@@ -9,39 +9,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import vllm_standin as standin
+from test_vllm_adapter import STANDIN_API, standin_manager
 from torch._dynamo.utils import counters
 from vllm_lockstep import Case, make_global_batch, scheduler_steps
 
 from pcp_fn.adapters.bookkeeping import SMALLEST_BUCKET, capture_ladder, graph_ladder
-from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager, resolve_graph_backend
+from pcp_fn.adapters.vllm_manager import resolve_graph_backend
 from pcp_fn.core.buckets import Bucket
-
-API = VllmApi(
-    PCPManager=standin.PCPManager,
-    InputBuffers=standin.InputBuffers,
-    CUDAGraphMode=standin.CUDAGraphMode,
-    PAD_SLOT_ID=standin.PAD_SLOT_ID,
-    get_pcp_group=standin.get_pcp_group,
-)
-BATCH_API = SimpleNamespace(
-    InputBatch=standin.InputBatch,
-    InputBuffers=standin.InputBuffers,
-    CUDAGraphMode=standin.CUDAGraphMode,
-    BatchExecutionDescriptor=standin.BatchExecutionDescriptor,
-    PAD_SLOT_ID=standin.PAD_SLOT_ID,
-    get_pcp_group=standin.get_pcp_group,
-)
-Base = make_functional_manager(API)
 
 
 def manager_cls(backend: str | None, **attrs) -> type:
-    return type("M", (Base,), {"graph_backend": backend, **attrs})
+    return type("M", (standin_manager(backend, check_host_syncs=False),), attrs)
 
 
 KW = dict(
@@ -67,7 +50,7 @@ def _drive(manager, steps: int = 8, seed: int = 3) -> list[dict]:
     desc = standin.BatchExecutionDescriptor(cg_mode=standin.CUDAGraphMode.NONE, num_tokens=0, num_reqs=0)
     seen = []
     for i, step in enumerate(scheduler_steps(Case(P=2, shard=True, max_steps=steps, seed=seed, T=48, R=8))):
-        g = make_global_batch(BATCH_API, step, desc, list(range(len(step.sched))), torch.device("cpu"))
+        g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), torch.device("cpu"))
         seen.append(_local_fields(manager.partition_batch(g, desc)))
         if i + 1 >= steps:
             break

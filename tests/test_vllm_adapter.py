@@ -168,15 +168,7 @@ def _one_step_manager(**overrides):
 
 
 def _batch(sched, computed, prompt, desc):
-    step = SimpleNamespace(
-        req_ids=list(range(len(sched))),
-        states=list(range(len(sched))),
-        sched=sched,
-        computed=computed,
-        prompt=prompt,
-        drafts=[0] * len(sched),
-        tokens=[list(range(n)) for n in sched],
-    )
+    step = _step(sched, computed, prompt)
     return make_global_batch(STANDIN_API, step, desc, list(range(len(sched))), torch.device("cpu"))
 
 
