@@ -178,6 +178,8 @@ class StepPlan(NamedTuple):
     view: mrv2.MRV2State
     global_slots: torch.Tensor  # [K, F] view of the persistent global slot mappings
     gathered_slots: torch.Tensor  # [K, P*Lp] view of the persistent gathered slot mappings
+    gather_idx: torch.Tensor  # [P*Lp] view of the persistent padded_gather_idx
+    write_mask: torch.Tensor  # [1, P*Lp] view of the persistent kv_write_mask
 
 
 def _to_vllm_rows(
@@ -211,7 +213,7 @@ def _partition_step(
     packed: torch.Tensor,
     input_ids: torch.Tensor,
     positions: torch.Tensor,
-) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+) -> None:
     """The captured function (``bucket`` bound; ``state`` and the persistent buffers too, but for
     AOTInductor, which needs every tensor as an argument and writes the buffers it is given):
     ``mrv2.partition_batch`` of the staged global batch, written into the persistent buffers.
@@ -221,8 +223,8 @@ def _partition_step(
     num_reqs and vLLM's ``Lp``; ``input_ids [F_b]`` int32, ``positions [F_b]``
     int64. The bucket-shaped results go into the first rows of ``out`` (and
     ``layout_out``: per-rank and global token counts), inside the graph, so a
-    replay leaves them there; returns the bucket's state and local batch (for
-    the draft ids).
+    replay leaves them there. It returns nothing: a graph with outputs would
+    hand back (AOTInductor: allocate) about 25 tensors a call that nobody reads.
     """
     cfg = state.config
     R, P, Rb, Lb = cfg.max_num_reqs, cfg.pcp_size, bucket.num_reqs, bucket.num_tokens
@@ -261,7 +263,6 @@ def _partition_step(
             lay.num_tokens,
         ],
     )
-    return state, local
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
@@ -380,7 +381,11 @@ class Bookkeeping:
         self._views: dict[int, mrv2.MRV2State] = {}
         self._plans: dict[tuple[int, int, int], StepPlan] = {}
         self._plan: StepPlan | None = None
-        self._last: tuple[mrv2.MRV2State, mrv2.LocalBatch] | None = None
+        self._pad = torch.tensor(pad_slot_id, dtype=out.gathered_slot_mappings.dtype, device=device)
+        # views reused across steps, keyed by their size (a step's slice would cost a torch op)
+        self._id_views: dict[int, torch.Tensor] = {}
+        self._position_views: dict[int, torch.Tensor] = {}
+        self._restore_views: dict[int, torch.Tensor] = {}
         self.package_dir = package_dir
         self.stats = GraphStats()
         if prepare:
@@ -471,6 +476,8 @@ class Bookkeeping:
                 view,
                 o.global_slot_mappings[:, :F],
                 o.gathered_slot_mappings[:, : P * Lp],
+                o.padded_gather_idx[: P * Lp],
+                o.kv_write_mask[: P * Lp].unsqueeze(0),
             )
         return plan
 
@@ -515,9 +522,11 @@ class Bookkeeping:
             captured = graph.capture(fn, *args, backend="aoti", package_path=path)
             g.replay = captured.bind(*args)
         else:
-            g.replay = graph.capture(g.fn, *g.args, backend=self.backend).bind(*g.args)
+            # the staging buffers are the graph's inputs: a device graph reads them in place
+            captured = graph.capture(g.fn, *g.args, backend=self.backend, persistent_inputs=True)
+            g.replay = captured.bind(*g.args)
 
-    def _run(self, g: _BucketGraph) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
+    def _run(self, g: _BucketGraph) -> None:
         """The partition of the staged batch in ``g``'s graph (made by :meth:`prepare`), or the
         same function called eagerly: with ``backend=None``, or as a counted fallback."""
         self.stats.steps += 1
@@ -534,9 +543,12 @@ class Bookkeeping:
         if g.fallback:
             self.stats.fallbacks += 1
         # vLLM steps under inference mode, tests and tools may not: Dynamo guards on the mode,
-        # so the graphs are made and replayed under one
-        with torch.inference_mode():
-            return g.replay()
+        # so the graphs are made and replayed under one (entering it costs ~2 us: only if needed)
+        if torch.is_inference_mode_enabled():
+            g.replay()
+        else:
+            with torch.inference_mode():
+                g.replay()
 
     def partition(
         self,
@@ -571,15 +583,23 @@ class Bookkeeping:
         view[5 * R] = n
         view[5 * R + 1] = plan.Lp
         g = plan.graph
+        T = self.config.max_num_tokens
+        if input_ids.shape[0] > T or positions.shape[0] > T:
+            input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
+        # the caller's whole (padded) tensors, into views of that size: no slicing per step;
+        # rows past num_tokens are never read (padding rows are masked)
+        k, j = input_ids.shape[0], positions.shape[0]
+        ids = self._id_views.get(k)
+        if ids is None:
+            ids = self._id_views[k] = self._input_ids[:k]
+        pos = self._position_views.get(j)
+        if pos is None:
+            pos = self._position_views[j] = self._positions[:j]
         with self._guard():  # a nullcontext unless check_host_syncs
             if self._host_packed is None:
                 self._packed.copy_(staged, non_blocking=self._pin)
-            # rows past num_tokens stay stale: the layout never reads them (padding rows are masked)
-            torch._foreach_copy_(
-                [self._input_ids[:num_tokens], self._positions[:num_tokens]],
-                [input_ids[:num_tokens], positions[:num_tokens]],
-            )
-            self._last = self._run(g)
+            torch._foreach_copy_([ids, pos], [input_ids, positions])
+            self._run(g)
         self._plan = plan
 
     @property
@@ -593,23 +613,41 @@ class Bookkeeping:
 
     def gathered_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """``[K, P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the row must not
-        write, from the first ``num_tokens`` columns of the persistent global slot mappings (the
-        others are never read), written into the persistent gathered slot mappings."""
+        write (:func:`pcp_fn.mrv2.gathered_slot_mappings`), from the first ``num_tokens``
+        columns of the persistent global slot mappings (the others are never read), written
+        into the persistent gathered slot mappings: two kernels, nothing allocated."""
         plan = self._current()
         if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
             return plan.gathered_slots
+        out = plan.gathered_slots
         with self._guard():
-            _, slots = mrv2.gathered_slot_mappings(plan.view, plan.global_slots)
-            plan.gathered_slots.copy_(slots)
-        return plan.gathered_slots
+            torch.index_select(plan.global_slots, 1, plan.gather_idx, out=out)
+            torch.where(plan.write_mask, out, self._pad, out=out)
+        return out
+
+    def _restore_rows(self, op: str, name: str, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
+        """``gathered [P*Lp, ...]`` (checked) -> its first ``num_tokens`` rows in global order
+        (:func:`pcp_fn.mrv2.restore_hidden_states`, only the real rows gathered)."""
+        rows = self.config.pcp_size * self._current().Lp
+        if not isinstance(gathered, torch.Tensor) or gathered.dim() == 0 or gathered.shape[0] != rows:
+            shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
+            raise ValueError(
+                f"{op}: {name} must have {rows} rows (the {self.config.pcp_size} ranks' "
+                f"[{rows // self.config.pcp_size}, ...] buffers stacked), got {shape}"
+            )
+        idx = self._restore_views.get(num_tokens)
+        if idx is None:
+            if len(self._restore_views) > 1024:  # bounded: a few sizes repeat in practice
+                self._restore_views.clear()
+            idx = self._restore_views[num_tokens] = self.out.hidden_restore_idx[:num_tokens]
+        return gathered.index_select(0, idx)
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
         if num_tokens == 0:
             return gathered[:0]
         with self._guard():
-            out = mrv2.restore_hidden_states(self._current().view, gathered)[1]
-        return out if out.shape[0] == num_tokens else out[:num_tokens]
+            return self._restore_rows("restore_hidden_states", "gathered", gathered, num_tokens)
 
     def restore_for_sampling(
         self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None, num_tokens: int
@@ -617,15 +655,15 @@ class Bookkeeping:
         """Restore the hidden (and auxiliary) states for sampling, ``[num_tokens, ...]`` each."""
         if num_tokens == 0:
             return gathered[:0], None if aux_gathered is None else [a[:0] for a in aux_gathered]
+        op = "restore_for_sampling"
         with self._guard():
-            _, out = mrv2.restore_for_sampling(self._current().view, gathered, aux_gathered)
-        hidden = out.hidden_states
-        cut = hidden.shape[0] != num_tokens
-        if cut:
-            hidden = hidden[:num_tokens]
-        if out.aux_hidden_states is None:
-            return hidden, None
-        return hidden, [a[:num_tokens] if cut else a for a in out.aux_hidden_states]
+            hidden = self._restore_rows(op, "hidden_states", gathered, num_tokens)
+            if aux_gathered is None:
+                return hidden, None
+            return hidden, [
+                self._restore_rows(op, f"aux_hidden_states[{i}]", a, num_tokens)
+                for i, a in enumerate(aux_gathered)
+            ]
 
     def restore_draft_prefill(
         self, last_gathered: torch.Tensor, gathered: torch.Tensor, num_tokens: int
@@ -634,23 +672,24 @@ class Bookkeeping:
         if num_tokens == 0:
             last = last_gathered[:0]
             return last, last if gathered is last_gathered else gathered[:0]
+        op = "restore_draft_prefill"
         with self._guard():
-            _, out = mrv2.restore_draft_prefill(self._current().view, last_gathered, gathered)
-        last = out.last_hidden_states[:num_tokens]
-        if out.hidden_states is out.last_hidden_states:
-            return last, last
-        return last, out.hidden_states[:num_tokens]
+            last = self._restore_rows(op, "last_hidden_states", last_gathered, num_tokens)
+            if gathered is last_gathered:
+                return last, last
+            return last, self._restore_rows(op, "hidden_states", gathered, num_tokens)
 
     def draft_input_ids(self, input_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Write the drafter's global ``input_ids`` (int32, at least one row) at this rank's rows
         into ``out`` (``[Lp]``; padding rows read token 0, like vLLM) and return ``out``."""
-        if self._last is None:
-            raise RuntimeError("no batch was partitioned yet")
-        state, local = self._last
+        state = self._current().view  # this rank's first Lp gathered rows are the bucket's
+        if out.shape[0] == 0:
+            return out
         F = mrv2.token_rows(self.config, state.bucket)
         k = min(int(input_ids.shape[0]), F)
         with self._guard():
             self._draft_ids[:k].copy_(input_ids[:k])  # rows past the real tokens are never read
-            _, batch = mrv2.prepare_draft_prefill(state, local, self._draft_ids[:F])
-            out.copy_(batch.input_ids[: out.shape[0]])
+            P, Lp = self.config.pcp_size, state.bucket.num_tokens
+            rows = state.layout.padded_gather_idx.view(P, Lp)[self.config.pcp_rank]
+            torch.index_select(self._draft_ids[:F], 0, rows[: out.shape[0]], out=out)
         return out

@@ -254,12 +254,18 @@ class _StaticInputs:
       whenever the new leaves are packed the same way (else leaf by leaf).
 
     So a replay costs one copy of the batch and the graph launch.
+
+    With ``in_place`` the leaves themselves are the static buffers (the caller's
+    persistent staging tensors): a call passing those very tensors copies nothing.
     """
 
-    def __init__(self, leaves: list[Any]) -> None:
+    def __init__(self, leaves: list[Any], in_place: bool = False) -> None:
         self.buffers: list[Any] = list(leaves)
         self._seen: list[tuple[torch.Tensor, int] | None] = [None] * len(leaves)
         self._packs: list[tuple[list[int], list[int], torch.Tensor]] = []  # (leaves, byte offsets, span)
+        self._in_pack: set[int] = set()
+        if in_place:
+            return
         by_storage: dict[int, list[int]] = {}
         for i, x in enumerate(leaves):
             if isinstance(x, torch.Tensor):
@@ -295,7 +301,7 @@ class _StaticInputs:
             for i in group:
                 self._seen[i] = (leaves[i], leaves[i]._version)
         for i, (dst, src) in enumerate(zip(self.buffers, leaves)):
-            if not isinstance(dst, torch.Tensor) or i in self._in_pack or self._unchanged(i, src):
+            if dst is src or not isinstance(dst, torch.Tensor) or i in self._in_pack or self._unchanged(i, src):
                 continue
             dst.copy_(src)
             self._seen[i] = (src, src._version)
@@ -333,7 +339,12 @@ class _DeviceGraph:
     """A CUDA or NPU graph with static input buffers for every tensor leaf."""
 
     def __init__(
-        self, fn: Callable[..., Any], device: torch.device, args: tuple[Any, ...], warmup: int
+        self,
+        fn: Callable[..., Any],
+        device: torch.device,
+        args: tuple[Any, ...],
+        warmup: int,
+        in_place: bool = False,
     ) -> None:
         if device.type == "npu":
             import torch_npu  # noqa: F401  (registers torch.npu)
@@ -342,7 +353,7 @@ class _DeviceGraph:
         else:
             mod, graph_cls = torch.cuda, torch.cuda.CUDAGraph
         leaves, spec = pytree.tree_flatten(args)
-        self._inputs = _StaticInputs(leaves)
+        self._inputs = _StaticInputs(leaves, in_place)
         static_args = pytree.tree_unflatten(self._inputs.buffers, spec)
         side = mod.Stream(device=device)
         side.wait_stream(mod.current_stream(device))
@@ -374,8 +385,10 @@ class Captured:
         package_dir: str | None = None,
         package_path: str | None = None,
         inductor_options: dict[str, Any] | None = None,
+        persistent_inputs: bool = False,
     ) -> None:
         self.fn = fn
+        self.persistent_inputs = persistent_inputs
         self.package_path = package_path
         self.inductor_options = inductor_options
         self.grow = grow
@@ -455,7 +468,7 @@ class Captured:
             path = os.path.join(self.package_dir, f"{name}_{len(self._graphs)}_{os.getpid()}.pt2")
             return _AOTIGraph(self.fn, args, path, self._options(args))
         if self._device.type in ("cuda", "npu") and not self.compile_only:
-            return _DeviceGraph(self.fn, self._device, args, self.warmup)
+            return _DeviceGraph(self.fn, self._device, args, self.warmup, self.persistent_inputs)
         return _CompiledGraph(self.fn, self.backend, args, self._options(args))
 
     def _options(self, args: tuple[Any, ...]) -> dict[str, Any]:
@@ -522,6 +535,7 @@ def capture(
     package_dir: str | None = None,
     package_path: str | None = None,
     inductor_options: dict[str, Any] | None = None,
+    persistent_inputs: bool = False,
 ) -> Captured:
     """Capture ``fn(*example_args)`` into a graph now and return the replaying callable.
 
@@ -540,6 +554,11 @@ def capture(
             cache); other signatures go to ``package_dir``.
         inductor_options: inductor config of the compiled graphs (``backend="aoti"``
             or ``"inductor"``); default :func:`inductor_options` of the arguments.
+        persistent_inputs: the example's tensors are persistent buffers that calls
+            pass again with new contents (a caller staging each step in place, then
+            replaying :meth:`Captured.bind`): a CUDA/NPU graph reads them where they
+            are, with no static copies and no copy per replay (a call with other
+            tensors still copies them in). Other backends read their arguments anyway.
     """
     captured = Captured(
         fn,
@@ -549,6 +568,7 @@ def capture(
         package_dir=package_dir,
         package_path=package_path,
         inductor_options=inductor_options,
+        persistent_inputs=persistent_inputs,
     )
     captured.capture(*example_args)
     return captured
