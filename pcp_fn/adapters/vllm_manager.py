@@ -432,6 +432,18 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             """
             pcp = self._fn_bookkeeping("partition_batch")
             g = input_batch
+            sched, computed, pf, plen, idx_np, total = self._fn_check(g)
+            seg, plan, views = self._fn_plan(pcp, sched, pf, batch_desc)
+            pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
+            fields = self._fn_host_fields(g, seg, computed, plen, idx_np, plan.Lp, plan.Rpad)
+            return self._fn_local_batch(g, fields, views)
+
+        # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
+        # check, twin + plan, staging + graph (Bookkeeping.partition), host fields, local batch.
+
+        def _fn_check(self, g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+            """The global batch's host arrays, checked: ``(num_scheduled, num_computed,
+            is_prefilling, prefill_len, idx_mapping, total scheduled tokens)``."""
             R, T = self.max_num_reqs, self.max_num_tokens
             sched = _host_ints("num_scheduled_tokens", g.num_scheduled_tokens)
             num_reqs = sched.size
@@ -454,9 +466,17 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     f"input_batch.{short} has {getattr(g, short).shape[0]} rows; it must cover the "
                     f"{total} scheduled tokens"
                 )
+            return sched, computed, pf, plen, idx_np, total
 
+        def _fn_plan(
+            self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any
+        ) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+            """The host twin's segments, and the step's plan and device views for vLLM's padded
+            sizes ``(Lp, Rpad)`` (checked against what the ranks hold)."""
             seg = pcp.segments(sched, pf)
-            widest = int(np.maximum.reduce(seg.per_rank_num_tokens)) if num_reqs else 0
+            num_reqs = sched.size
+            # max over P ints in Python: a numpy reduction costs more than the list
+            widest = max(seg.per_rank_num_tokens.tolist()) if num_reqs else 0
             Lp, pad_reqs = widest, None
             mode = batch_desc.cg_mode
             if mode != Mode.NONE:
@@ -474,38 +494,49 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     "PCP padded token count is smaller than the largest rank-local batch: "
                     f"{Lp} < {widest} (batch_desc.num_tokens)."
                 )
+            T = self.max_num_tokens
             if Lp > T:
                 raise ValueError(f"batch_desc.num_tokens={Lp} exceeds max_num_tokens={T}")
-
-            req, offset, length = seg.request, seg.offset, seg.length
-            n = req.size
-            if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
-                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
+            n = max(seg.request.size, 1)  # a rank without tokens keeps one empty row
             Rpad = n if pad_reqs is None else pad_reqs
             if Rpad < n:
                 raise ValueError(
                     f"batch_desc.num_reqs={Rpad} (the FULL graph's request capacity) must cover "
                     f"the {n} rank-local request rows (a split prefill gives a head and a tail row)"
                 )
-            if Rpad > 2 * R:
+            if Rpad > 2 * self.max_num_reqs:
                 raise ValueError(
                     f"batch_desc.num_reqs={Rpad} exceeds the local request capacity "
-                    f"2 * max_num_reqs = {2 * R}"
+                    f"2 * max_num_reqs = {2 * self.max_num_reqs}"
                 )
             # the graph bucket holds every rank's rows (the layout covers all ranks) and vLLM's sizes
-            rows = int(np.maximum.reduce(seg.per_rank_num_reqs)) if num_reqs else 1
+            rows = max(seg.per_rank_num_reqs.tolist()) if num_reqs else 1
             key = (Lp, Rpad, n, rows)
             cached = self._fn_views.get(key)
             if cached is None:
                 cached = self._fn_step_views(key)
             plan, views = cached
-            pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
+            return seg, plan, views
 
-            # host fields: the numpy twin, never a device read
+        def _fn_host_fields(
+            self,
+            g: Any,
+            seg: Any,
+            computed: np.ndarray,
+            plen: np.ndarray,
+            idx_np: np.ndarray,
+            Lp: int,
+            Rpad: int,
+        ) -> dict[str, Any]:
+            """The local batch's host fields from the twin's segments (never a device read)."""
+            req, offset, length = seg.request, seg.offset, seg.length
+            n = req.size
+            if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
+                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
             num_sched = length.astype(np.int32)
             start = computed[req] if computed.dtype == np.int32 else computed[req].astype(np.int32)
             np.add(start, offset, out=start, casting="unsafe")  # host start of each segment
-            num_local_tokens = int(np.add.reduce(length))
+            num_local_tokens = int(seg.per_rank_num_tokens[self.pcp_rank]) if seg.request.size else 0
             qsl_np = np.empty(Rpad + 1, dtype=np.int32)
             qsl_np[0] = 0
             np.add.accumulate(num_sched, out=qsl_np[1 : n + 1])
@@ -520,11 +551,13 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             dcp_upper = None
             if self.dcp_world_size > 1:
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
+                sched = np.asarray(g.num_scheduled_tokens)
                 dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
                 whole = (computed + sched)[req]
-                dcp_upper[:n] = torch.from_numpy(pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
+                dcp_upper[:n] = torch.from_numpy(self._fn_pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
             req_ids = g.req_ids
-            fields = dict(
+            self._fn_local_rows = req  # each local row's global request (host)
+            return dict(
                 req_ids=[req_ids[i] for i in req.tolist()],
                 num_reqs=n,
                 num_reqs_after_padding=Rpad,
@@ -549,8 +582,10 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 cu_num_logits_np=_arange(n + 1) if num_local_tokens > 0 else np.zeros(n + 1, np.int32),
                 prompt_lens=None,
             )
+
+        def _fn_local_batch(self, g: Any, fields: dict[str, Any], views: dict[str, torch.Tensor]) -> Any:
+            """The local ``InputBatch``: the global one with the host fields and the device views."""
             fields.update(views)
-            self._fn_local_rows = req  # each local row's global request (host)
             self._local_batch = _replace(g, fields)
             self._global_batch = g
             self._fn_capture_rows = (0, 0)

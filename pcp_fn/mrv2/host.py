@@ -54,6 +54,10 @@ class LocalSegments(NamedTuple):
     per_rank_num_reqs: np.ndarray
 
 
+_NONE = np.zeros(0, dtype=np.intp)  # no request (read only)
+_NONE.flags.writeable = False
+
+
 def local_segments(
     config: MRV2Config, rank: int, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> LocalSegments:
@@ -70,18 +74,22 @@ def local_segments(
     if n.dtype != np.int64:
         n = n.astype(np.int64)
     prefilling = np.asarray(is_prefilling, dtype=np.bool_)
-    live = n > 0
-    replicated = ~prefilling
-    if config.dcp_size > 1:  # a prefill whose last chunk would be empty
-        replicated |= (C - 1) * ((n + C - 1) // C) >= n
-    rep = np.logical_and(replicated, live).nonzero()[0]  # non-empty replicated requests, in order
-    split = np.greater(live, replicated).nonzero()[0]  # non-empty split prefills
+    splits = prefilling
+    if config.dcp_size > 1:  # a prefill whose last chunk would be empty is replicated
+        splits = prefilling & ((C - 1) * ((n + C - 1) // C) < n)
+    if np.count_nonzero(splits):
+        live = n > 0
+        rep = np.greater(live, splits).nonzero()[0]  # non-empty replicated requests, in order
+        split = np.logical_and(live, splits).nonzero()[0]  # non-empty split prefills
+    else:  # no split prefill (a decode-only step): every non-empty request is replicated
+        rep, split = n.nonzero()[0], _NONE
     k = rep.size
     if config.shard_decode_requests:  # round-robin: the j-th replicated request goes to rank j % P
         per_rank = np.zeros(-(-k // P) * P, dtype=np.int64)
         per_rank[:k] = n[rep]
         tokens = np.add.reduce(per_rank.reshape(-1, P), axis=0)
-        rows = np.array([k // P + (q < k % P) for q in range(P)], dtype=np.int64)
+        rows = np.full(P, k // P, dtype=np.int64)
+        rows[: k % P] += 1
         mine = rep[rank::P]
     else:
         tokens = np.full(P, np.add.reduce(n[rep]), dtype=np.int64)
