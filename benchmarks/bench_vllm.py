@@ -1,15 +1,16 @@
 """Host time per step of vLLM's MRV2 ``PCPManager`` against ``pcp_fn``'s ``FunctionalPCPManager``.
 
-    python benchmarks/bench_vllm.py [--iters 100] [--replicated] [--no-compile]
+    python benchmarks/bench_vllm.py [--iters 200] [--replicated] [--backend aoti|inductor|none]
 
 Run it where vLLM 0.32.0 is importable (``tools/make_vllm_venv.sh``). One step
-is what the model runner calls around the forward:
-``partition_batch(global_batch, batch_desc)`` + ``prepare_attn(local)`` +
-``restore_for_sampling(hidden, None)`` (``hidden [Lp, 128]`` float32; the
-all-gather is a stand-in that returns the ranks' rows at once). The block
-tables are a stub that returns its persistent views (vLLM's are one Triton
-launch each, the same for both managers), so the figures are the managers'
-own work. Rank 0, ``R = 256``, ``T = 8192``, one thread, median of ``--iters``:
+is what the model runner calls around the forward, under ``torch.inference_mode``
+like vLLM's engine: ``partition_batch(global_batch, batch_desc)`` +
+``prepare_attn(local)`` + ``restore_for_sampling(hidden, None)`` (``hidden
+[Lp, 128]`` float32; the all-gather is a stand-in that returns the ranks' rows
+at once). The block tables are a stub that returns its persistent views
+(vLLM's are one Triton launch each, the same for both managers), so the
+figures are the managers' own work. Rank 0, ``R = 256``, ``T = 8192``, one
+thread, medians of ``--iters`` steps, every column's calls interleaved:
 
     A  P=4  256 decodes of 1 token                      (decode-only)
     B  P=4  64 decodes + fresh prefills of 2048 and 1000 tokens
@@ -21,14 +22,24 @@ vLLM's dispatcher picks under ``FULL_AND_PIECEWISE``), each padded to the
 smallest power of two holding it. Decodes are sharded over the ranks (vLLM's
 default without DCP) unless ``--replicated``.
 
-Columns: vLLM's manager; the adapter with plain eager calls (``graph_backend
-= None``); the adapter with the bookkeeping compiled by inductor (the CPU
-stand-in for graph capture: one compile per bucket, first; its local batch is
-checked equal to the eager one's); and the adapter's host part alone (numpy
-twin, staging, the copies of the graph's inputs into its static buffers, the
-host fields and the local ``InputBatch``, the slot-mapping conversion and the
-restore), which is what a step costs the host on a GPU, where the rest is one
-graph launch (not counted) and the kernels of the slot mappings and restore.
+Table 1, the CPU as the device (wall time, ``H = 128``): vLLM's manager; the
+adapter with plain eager calls (``graph_backend = None``); the adapter with
+``--backend``'s graphs (``aoti``: AOTInductor packages, cached in
+``$PCP_FN_CACHE_DIR``, made once per bucket first; its local batch is checked
+equal to the eager one's).
+
+Table 2, host time (``H = 1``, so the device work is ~0): vLLM's manager
+against the adapter with its graph replay replaced by nothing (on CUDA/NPU it
+is one graph launch, not counted, reading the staging buffers in place:
+``capture(persistent_inputs=True)``), what a step costs the host on a GPU; and
+the adapter's host time by phase: ``check`` (the global batch's arrays),
+``plan`` (the numpy twin's segments, vLLM's padded sizes, the step's plan),
+``stage`` (staging the per-request arrays and the token ids / positions
+copies, and the replay call), ``fields`` (the local batch's host fields),
+``batch`` (the local ``InputBatch``), ``attn`` (``prepare_attn``: the block
+tables' stub, the slot-mapping kernels) and ``restore`` (the restore gather).
+The phases are timestamps inside one more step run phase by phase among
+the others (:func:`phased_step`), so they sum to about the step.
 """
 
 from __future__ import annotations
@@ -84,25 +95,49 @@ def one_step(manager: Any, global_batch: Any, desc: Any, hidden: torch.Tensor) -
 
 
 def graph_replayed(manager: Any, step: Any) -> Any:
-    """``manager`` with its bookkeeping graph replaced by what a device graph replay costs the
-    host besides the launch: the copies of the graph's inputs into its static buffers
-    (``pcp_fn.graph.capture`` on CUDA/NPU), then the outputs of the first run (which wrote the
-    persistent buffers). What is left is the host path (numpy twin, staging, host fields, the
-    local ``InputBatch``, slot mappings, restores)."""
-    run, seen = manager._fn_pcp._run, {}
-    manager._fn_pcp._run = lambda g: seen.setdefault("out", run(g))
+    """``manager`` (plain calls) with its bookkeeping graphs replaced by what a device graph
+    replay costs the host besides its launch: nothing (the graphs read the staging buffers in
+    place, ``capture(persistent_inputs=True)``). One real step first writes the persistent
+    buffers the replays would. What is left is the host path (numpy twin, staging, host fields,
+    the local ``InputBatch``, slot mappings, restores)."""
     step(manager)
-    statics: dict[int, list[torch.Tensor]] = {}
-
-    def replay(g: Any) -> Any:
-        dst = statics.get(id(g))
-        if dst is None:
-            dst = statics[id(g)] = [a.clone() for a in g.args]
-        torch._foreach_copy_(dst, list(g.args))
-        return seen["out"]
-
-    manager._fn_pcp._run = replay
+    for g in manager._fn_pcp._graphs.values():
+        g.replay = _no_replay
     return manager
+
+
+def _no_replay() -> None:
+    return None
+
+
+PHASES: dict[str, list[int]] = {}
+
+
+def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
+    """:func:`one_step` of the adapter, its phases called one after the other (what
+    ``partition_batch`` calls) with a timestamp between each two, into :data:`PHASES` (ns)."""
+    clock, pcp = time.perf_counter_ns, manager._fn_pcp
+    t0 = clock()
+    sched, computed, pf, plen, idx_np, total = manager._fn_check(g)
+    t1 = clock()
+    seg, plan, views = manager._fn_plan(pcp, sched, pf, desc)
+    t2 = clock()
+    pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
+    t3 = clock()
+    fields = manager._fn_host_fields(g, seg, computed, plen, idx_np, plan.Lp, plan.Rpad)
+    t4 = clock()
+    local = manager._fn_local_batch(g, fields, views)
+    t5 = clock()
+    manager.prepare_attn(local)
+    t6 = clock()
+    manager.restore_for_sampling(hidden, None)
+    t7 = clock()
+    for name, a, b in zip(
+        ("check", "plan", "stage", "fields", "batch", "attn", "restore"),
+        (t0, t1, t2, t3, t4, t5, t6),
+        (t1, t2, t3, t4, t5, t6, t7),
+    ):
+        PHASES.setdefault(name, []).append(b - a)
 
 
 def same_local_batch(a: Any, b: Any) -> None:
@@ -130,9 +165,13 @@ def interleaved_medians(fns: dict[str, Any], iters: int, warmup: int = 10) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--replicated", action="store_true", help="replicate decodes on every rank")
-    parser.add_argument("--no-compile", action="store_true", help="skip the inductor column")
+    parser.add_argument(
+        "--backend",
+        default="aoti",
+        help="the adapter's graphs in table 1: aoti (default), inductor, or none to skip the column",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -154,17 +193,18 @@ def main() -> None:
     parallel_state.get_pcp_group = lambda: group
     api = SimpleNamespace(InputBatch=InputBatch)
     shard = not args.replicated
+    backend = None if args.backend.lower() == "none" else args.backend
     plain = type("Plain", (FunctionalPCPManager,), {"graph_backend": None})
-    compiled = type("Compiled", (FunctionalPCPManager,), {"graph_backend": "inductor"})
+    graphs = type("Graphs", (FunctionalPCPManager,), {"graph_backend": backend})
 
+    load = os.getloadavg()[0]
     print(
-        f"one step = partition_batch + prepare_attn + restore_for_sampling; R={R}, T={T}, H={H}, rank 0, "
-        f"{'sharded' if shard else 'replicated'} decodes; median us over {args.iters} steps"
+        f"one step = partition_batch + prepare_attn + restore_for_sampling under inference_mode; R={R}, "
+        f"T={T}, rank 0, {'sharded' if shard else 'replicated'} decodes; median us of {args.iters} "
+        f"interleaved steps; load average {load:.2f} at the start, {os.cpu_count()} CPUs"
     )
-    head = f"{'batch':5} {'P':>2} {'desc':>15} | {'vLLM':>6} {'eager':>6} {'inductor':>8} "
-    head += f"| {'vLLM':>6} {'adapter':>7} {'adapter/vLLM':>12}"
-    print(f"{'':25}| CPU as the device, H={H:<13}| host time (H=1, graph replayed)")
-    print(head)
+    rows1, rows2, notes = [], [], []
+    phases = ("check", "plan", "stage", "fields", "batch", "attn", "restore")
     for name, (P, (sched, comp, plen)) in batches().items():
         n = len(sched)
         step = GlobalStep(
@@ -188,28 +228,66 @@ def main() -> None:
         narrow = [torch.randn(desc.num_tokens, 1) for _ in range(P)]  # host view: the gathers cost ~0
         group.stage(wide)
         group.stage(narrow)
-        step_of = functools.partial(one_step, global_batch=g, desc=desc, hidden=wide[0])
-        host_step_of = functools.partial(one_step, global_batch=g, desc=desc, hidden=narrow[0])
-        fns = {"vLLM": functools.partial(step_of, ref), "eager": functools.partial(step_of, plain(**kw))}
-        fns["vLLM host"] = functools.partial(host_step_of, ref)
-        fns["host"] = functools.partial(host_step_of, graph_replayed(plain(**kw), host_step_of))
-        compile_s = float("nan")
-        if not args.no_compile:
-            fast = compiled(**kw)
-            fns["inductor"] = functools.partial(step_of, fast)
-            t0 = time.perf_counter()
-            fns["inductor"]()  # compiles this bucket
-            compile_s = time.perf_counter() - t0
-            same_local_batch(fast.partition_batch(g, desc), plain(**kw).partition_batch(g, desc))
-        timings = interleaved_medians(fns, args.iters)
-        timings.setdefault("inductor", float("nan"))
-        t = timings
         mode = f"{desc.cg_mode.name}({desc.num_tokens})"
-        line = f"{name:5} {P:>2} {mode:>15} | {t['vLLM']:6.0f} {t['eager']:6.0f} {t['inductor']:8.0f} "
-        line += f"| {t['vLLM host']:6.0f} {t['host']:7.0f} {t['host'] / t['vLLM host']:12.2f}"
-        if not args.no_compile:
-            line += f"   (inductor compile {compile_s:.0f} s)"
-        print(line, flush=True)
+        with torch.inference_mode():
+            step_of = functools.partial(one_step, global_batch=g, desc=desc, hidden=wide[0])
+            host_step_of = functools.partial(one_step, global_batch=g, desc=desc, hidden=narrow[0])
+            eager = plain(**kw)
+            wall = {"vLLM": functools.partial(step_of, ref), "eager": functools.partial(step_of, eager)}
+            if backend is not None:
+                t0 = time.perf_counter()
+                fast = graphs(**kw)  # every graph of the ladder, made (or loaded) at construction
+                notes.append(
+                    f"{name}: {fast.graph_stats.prepared} {backend} graphs ready in "
+                    f"{time.perf_counter() - t0:.1f} s ({fast.graph_stats.loaded} loaded)"
+                )
+                same_local_batch(fast.partition_batch(g, desc), eager.partition_batch(g, desc))
+                wall[backend] = functools.partial(step_of, fast)
+            t = interleaved_medians(wall, args.iters)
+            rows1.append((name, P, mode, t))
+
+            host = graph_replayed(plain(**kw), host_step_of)
+            fns = {
+                "vLLM": functools.partial(host_step_of, ref),
+                "adapter": functools.partial(host_step_of, host),
+                "vLLM partition": functools.partial(ref.partition_batch, g, desc),
+                "phases": functools.partial(phased_step, host, g, desc, narrow[0]),
+            }
+            PHASES.clear()
+            rows2.append((name, P, mode, interleaved_medians(fns, args.iters)))
+            rows2[-1][3].update({k: float(np.median(v[10:])) / 1e3 for k, v in PHASES.items()})
+
+    cols = ["vLLM", "eager"] + ([backend] if backend else [])
+    print(f"\n1. the CPU as the device, H={H}: wall time per step (us), and the ratio to vLLM's")
+    print(
+        f"{'batch':5} {'P':>2} {'desc':>15} | "
+        + " ".join(f"{c:>8}" for c in cols)
+        + " | "
+        + " ".join(f"{c + '/vLLM':>12}" for c in cols[1:])
+    )
+    for name, P, mode, t in rows1:
+        print(
+            f"{name:5} {P:>2} {mode:>15} | "
+            + " ".join(f"{t[c]:8.0f}" for c in cols)
+            + " | "
+            + " ".join(f"{t[c] / t['vLLM']:12.2f}" for c in cols[1:])
+        )
+    print("\n2. host time per step (us), H=1, the adapter's graph replay not counted; phases of the adapter")
+    print(
+        f"{'batch':5} {'P':>2} {'desc':>15} | {'vLLM':>6} {'adapter':>7} {'ratio':>6} | "
+        + " ".join(f"{p:>7}" for p in phases)
+        + " | vLLM partition/attn/restore"
+    )
+    for name, P, mode, t in rows2:
+        print(
+            f"{name:5} {P:>2} {mode:>15} | {t['vLLM']:6.0f} {t['adapter']:7.0f} "
+            f"{t['adapter'] / t['vLLM']:6.2f} | "
+            + " ".join(f"{t[p]:7.1f}" for p in phases)
+            + f" | {t['vLLM partition']:.0f}"
+        )
+    for note in notes:
+        print(note)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

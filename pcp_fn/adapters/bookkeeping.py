@@ -48,6 +48,8 @@ import torch
 from .. import graph, mrv2
 from ..core.buckets import Bucket, normalise_buckets
 from ..mrv2 import host
+from ..mrv2.host import SMALL_BATCH  # noqa: F401  (re-exported for the adapters)
+from ..mrv2.host import LocalRows as HostRows
 
 logger = logging.getLogger("pcp_fn.adapters")
 
@@ -451,6 +453,10 @@ class Bookkeeping:
         """This rank's segments and every rank's counts (host, ``O(P * R)``)."""
         return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
 
+    def rows(self, num_scheduled: list[int], is_prefilling: list[bool]) -> HostRows:
+        """:meth:`segments` of a small batch, on Python lists (:func:`pcp_fn.mrv2.host.local_rows`)."""
+        return host.local_rows(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
+
     def dcp_rank0_seq_lens(self, seq_lens: np.ndarray) -> np.ndarray:
         return host.dcp_rank0_seq_lens(seq_lens, self.config.dcp_size, self.config.cp_interleave)
 
@@ -574,12 +580,9 @@ class Bookkeeping:
         if staged is None:
             staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
         view = staged if isinstance(staged, np.ndarray) else staged.numpy()
-        view[:] = 0  # rows past the requests must read zero
-        view[0:n] = num_scheduled
-        view[R : R + n] = num_computed
-        view[2 * R : 2 * R + n] = prefill_len
-        view[3 * R : 3 * R + n] = is_prefilling
-        view[4 * R : 4 * R + n] = idx_mapping
+        table = view[: 5 * R].reshape(5, R)
+        table[:, :n] = (num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping)
+        table[:, n:] = 0  # rows past the requests must read zero
         view[5 * R] = n
         view[5 * R + 1] = plan.Lp
         g = plan.graph

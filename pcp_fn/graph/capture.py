@@ -301,7 +301,9 @@ class _StaticInputs:
             for i in group:
                 self._seen[i] = (leaves[i], leaves[i]._version)
         for i, (dst, src) in enumerate(zip(self.buffers, leaves)):
-            if dst is src or not isinstance(dst, torch.Tensor) or i in self._in_pack or self._unchanged(i, src):
+            if dst is src or not isinstance(dst, torch.Tensor) or i in self._in_pack:
+                continue  # (a leaf that is its own static buffer: nothing to copy)
+            if self._unchanged(i, src):
                 continue
             dst.copy_(src)
             self._seen[i] = (src, src._version)
