@@ -37,9 +37,7 @@ STANDIN_API = SimpleNamespace(
 )
 
 
-def standin_manager(
-    backend: str | None = None, check_host_syncs: bool = True, small_batch: int | None = None
-) -> type:
+def standin_manager(backend: str | None = None, check_host_syncs: bool = True) -> type:
     cls = make_functional_manager(
         VllmApi(
             PCPManager=standin.PCPManager,
@@ -49,10 +47,7 @@ def standin_manager(
             get_pcp_group=standin.get_pcp_group,
         )
     )
-    attrs = {"graph_backend": backend, "check_host_syncs": check_host_syncs}
-    if small_batch is not None:
-        attrs["small_batch"] = small_batch
-    return type("StandinManager", (cls,), attrs)
+    return type("StandinManager", (cls,), {"graph_backend": backend, "check_host_syncs": check_host_syncs})
 
 
 StandinManager = standin_manager()
@@ -100,13 +95,6 @@ def test_lockstep_standin_against_oracle(case):
     summary = run_lockstep(standin_backend(), case)
     _check_summary(summary, case)
     assert summary.full_mixed_vs_oracle == 0  # the oracle is the reference of every step here
-
-
-@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[6]], ids=["P2-shard", "P4-dcp4", "P8-T64"])
-def test_lockstep_numpy_twin_against_oracle(case):
-    """Batches of any size take the numpy twin (small_batch=0), not the Python-integer one."""
-    summary = run_lockstep(standin_backend(standin_manager(small_batch=0)), case)
-    _check_summary(summary, case)
 
 
 DEVICES = [

@@ -48,8 +48,6 @@ import torch
 from .. import graph, mrv2
 from ..core.buckets import Bucket, normalise_buckets
 from ..mrv2 import host
-from ..mrv2.host import SMALL_BATCH  # noqa: F401  (re-exported for the adapters)
-from ..mrv2.host import LocalRows as HostRows
 
 logger = logging.getLogger("pcp_fn.adapters")
 
@@ -452,10 +450,6 @@ class Bookkeeping:
     def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
         """This rank's segments and every rank's counts (host, ``O(P * R)``)."""
         return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
-
-    def rows(self, num_scheduled: list[int], is_prefilling: list[bool]) -> HostRows:
-        """:meth:`segments` of a small batch, on Python lists (:func:`pcp_fn.mrv2.host.local_rows`)."""
-        return host.local_rows(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
 
     def dcp_rank0_seq_lens(self, seq_lens: np.ndarray) -> np.ndarray:
         return host.dcp_rank0_seq_lens(seq_lens, self.config.dcp_size, self.config.cp_interleave)

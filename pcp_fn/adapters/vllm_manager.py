@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,15 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bookkeeping import (
-    SMALL_BATCH,
-    Bookkeeping,
-    Destinations,
-    GraphStats,
-    HostLayout,
-    HostRows,
-    capture_ladder,
-)
+from .bookkeeping import Bookkeeping, Destinations, GraphStats, HostLayout, capture_ladder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +113,18 @@ def _host_ints(name: str, values: Any, n: int | None = None) -> np.ndarray:
     return arr
 
 
-_NO_ROW = np.zeros(1, dtype=np.intp)  # the local rows before any step (read only)
-_NO_ROW.flags.writeable = False
+_NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
+_NO_TOKENS = np.zeros(1, dtype=np.int64)
+_NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+_ARANGE = np.arange(0, dtype=np.int32)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``np.arange(n, dtype=int32)``, a fresh array (copied from a cached one)."""
+    global _ARANGE
+    if _ARANGE.size < n:
+        _ARANGE = np.arange(max(n, 2 * _ARANGE.size), dtype=np.int32)
+    return _ARANGE[:n].copy()
 
 
 @functools.cache
@@ -168,15 +169,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             token_buckets: the graph ladder's token sizes (default powers of two
                 from 16; :func:`pcp_fn.adapters.bookkeeping.graph_ladder`).
             check_host_syncs: run the device part under ``pcp_fn.no_host_syncs``.
-            small_batch: up to this many requests the host twin runs on Python integers
-                (:func:`pcp_fn.mrv2.host.local_rows`), above it on numpy; the same rows.
         """
 
         vllm_api = api
         graph_backend: str | None = default_graph_backend()
         token_buckets: tuple[int, ...] | None = None
         check_host_syncs = False
-        small_batch = SMALL_BATCH
 
         def __init__(
             self,
@@ -435,9 +433,9 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             pcp = self._fn_bookkeeping("partition_batch")
             g = input_batch
             sched, computed, pf, plen, idx_np, total = self._fn_check(g)
-            rows, plan, views = self._fn_plan(pcp, sched, pf, batch_desc)
+            seg, plan, views = self._fn_plan(pcp, sched, pf, batch_desc)
             pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
-            fields = self._fn_host_fields(g, rows, computed, plen, idx_np, plan.Lp, plan.Rpad)
+            fields = self._fn_host_fields(g, seg, computed, plen, idx_np, plan.Lp, plan.Rpad)
             return self._fn_local_batch(g, fields, views)
 
         # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
@@ -473,15 +471,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         def _fn_plan(
             self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any
         ) -> tuple[Any, Any, dict[str, torch.Tensor]]:
-            """The host twin's local rows (:class:`pcp_fn.mrv2.host.LocalRows`: Python integers for
-            a small batch, numpy for a large one), and the step's plan and device views for vLLM's
-            padded sizes ``(Lp, Rpad)`` (checked against what the ranks hold)."""
+            """The host twin's segments, and the step's plan and device views for vLLM's padded
+            sizes ``(Lp, Rpad)`` (checked against what the ranks hold)."""
+            seg = pcp.segments(sched, pf)
             num_reqs = sched.size
-            if num_reqs <= self.small_batch:  # a numpy call costs as much as ~50 integer operations
-                seg = pcp.rows(sched.tolist(), pf.tolist())
-            else:
-                seg = HostRows(*(x.tolist() for x in pcp.segments(sched, pf)))
-            widest = max(seg.per_rank_num_tokens) if num_reqs else 0
+            # max over P ints in Python: a numpy reduction costs more than the list
+            widest = max(seg.per_rank_num_tokens.tolist()) if num_reqs else 0
             Lp, pad_reqs = widest, None
             mode = batch_desc.cg_mode
             if mode != Mode.NONE:
@@ -502,7 +497,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             T = self.max_num_tokens
             if Lp > T:
                 raise ValueError(f"batch_desc.num_tokens={Lp} exceeds max_num_tokens={T}")
-            n = max(len(seg.request), 1)  # a rank without tokens keeps one empty row
+            n = max(seg.request.size, 1)  # a rank without tokens keeps one empty row
             Rpad = n if pad_reqs is None else pad_reqs
             if Rpad < n:
                 raise ValueError(
@@ -515,7 +510,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     f"2 * max_num_reqs = {2 * self.max_num_reqs}"
                 )
             # the graph bucket holds every rank's rows (the layout covers all ranks) and vLLM's sizes
-            rows = max(seg.per_rank_num_reqs) if num_reqs else 1
+            rows = max(seg.per_rank_num_reqs.tolist()) if num_reqs else 1
             key = (Lp, Rpad, n, rows)
             cached = self._fn_views.get(key)
             if cached is None:
@@ -533,67 +528,58 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             Lp: int,
             Rpad: int,
         ) -> dict[str, Any]:
-            """The local batch's host fields from the twin's local rows (never a device read):
-            Python integers over the ``n`` local rows, then the int32 fields as views of ONE
-            array (a numpy call costs the host 1-5 us; there would be a dozen)."""
+            """The local batch's host fields from the twin's segments (never a device read)."""
             req, offset, length = seg.request, seg.offset, seg.length
-            n = len(req)
+            n = req.size
             if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
-                req, offset, length, n = [0], [0], [0], 1
-            rows = np.array(req, dtype=np.intp)
-            start = [c + o for c, o in zip(computed[rows].tolist(), offset)]  # host start of each row
-            local_plen = plen[rows]
-            done = [min(s, p) for s, p in zip(start, local_plen.tolist())]  # computed prefill tokens
-            prefilling = [d < p for d, p in zip(done, local_plen.tolist())]
-            num_local_tokens = sum(length)
-            pad = Rpad - n
-            ints = np.array(
-                [
-                    *length,
-                    *start,
-                    *done,
-                    *[s + k for s, k in zip(start, length)],  # sequence-length upper bounds
-                    *[0] * pad,
-                    *itertools.accumulate(length, initial=0),  # query start locations
-                    *[num_local_tokens] * pad,
-                    *(range(n + 1) if num_local_tokens else [0] * (n + 1)),  # cu_num_logits
-                ],
-                dtype=np.int32,
-            )
-            upper = ints[3 * n : 3 * n + Rpad]
-            qsl = ints[3 * n + Rpad : 3 * n + 2 * Rpad + 1]
-            has_prefill = any(prefilling)
+                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
+            num_sched = length.astype(np.int32)
+            start = computed[req] if computed.dtype == np.int32 else computed[req].astype(np.int32)
+            np.add(start, offset, out=start, casting="unsafe")  # host start of each segment
+            num_local_tokens = int(seg.per_rank_num_tokens[self.pcp_rank]) if seg.request.size else 0
+            qsl_np = np.empty(Rpad + 1, dtype=np.int32)
+            qsl_np[0] = 0
+            np.add.accumulate(num_sched, out=qsl_np[1 : n + 1])
+            qsl_np[n + 1 :] = num_local_tokens
+            local_plen = plen[req]
+            computed_prefill = np.minimum(start, local_plen)
+            is_prefilling = np.zeros(Rpad, dtype=np.bool_)
+            np.less(computed_prefill, local_plen, out=is_prefilling[:n])
+            has_prefill = bool(np.count_nonzero(is_prefilling))  # (ndarray.any costs ~1.5 us more)
+            upper = np.zeros(Rpad, dtype=np.int32)
+            np.add(start, num_sched, out=upper[:n])
             dcp_upper = None
             if self.dcp_world_size > 1:
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
-                whole = (computed + np.asarray(g.num_scheduled_tokens))[rows]
+                sched = np.asarray(g.num_scheduled_tokens)
                 dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
+                whole = (computed + sched)[req]
                 dcp_upper[:n] = torch.from_numpy(self._fn_pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
             req_ids = g.req_ids
-            self._fn_local_rows = rows  # each local row's global request (host)
+            self._fn_local_rows = req  # each local row's global request (host)
             return dict(
-                req_ids=[req_ids[i] for i in req],
+                req_ids=[req_ids[i] for i in req.tolist()],
                 num_reqs=n,
                 num_reqs_after_padding=Rpad,
-                idx_mapping_np=idx_np[rows],
-                num_scheduled_tokens=ints[:n],
+                idx_mapping_np=idx_np[req],
+                num_scheduled_tokens=num_sched,
                 num_tokens=num_local_tokens,
                 num_tokens_after_padding=Lp,
                 num_draft_tokens=0,
                 num_draft_tokens_per_req=None,
-                query_start_loc_np=qsl,
+                query_start_loc_np=qsl_np,
                 seq_lens_cpu_upper_bound=torch.from_numpy(upper),
                 dcp_local_seq_lens=None,
                 dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
-                num_computed_tokens_np=ints[n : 2 * n],
+                num_computed_tokens_np=start,
                 prefill_len_np=local_plen,
-                num_computed_prefill_tokens_np=ints[2 * n : 3 * n],
-                is_prefilling_np=np.array(prefilling + [False] * pad, dtype=np.bool_),
+                num_computed_prefill_tokens_np=computed_prefill,
+                is_prefilling_np=is_prefilling,
                 max_seq_len_np=None,
                 has_prefill=has_prefill,
                 decode_graph_eligible=not has_prefill,
                 prefill_runs_as_decode_np=None,
-                cu_num_logits_np=ints[3 * n + 2 * Rpad + 1 :],
+                cu_num_logits_np=_arange(n + 1) if num_local_tokens > 0 else np.zeros(n + 1, np.int32),
                 prompt_lens=None,
             )
 

@@ -96,7 +96,23 @@ def local_segments(
         rows = np.full(P, k, dtype=np.int64)
         mine = rep
     request, offset, length = mine, np.zeros(mine.size, np.int64), n[mine]
-    if split.size:
+    if split.size and split.size <= FEW_PREFILLS:  # a few prefills: Python integers, ~8 numpy calls
+        ns = n[split].tolist()
+        split_tokens, split_rows = _split_counts(config, n[split])
+        tokens, rows = tokens + split_tokens, rows + split_rows
+        reqs, offs, lens = [], [], []
+        for i, k in zip(split.tolist(), ns):
+            c = -(-k // C)
+            for first in (rank * c, (C - 1 - rank) * c):  # this rank's head, then its tail
+                size = min(max(k - first, 0), c)
+                if size:
+                    reqs.append(i)
+                    offs.append(first)
+                    lens.append(size)
+        request = np.concatenate((request, np.array(reqs, dtype=np.intp)))
+        offset = np.concatenate((offset, np.array(offs, dtype=np.int64)))
+        length = np.concatenate((length, np.array(lens, dtype=np.int64)))
+    elif split.size:
         ns = n[split]
         chunk = (ns + C - 1) // C
         q = np.arange(P, dtype=np.int64)[:, None]
@@ -117,75 +133,6 @@ def local_segments(
         order = np.argsort(prefilling[request] * (2 * n.size + 2) + request, kind="stable")
         request, offset, length = request[order], offset[order], length[order]
     return LocalSegments(request, offset, length, tokens, rows)
-
-
-class LocalRows(NamedTuple):
-    """:class:`LocalSegments` as Python lists (:func:`local_rows`)."""
-
-    request: list[int]
-    offset: list[int]
-    length: list[int]
-    per_rank_num_tokens: list[int]
-    per_rank_num_reqs: list[int]
-
-
-#: Up to this many requests, :func:`local_rows` (Python integers) costs the host less than
-#: :func:`local_segments` (each numpy call costs 1-5 us, an integer operation ~50 ns).
-SMALL_BATCH = 64
-
-
-def local_rows(
-    config: MRV2Config, rank: int, num_scheduled: list[int], is_prefilling: list[bool]
-) -> LocalRows:
-    """:func:`local_segments` on Python lists, for a small batch (``O(R + P * S)`` integer
-    operations, no numpy call): the same segments and counts, as lists.
-
-    ``P = 2``, scheduled ``[3, 8]``, request 1 prefilling, rank 1::
-
-        >>> cfg = MRV2Config(pcp_size=2, pcp_rank=1, max_num_reqs=4, max_num_tokens=16)
-        >>> rows = local_rows(cfg, 1, [3, 8], [False, True])
-        >>> rows.request, rows.offset, rows.length
-        ([0, 1, 1], [0, 2, 4], [3, 2, 2])
-        >>> rows.per_rank_num_tokens, rows.per_rank_num_reqs
-        ([7, 7], [3, 3])
-    """
-    P, C, dcp = config.pcp_size, config.num_chunks, config.dcp_size > 1
-    rep: list[int] = []  # non-empty replicated requests, in order
-    split: list[int] = []  # non-empty split prefills
-    for i, (n, prefilling) in enumerate(zip(num_scheduled, is_prefilling)):
-        if n:
-            # a prefill is split unless (DCP) its last chunk would be empty
-            is_split = prefilling and not (dcp and (C - 1) * -(-n // C) >= n)
-            (split if is_split else rep).append(i)
-    k = len(rep)
-    if config.shard_decode_requests:  # round-robin: the j-th replicated request goes to rank j % P
-        tokens = [sum(num_scheduled[i] for i in rep[q::P]) for q in range(P)]
-        rows = [k // P + (q < k % P) for q in range(P)]
-        request = rep[rank::P]
-    else:
-        tokens, rows, request = [sum(num_scheduled[i] for i in rep)] * P, [k] * P, rep
-    offset = [0] * len(request)
-    length = [num_scheduled[i] for i in request]
-    for i in split:
-        n = num_scheduled[i]
-        c = -(-n // C)
-        for q in range(P):  # chunk q (head) and 2P-1-q (tail), each cut at the request's end
-            head = min(max(n - q * c, 0), c)
-            tail = min(max(n - (C - 1 - q) * c, 0), c)
-            tokens[q] += head + tail
-            rows[q] += (head > 0) + (tail > 0)
-            if q == rank:
-                for start, size in ((q * c, head), ((C - 1 - q) * c, tail)):
-                    if size:
-                        request.append(i)
-                        offset.append(start)
-                        length.append(size)
-    if dcp:  # replicated short prefills sit among the prefills, by request
-        order = sorted(range(len(request)), key=lambda j: (bool(is_prefilling[request[j]]), request[j]))
-        request = [request[j] for j in order]
-        offset = [offset[j] for j in order]
-        length = [length[j] for j in order]
-    return LocalRows(request, offset, length, tokens, rows)
 
 
 def counts(
