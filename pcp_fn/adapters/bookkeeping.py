@@ -370,6 +370,7 @@ class Bookkeeping:
         # on the CPU the host writes the staging buffer itself; elsewhere through a fresh pinned
         # buffer per step (the caching host allocator keeps it until the async copy has run)
         self._host_packed = self._packed.numpy() if device.type == "cpu" else None
+        self._staged_reqs = 0  # requests of the last step staged in _host_packed (zero past them)
         self._pin = device.type == "cuda"
         self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
         self._positions = torch.zeros(T, dtype=torch.int64, device=device)
@@ -410,6 +411,7 @@ class Bookkeeping:
             return self.stats
         start = time.perf_counter()
         self._packed.zero_()  # the example every graph is made on: an empty batch
+        self._staged_reqs = 0
         with torch.inference_mode():  # the mode every step runs in (_run): no guard fails later
             for bucket in self.ladder:
                 g = self._bucket_graph(bucket)
@@ -576,7 +578,13 @@ class Bookkeeping:
         view = staged if isinstance(staged, np.ndarray) else staged.numpy()
         table = view[: 5 * R].reshape(5, R)
         table[:, :n] = (num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping)
-        table[:, n:] = 0  # rows past the requests must read zero
+        # rows past the requests must read zero: a fresh (pinned) buffer is zeroed there; the
+        # persistent one (CPU) only where the last step had requests
+        if staged is not self._host_packed:
+            table[:, n:] = 0
+        elif n < self._staged_reqs:
+            table[:, n : self._staged_reqs] = 0
+        self._staged_reqs = n
         view[5 * R] = n
         view[5 * R + 1] = plan.Lp
         g = plan.graph

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -116,15 +116,22 @@ def _host_ints(name: str, values: Any, n: int | None = None) -> np.ndarray:
 _NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
 _NO_TOKENS = np.zeros(1, dtype=np.int64)
 _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
-_ARANGE = np.arange(0, dtype=np.int32)
 
 
-def _arange(n: int) -> np.ndarray:
-    """``np.arange(n, dtype=int32)``, a fresh array (copied from a cached one)."""
-    global _ARANGE
-    if _ARANGE.size < n:
-        _ARANGE = np.arange(max(n, 2 * _ARANGE.size), dtype=np.int32)
-    return _ARANGE[:n].copy()
+class _Shape(NamedTuple):
+    """What a step's schedule (``num_scheduled_tokens``, ``is_prefilling_np``) and descriptor
+    decide, made once per distinct pair: the plan and device views, this rank's local rows and
+    the host fields that depend on nothing else (each step's batch gets copies)."""
+
+    plan: Any  # the bookkeeping's StepPlan (Lp, Rpad, bucket, graph, ...)
+    fixed: dict[str, Any]  # the local batch's fields that only the shape decides (device views, sizes)
+    req: np.ndarray  # [n] intp: each local row's global request (request 0 on a rank without tokens)
+    offset: np.ndarray  # [n]: the row's first token inside its request
+    num_sched: np.ndarray  # [n] int32
+    query_start_loc: np.ndarray  # [Rpad + 1] int32
+    cu_num_logits: np.ndarray  # [n + 1] int32
+    total: int  # scheduled tokens of the global batch
+    shifted: bool  # some row starts inside its request (a split prefill's chunk)
 
 
 @functools.cache
@@ -140,16 +147,21 @@ def _plain_fields(cls: type) -> frozenset[str] | None:
     return frozenset(f.name for f in fields)
 
 
-def _replace(obj: Any, changes: dict[str, Any]) -> Any:
-    """``dataclasses.replace(obj, **changes)``, without the per-field Python loop when the class
-    allows it (the local ``InputBatch`` has 36 fields; this runs every step)."""
+def _replace(obj: Any, *changes: dict[str, Any]) -> Any:
+    """``dataclasses.replace(obj, **changes[0], **changes[1], ...)`` (later dicts win), without
+    the per-field Python loop when the class allows it (the local ``InputBatch`` has 36 fields;
+    this runs every step)."""
     cls = type(obj)
     names = _plain_fields(cls)
-    if names is None or not names.issuperset(changes):
-        return dataclasses.replace(obj, **changes)  # raises on an unknown field
+    if names is None or not all(names.issuperset(c) for c in changes):
+        merged: dict[str, Any] = {}
+        for c in changes:
+            merged.update(c)
+        return dataclasses.replace(obj, **merged)  # raises on an unknown field
     new = object.__new__(cls)
     new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
+    for c in changes:
+        new.__dict__.update(c)
     return new
 
 
@@ -260,6 +272,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
                 )
             self._fn_views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
+            self._fn_shapes: dict[tuple[Any, ...], _Shape] = {}
             # the slot dtype of the cache-write kernels: the block tables' (vllm-ascend's are int32)
             # when they have one, else vLLM's int64
             slot_dtype = getattr(getattr(block_tables, "slot_mappings", None), "dtype", torch.int64)
@@ -432,19 +445,20 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             """
             pcp = self._fn_bookkeeping("partition_batch")
             g = input_batch
-            sched, computed, pf, plen, idx_np, total = self._fn_check(g)
-            seg, plan, views = self._fn_plan(pcp, sched, pf, batch_desc)
-            pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, total, plan)
-            fields = self._fn_host_fields(g, seg, computed, plen, idx_np, plan.Lp, plan.Rpad)
-            return self._fn_local_batch(g, fields, views)
+            sched, computed, pf, plen, idx_np = self._fn_check(g)
+            shape = self._fn_plan(pcp, g, sched, pf, batch_desc)
+            ids, pos = g.input_ids, g.positions
+            pcp.partition(sched, computed, plen, pf, idx_np, ids, pos, shape.total, shape.plan)
+            fields = self._fn_host_fields(g, shape, computed, plen, idx_np)
+            return self._fn_local_batch(g, fields, shape.fixed)
 
         # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
         # check, twin + plan, staging + graph (Bookkeeping.partition), host fields, local batch.
 
-        def _fn_check(self, g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+        def _fn_check(self, g: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
             """The global batch's host arrays, checked: ``(num_scheduled, num_computed,
-            is_prefilling, prefill_len, idx_mapping, total scheduled tokens)``."""
-            R, T = self.max_num_reqs, self.max_num_tokens
+            is_prefilling, prefill_len, idx_mapping)`` (their sum is the shape's)."""
+            R = self.max_num_reqs
             sched = _host_ints("num_scheduled_tokens", g.num_scheduled_tokens)
             num_reqs = sched.size
             if num_reqs > R:
@@ -455,24 +469,43 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             idx_np = _host_ints("idx_mapping_np", g.idx_mapping_np, num_reqs)
             if pf.dtype != np.bool_:
                 raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {pf.dtype}")
-            total = int(np.add.reduce(sched))
-            if total > T:
-                raise ValueError(
-                    f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
-                )
+            return sched, computed, pf, plen, idx_np
+
+        def _fn_plan(self, pcp: Any, g: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
+            """The step's :class:`_Shape`: made from the host twin's segments and vLLM's padded
+            sizes ``(Lp, Rpad)`` (checked against what the ranks hold) the first time this
+            schedule and descriptor are seen, then looked up (a busy server's decode steps repeat
+            their schedule: all ones, none prefilling)."""
+            key = (
+                sched.tobytes(),
+                pf.tobytes(),
+                batch_desc.cg_mode,
+                batch_desc.num_tokens,
+                batch_desc.num_reqs,
+                getattr(batch_desc, "max_query_len", None),
+                getattr(batch_desc, "uniform_token_count", None),
+            )
+            shape = self._fn_shapes.get(key)
+            if shape is None:
+                if len(self._fn_shapes) >= 256:  # bounded: a few schedules repeat in practice
+                    self._fn_shapes.clear()
+                shape = self._fn_shapes[key] = self._fn_new_shape(pcp, sched, pf, batch_desc)
+            total = shape.total
             if g.input_ids.shape[0] < total or g.positions.shape[0] < total:
                 short = "input_ids" if g.input_ids.shape[0] < total else "positions"
                 raise ValueError(
                     f"input_batch.{short} has {getattr(g, short).shape[0]} rows; it must cover the "
                     f"{total} scheduled tokens"
                 )
-            return sched, computed, pf, plen, idx_np, total
+            return shape
 
-        def _fn_plan(
-            self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any
-        ) -> tuple[Any, Any, dict[str, torch.Tensor]]:
-            """The host twin's segments, and the step's plan and device views for vLLM's padded
-            sizes ``(Lp, Rpad)`` (checked against what the ranks hold)."""
+        def _fn_new_shape(self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
+            total = int(np.add.reduce(sched))
+            T = self.max_num_tokens
+            if total > T:
+                raise ValueError(
+                    f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
+                )
             seg = pcp.segments(sched, pf)
             num_reqs = sched.size
             # max over P ints in Python: a numpy reduction costs more than the list
@@ -494,10 +527,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                     "PCP padded token count is smaller than the largest rank-local batch: "
                     f"{Lp} < {widest} (batch_desc.num_tokens)."
                 )
-            T = self.max_num_tokens
             if Lp > T:
                 raise ValueError(f"batch_desc.num_tokens={Lp} exceeds max_num_tokens={T}")
-            n = max(seg.request.size, 1)  # a rank without tokens keeps one empty row
+            req, offset, length = seg.request, seg.offset, seg.length
+            n = req.size
+            if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
+                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
             Rpad = n if pad_reqs is None else pad_reqs
             if Rpad < n:
                 raise ValueError(
@@ -516,77 +551,78 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if cached is None:
                 cached = self._fn_step_views(key)
             plan, views = cached
-            return seg, plan, views
+            num_sched = length.astype(np.int32)
+            num_local_tokens = int(np.add.reduce(length))
+            qsl = np.empty(Rpad + 1, dtype=np.int32)
+            qsl[0] = 0
+            np.add.accumulate(num_sched, out=qsl[1 : n + 1])
+            qsl[n + 1 :] = num_local_tokens
+            cu = np.arange(n + 1, dtype=np.int32) if num_local_tokens else np.zeros(n + 1, np.int32)
+            fixed = dict(
+                views,
+                num_reqs=n,
+                num_reqs_after_padding=Rpad,
+                num_tokens=num_local_tokens,
+                num_tokens_after_padding=Lp,
+                num_draft_tokens=0,
+                num_draft_tokens_per_req=None,
+                dcp_local_seq_lens=None,
+                max_seq_len_np=None,
+                prefill_runs_as_decode_np=None,
+                prompt_lens=None,
+            )
+            shifted = bool(np.count_nonzero(offset))
+            return _Shape(plan, fixed, req, offset, num_sched, qsl, cu, total, shifted)
 
         def _fn_host_fields(
-            self,
-            g: Any,
-            seg: Any,
-            computed: np.ndarray,
-            plen: np.ndarray,
-            idx_np: np.ndarray,
-            Lp: int,
-            Rpad: int,
+            self, g: Any, shape: _Shape, computed: np.ndarray, plen: np.ndarray, idx_np: np.ndarray
         ) -> dict[str, Any]:
-            """The local batch's host fields from the twin's segments (never a device read)."""
-            req, offset, length = seg.request, seg.offset, seg.length
-            n = req.size
-            if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
-                req, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
-            num_sched = length.astype(np.int32)
+            """The local batch's host fields: the shape's (copied), and the per-request values of
+            this step's local rows (never a device read)."""
+            req, num_sched = shape.req, shape.num_sched
+            n, Rpad = req.size, shape.plan.Rpad
             start = computed[req] if computed.dtype == np.int32 else computed[req].astype(np.int32)
-            np.add(start, offset, out=start, casting="unsafe")  # host start of each segment
-            num_local_tokens = int(seg.per_rank_num_tokens[self.pcp_rank]) if seg.request.size else 0
-            qsl_np = np.empty(Rpad + 1, dtype=np.int32)
-            qsl_np[0] = 0
-            np.add.accumulate(num_sched, out=qsl_np[1 : n + 1])
-            qsl_np[n + 1 :] = num_local_tokens
+            if shape.shifted:  # a segment starting inside its request (a split prefill's chunk)
+                np.add(start, shape.offset, out=start, casting="unsafe")
             local_plen = plen[req]
             computed_prefill = np.minimum(start, local_plen)
-            is_prefilling = np.zeros(Rpad, dtype=np.bool_)
-            np.less(computed_prefill, local_plen, out=is_prefilling[:n])
+            if Rpad == n:  # (no padding rows: one numpy call per field fewer)
+                is_prefilling = np.less(computed_prefill, local_plen)
+                upper = np.add(start, num_sched)
+            else:
+                is_prefilling = np.zeros(Rpad, dtype=np.bool_)
+                np.less(computed_prefill, local_plen, out=is_prefilling[:n])
+                upper = np.zeros(Rpad, dtype=np.int32)
+                np.add(start, num_sched, out=upper[:n])
             has_prefill = bool(np.count_nonzero(is_prefilling))  # (ndarray.any costs ~1.5 us more)
-            upper = np.zeros(Rpad, dtype=np.int32)
-            np.add(start, num_sched, out=upper[:n])
             dcp_upper = None
             if self.dcp_world_size > 1:
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
-                sched = np.asarray(g.num_scheduled_tokens)
                 dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
-                whole = (computed + sched)[req]
+                whole = (computed + np.asarray(g.num_scheduled_tokens))[req]
                 dcp_upper[:n] = torch.from_numpy(self._fn_pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
             req_ids = g.req_ids
             self._fn_local_rows = req  # each local row's global request (host)
             return dict(
                 req_ids=[req_ids[i] for i in req.tolist()],
-                num_reqs=n,
-                num_reqs_after_padding=Rpad,
                 idx_mapping_np=idx_np[req],
-                num_scheduled_tokens=num_sched,
-                num_tokens=num_local_tokens,
-                num_tokens_after_padding=Lp,
-                num_draft_tokens=0,
-                num_draft_tokens_per_req=None,
-                query_start_loc_np=qsl_np,
+                num_scheduled_tokens=num_sched.copy(),
+                query_start_loc_np=shape.query_start_loc.copy(),
                 seq_lens_cpu_upper_bound=torch.from_numpy(upper),
-                dcp_local_seq_lens=None,
                 dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
                 num_computed_tokens_np=start,
                 prefill_len_np=local_plen,
                 num_computed_prefill_tokens_np=computed_prefill,
                 is_prefilling_np=is_prefilling,
-                max_seq_len_np=None,
                 has_prefill=has_prefill,
                 decode_graph_eligible=not has_prefill,
-                prefill_runs_as_decode_np=None,
-                cu_num_logits_np=_arange(n + 1) if num_local_tokens > 0 else np.zeros(n + 1, np.int32),
-                prompt_lens=None,
+                cu_num_logits_np=shape.cu_num_logits.copy(),
             )
 
-        def _fn_local_batch(self, g: Any, fields: dict[str, Any], views: dict[str, torch.Tensor]) -> Any:
-            """The local ``InputBatch``: the global one with the host fields and the device views."""
-            fields.update(views)
-            self._local_batch = _replace(g, fields)
+        def _fn_local_batch(self, g: Any, fields: dict[str, Any], fixed: dict[str, Any]) -> Any:
+            """The local ``InputBatch``: the global one with the shape's fields (``fixed``: the
+            device views, the sizes) and this step's host fields."""
+            self._local_batch = _replace(g, fixed, fields)
             self._global_batch = g
             self._fn_capture_rows = (0, 0)
             # draft_prefill_batch is left as it is, like vLLM's partition_batch (a draft prefill
