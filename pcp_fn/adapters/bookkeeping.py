@@ -371,6 +371,7 @@ class Bookkeeping:
         # buffer per step (the caching host allocator keeps it until the async copy has run)
         self._host_packed = self._packed.numpy() if device.type == "cpu" else None
         self._staged_reqs = 0  # requests of the last step staged in _host_packed (zero past them)
+        self._host_table = None if self._host_packed is None else self._host_packed[: 5 * R].reshape(5, R)
         self._pin = device.type == "cuda"
         self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
         self._positions = torch.zeros(T, dtype=torch.int64, device=device)
@@ -576,7 +577,7 @@ class Bookkeeping:
         if staged is None:
             staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
         view = staged if isinstance(staged, np.ndarray) else staged.numpy()
-        table = view[: 5 * R].reshape(5, R)
+        table = self._host_table if staged is self._host_packed else view[: 5 * R].reshape(5, R)
         table[:, :n] = (num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping)
         # rows past the requests must read zero: a fresh (pinned) buffer is zeroed there; the
         # persistent one (CPU) only where the last step had requests

@@ -126,6 +126,7 @@ class _Shape(NamedTuple):
     plan: Any  # the bookkeeping's StepPlan (Lp, Rpad, bucket, graph, ...)
     fixed: dict[str, Any]  # the local batch's fields that only the shape decides (device views, sizes)
     req: np.ndarray  # [n] intp: each local row's global request (request 0 on a rank without tokens)
+    req_list: list[int]  # req.tolist()
     offset: np.ndarray  # [n]: the row's first token inside its request
     num_sched: np.ndarray  # [n] int32
     query_start_loc: np.ndarray  # [Rpad + 1] int32
@@ -572,7 +573,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 prompt_lens=None,
             )
             shifted = bool(np.count_nonzero(offset))
-            return _Shape(plan, fixed, req, offset, num_sched, qsl, cu, total, shifted)
+            return _Shape(plan, fixed, req, req.tolist(), offset, num_sched, qsl, cu, total, shifted)
 
         def _fn_host_fields(
             self, g: Any, shape: _Shape, computed: np.ndarray, plen: np.ndarray, idx_np: np.ndarray
@@ -604,7 +605,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             req_ids = g.req_ids
             self._fn_local_rows = req  # each local row's global request (host)
             return dict(
-                req_ids=[req_ids[i] for i in req.tolist()],
+                req_ids=[req_ids[i] for i in shape.req_list],
                 idx_mapping_np=idx_np[req],
                 num_scheduled_tokens=num_sched.copy(),
                 query_start_loc_np=shape.query_start_loc.copy(),
