@@ -209,7 +209,8 @@ def graph_replayed(manager: Any) -> Any:
 
         def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
             leaves = [x for x in torch.utils._pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
-            key = (fn.__name__, *(tuple(x.shape) for x in leaves))
+            buckets = tuple(getattr(a, "bucket", None) for a in args)  # static: not in the leaves
+            key = (fn.__name__, buckets, *(tuple(x.shape) for x in leaves))
             hit = seen.get(key)
             if hit is None:
                 out = real(fn, *args)
