@@ -196,30 +196,25 @@ def check_equal(ref: dict[str, Any], ours: dict[str, Any], what: str) -> None:
 
 
 def graph_replayed(manager: Any) -> Any:
-    """``manager`` (eager) with every device-step call replaced by what a device graph replay costs
-    the host besides the launch: the copies of the call's tensor arguments into static buffers;
-    it returns the outputs of the first call of that function and bucket (which wrote them)."""
-    runner = manager._device
-    real = runner.__call__
-    seen: dict[Any, tuple[list[torch.Tensor], list[torch.Tensor], Any]] = {}
+    """``manager`` (plain calls) with each device function's call replaced by what a device graph
+    replay costs the host besides the launch: the copies of its staging inputs into the graph's
+    static buffers (``pcp_fn.graph.capture`` on CUDA/NPU). The first call of each function and
+    bucket runs it (writing the persistent buffers the later ones leave as they are); call
+    ``manager.new_batch()`` before another batch, so that its first calls run too."""
+    graphs = manager._graphs
+    run, statics = graphs.run, {}
 
-    class Replayed:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(runner, name)
+    def replay(key: tuple, bound: Callable[[], Any]) -> None:
+        src = list(graphs.staged[key])
+        dst = statics.get(key)
+        if dst is None:
+            statics[key] = [x.clone() for x in src]
+            run(key, bound)
+        else:
+            torch._foreach_copy_(dst, src)
 
-        def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-            leaves = [x for x in torch.utils._pytree.tree_leaves(args) if isinstance(x, torch.Tensor)]
-            buckets = tuple(getattr(a, "bucket", None) for a in args)  # static: not in the leaves
-            key = (fn.__name__, buckets, *(tuple(x.shape) for x in leaves))
-            hit = seen.get(key)
-            if hit is None:
-                out = real(fn, *args)
-                seen[key] = ([x.clone() for x in leaves], leaves, out)
-                return out
-            torch._foreach_copy_(hit[0], leaves)
-            return hit[2]
-
-    manager._device = Replayed()
+    graphs.run = replay
+    manager.new_batch = statics.clear
     return manager
 
 
@@ -234,7 +229,7 @@ class Group:
 
 
 def run_config(
-    loader: Any, P: int, k: int, kinds: list[str], iters: int, aoti: bool
+    loader: Any, P: int, k: int, kinds: list[str], iters: int, aoti: bool, device_columns: bool = True
 ) -> tuple[list[str], list[str]]:
     """The table lines and per-phase lines of every batch class at ``P`` ranks and ``k`` drafts."""
     from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager
@@ -247,8 +242,8 @@ def run_config(
         m.initialize_slot_mapping()
         return m
 
-    managers = {"ref": ref, "eager": ours(capture=False)}
-    if aoti:
+    managers = {"ref": ref, "eager": ours(capture=False)} if device_columns else {}
+    if aoti and device_columns:
         managers["aoti"] = ours(capture=True, compile_backend="aoti")
     managers["ref host"] = ref
     managers["host"] = graph_replayed(ours(capture=False))
@@ -270,13 +265,16 @@ def run_config(
         }
         for name, st in steps.items():
             if st.m is not ref:
-                st.run(record=False)  # the first call (an eager replay records its outputs)
+                getattr(st.m, "new_batch", lambda: None)()
+                st.run(record=False)  # the first call (a replayed graph's runs for real)
                 got = st.run(record=False)
                 check_equal(ref_out[st.hidden.shape[1]], got, f"{kind} P={P} k={k} {name}")
         for i in range(10 + iters):
             for st in steps.values():
                 st.run(record=i >= 10)
         med = {name: st.median() for name, st in steps.items()}
+        for name in ("ref", "eager"):
+            med.setdefault(name, float("nan"))
         t_aoti = med.get("aoti", float("nan"))
         line = f"{kind:7} {P:>2} {k:>2} | {med['ref']:6.0f} {med['eager']:6.0f} {t_aoti:6.0f} "
         line += f"{t_aoti / med['ref']:8.2f} | {med['ref host']:6.0f} {med['host']:6.0f} "
@@ -295,6 +293,7 @@ def main() -> None:
     ap.add_argument("--classes", default="decode,mixed")
     ap.add_argument("--no-aoti", action="store_true", help="skip the AOTInductor column")
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase medians")
+    ap.add_argument("--host-only", action="store_true", help="only the host-time columns")
     ap.add_argument("--ref", default=None, help="path of the vllm-ascend pcp_utils reference")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -319,7 +318,8 @@ def main() -> None:
     phase_lines = []
     for P in (int(x) for x in args.pcp.split(",")):
         for k in (int(x) for x in args.spec.split(",")):
-            lines, phases = run_config(loader, P, k, args.classes.split(","), args.iters, not args.no_aoti)
+            kinds = args.classes.split(",")
+            lines, phases = run_config(loader, P, k, kinds, args.iters, not args.no_aoti, not args.host_only)
             print("\n".join(lines), flush=True)
             phase_lines += phases
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
