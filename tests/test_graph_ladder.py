@@ -18,8 +18,7 @@ from test_vllm_adapter import STANDIN_API, standin_manager
 from torch._dynamo.utils import counters
 from vllm_lockstep import Case, make_global_batch, scheduler_steps
 
-from pcp_fn.adapters.bookkeeping import SMALLEST_BUCKET, capture_ladder, graph_ladder
-from pcp_fn.adapters.vllm_manager import resolve_graph_backend
+from pcp_fn.adapters.backend import SMALLEST_BUCKET, capture_ladder, graph_ladder, resolve_graph_backend
 from pcp_fn.core.buckets import Bucket
 
 

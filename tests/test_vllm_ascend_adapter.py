@@ -15,6 +15,7 @@ on the device path, graph capture per bucket, bad input and the import rules.
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import types
@@ -58,6 +59,7 @@ from oracle_spec import (
     request_starts,
     spec_view,
 )
+from torch._dynamo.utils import counters
 
 import pcp_fn
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager, install
@@ -550,30 +552,85 @@ def test_golden_vectors_of_the_reference_docstrings():
     assert meta.pcp_exit_fa_scatter_idx.tolist() == [0, 6, 2, 3, 8]
 
 
-def test_capture_serves_every_step_of_a_bucket_from_one_graph():
-    """``capture=True`` (torch.compile on the CPU; NPUGraph on an NPU) equals eager, one graph per bucket.
+def _same_observations(a: dict, b: dict, ctx: str) -> None:
+    assert a.keys() == b.keys(), ctx
+    for key in a:
+        x, y = a[key], b[key]
+        if isinstance(x, dict):
+            _same_observations(x, y, f"{ctx} {key}")
+        else:
+            assert repr(L(x)) == repr(L(y)), f"{ctx} {key}"
 
-    The device step is an entry op, so its graph is keyed by the batch's bucket
-    alone, whatever bucket the previous step's state had; the padded slot
-    mapping and the MTP mask get one graph per bucket they run at.
-    """
+
+def test_graphs_are_made_at_construction_and_serve_every_step():
+    """``capture=True`` (torch.compile on the CPU; NPUGraph on an NPU): the constructor makes every
+    graph of the ladder (per bucket: the device step, the padded slot mapping, the MTP mask), the
+    steps and dummy runs make none and equal the eager manager's, bucket after bucket."""
     cfg = SimConfig("capture", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
-    steps = schedule(cfg, 6, seed=3)
-    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", check_syncs=False)
+    counters.clear()
+    captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", token_buckets=(8,))
+    ladder = captured._graphs.ladder
+    assert [b.num_tokens for b in ladder] == [8, 36]  # 8, then the local capacity T + min(R, T)
+    stats = captured.graph_stats
+    assert stats.prepared == captured.num_graphs == 3 * len(ladder) and stats.steps == 0
+    made = counters["stats"]["unique_graphs"]
+    assert made >= stats.prepared
     eager, re = _manager(cfg, 1, 0)
-    buckets, mask_buckets = [], set()
-    for st in steps:
-        a, b = rc.step(st), re.step(st)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert repr(L(a[key]) if not isinstance(a[key], dict) else a[key]) == repr(
-                L(b[key]) if not isinstance(b[key], dict) else b[key]
-            ), key
+    buckets = []
+    for st in schedule(cfg, 6, seed=3):
+        for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
+            _same_observations(
+                rc.dummy_run(num_tokens, uniform, capturing),
+                re.dummy_run(num_tokens, uniform, capturing),
+                "dummy",
+            )
+        _same_observations(rc.step(st), re.step(st), f"step {st.index}")
         buckets.append(captured.record.batch.bucket)
-        if captured.num_decode_reqs:
-            mask_buckets.add(buckets[-1])
-    assert 2 <= len(set(buckets)) < len(buckets), buckets  # several buckets, one of them met again
-    assert captured.num_graphs == 2 * len(set(buckets)) + len(mask_buckets)
+    assert set(buckets) == set(ladder), buckets  # both rungs met
+    assert counters["stats"]["unique_graphs"] == made, "a step compiled a graph"
+    assert captured.num_graphs == stats.prepared and stats.fallbacks == 0 and stats.steps > len(buckets)
+
+
+@pytest.mark.parametrize(
+    "env, kwargs, backend",
+    [
+        ("auto", {}, None),  # the CPU's default: plain calls
+        ("none", {}, None),
+        ("eager", {}, "eager"),  # a torch.compile backend
+        ("eager", {"capture": False}, None),  # the constructor's arguments override the variable
+        ("none", {"capture": True, "compile_backend": "eager"}, "eager"),
+        ("none", {"compile_backend": "eager"}, "eager"),
+    ],
+)
+def test_pcp_fn_graph_backend_configures_the_manager(monkeypatch, env, kwargs, backend):
+    """``PCP_FN_GRAPH_BACKEND`` (the vLLM adapters' switch) picks the graphs of ``FunctionalDCSManager``
+    too, made at construction; ``capture=`` / ``compile_backend=`` override it."""
+    monkeypatch.setenv("PCP_FN_GRAPH_BACKEND", env)
+    cfg = SimConfig("switch", pcp=2, R=4, T=32)
+    m, _ = _manager(cfg, 0, 0, token_buckets=(), **kwargs)  # one rung: the capacity
+    assert m._graphs.backend == backend
+    assert m.graph_stats.prepared == m.num_graphs == (0 if backend is None else 2)  # step, slot mapping
+
+
+@pytest.mark.timeout(600)  # two AOTInductor compiles (about a minute each on a loaded 2-core machine)
+def test_aoti_graphs_are_made_at_construction_and_cached_on_disk(tmp_path, monkeypatch):
+    """``PCP_FN_GRAPH_BACKEND=aoti``: the constructor compiles one AOTInductor package per graph
+    of the ladder into ``$PCP_FN_CACHE_DIR``; the next construction loads them (no compile); the
+    steps equal the eager manager's and make no graph."""
+    monkeypatch.setenv("PCP_FN_GRAPH_BACKEND", "aoti")
+    monkeypatch.setenv("PCP_FN_CACHE_DIR", str(tmp_path))
+    cfg = SimConfig("aoti", pcp=2, R=4, T=16, num_requests=3, max_prompt=8, max_new=(2, 4))
+    first, _ = _manager(cfg, 0, 0, token_buckets=())  # one rung: two packages (step, slot mapping)
+    assert first.graph_stats.prepared == 2 and first.graph_stats.loaded == 0
+    packages = sorted(p for p in os.listdir(tmp_path) if p.endswith(".pt2"))
+    assert [p.split("_")[1] for p in packages] == ["slots", "step"]
+    second, rs = _manager(cfg, 0, 0, token_buckets=())
+    assert second.graph_stats.prepared == 2 and second.graph_stats.loaded == 2
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".pt2")) == packages
+    eager, re = _manager(cfg, 0, 0)
+    for st in schedule(cfg, 4, seed=5):
+        _same_observations(rs.step(st), re.step(st), f"step {st.index}")
+    assert second.graph_stats.fallbacks == 0 and second.num_graphs == 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -965,29 +1022,20 @@ def test_generate_pcp_metadata_checks_query_lens():
 
 
 def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):
-    """Hybrid attention, ``capture=True``: the start-up ``_dummy_run``s capture the device step (one
-    graph per bucket, reused by every later call of that bucket), and every observation of the
-    dummy runs and the real steps (the hybrid index fields included) equals the eager manager's."""
+    """Hybrid attention, ``capture=True``: the graphs made at construction serve the start-up
+    ``_dummy_run``s and the real steps, and every observation of both (the hybrid index fields
+    included) equals the eager manager's."""
     cfg = SimConfig("hybrid capture", pcp=2, hybrid=True, spec=1, R=4, T=32, num_requests=4, max_prompt=12)
     captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", check_syncs=False)
+    made = captured.num_graphs
     eager, re = _manager(cfg, 1, 0)
-
-    def same(a, b, ctx):
-        assert a.keys() == b.keys(), ctx
-        for key in a:
-            x, y = a[key], b[key]
-            if isinstance(x, dict):
-                same(x, y, f"{ctx} {key}")
-            else:
-                assert repr(L(x)) == repr(L(y)), f"{ctx} {key}"
-
     for st in schedule(cfg, 3, seed=4):
         for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
-            same(
+            _same_observations(
                 rc.dummy_run(num_tokens, uniform, capturing),
                 re.dummy_run(num_tokens, uniform, capturing),
                 "dummy",
             )
-        same(rc.step(st), re.step(st), f"step {st.index}")
-    assert captured.num_graphs > 0
+        _same_observations(rc.step(st), re.step(st), f"step {st.index}")
+    assert made == captured.num_graphs == 3 * len(captured._graphs.ladder)  # all made at construction
     assert "pcp_enter_fa_restore_idx" in vars(captured.long_seq_metadata)

@@ -7,6 +7,9 @@
   base (vLLM's, or a test stand-in); imports no vLLM.
 - :mod:`pcp_fn.adapters.bookkeeping`: the only vLLM-adapter module that calls
   ``pcp_fn`` (host twin, captured ``mrv2`` graph, restores).
+- :mod:`pcp_fn.adapters.backend`: what every adapter's graphs share: the
+  ``PCP_FN_GRAPH_BACKEND`` switch, the ladder of buckets made at construction, the
+  ``aoti`` package cache (``PCP_FN_CACHE_DIR``).
 - :mod:`pcp_fn.adapters.vllm_ascend`: ``FunctionalDCSManager``, a drop-in for
   vllm-ascend 0.23's DualChunkSwap ``PCPManager`` (``install()`` switches it in), and
   ``FunctionalAscendPCPManager``, a drop-in for vllm-ascend main's model-runner-V2

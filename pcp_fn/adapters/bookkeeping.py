@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import time
@@ -46,81 +44,11 @@ import numpy as np
 import torch
 
 from .. import graph, mrv2
-from ..core.buckets import Bucket, normalise_buckets
+from ..core.buckets import Bucket
 from ..mrv2 import host
+from .backend import GraphStats, graph_ladder, package_name
 
 logger = logging.getLogger("pcp_fn.adapters")
-
-#: The smallest rung of the default ladder: below it a graph costs the same, so it serves all.
-SMALLEST_BUCKET = 16
-
-
-def graph_ladder(
-    max_local_reqs: int, max_local_tokens: int, token_sizes: Sequence[int] | None = None
-) -> tuple[Bucket, ...]:
-    """The buckets the adapter prepares: one per token size, rows growing with tokens.
-
-    ``token_sizes`` (default: powers of two from :data:`SMALLEST_BUCKET`) end
-    with the capacity ``T``; each gives ``Bucket(min(Lb, 2R), Lb)``, plus
-    ``Bucket(2R, T)`` when ``2R > T`` (a FULL descriptor may pad rows past
-    ``T``)::
-
-        2R = 8, T = 100   ->  (8, 16) (8, 32) (8, 64) (8, 100)
-        2R = 512, T = 64  ->  (16, 16) (32, 32) (64, 64) (512, 64)
-    """
-    if token_sizes is None:
-        token_sizes = [s for s in (SMALLEST_BUCKET << k for k in range(64)) if s < max_local_tokens]
-    sizes = normalise_buckets("token_sizes", token_sizes, max_local_tokens)
-    ladder = [Bucket(min(t, max_local_reqs), t) for t in sizes]
-    if max_local_reqs > max_local_tokens:
-        ladder.append(Bucket(max_local_reqs, max_local_tokens))
-    return tuple(ladder)
-
-
-def capture_ladder(capture_sizes: Sequence[int] | None, max_local_tokens: int) -> tuple[int, ...] | None:
-    """Token sizes of a ladder that holds an engine's CUDA-graph capture sizes: each size up
-    to ``T``, then powers of two to ``T`` (``None`` without sizes: the default ladder)::
-
-        capture_ladder([1, 2, 4, 8, 16, 24, 32], 128)  ->  (1, 2, 4, 8, 16, 24, 32, 64)
-
-    (``graph_ladder`` adds ``T`` itself.) vLLM pads a batch's local tokens to a capture
-    size; a rung of exactly that size replays it without padding it again.
-    """
-    sizes = sorted({int(s) for s in capture_sizes or () if 0 < int(s) <= max_local_tokens})
-    if not sizes:
-        return None
-    top, T = sizes[-1], max_local_tokens
-    return (*sizes, *(1 << k for k in range(top.bit_length(), T.bit_length()) if (1 << k) < T))
-
-
-@functools.cache
-def _source_digest() -> str:
-    """SHA-256 of pcp_fn's Python sources (a cached package is stale once any of them changes)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                h.update(os.path.relpath(path, root).encode())
-                with open(path, "rb") as f:
-                    h.update(f.read())
-    return h.hexdigest()
-
-
-@dataclasses.dataclass
-class GraphStats:
-    """What the bookkeeping's graphs did: ``prepared`` graphs made up front in
-    ``prepare_seconds`` (``loaded`` of them AOTInductor packages found in the disk cache,
-    not compiled); ``steps`` partitions; ``fallbacks`` steps run eagerly because their
-    bucket had no prepared graph (each bucket logged once)."""
-
-    prepared: int = 0
-    loaded: int = 0
-    prepare_seconds: float = 0.0
-    steps: int = 0
-    fallbacks: int = 0
 
 
 class Destinations(NamedTuple):
@@ -427,11 +355,8 @@ class Bookkeeping:
         """The AOTInductor package of ``bucket``'s graph in :attr:`package_dir`, named by all it
         depends on: the config, the bucket, the device type, torch's version and pcp_fn's source."""
         assert self.package_dir is not None
-        key = "\n".join(
-            (repr(self.config), repr(bucket), self.device.type, torch.__version__, _source_digest())
-        )
-        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        return os.path.join(self.package_dir, f"mrv2_partition_{digest}.pt2")
+        name = package_name("mrv2_partition", self.config, bucket, self.device.type)
+        return os.path.join(self.package_dir, name)
 
     def bucket_for(self, Lp: int, Rpad: int, rows: int) -> Bucket:
         """The ladder's bucket of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks

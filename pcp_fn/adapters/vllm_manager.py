@@ -27,14 +27,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from .bookkeeping import Bookkeeping, Destinations, GraphStats, HostLayout, capture_ladder
+from .backend import (
+    GraphStats,
+    capture_ladder,
+    default_graph_backend,
+    package_cache_dir,
+    resolve_graph_backend,
+)
+from .bookkeeping import Bookkeeping, Destinations, HostLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,38 +65,6 @@ class VllmApi:
     PAD_SLOT_ID: int
     get_pcp_group: Callable[[], Any]
     capture_sizes: Callable[[], Sequence[int] | None] | None = None
-
-
-AUTO = "auto"
-
-
-def default_graph_backend() -> str:
-    """``$PCP_FN_GRAPH_BACKEND`` (default ``auto``): see :func:`resolve_graph_backend`."""
-    return os.environ.get("PCP_FN_GRAPH_BACKEND", AUTO)
-
-
-def resolve_graph_backend(value: str | None, device: torch.device) -> str | None:
-    """The bookkeeping backend for ``device``: ``None`` means plain calls (nothing compiled).
-
-    ``auto``: device graphs on CUDA / NPU (captured at construction: no compile),
-    plain calls on the CPU, where a compile costs seconds per graph at start-up
-    for well under a millisecond a step (README, "Run it in a real vLLM
-    engine"). ``none``: plain calls. ``aoti``: AOTInductor packages, cached on
-    disk (:func:`package_cache_dir`). Anything else: a ``torch.compile``
-    backend on the CPU (device graphs on CUDA / NPU).
-    """
-    if value is None or value.lower() == "none":
-        return None
-    if value.lower() == AUTO:
-        return None if device.type == "cpu" else "inductor"
-    return value
-
-
-def package_cache_dir() -> str:
-    """Where ``aoti`` packages are cached: ``$PCP_FN_CACHE_DIR``, else ``~/.cache/pcp_fn/aoti``."""
-    return os.environ.get("PCP_FN_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "pcp_fn", "aoti"
-    )
 
 
 class _Override:
@@ -388,7 +362,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
 
         @property
         def graph_stats(self) -> Any:
-            """The bookkeeping's :class:`pcp_fn.adapters.bookkeeping.GraphStats`: graphs prepared at
+            """The bookkeeping's :class:`pcp_fn.adapters.backend.GraphStats`: graphs prepared at
             construction and their time, steps partitioned, steps run eagerly as fallbacks."""
             return GraphStats() if self._fn_pcp is None else self._fn_pcp.stats
 

@@ -64,8 +64,9 @@ class Buffers:
     step: dict[str, torch.Tensor]
     slots_in: torch.Tensor  # staging copy of the runner's slot mapping (fixed address for graphs)
     computed_in: torch.Tensor  # staging copy of corrected num_computed_tokens [R] (int32, as the batch's)
-    padded_slot_mappings: list[torch.Tensor]  # one per KV cache group
+    padded_slot_mappings: list[torch.Tensor]  # one per KV cache group (initialize_slot_mapping)
     padded_slot_capacity: int
+    first_padded_slot_mapping: torch.Tensor  # group 0's, made up front: the graphs are bound to it
     query_lens_pcp_full: HostDeviceBuffer
     input_ids_pcp_full: HostDeviceBuffer | None
     query_start_loc_pcp_full: HostDeviceBuffer | None
@@ -88,6 +89,9 @@ def allocate(
         computed_in=torch.zeros(R, dtype=torch.int32, device=dev),
         padded_slot_mappings=[],
         padded_slot_capacity=max(gathered_rows, s.max_buffer_num_tokens),
+        first_padded_slot_mapping=torch.full(
+            (max(gathered_rows, s.max_buffer_num_tokens),), -1, dtype=torch.int32, device=dev
+        ),
         query_lens_pcp_full=HostDeviceBuffer(R, torch.int32, dev, pin),
         input_ids_pcp_full=HostDeviceBuffer(T, torch.int32, dev, pin) if spec_cp else None,
         query_start_loc_pcp_full=HostDeviceBuffer(R + 1, torch.int32, dev, pin) if spec_cp else None,
@@ -104,7 +108,11 @@ def allocate(
 
 
 def new_padded_slot_mapping(buffers: Buffers, device: torch.device) -> torch.Tensor:
-    """One more KV cache group's padded slot mapping (vllm-ascend ``initialize_slot_mapping``)."""
-    buf = torch.full((buffers.padded_slot_capacity,), -1, dtype=torch.int32, device=device)
+    """One more KV cache group's padded slot mapping (vllm-ascend ``initialize_slot_mapping``);
+    the first is the one allocated up front."""
+    if buffers.padded_slot_mappings:
+        buf = torch.full((buffers.padded_slot_capacity,), -1, dtype=torch.int32, device=device)
+    else:
+        buf = buffers.first_padded_slot_mapping
     buffers.padded_slot_mappings.append(buf)
     return buf

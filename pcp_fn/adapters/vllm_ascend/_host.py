@@ -12,27 +12,42 @@ positions array, which the runner needs on the host; it is expanded from O(R)
 runs in one vectorised pass.
 
 Everything here is a pure function of its arguments; a :class:`HostLayout` is
-frozen and its arrays are never written after it is made.
+frozen and its arrays are never written after it is made. It runs every step,
+so each function is a handful of numpy calls on ``[n]`` arrays (a call costs
+about a microsecond whatever its size here): the hybrid split is only made
+when read (:attr:`HostLayout.linear_counts`), the decode-only and ``P = 1``
+steps take shorter paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
 from ._settings import ManagerSettings
 
+_ARANGE = np.arange(0, dtype=np.int64)
+NO_CHUNKS = np.zeros(0, dtype=np.int32)  # the chunk rows of a step without prefills (empty)
+
+
+def _arange(n: int) -> np.ndarray:
+    """``arange(n)`` int64, a read-only view of a cached one (grown as needed)."""
+    global _ARANGE
+    if _ARANGE.shape[0] < n:
+        _ARANGE = np.arange(max(n, 2 * _ARANGE.shape[0], 1024), dtype=np.int64)
+        _ARANGE.flags.writeable = False
+    return _ARANGE[:n]
+
 
 def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(start, start + length)`` runs: ``[3, 0], [2, 1] -> [3, 4, 0]`` (int64)."""
-    lengths = lengths.astype(np.int64)
-    first = np.cumsum(lengths) - lengths
-    return np.repeat(starts.astype(np.int64) - first, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
-
-
-def _interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.stack([a, b], axis=-1).reshape(-1)
+    lengths = lengths.astype(np.int64, copy=False)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if ends.shape[0] else 0
+    # each run's offset from the arange: start - (end - length)
+    return np.repeat(starts - ends + lengths, lengths) + _arange(total)
 
 
 def classify_decodes(
@@ -59,10 +74,13 @@ class HostLayout:
             (``n * P`` for a decode, ``n`` rounded up to ``2P`` for a prefill).
         pcp_tokens: int32 DualChunkSwap rows of each request on every rank.
         num_tokens: ``N``, their sum (the local token count of the non-hybrid layout).
-        linear_counts: ``[n, P]`` int64 linear-split prefill tokens of every rank (0 for decodes).
-        linear_tokens: int32 this rank's linear rows (``n`` for a decode).
-        linear_offset: int64 first token of each request this rank holds linearly.
-        max_tokens_across_pcp: ``M = D + sum(linear_counts[:, 0])`` (0 without prefills: ``D``).
+        total_scheduled: the scheduled tokens, ``sum(num_scheduled)``.
+
+    The hybrid attention split (made when first read): ``linear_counts`` ``[n, P]``
+    int64 linear-split prefill tokens of every rank (0 for decodes); ``linear_tokens``
+    int32 this rank's linear rows (``n`` for a decode); ``linear_offset`` int64 first
+    token of each request this rank holds linearly; ``max_tokens_across_pcp``
+    ``M = D + sum(linear_counts[:, 0])`` (0 without prefills: ``D``).
     """
 
     pcp_size: int
@@ -77,10 +95,29 @@ class HostLayout:
     num_padded: np.ndarray
     pcp_tokens: np.ndarray
     num_tokens: int
-    linear_counts: np.ndarray
-    linear_tokens: np.ndarray
-    linear_offset: np.ndarray
-    max_tokens_across_pcp: int
+    total_scheduled: int
+
+    @functools.cached_property
+    def linear_counts(self) -> np.ndarray:
+        P = self.pcp_size
+        n64 = self.num_scheduled.astype(np.int64)[:, None]
+        counts = n64 // P + (np.arange(P, dtype=np.int64) < n64 % P)
+        counts[: self.num_decode_reqs] = 0
+        return counts
+
+    @functools.cached_property
+    def linear_tokens(self) -> np.ndarray:
+        out = self.linear_counts[:, self.pcp_rank].astype(np.int32)
+        out[: self.num_decode_reqs] = self.num_scheduled[: self.num_decode_reqs]
+        return out
+
+    @functools.cached_property
+    def linear_offset(self) -> np.ndarray:
+        return self.linear_counts[:, : self.pcp_rank].sum(axis=1)
+
+    @functools.cached_property
+    def max_tokens_across_pcp(self) -> int:
+        return self.num_decode_tokens + int(self.linear_counts[:, 0].sum())
 
     @property
     def num_reqs(self) -> int:
@@ -122,6 +159,9 @@ class HostLayout:
         return self.pcp_size * self.num_decode_tokens + self.prefill_tokens
 
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(HostLayout))
+
+
 def host_layout(
     s: ManagerSettings, sched: np.ndarray, computed: np.ndarray, prompt: np.ndarray
 ) -> HostLayout:
@@ -133,44 +173,41 @@ def host_layout(
     and, through ``device_prompt`` (``num_computed + 2``: the prompt is not
     done), on the device too, so the layout stays well formed.
     """
-    sched = np.array(sched, dtype=np.int32)
+    sched = np.array(sched, dtype=np.int32)  # fresh: a layout's arrays are never written
     computed = np.array(computed, dtype=np.int32)
     prompt = np.array(prompt, dtype=np.int32)
-    P, rank = s.pcp_size, s.pcp_rank
+    P, n = s.pcp_size, sched.shape[0]
     decode = classify_decodes(s, sched, computed, prompt)
-    first_prefill = int(np.argmin(decode)) if not decode.all() else decode.size
-    late = decode.copy()
-    late[:first_prefill] = False
-    decode[first_prefill:] = False
-    device_prompt = np.where(late, computed + 2, prompt).astype(np.int32)
-    nd = first_prefill
-    n64 = sched.astype(np.int64)
+    nd = int(np.count_nonzero(decode))
+    device_prompt = prompt
+    if 0 < nd < n and not decode[:nd].all():  # a decode after a prefill (stale dummy-run counts)
+        nd = int(np.argmin(decode))
+        late = decode.copy()
+        late[:nd] = False
+        decode[nd:] = False
+        device_prompt = np.where(late, computed + 2, prompt).astype(np.int32)
     m = 2 * P if P > 1 else 1
-    num_padded = np.where(decode | (P == 1), n64 * P, -(-n64 // m) * m)
+    n64 = sched.astype(np.int64)
+    num_padded = (n64 + (m - 1)) // m * m  # a prefill: padded to 2P
+    num_padded[:nd] = n64[:nd] * P  # a decode: replicated
     pcp_tokens = (num_padded // P).astype(np.int32)
-    q = np.arange(P, dtype=np.int64)
-    counts = np.where(decode[:, None], 0, n64[:, None] // P + (q < n64[:, None] % P))
-    linear = np.where(decode, n64, counts[:, rank]).astype(np.int32)
-    offset = np.where(decode, 0, counts[:, :rank].sum(axis=1))
-    D = int(n64[:nd].sum())
-    return HostLayout(
+    layout = object.__new__(HostLayout)  # frozen: its __init__ sets field by field
+    layout.__dict__.update(
         pcp_size=P,
-        pcp_rank=rank,
+        pcp_rank=s.pcp_rank,
         num_scheduled=sched,
         num_computed=computed,
         num_prompt=prompt,
         device_prompt=device_prompt,
         is_decode=decode,
         num_decode_reqs=nd,
-        num_decode_tokens=D,
+        num_decode_tokens=int(n64[:nd].sum()),
         num_padded=num_padded,
         pcp_tokens=pcp_tokens,
         num_tokens=int(pcp_tokens.sum()),
-        linear_counts=counts,
-        linear_tokens=linear,
-        linear_offset=offset.astype(np.int64),
-        max_tokens_across_pcp=D + int(counts[:, 0].sum()),
+        total_scheduled=int(n64.sum()),
     )
+    return layout
 
 
 def dcs_positions(h: HostLayout) -> np.ndarray:
@@ -181,13 +218,23 @@ def dcs_positions(h: HostLayout) -> np.ndarray:
     (chunks of ``pcp_tokens // 2``). ``P = 2``, tokens ``[1, 5, 8]``, rank 0:
     ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``.
     """
-    P, r = h.pcp_size, h.pcp_rank
-    rep = h.is_decode | (P == 1)
-    c = np.where(rep, h.num_scheduled, h.pcp_tokens // 2).astype(np.int64)
-    head_start = np.where(rep, 0, r * c)
-    tail_start = (2 * P - 1 - r) * c
-    tail_len = np.where(rep, 0, c)
-    return _runs(_interleave(head_start, tail_start), _interleave(c, tail_len)).astype(np.int32)
+    P, r, nd, n = h.pcp_size, h.pcp_rank, h.num_decode_reqs, h.num_reqs
+    if P == 1 or nd == n:  # every request replicated: 0 .. n-1 each (int32 throughout)
+        sched = h.num_scheduled
+        ends = np.cumsum(sched, dtype=np.int32)
+        total = int(ends[-1]) if n else 0
+        return _arange(total).astype(np.int32) - np.repeat(ends - sched, sched)
+    c = (h.pcp_tokens // 2).astype(np.int64)
+    c[:nd] = h.num_scheduled[:nd]
+    starts = np.empty(2 * n, dtype=np.int64)  # [head_0, tail_0, head_1, tail_1, ...]
+    lengths = np.empty(2 * n, dtype=np.int64)
+    np.multiply(c, r, out=starts[0::2])
+    np.multiply(c, 2 * P - 1 - r, out=starts[1::2])
+    lengths[0::2] = c
+    lengths[1::2] = c
+    starts[0 : 2 * nd : 2] = 0
+    lengths[1 : 2 * nd : 2] = 0  # a decode has no tail
+    return _runs(starts, lengths).astype(np.int32)
 
 
 def linear_positions(h: HostLayout) -> np.ndarray:
@@ -237,6 +284,9 @@ def cp_local_seq_lens(seq_lens: np.ndarray, P: int, D: int, interleave: int) -> 
     """
     C = P * D
     s = seq_lens[:, None]
+    if interleave == 1:  # s // C each, and one more on the first s % C ranks
+        out = s // C + (s % C > np.arange(C, dtype=seq_lens.dtype))
+        return out.astype(seq_lens.dtype, copy=False).reshape(-1, P, D)
     base = s // interleave // C * interleave
     rest = np.clip(s - base * C - np.arange(C, dtype=seq_lens.dtype) * interleave, 0, interleave)
     return (base + rest).astype(seq_lens.dtype).reshape(-1, P, D)
@@ -265,12 +315,9 @@ def attention_lists(h: HostLayout) -> AttentionLists:
     """The per-request lists and index lengths of the attention metadata (O(R))."""
     P, hd = h.pcp_size, h.pcp_rank
     t = 2 * P - 1 - hd
-    c = (h.pcp_tokens[h.num_decode_reqs :] // 2).astype(np.int64)
-    C = int(c.sum())
-
-    def cum(scale: int) -> list[int]:
-        return np.cumsum(scale * c).tolist()
-
+    c = h.pcp_tokens[h.num_decode_reqs :] // 2
+    cum = np.cumsum(c, dtype=np.int64)  # each list is a multiple of it
+    C = int(cum[-1]) if cum.shape[0] else 0
     lengths = {
         "q_head_idx": C,
         "q_tail_idx": C,
@@ -284,16 +331,16 @@ def attention_lists(h: HostLayout) -> AttentionLists:
         "kv_with_q_tail_attn_idx_in_tail": (t + 1) * C,
     }
     return AttentionLists(
-        chunk_seqlens=c.astype(np.int32),
-        attn_mask_seqlens=cum(1),
-        head_attn_nomask_seqlens=cum(hd),
-        tail_attn_nomask_seqlens=cum(t),
-        head_actual_seq_lengths_kv=cum(hd + 1),
-        tail_actual_seq_lengths_kv=cum(t + 1),
+        chunk_seqlens=c,
+        attn_mask_seqlens=cum.tolist(),
+        head_attn_nomask_seqlens=(cum * hd).tolist(),
+        tail_attn_nomask_seqlens=(cum * t).tolist(),
+        head_actual_seq_lengths_kv=(cum * (hd + 1)).tolist(),
+        tail_actual_seq_lengths_kv=(cum * (t + 1)).tolist(),
         lengths=lengths,
     )
 
 
 def mtp_rows(h: HostLayout, decode_threshold: int) -> int:
     """Rows of the MTP slot layout: every request's tokens plus ``decode_threshold - 2`` extra."""
-    return int(h.num_scheduled.sum()) + h.num_reqs * max(decode_threshold - 2, 0)
+    return h.total_scheduled + h.num_reqs * max(decode_threshold - 2, 0)

@@ -37,13 +37,14 @@ def _metadata_class() -> Callable[..., Any]:
 def _check_query_lens(query_lens: Any, expected: np.ndarray, dummy: bool) -> None:
     """``query_lens[:n]`` equals ``expected`` (read only when it is on the host: no device sync)."""
     if isinstance(query_lens, torch.Tensor):
-        if query_lens.device.type != "cpu":
+        if not query_lens.is_cpu:
             return
-        query_lens = query_lens.numpy()
-    got = np.asarray(query_lens)
+        got = query_lens.numpy()
+    else:
+        got = np.asarray(query_lens)
     n = expected.shape[0]
-    what = "the dummy batch's scheduled tokens" if dummy else "the step's local tokens per request"
-    if got.ndim != 1 or got.shape[0] < n or not np.array_equal(got[:n], expected):
+    if got.ndim != 1 or got.shape[0] < n or (got[:n] != expected).any():
+        what = "the dummy batch's scheduled tokens" if dummy else "the step's local tokens per request"
         raise ValueError(
             f"query_lens must start with {what} {expected.tolist()}, got {got.tolist()} "
             "(model_runner_v1 passes update_tokens_for_pcp's counts, or num_scheduled_tokens_padded)"
@@ -107,6 +108,7 @@ class MetadataMethods:
                 decode_context = computed_cpu[:nd] + np.asarray(num_scheduled_tokens)[:nd]
             context = np.concatenate([decode_context, computed_cpu[nd:n]])
             ori_query_lens = self.query_lens_pcp_full.cpu[:num_reqs_padded]
+            ql = self.query_lens_pcp_full.np[:num_reqs_padded]  # the same memory, read by numpy
             fla = u.padded_tokens_fla if self.pcp_use_hybrid_attn and u is not None else 0
             fields = dict(
                 pcp_use_hybrid_attn=self.pcp_use_hybrid_attn,
@@ -115,9 +117,11 @@ class MetadataMethods:
                 pcp_unpad_mask=self.pcp_unpad_mask[: 0 if u is None else P * u.num_tokens],
                 pcp_padded_tokens_fla=fla,
                 query_lens_pcp_full_cpu=ori_query_lens,
-                max_query_len_pcp_full=ori_query_lens.max().item(),
+                max_query_len_pcp_full=int(ql.max()) if ql.size else ori_query_lens.max().item(),
             )
-            meta = _metadata_class()(**fields)
+            if self._metadata_cls is None:  # found once (an import attempt per step costs)
+                self._metadata_cls = _metadata_class()
+            meta = self._metadata_cls(**fields)
             if P > 1:
                 self._attach_attention_indices(meta, h, u, num_actual)
             if s.has_spec_config and num_scheduled_tokens is not None:
@@ -132,16 +136,25 @@ class MetadataMethods:
     def _attach_attention_indices(
         self, meta: Any, h: _host.HostLayout, u: _host.HostLayout | None, num_actual: int
     ) -> None:
-        lists = _host.attention_lists(h)
         step = self._buffers.step
-        for name, field in _ops.ATTENTION_INDEX_FIELDS.items():
-            setattr(meta, field, step[name][: lists.lengths[name]])
-        meta.attn_mask_seqlens = lists.attn_mask_seqlens
-        meta.head_attn_nomask_seqlens = lists.head_attn_nomask_seqlens
-        meta.tail_attn_nomask_seqlens = lists.tail_attn_nomask_seqlens
-        meta.head_actual_seq_lengths_kv = lists.head_actual_seq_lengths_kv
-        meta.tail_actual_seq_lengths_kv = lists.tail_actual_seq_lengths_kv
-        meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens)
+        if h.num_prefill_reqs == 0:  # a decode-only step: every index empty, every list too
+            views = self._empty_indices
+            if views is None:  # made once (a view costs microseconds; ten of them, every step)
+                views = self._empty_indices = {f: step[k][:0] for k, f in _ops.ATTENTION_INDEX_FIELDS.items()}
+            meta.__dict__.update(views)
+            meta.attn_mask_seqlens, meta.head_attn_nomask_seqlens, meta.tail_attn_nomask_seqlens = [], [], []
+            meta.head_actual_seq_lengths_kv, meta.tail_actual_seq_lengths_kv = [], []
+            meta.attn_chunk_seqlens = torch.from_numpy(_host.NO_CHUNKS)
+        else:
+            lists = _host.attention_lists(h)
+            for name, field in _ops.ATTENTION_INDEX_FIELDS.items():
+                setattr(meta, field, step[name][: lists.lengths[name]])
+            meta.attn_mask_seqlens = lists.attn_mask_seqlens
+            meta.head_attn_nomask_seqlens = lists.head_attn_nomask_seqlens
+            meta.tail_attn_nomask_seqlens = lists.tail_attn_nomask_seqlens
+            meta.head_actual_seq_lengths_kv = lists.head_actual_seq_lengths_kv
+            meta.tail_actual_seq_lengths_kv = lists.tail_actual_seq_lengths_kv
+            meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens)
         meta.pcp_allgather_restore_idx = self.pcp_allgather_restore_idx.gpu[:num_actual]
         if self.pcp_use_hybrid_attn and u is not None:
             P, D = self.pcp_world_size, u.num_decode_tokens
@@ -178,23 +191,21 @@ class MetadataMethods:
         s = self.settings
         nd = h.num_decode_reqs
         if nd > 0:
-            batch = self._record.batch
             if fixed_decode_seq_lens_cpu is not None:
                 decode_computed = np.asarray(fixed_decode_seq_lens_cpu)[:nd] - num_scheduled[:nd]
             else:
                 decode_computed = computed_cpu[:nd]
             cp_rank = s.pcp_rank * s.dcp_size + s.dcp_rank
             if (decode_computed + num_scheduled[:nd] - 1 >= cp_rank).any():
-                computed = batch.num_computed
-                if not np.array_equal(decode_computed, h.num_computed[:nd]):
-                    # async spec decode corrected the histories: one copy of the [R_b] counts
-                    Rb = batch.bucket.num_reqs
+                bucket = self._record.batch.bucket
+                corrected = (decode_computed != h.num_computed[:nd]).any()
+                if corrected:
+                    # async spec decode corrected the histories: the [R_b] counts staged
+                    Rb = bucket.num_reqs
                     host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
                     host[: h.num_reqs] = h.num_computed
                     host[:nd] = decode_computed
-                    computed = self._buffers.computed_in[:Rb]
-                    computed.copy_(torch.from_numpy(host), non_blocking=True)
-                mask = self._device(_ops.device_mtp_mask, self._record.state, computed, buf.gpu.shape[2])
-                with self._device.guard():
-                    buf.gpu[:nd].copy_(mask[:nd])
+                    with self._graphs.guard():
+                        self._buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
+                self._graphs.mtp_mask(bucket, bool(corrected))  # rows [:nd] of the buffer
         return buf.gpu[: nd if nd > 0 else num_reqs]

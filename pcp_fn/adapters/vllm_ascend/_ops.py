@@ -4,9 +4,11 @@ The manager's modules never touch pcp_fn's ops themselves: they call the
 functions here (so a change of pcp_fn's signatures is one edit in this file).
 Two kinds:
 
-- the device step functions (:func:`device_step`, :func:`device_padded_slots`,
-  :func:`device_mtp_mask`): fixed shapes per bucket, no host sync, captured
-  once per bucket by :class:`DeviceRunner` on a graph device;
+- the device functions (:func:`device_step`, :func:`device_padded_slots`,
+  :func:`device_mtp_mask`): fixed shapes per bucket, no host sync, each run
+  by :class:`DeviceGraphs` as one graph per rung of the manager's ladder of
+  buckets (made at construction), bound to persistent staging buffers and
+  writing its results into the persistent buffers inside the graph;
 - thin wrappers of the spec-decode and multimodal ops the manager's helpers
   use, run eagerly (inside the proposer's own graph when it captures one).
 
@@ -21,24 +23,32 @@ results back.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
-from collections.abc import Callable
-from typing import Any
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
 
 import pcp_fn
 from pcp_fn import graph as pcp_graph
 from pcp_fn import multimodal as pcp_mm
 from pcp_fn import spec as pcp_spec
 from pcp_fn.core.entry import entry_op
+from pcp_fn.core.staging import host_buffer, to_device
 from pcp_fn.dcs.batch import token_rows
 
+from ..backend import GraphStats, graph_ladder, package_name
 from ._host import HostLayout
 from ._settings import ManagerSettings
+
+logger = logging.getLogger("pcp_fn.adapters")
 
 # The index tensors of the attention metadata, by their pcp_fn names; vllm-ascend's
 # AscendPrefillContextParallelMetadata field is the value.
@@ -52,10 +62,13 @@ SchedulerBatch = pcp_fn.SchedulerBatch
 
 # ------------------------------------------------------------------ config, state, batch
 def make_config(
-    s: ManagerSettings, request_buckets: tuple[int, ...] | None, token_buckets: tuple[int, ...] | None
+    s: ManagerSettings, request_buckets: Sequence[int] | None, token_buckets: Sequence[int] | None
 ) -> PCPConfig:
-    """The rank's :class:`pcp_fn.PCPConfig` (it validates ranks, sizes and buckets)."""
-    return pcp_fn.PCPConfig(
+    """The rank's :class:`pcp_fn.PCPConfig` (it validates ranks, sizes and buckets), its buckets those
+    of the graph ladder (:func:`graph_buckets`): ``token_buckets`` (default powers of two from 16)
+    up to the local capacity ``L``, each with ``min(L_b, R)`` request rows, rounded up to
+    ``request_buckets`` when given."""
+    cfg = pcp_fn.PCPConfig(
         s.pcp_size,
         s.pcp_rank,
         s.max_num_reqs,
@@ -69,6 +82,21 @@ def make_config(
         request_buckets=request_buckets,
         token_buckets=token_buckets,
     )
+    # every local row holds a token, but for requests with none: a rung of L_b tokens needs
+    # min(L_b, R) rows (the vLLM adapter's ladder)
+    ladder = graph_ladder(cfg.max_num_reqs, cfg.max_local_tokens, token_buckets)
+    rows = cfg.request_buckets if request_buckets is not None else sorted({b.num_reqs for b in ladder})
+    return dataclasses.replace(
+        cfg, request_buckets=tuple(rows), token_buckets=tuple(b.num_tokens for b in ladder)
+    )
+
+
+def graph_buckets(cfg: PCPConfig) -> tuple[Bucket, ...]:
+    """The ladder of a :func:`make_config` config: one bucket per token bucket ``L_b``, with the
+    smallest request bucket holding ``min(L_b, R)`` rows. A step of ``n`` requests and ``N``
+    local tokens fits the first rung of ``L_b >= max(n, N)`` (:meth:`DeviceGraphs.bucket_for`)."""
+    R = cfg.max_num_reqs
+    return tuple(cfg.bucket_for(min(t, R), t) for t in cfg.token_buckets)
 
 
 def init_state(cfg: PCPConfig, device: torch.device | str) -> PCPState:
@@ -194,46 +222,301 @@ def output_capacities(cfg: PCPConfig) -> dict[str, tuple[tuple[int, ...], torch.
     return {k: (tuple(v.shape), v.dtype) for k, v in out.items()}
 
 
-class DeviceRunner:
-    """Runs the device step functions: one captured graph per bucket, or eagerly.
+def unpack_batch(cfg: PCPConfig, bucket: Bucket, packed: torch.Tensor) -> SchedulerBatch:
+    """The :class:`pcp_fn.SchedulerBatch` of ``bucket`` over the staging buffer (views, no copy).
 
-    ``capture=True`` uses :func:`pcp_fn.graph.capture` (``torch.cuda.CUDAGraph``
-    on CUDA, ``torch.npu.NPUGraph`` on an Ascend NPU, ``torch.compile`` with
-    ``backend`` elsewhere); each function keeps one graph per bucket. A graph's
-    outputs are overwritten by its next replay, so callers copy them into
-    their persistent buffers at once and :meth:`keep` what must last (the state).
-    ``check_syncs=True`` runs every call under :func:`pcp_fn.no_host_syncs`.
+    ``packed`` ``[3R + 1]`` int32 holds ``[num_scheduled | num_computed | num_prompt]``
+    (``R`` rows each, zero past the requests), then ``num_reqs``: what ``make_batch``
+    copies to the device in one go, staged by :meth:`DeviceGraphs.stage` instead.
+    """
+    R, Rb = cfg.max_num_reqs, bucket.num_reqs
+    return SchedulerBatch(
+        config=cfg.shared,
+        bucket=bucket,
+        num_reqs=packed[3 * R],
+        num_scheduled=packed[:Rb],
+        num_computed=packed[R : R + Rb],
+        num_prompt=packed[2 * R : 2 * R + Rb],
+    )
+
+
+class Record(NamedTuple):
+    """The per-request record of the last step, persistent (what a :class:`pcp_fn.PCPState`
+    holds besides its constants): ``num_reqs`` 0-d int64, ``num_scheduled`` ``[R]`` int32,
+    ``is_decode`` ``[R]`` bool."""
+
+    num_reqs: torch.Tensor
+    num_scheduled: torch.Tensor
+    is_decode: torch.Tensor
+
+
+def step_into(
+    bucket: Bucket,
+    state: PCPState,
+    out: dict[str, torch.Tensor],
+    record: Record,
+    query_lens: torch.Tensor,
+    packed: torch.Tensor,
+) -> None:
+    """:func:`device_step` of the staged batch (``packed``, see :func:`unpack_batch`), its results
+    written into the persistent buffers: ``out`` (each result in the first rows of its buffer),
+    ``record`` (the state's per-request record) and ``query_lens`` ``[R]`` (the scheduled
+    tokens, zero past the requests: vllm-ascend ``query_lens_pcp_full.gpu``). Inside the
+    graph, so a replay leaves them there and the host copies nothing back."""
+    R = state.config.max_num_reqs
+    new, results = device_step(state, unpack_batch(state.config, bucket, packed))
+    dst = [out[name][: value.shape[0]] for name, value in results.items()]
+    src = list(results.values())
+    dst += [record.num_reqs, record.num_scheduled, record.is_decode, query_lens]
+    src += [new.num_reqs, new.num_scheduled, new.is_decode, packed[:R]]
+    torch._foreach_copy_(dst, src)
+
+
+def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -> None:
+    """:func:`device_padded_slots` of the ``[F_b]`` staged slots, written into ``out[:P * L_b]``."""
+    padded = device_padded_slots(state, slots)
+    out[: padded.shape[0]].copy_(padded)
+
+
+def mtp_mask_into(state: PCPState, out: torch.Tensor, num_computed: torch.Tensor) -> None:
+    """:func:`device_mtp_mask` (``num_computed`` ``[R_b]``) written into the decodes' rows of
+    ``out`` ``[R, 1 + k, cols]``; the other rows keep what they hold (vllm-ascend's buffer)."""
+    mask = device_mtp_mask(state, num_computed, out.shape[2])
+    Rb = mask.shape[0]
+    rows = torch.arange(Rb, device=mask.device) < state.is_decode[:Rb].sum()  # decodes are a prefix
+    out[:Rb].copy_(torch.where(rows[:, None, None], mask, out[:Rb]))
+
+
+class DeviceGraphs:
+    """The manager's device functions, one graph per bucket of its ladder, bound to fixed buffers.
+
+    Per bucket ``b`` of :func:`graph_buckets`: :func:`step_into` (``init_batch_info``),
+    :func:`padded_slots_into` per KV cache group (``get_padded_slot_mapping``) and, with spec
+    decode and ``P * D > 1``, :func:`mtp_mask_into` (``generate_pcp_metadata``), each bound
+    (:meth:`pcp_fn.graph.Captured.bind`) to its persistent staging inputs, so a call replays
+    with no signature lookup and its results land in the persistent buffers inside the graph.
+
+    Args:
+        config: a :func:`make_config` config.
+        device: where the graphs run.
+        step_out: the persistent buffer of each :func:`device_step` result (by its key).
+        query_lens: ``[R]`` int32, vllm-ascend's ``query_lens_pcp_full.gpu``.
+        slot_group: group 0's padded slot mapping (:meth:`add_slot_group` adds the others).
+        slots_in: ``[>= F]`` int64, the staging of the runner's slot mapping.
+        computed_in: ``[R]`` int32, the staging of corrected ``num_computed_tokens``.
+        mtp_mask: ``[R, 1 + k, cols]`` bool, vllm-ascend's ``dcp_mtp_attn_mask.gpu`` (``None``
+            without spec decode or with ``P * D = 1``).
+        backend: ``None`` (plain calls), ``"aoti"`` (AOTInductor packages, cached in
+            ``package_dir`` when given, :meth:`package_path`), or a ``torch.compile`` backend
+            (device graphs on CUDA / NPU): every graph is made here, for every bucket
+            (:attr:`stats`); a call without one runs eagerly, counted in ``stats.fallbacks``.
+        check_syncs: run every plain call (and :meth:`guard`'s blocks) under
+            :func:`pcp_fn.no_host_syncs`.
     """
 
-    def __init__(self, capture: bool, backend: str = "inductor", check_syncs: bool = False) -> None:
-        self.capture = capture
-        self.backend = backend
-        self.check_syncs = check_syncs
-        self._graphs: dict[str, pcp_graph.Captured] = {}
+    def __init__(
+        self,
+        config: PCPConfig,
+        device: torch.device,
+        *,
+        step_out: dict[str, torch.Tensor],
+        query_lens: torch.Tensor,
+        slot_group: torch.Tensor,
+        slots_in: torch.Tensor,
+        computed_in: torch.Tensor,
+        mtp_mask: torch.Tensor | None,
+        backend: str | None,
+        check_syncs: bool = False,
+        package_dir: str | None = None,
+    ) -> None:
+        self.config, self.device, self.backend = config, device, backend
+        self.check_syncs, self.package_dir = check_syncs, package_dir
+        self.ladder = graph_buckets(config)
+        self._rungs = tuple(b.num_tokens for b in self.ladder)
+        self.stats = GraphStats()
+        R = config.max_num_reqs
+        self._state0 = pcp_fn.init_state(config, device)
+        self.packed = torch.zeros(3 * R + 1, dtype=torch.int32, device=device)
+        # the CPU stages into the buffer itself; a device through a pinned buffer and one copy
+        self._packed_np = self.packed.numpy() if device.type == "cpu" else None
+        self.record = Record(
+            torch.zeros((), dtype=torch.int64, device=device),
+            torch.zeros(R, dtype=torch.int32, device=device),
+            torch.zeros(R, dtype=torch.bool, device=device),
+        )
+        self._step_out, self._query_lens = step_out, query_lens
+        self._slot_groups = [slot_group]
+        self._slots_in, self._computed_in, self._mtp_mask = slots_in, computed_in, mtp_mask
+        self._views: dict[Bucket, tuple[PCPState, SchedulerBatch]] = {}
+        self._captured: dict[tuple[Any, ...], pcp_graph.Captured] = {}
+        self._bound: dict[tuple[Any, ...], Callable[[], Any]] = {}
+        self.staged: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}  # each bound call's inputs
+        self._fallback: set[tuple[Any, ...]] = set()
+        # Dynamo guards on the grad mode: its graphs are made and replayed under inference mode
+        # (a plain call, AOTInductor and device graphs do not care; entering it costs ~2 us)
+        plain = backend in (None, "aoti") or device.type != "cpu"
+        self._mode = contextlib.nullcontext if plain else torch.inference_mode
+        # the sync detector is a dispatch mode: it watches plain calls (a graph was checked
+        # when it was traced; torch.compile refuses to run under it)
+        self._run_guard = self.guard if backend is None else contextlib.nullcontext
+        self.prepare()
 
-    @property
-    def num_graphs(self) -> int:
-        """Graphs captured so far, over every function and bucket."""
-        return sum(len(g) for g in self._graphs.values())
+    # ---------------------------------------------------------------- buckets and views
+    def bucket_for(self, num_reqs: int, num_tokens: int) -> Bucket:
+        """The first rung holding ``num_reqs`` requests and ``num_tokens`` local tokens (within
+        the capacities: checked by the caller)."""
+        return self.ladder[bisect.bisect_left(self._rungs, max(num_reqs, num_tokens, 1))]
+
+    def view(self, bucket: Bucket) -> tuple[PCPState, SchedulerBatch]:
+        """The state and batch of the last step at ``bucket``: views of the persistent record and
+        staging buffers (one pair per bucket; their contents are the last step's)."""
+        pair = self._views.get(bucket)
+        if pair is None:
+            rec = self.record
+            state = dataclasses.replace(
+                self._state0,
+                bucket=bucket,
+                num_reqs=rec.num_reqs,
+                num_scheduled=rec.num_scheduled,
+                is_decode=rec.is_decode,
+            )
+            pair = self._views[bucket] = (state, unpack_batch(self.config, bucket, self.packed))
+        return pair
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
         return pcp_fn.no_host_syncs() if self.check_syncs else contextlib.nullcontext()
 
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if not self.capture:
-            with self.guard():
-                return fn(*args)
-        graph = self._graphs.get(fn.__name__)
-        if graph is None:
-            graph = self._graphs[fn.__name__] = pcp_graph.Captured(fn, backend=self.backend)
-        return graph(*args)
+    @property
+    def num_graphs(self) -> int:
+        """Graphs made so far (``0`` with plain calls)."""
+        return len(self._captured)
 
-    def keep(self, tree: Any) -> Any:
-        """A copy of graph outputs that outlives the next replay (eager outputs are already fresh)."""
-        if not self.capture:
-            return tree
-        with self.guard():
-            return pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, tree)
+    # ---------------------------------------------------------------- the graphs
+    def _key_args(self, kind: str, bucket: Bucket, variant: int) -> tuple[Callable[..., Any], tuple, tuple]:
+        """``(function, persistent arguments, staging arguments)`` of one bound call."""
+        state, batch = self.view(bucket)
+        if kind == "step":
+            out = (self._step_out, self.record, self._query_lens)
+            return functools.partial(step_into, bucket), (self._state0, *out), (self.packed,)
+        if kind == "slots":
+            rows = full_rows(self.config, bucket)
+            return padded_slots_into, (state, self._slot_groups[variant]), (self._slots_in[:rows],)
+        computed = batch.num_computed if variant == 0 else self._computed_in[: bucket.num_reqs]
+        return mtp_mask_into, (state, self._mtp_mask), (computed,)
+
+    def _make(self, kind: str, bucket: Bucket, variant: int) -> Callable[[], Any]:
+        """Make (or load) the graph of one bound call and bind it."""
+        fn, fixed, staged = self._key_args(kind, bucket, variant)
+        self.staged[(kind, bucket, variant)] = staged
+        if self.backend == "aoti":  # every tensor an argument: AOTInductor writes the buffers it is given
+            fn, args, key = fn, (*fixed, *staged), (kind, bucket)
+        else:  # the persistent buffers closed over: a device graph writes them, not static copies
+            # (a slot group's buffer is one of them: a graph per group; the mask's variants
+            # differ in their staged input only: one graph)
+            fn, args = functools.partial(fn, *fixed), staged
+            key = (kind, bucket, variant if kind == "slots" else 0)
+        captured = self._captured.get(key)
+        if captured is None:
+            path = None
+            if self.backend == "aoti" and self.package_dir is not None:
+                path = self.package_path(kind, bucket)
+                self.stats.loaded += os.path.exists(path)
+            captured = pcp_graph.capture(fn, *args, backend=self.backend, package_path=path)
+            self._captured[key] = captured
+            self.stats.prepared += 1
+        return captured.bind(*args)
+
+    def package_path(self, kind: str, bucket: Bucket) -> str:
+        """The AOTInductor package of a graph in :attr:`package_dir`, named by all it depends on."""
+        assert self.package_dir is not None
+        name = package_name(f"dcs_{kind}", self.config, bucket, self.device.type)
+        return os.path.join(self.package_dir, name)
+
+    def _calls(self, groups: Sequence[int]) -> list[tuple[str, Bucket, int]]:
+        calls = []
+        for bucket in self.ladder:
+            calls.append(("step", bucket, 0))
+            calls += [("slots", bucket, g) for g in groups]
+            if self._mtp_mask is not None:
+                calls += [("mask", bucket, 0), ("mask", bucket, 1)]
+        return calls
+
+    def prepare(self, groups: Sequence[int] = (0,)) -> GraphStats:
+        """Make the graphs of every bucket now (start-up), so that no step makes one; a no-op
+        with plain calls. Each is made and run once on what is staged (at construction, an
+        empty batch), writing its results into the persistent buffers: call it before
+        serving, not inside a step."""
+        if self.backend is None:
+            return self.stats
+        start = time.perf_counter()
+        with self._mode():  # the mode a step replays in: no compile guard fails later
+            for call in self._calls(groups):
+                if call not in self._bound:
+                    self._bound[call] = bound = self._make(*call)
+                    bound()  # once here: a compiled graph meeting new inputs recompiles now
+        self.stats.prepare_seconds += time.perf_counter() - start
+        return self.stats
+
+    def add_slot_group(self, buffer: torch.Tensor) -> None:
+        """One more KV cache group's padded slot mapping buffer, its graphs bound now."""
+        self._slot_groups.append(buffer)
+        self.prepare(groups=(len(self._slot_groups) - 1,))
+
+    def _call(self, kind: str, bucket: Bucket, variant: int) -> None:
+        key = (kind, bucket, variant)
+        bound = self._bound.get(key)
+        if bound is None:  # plain calls, or a bucket without a graph (counted, logged once)
+            fn, fixed, staged = self._key_args(kind, bucket, variant)
+            bound = self._bound[key] = functools.partial(fn, *fixed, *staged)
+            self.staged[key] = staged
+            if self.backend is not None:
+                self._fallback.add(key)
+                logger.warning(
+                    "pcp_fn: no prepared %r graph for %s at bucket %s: it runs eagerly (counted in "
+                    "stats.fallbacks)",
+                    self.backend,
+                    kind,
+                    bucket,
+                )
+        if key in self._fallback:
+            self.stats.fallbacks += 1
+        self.run(key, bound)
+
+    def run(self, key: tuple[Any, ...], bound: Callable[[], Any]) -> None:
+        """One bound call (``key``: its ``(kind, bucket, variant)``; its staging inputs are
+        :attr:`staged` ``[key]``; a benchmark replaces this to model a device's replay)."""
+        with self._run_guard(), self._mode():
+            bound()
+
+    # ---------------------------------------------------------------- a step
+    def stage(self, h: HostLayout) -> None:
+        """Write the step's per-request arrays into the staging buffer (one copy off the CPU)."""
+        R, n = self.config.max_num_reqs, h.num_reqs
+        host = self._packed_np
+        if host is None:  # pinned, rotated (pcp_fn.core.staging): refilled once its last copy ran
+            host = host_buffer(self.packed.shape[0], np.int32, self.device)
+        host[:] = 0  # rows past the requests read zero (1 KB)
+        host[:n] = h.num_scheduled
+        host[R : R + n] = h.num_computed
+        host[2 * R : 2 * R + n] = h.device_prompt
+        host[3 * R] = n
+        if self._packed_np is None:
+            with self.guard():
+                self.packed.copy_(to_device(host, self.device))
+
+    def step(self, bucket: Bucket) -> None:
+        """:func:`step_into` of the staged batch at ``bucket``."""
+        self.stats.steps += 1
+        self._call("step", bucket, 0)
+
+    def padded_slots(self, bucket: Bucket, group: int) -> None:
+        """:func:`padded_slots_into` of the staged slots into group ``group``'s buffer."""
+        self._call("slots", bucket, group)
+
+    def mtp_mask(self, bucket: Bucket, corrected: bool) -> None:
+        """:func:`mtp_mask_into` from the batch's ``num_computed`` or (``corrected``) the
+        ``computed_in`` staging buffer."""
+        self._call("mask", bucket, int(corrected))
 
 
 # ------------------------------------------------------------------ spec decode (eager)

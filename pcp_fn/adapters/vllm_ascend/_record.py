@@ -6,7 +6,8 @@ kept across steps: the async spec-decode layout, the last MTP slot mapping).
 The adapter keeps one :class:`StepRecord` instead and replaces it
 (``dataclasses.replace``) at each call that changes it; the runner-facing
 attributes are read-only views of it. The only mutable part of the manager is
-its persistent buffers (:mod:`._buffers`), whose contents the record describes.
+its persistent buffers (:mod:`._buffers`, and the staging and record buffers of
+its graphs), whose contents the record describes.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class StepRecord:
     """What the manager knows after its last call.
 
     Fields:
-        state: the device :class:`pcp_fn.PCPState` of the last ``init_batch_info``.
+        state: the device :class:`pcp_fn.PCPState` of the last ``init_batch_info`` (its bucket
+            static; its tensors views of the persistent record the step's graph writes).
         host: the host twin of the last ``init_batch_info`` (``None`` before the first).
-        batch: the device batch of that step (its bucket shapes every device buffer write).
+        batch: the device batch of that step (its bucket shapes every device buffer write; its
+            tensors views of the persistent staging buffer).
         updated: the host twin of the last ``update_tokens_for_pcp``; the attributes the
             reference sets there (pads, ``pcp_tokens``, the hybrid counts...) read it.
         num_actual_tokens_pcp_padded: set by ``generate_pcp_metadata`` (read by the restore).

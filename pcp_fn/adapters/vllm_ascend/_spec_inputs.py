@@ -203,7 +203,7 @@ class SpecInputMethods:
         else:
             prev_dev = F.pad(prev_positions[:n].to(torch.int64), (0, Rb - n), value=-1)
         rows = _ops.full_rows(self.config, bucket)
-        with self._device.guard():
+        with self._graphs.guard():
             ids = self.input_ids_pcp_full.gpu[:rows]
             ids.copy_(
                 _ops.repair_full_ids(

@@ -75,7 +75,7 @@ class ProposerMethods:
             return target_hidden_states_d_padded
         if self.pcp_use_hybrid_attn or self.pcp_world_size == 1:
             return target_hidden_states_d_padded[:D]
-        with self._device.guard():
+        with self._graphs.guard():
             return target_hidden_states_d_padded.index_select(0, self._buffers.step["decode_rows"][:D])
 
     def prepare_spec_decode_first_pass_inputs(
@@ -120,7 +120,7 @@ class ProposerMethods:
         h, bucket = self._host(), self._bucket()
         n, D = num_decode_reqs + num_prefill_reqs, h.num_decode_tokens
         N = h.num_tokens  # this rank's rows: the decodes' tokens and its prefill chunks
-        with self._device.guard():
+        with self._graphs.guard():
             ids_full = F.pad(input_ids[:num_tokens], (0, _ops.full_rows(self.config, bucket) - num_tokens))
             tis = F.pad(token_indices_to_sample[:n].to(torch.int64), (0, bucket.num_reqs - n))
             ids, rows, new_tis = _ops.first_pass_selection(self._record.state, ids_full, tis, logits_indices)
@@ -181,7 +181,7 @@ class ProposerMethods:
             raise RuntimeError("no MTP slot mapping was built (generate_pcp_mtp_input of a decode batch)")
         bucket = self._bucket()
         num_reqs = batch_size if dcp_prefill else num_decode_reqs
-        with self._device.guard():
+        with self._graphs.guard():
             tis = F.pad(
                 ori_token_indices_to_sample[:num_reqs].to(torch.int64), (0, bucket.num_reqs - num_reqs)
             )
@@ -213,7 +213,7 @@ class ProposerMethods:
         length = pcp_allgather_restore_idx.shape[0]
         if length > buf.shape[0]:
             raise ValueError(f"the restore index has {length} rows; the buffer holds {buf.shape[0]}")
-        with self._device.guard():
+        with self._graphs.guard():
             pcp_allgather_restore_idx.copy_(
                 _ops.mask_restore(self._capacity_state, pcp_allgather_restore_idx)
             )

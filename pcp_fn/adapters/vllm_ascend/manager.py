@@ -6,9 +6,11 @@ the layout is computed by pcp_fn instead of host numpy:
 - ``init_batch_info`` builds the step: the host twin (:mod:`._host`, O(R)
   numpy on the runner's arrays) for every value the runner reads on the host,
   and one device step (:func:`._ops.device_step`: ``update_tokens``, logits
-  indices, attention index tensors, the hybrid index maps), captured once per
-  bucket on a CUDA or Ascend device, whose outputs are copied into persistent
-  buffers (:mod:`._buffers`);
+  indices, attention index tensors, the hybrid index maps), one graph per
+  bucket of a ladder made at construction (:class:`._ops.DeviceGraphs`;
+  ``PCP_FN_GRAPH_BACKEND``, :mod:`pcp_fn.adapters.backend`), bound to a
+  persistent staging buffer and writing its outputs into the persistent
+  buffers (:mod:`._buffers`) inside the graph;
 - every later call reads the frozen step record (:mod:`._record`), those
   buffers, or runs a small pcp_fn op (the padded slot mapping per KV cache
   group, the MTP mask, the spec-decode and multimodal helpers).
@@ -34,13 +36,14 @@ reference's buffer semantics: rows it does not recompute keep their last values)
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..backend import GraphStats, default_graph_backend, package_cache_dir, resolve_graph_backend
 from . import _buffers, _host, _ops
 from ._metadata import MetadataMethods
 from ._multimodal import MultimodalMethods
@@ -58,6 +61,10 @@ def _pcp_all_gather(x: torch.Tensor) -> torch.Tensor:
 
 def _host_ints(name: str, values: Any, num_reqs: int) -> np.ndarray:
     """The first ``num_reqs`` entries of a 1-D integer array, checked (``ValueError`` names the field)."""
+    if type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu":  # the runner's
+        if values.shape[0] < num_reqs:
+            raise ValueError(f"{name} has {values.shape[0]} entries but num_reqs is {num_reqs}")
+        return values[:num_reqs]
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise ValueError(f"{name} must be on the host, got a tensor on {values.device}")
@@ -70,6 +77,28 @@ def _host_ints(name: str, values: Any, num_reqs: int) -> np.ndarray:
     return arr[:num_reqs]
 
 
+INT32_MAX = 2**31 - 1
+_new = object.__new__
+
+
+def graph_backend(capture: bool | None, compile_backend: str | None, device: torch.device) -> str | None:
+    """The backend of the manager's graphs (``None``: plain calls).
+
+    ``capture`` / ``compile_backend`` given: ``capture=False`` plain calls; ``capture=True``
+    graphs with ``compile_backend`` (default ``"inductor"``: device graphs on CUDA / NPU,
+    ``torch.compile`` on the CPU); ``compile_backend`` alone that backend. Neither:
+    ``$PCP_FN_GRAPH_BACKEND`` (:func:`pcp_fn.adapters.backend.resolve_graph_backend`: ``auto``,
+    the default, captures device graphs on CUDA / NPU and makes plain calls on the CPU).
+    """
+    if capture is False:
+        return None
+    if capture is True:
+        return compile_backend or "inductor"
+    if compile_backend is not None:
+        return compile_backend
+    return resolve_graph_backend(default_graph_backend(), device)
+
+
 class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, MultimodalMethods):
     """vllm-ascend 0.23 ``PCPManager`` on pcp_fn (DualChunkSwap; hybrid attention; spec decode).
 
@@ -78,12 +107,17 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         max_num_reqs, device, vllm_config, use_async_scheduling, pin_memory, use_sparse.
 
     Keyword-only additions:
-        capture: capture the device step once per bucket with :func:`pcp_fn.graph.capture`
+        capture, compile_backend: override ``$PCP_FN_GRAPH_BACKEND`` (:func:`graph_backend`):
+            ``capture=True`` makes one graph per bucket with :func:`pcp_fn.graph.capture`
             (``torch.npu.NPUGraph`` on an NPU, ``torch.cuda.CUDAGraph`` on CUDA,
-            ``torch.compile(backend=compile_backend)`` elsewhere). Default: on a
-            graph device (``cuda``, ``npu``) only.
+            ``torch.compile(backend=compile_backend)`` elsewhere, AOTInductor packages
+            cached in ``$PCP_FN_CACHE_DIR`` for ``compile_backend="aoti"``),
+            ``capture=False`` plain calls. Every graph is made here, for every
+            bucket of the ladder (:attr:`graph_stats`), never at a step.
         check_syncs: run every device-path call under :func:`pcp_fn.no_host_syncs`.
-        request_buckets, token_buckets: pcp_fn bucket sizes (default powers of two).
+        request_buckets, token_buckets: the ladder's bucket sizes (token sizes default to
+            powers of two from 16 up to the local capacity; each with ``min(L_b, R)``
+            request rows, rounded up to ``request_buckets`` when given).
         all_gather: ``x -> all_gather(x, dim 0)`` over the PCP group; default
             vLLM's ``get_pcp_group().all_gather`` (imported when first used).
 
@@ -108,10 +142,10 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         use_sparse: bool = False,
         *,
         capture: bool | None = None,
-        compile_backend: str = "inductor",
+        compile_backend: str | None = None,
         check_syncs: bool = False,
-        request_buckets: tuple[int, ...] | None = None,
-        token_buckets: tuple[int, ...] | None = None,
+        request_buckets: Sequence[int] | None = None,
+        token_buckets: Sequence[int] | None = None,
         all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         s = read_settings(
@@ -130,12 +164,27 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         self.settings = s
         self.config = _ops.make_config(s, request_buckets, token_buckets)
         self.device = s.device
-        self._device = _ops.DeviceRunner(
-            capture if capture is not None else s.graph_device, compile_backend, check_syncs
-        )
-        self._buffers = _buffers.allocate(
+        self._buffers = b = _buffers.allocate(
             s, _ops.output_capacities(self.config), _ops.gathered_capacity(self.config)
         )
+        backend = graph_backend(capture, compile_backend, s.device)
+        self._graphs = _ops.DeviceGraphs(
+            self.config,
+            s.device,
+            step_out=b.step,
+            query_lens=b.query_lens_pcp_full.gpu,
+            slot_group=b.first_padded_slot_mapping,
+            slots_in=b.slots_in,
+            computed_in=b.computed_in,
+            mtp_mask=None if b.dcp_mtp_attn_mask is None else b.dcp_mtp_attn_mask.gpu,
+            backend=backend,
+            check_syncs=check_syncs,
+            package_dir=package_cache_dir() if backend == "aoti" else None,
+        )
+        # rows of each padded slot mapping past which it holds -1 (the graphs write the bucket's)
+        self._slots_dirty = [b.padded_slot_capacity if backend is not None else 0]
+        self._metadata_cls: Any = None
+        self._empty_indices: dict[str, torch.Tensor] | None = None
         self._cpu_state = _ops.init_state(self.config, "cpu")  # the ops reading the CPU token table
         # the ops tied to no step (any length up to the capacity): the capacity bucket's rows
         self._capacity_state = _ops.init_state(self.config, s.device)
@@ -175,7 +224,11 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         return self._record
 
     def _set(self, **changes: Any) -> None:
-        self._record = dataclasses.replace(self._record, **changes)
+        # dataclasses.replace of the frozen record, without its per-field Python loop
+        record = _new(StepRecord)
+        record.__dict__.update(self._record.__dict__)
+        record.__dict__.update(changes)
+        self._record = record
 
     def _host(self) -> _host.HostLayout:
         if self._record.host is None:
@@ -189,8 +242,14 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
 
     @property
     def num_graphs(self) -> int:
-        """Device graphs captured so far (one per function and bucket)."""
-        return self._device.num_graphs
+        """Device graphs made (at construction: one per function and bucket of the ladder)."""
+        return self._graphs.num_graphs
+
+    @property
+    def graph_stats(self) -> GraphStats:
+        """Graphs prepared at construction and their time (``loaded``: AOTInductor packages found
+        in the cache), steps, steps run eagerly for want of a graph (``fallbacks``)."""
+        return self._graphs.stats
 
     @property
     def num_reqs(self) -> int:
@@ -314,7 +373,7 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         num_computed_tokens: np.ndarray,
         num_prompt_tokens: np.ndarray,
     ) -> None:
-        """Start a step: the host twin, the device batch (one copy) and the device step.
+        """Start a step: the host twin, the staged batch and the device step.
 
         The arrays are the runner's (decodes first); only their first ``num_reqs``
         entries are read and nothing keeps a reference to them.
@@ -328,18 +387,20 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         computed = _host_ints("num_computed_tokens", num_computed_tokens, n)
         prompt = _host_ints("num_prompt_tokens", num_prompt_tokens, n)
         h = _host.host_layout(self.settings, sched, computed, prompt)
-        batch = _ops.make_batch(self.config, h, self.device)  # validates counts and capacities
-        state, out = self._device(_ops.device_step, self._record.state, batch)
-        Rb = batch.bucket.num_reqs
-        ql = self._buffers.query_lens_pcp_full
-        ql.np[:n] = h.num_scheduled
-        ql.np[n:] = 0
-        with self._device.guard():
-            for name, value in out.items():
-                self._buffers.step[name][: value.shape[0]].copy_(value)
-            ql.gpu[:Rb].copy_(batch.num_scheduled)
-            ql.gpu[Rb:].zero_()
-        self._set(state=self._device.keep(state), host=h, batch=batch)
+        if n:
+            # make_batch's checks at the cost of three ufuncs; make_batch itself names a bad field
+            bound = int(np.bitwise_or.reduce(h.num_scheduled | h.num_computed | h.num_prompt))
+            if bound < 0 or 2 * bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
+                _ops.make_batch(self.config, h, "cpu")
+        graphs = self._graphs
+        bucket = graphs.bucket_for(n, h.num_tokens)
+        graphs.stage(h)
+        graphs.step(bucket)
+        ql = self._buffers.query_lens_pcp_full.np  # its device half is written by the step
+        ql[:n] = h.num_scheduled
+        ql[n:] = 0
+        state, batch = graphs.view(bucket)
+        self._set(state=state, host=h, batch=batch)
 
     def update_tokens_for_pcp(
         self, num_scheduled_tokens: np.ndarray, arange_np: np.ndarray | None = None
@@ -352,7 +413,7 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         """
         h = self._host()
         given = np.asarray(num_scheduled_tokens)
-        if given.shape != (h.num_reqs,) or not np.array_equal(given, h.num_scheduled):
+        if given.shape != (h.num_reqs,) or (given != h.num_scheduled).any():
             raise ValueError(
                 "num_scheduled_tokens passed to update_tokens_for_pcp differs from init_batch_info's "
                 f"({given.tolist()} vs {h.num_scheduled.tolist()})"
@@ -380,8 +441,12 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         return _host.adjust_cu(self._host(), cu_num_scheduled_tokens)
 
     def initialize_slot_mapping(self) -> None:
-        """One padded slot mapping buffer per KV cache group (allocated once)."""
-        _buffers.new_padded_slot_mapping(self._buffers, self.device)
+        """One padded slot mapping buffer per KV cache group (allocated once; the first up front,
+        its graphs made at construction, the others' made here)."""
+        buf = _buffers.new_padded_slot_mapping(self._buffers, self.device)
+        if len(self._buffers.padded_slot_mappings) > 1:
+            self._graphs.add_slot_group(buf)  # runs its graphs once: rows may hold slots
+            self._slots_dirty.append(0 if self._graphs.backend is None else buf.shape[0])
 
     def get_padded_slot_mapping(
         self, num_tokens: int, num_tokens_padded: int, slot_mapping: torch.Tensor, kv_cache_group_id: int
@@ -401,24 +466,25 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
                 f"initialize_slot_mapping ran {len(self._buffers.padded_slot_mappings)} times"
             )
         buf = self._buffers.padded_slot_mappings[kv_cache_group_id]
-        bucket = rec.batch.bucket
-        P, Lb = self.pcp_world_size, bucket.num_tokens
-        # bucket-shaped: the step's slots, then pad_slot_id up to F_b rows (a fixed-address buffer)
-        rows = _ops.full_rows(self.config, bucket)
-        staging = self._buffers.slots_in[:rows]
-        count = min(int(slot_mapping.shape[0]), int(rec.host.num_scheduled.sum()))
-        with self._device.guard():
+        bucket, h = rec.batch.bucket, rec.host
+        rows = self.pcp_world_size * bucket.num_tokens  # what the graph writes
+        # the step's slots staged in scheduler order (rows past them are never read)
+        count = min(int(slot_mapping.shape[0]), h.total_scheduled)
+        staging = self._buffers.slots_in
+        with self._graphs.guard():
             staging[:count].copy_(slot_mapping[:count])
-            staging[count:].fill_(self.config.pad_slot_id)
-        padded = self._device(_ops.device_padded_slots, rec.state, staging)
-        with self._device.guard():
-            buf[: P * Lb].copy_(padded)
-            buf[P * Lb :].fill_(-1)
+            if count < h.total_scheduled:
+                staging[count : h.total_scheduled].fill_(self.config.pad_slot_id)
+            dirty = self._slots_dirty[kv_cache_group_id]
+            if dirty > rows:  # a larger bucket wrote rows the runner may read padded: -1 again
+                buf[rows:dirty].fill_(-1)
+        self._slots_dirty[kv_cache_group_id] = rows
+        self._graphs.padded_slots(bucket, kv_cache_group_id)
         u = self._hybrid_update()
         if u is not None and self.total_num_sampled_tokens_pcp == num_tokens_padded:
-            length = u.num_tokens * P
+            length = u.num_tokens * self.pcp_world_size
         else:
-            length = num_tokens_padded * P
+            length = num_tokens_padded * self.pcp_world_size
         # the runner sizes this buffer max_buffer_num_tokens (T + 2PR >= every step's P * N real rows)
         return buf[: min(length, self.settings.max_buffer_num_tokens)]
 

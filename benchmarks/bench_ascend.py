@@ -1,0 +1,338 @@
+"""Host time per step of vllm-ascend 0.23's ``PCPManager`` against ``FunctionalDCSManager``.
+
+    python benchmarks/bench_ascend.py [--iters 60] [--pcp 2,4,8] [--spec 0,1] [--classes decode,mixed]
+                                      [--no-aoti] [--no-phases] [--ref PATH]
+
+Needs the reference ``vllm_ascend/worker/pcp_utils.py`` (``tools/reference.py`` finds
+it, or ``--ref PATH``); without it the benchmark says so and exits. One step is
+what ``model_runner_v1.py`` asks of the manager around one forward, in its order
+(rank 0, ``R = 256``, ``T = 8192``, one thread):
+
+    init_batch_info -> update_tokens_for_pcp -> logits -> get_padded_slot_mapping
+    -> generate_pcp_metadata -> get_restore_hidden_states
+
+"logits" is ``get_logits_indices`` without draft tokens; with them (MTP) the runner
+builds its spec-decode logits itself from ``num_pcp_pads_cpu``, so the step reads
+that attribute. The all-gather is a stand-in returning the ranks' rows at once;
+the metadata class is a plain attribute holder for both managers. Batches, for
+each ``P`` and ``k`` draft tokens (``k = 0``: no speculative config):
+
+    decode  256 decodes of 1 + k tokens (500 computed, 100-token prompt)
+    mixed   64 such decodes + fresh prefills of 2048 and 1000 tokens
+
+Columns (median us per step, every column timed in interleaved rounds, so a
+change in the machine's load hits them alike): the reference; the adapter with
+plain eager calls; the adapter with ``PCP_FN_GRAPH_BACKEND=aoti`` (AOTInductor
+packages made at construction, cached in ``$PCP_FN_CACHE_DIR``) -- the CPU as
+the device, hidden size 128; then host time: the reference and the adapter at
+hidden size 1 (so no restore gather counts), the adapter with its device graphs
+replaced by what a device replay costs the host besides the launch (the copies
+of the graphs' inputs into their static buffers); ``host/ref``: the last two's
+ratio. Before timing, one step of every adapter column is checked equal to the
+reference's (every return value and metadata field). Per-phase medians follow
+the table (``--no-phases`` to skip them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+from _common import R, T, seed_loader_or_none  # noqa: E402
+
+H = 128
+MAX_MODEL_LEN = 4096  # the MTP attention mask's width
+PHASES = ("init", "update", "logits", "slots", "metadata", "restore")
+
+
+class _Metadata:
+    """Stand-in for ``vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata`` (both managers)."""
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+
+def batch(kind: str, k: int) -> tuple[list[int], list[int], list[int]]:
+    """``(num_scheduled, num_computed, num_prompt)`` of a batch class with ``k`` draft tokens."""
+    q = 1 + k
+    if kind == "decode":
+        return [q] * 256, [500] * 256, [100] * 256
+    return [q] * 64 + [2048, 1000], [500] * 64 + [0, 0], [100] * 64 + [2048, 1000]
+
+
+def vllm_config(k: int) -> SimpleNamespace:
+    spec = SimpleNamespace(num_speculative_tokens=k) if k else None
+    return SimpleNamespace(
+        speculative_config=spec,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=T, max_num_seqs=R),
+        model_config=SimpleNamespace(
+            hf_config=SimpleNamespace(model_type="llama"), max_model_len=MAX_MODEL_LEN
+        ),
+        parallel_config=SimpleNamespace(cp_kv_cache_interleave_size=1),
+        _pd_recompute=False,
+    )
+
+
+class Step:
+    """One manager's runner-side inputs for a batch, and the step itself (timed per phase)."""
+
+    def __init__(
+        self,
+        manager: Any,
+        P: int,
+        k: int,
+        sched: list[int],
+        comp: list[int],
+        prompt: list[int],
+        hidden: int,
+        gather: Callable[[torch.Tensor], None],
+    ) -> None:
+        self.m, self.P, self.k = manager, P, k
+        n = len(sched)
+        self.n = n
+        self.sched = np.array(sched, dtype=np.int32)  # the runner's num_scheduled_tokens[:num_reqs]
+        self.comp = np.zeros(R, dtype=np.int32)
+        self.comp[:n] = comp
+        self.prompt = np.zeros(R, dtype=np.int32)
+        self.prompt[:n] = prompt
+        self.arange = np.arange(T * P + 2 * P * R, dtype=np.int64)
+        self.input_batch = SimpleNamespace(num_computed_tokens_cpu=self.comp)
+        self.block_table = torch.zeros(n, 4, dtype=torch.int32)
+        self.slots = torch.arange(int(self.sched.sum()), dtype=torch.int32) * 3 + 1
+        # the local counts (the reference's, the same on every rank for these batches)
+        local = np.where(self.sched <= 1 + k, self.sched, -(-self.sched // (2 * P)) * 2)
+        self.local = local.astype(np.int32)
+        self.cu = np.cumsum(self.local)
+        self.N = int(self.local.sum())
+        self.N_padded = -(-self.N // 8) * 8  # the graph runtime's padding
+        self.query_lens = torch.from_numpy(self.local)
+        self.hidden = torch.arange(self.N_padded * hidden, dtype=torch.float32).reshape(-1, hidden)
+        self.gathered = torch.arange(P * self.N * hidden, dtype=torch.float32).reshape(-1, hidden) * 7
+        self.gather = gather
+        self.times = {p: [] for p in (*PHASES, "total")}
+
+    def run(self, record: bool = True) -> dict[str, Any]:
+        m, t = self.m, time.perf_counter_ns
+        t0 = t()
+        m.init_batch_info(self.sched, self.n, self.comp, self.prompt)
+        t1 = t()
+        tokens, positions = m.update_tokens_for_pcp(self.sched, self.arange)
+        t2 = t()
+        logits = m.get_logits_indices(self.cu, self.n) if not self.k else m.num_pcp_pads_cpu[: self.n]
+        t3 = t()
+        slots = m.get_padded_slot_mapping(self.N, self.N_padded, self.slots, 0)
+        t4 = t()
+        meta, _ = m.generate_pcp_metadata(
+            self.N, self.query_lens, self.input_batch, self.local, self.block_table, self.n, self.n
+        )
+        t5 = t()
+        self.gather(self.gathered)
+        restored = m.get_restore_hidden_states(self.hidden)
+        t6 = t()
+        if record:
+            for name, dt in zip(
+                (*PHASES, "total"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t6 - t0)
+            ):
+                self.times[name].append(dt)
+        return dict(
+            tokens=tokens, positions=positions, logits=logits, slots=slots, meta=meta, restored=restored
+        )
+
+    def median(self, phase: str = "total") -> float:
+        return float(np.median(self.times[phase])) / 1e3
+
+
+def _values(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu()
+    return x
+
+
+def snapshot(out: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a step's outputs that later steps (which rewrite the managers' buffers) leave alone."""
+
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.clone()
+        if isinstance(x, np.ndarray):
+            return x.copy()
+        return x
+
+    snap = {k: copy(v) for k, v in out.items() if k != "meta"}
+    snap["meta"] = SimpleNamespace(**{k: copy(v) for k, v in vars(out["meta"]).items()})
+    return snap
+
+
+def _equal(a: Any, b: Any) -> bool:
+    a, b = _values(a), _values(b)
+    if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
+        a, b = torch.as_tensor(np.asarray(a)), torch.as_tensor(np.asarray(b))
+        return a.shape == b.shape and torch.equal(a.to(torch.float64), b.to(torch.float64))
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def check_equal(ref: dict[str, Any], ours: dict[str, Any], what: str) -> None:
+    """Every return value and every metadata field of the reference's step, equal in ours."""
+    for key in ("tokens", "positions", "logits", "slots", "restored"):
+        assert _equal(ref[key], ours[key]), f"{what}: {key} differs from the reference"
+    rm, om = vars(ref["meta"]), vars(ours["meta"])
+    missing = set(rm) - set(om)
+    assert not missing, f"{what}: metadata lacks {sorted(missing)}"
+    for field, value in rm.items():
+        assert _equal(value, om[field]), f"{what}: metadata.{field} differs from the reference"
+
+
+def graph_replayed(manager: Any) -> Any:
+    """``manager`` (plain calls) with each device function's call replaced by what a device graph
+    replay costs the host besides the launch: the copies of its staging inputs into the graph's
+    static buffers (``pcp_fn.graph.capture`` on CUDA/NPU). The first call of each function and
+    bucket runs it (writing the persistent buffers the later ones leave as they are); call
+    ``manager.new_batch()`` before another batch, so that its first calls run too."""
+    graphs = manager._graphs
+    run, statics = graphs.run, {}
+
+    def replay(key: tuple, bound: Callable[[], Any]) -> None:
+        src = list(graphs.staged[key])
+        dst = statics.get(key)
+        if dst is None:
+            statics[key] = [x.clone() for x in src]
+            run(key, bound)
+        else:
+            torch._foreach_copy_(dst, src)
+
+    graphs.run = replay
+    manager.new_batch = statics.clear
+    return manager
+
+
+class Group:
+    """The PCP group's all-gather: returns the rows staged for the step (every rank's at once)."""
+
+    rows: torch.Tensor | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.rows is not None
+        return self.rows
+
+
+def run_config(
+    loader: Any, P: int, k: int, kinds: list[str], iters: int, aoti: bool, device_columns: bool = True
+) -> tuple[list[str], list[str]]:
+    """The table lines and per-phase lines of every batch class at ``P`` ranks and ``k`` drafts."""
+    from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager
+
+    margs = (P, 0, 1, 0, T * P + 2 * P * R, R, torch.device("cpu"), vllm_config(k), False)
+    ref = loader.make_manager(P, 0, R, T, num_spec_tokens=k, max_model_len=MAX_MODEL_LEN)
+
+    def ours(**kw: Any) -> Any:
+        m = FunctionalDCSManager(*margs, all_gather=Group(), **kw)
+        m.initialize_slot_mapping()
+        return m
+
+    managers = {"ref": ref, "eager": ours(capture=False)} if device_columns else {}
+    if aoti and device_columns:
+        managers["aoti"] = ours(capture=True, compile_backend="aoti")
+    managers["ref host"] = ref
+    managers["host"] = graph_replayed(ours(capture=False))
+
+    def gather_of(m: Any) -> Callable[[torch.Tensor], None]:
+        group = loader.PCP_GROUP if m is ref else m._all_gather
+        attr = "gathered" if m is ref else "rows"
+        return lambda rows: setattr(group, attr, rows)
+
+    lines, phase_lines = [], []
+    for kind in kinds:
+        sched, comp, prompt = batch(kind, k)
+        steps = {
+            name: Step(m, P, k, sched, comp, prompt, 1 if "host" in name else H, gather_of(m))
+            for name, m in managers.items()
+        }
+        ref_out = {  # by hidden size
+            st.hidden.shape[1]: snapshot(st.run(record=False)) for st in steps.values() if st.m is ref
+        }
+        for name, st in steps.items():
+            if st.m is not ref:
+                getattr(st.m, "new_batch", lambda: None)()
+                st.run(record=False)  # the first call (a replayed graph's runs for real)
+                got = st.run(record=False)
+                check_equal(ref_out[st.hidden.shape[1]], got, f"{kind} P={P} k={k} {name}")
+        for i in range(10 + iters):
+            for st in steps.values():
+                st.run(record=i >= 10)
+        med = {name: st.median() for name, st in steps.items()}
+        for name in ("ref", "eager"):
+            med.setdefault(name, float("nan"))
+        t_aoti = med.get("aoti", float("nan"))
+        line = f"{kind:7} {P:>2} {k:>2} | {med['ref']:6.0f} {med['eager']:6.0f} {t_aoti:6.0f} "
+        line += f"{t_aoti / med['ref']:8.2f} | {med['ref host']:6.0f} {med['host']:6.0f} "
+        lines.append(line + f"{med['host'] / med['ref host']:8.2f}")
+        for name, st in steps.items():
+            cells = " ".join(f"{st.median(p):8.1f}" for p in PHASES)
+            phase_lines.append(f"{kind:7} {P:>2} {k:>2} {name:>8} | {cells}")
+    return lines, phase_lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--iters", type=int, default=60)
+    ap.add_argument("--pcp", default="2,4,8")
+    ap.add_argument("--spec", default="0,1", help="draft tokens per decode (0: no speculative config)")
+    ap.add_argument("--classes", default="decode,mixed")
+    ap.add_argument("--no-aoti", action="store_true", help="skip the AOTInductor column")
+    ap.add_argument("--no-phases", action="store_true", help="skip the per-phase medians")
+    ap.add_argument("--host-only", action="store_true", help="only the host-time columns")
+    ap.add_argument("--ref", default=None, help="path of the vllm-ascend pcp_utils reference")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    loader = seed_loader_or_none(args.ref)
+    if loader is None:
+        print(
+            "bench_ascend: the vllm-ascend 0.23 pcp_utils.py reference is not reachable "
+            "(tools/reference.py: PCP_FN_REF_VLLM_ASCEND_PCP_UTILS); nothing to compare against"
+        )
+        return
+    loader._module("vllm_ascend.attention")
+    loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+
+    print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
+    print(
+        f"R={R}, T={T}, rank 0, median us per step over {args.iters} steps; "
+        f"CPU as the device: H={H}; host: H=1, device graphs replaced by their input copies"
+    )
+    head = f"{'class':7} {'P':>2} {'k':>2} | {'ref':>6} {'eager':>6} {'aoti':>6} {'aoti/ref':>8} "
+    print(head + f"| {'ref':>6} {'host':>6} {'host/ref':>8}", flush=True)
+    phase_lines = []
+    for P in (int(x) for x in args.pcp.split(",")):
+        for k in (int(x) for x in args.spec.split(",")):
+            kinds = args.classes.split(",")
+            lines, phases = run_config(loader, P, k, kinds, args.iters, not args.no_aoti, not args.host_only)
+            print("\n".join(lines), flush=True)
+            phase_lines += phases
+    print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if not args.no_phases:
+        print("\nper phase, median us:")
+        print(f"{'class':7} {'P':>2} {'k':>2} {'column':>8} | " + " ".join(f"{p:>8}" for p in PHASES))
+        print("\n".join(phase_lines))
+    from reference import reference_path  # tools/ (on the path once the reference loader is)
+
+    v2 = reference_path("vllm_ascend_v2_pcp_manager")
+    why = "not timed here" if v2 else "its reference is not reachable: PCP_FN_REF_VLLM_ASCEND_V2_PCP_MANAGER"
+    print(f"\nFunctionalAscendPCPManager against vllm-ascend's V2 AscendPCPManager: skipped ({why})")
+
+
+if __name__ == "__main__":
+    main()
