@@ -439,6 +439,20 @@ def test_device_graph_inputs_copy_only_what_changed():
     assert len({v.untyped_storage().data_ptr() for v in views}) == 1
 
 
+def test_persistent_inputs_are_their_own_static_buffers():
+    """capture(persistent_inputs=True): a device graph reads the caller's staging tensors in
+    place: staging new contents and replaying copies nothing; other tensors are copied in."""
+    from pcp_fn.graph.capture import _StaticInputs
+
+    staging = [torch.zeros(8, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)]
+    inputs = _StaticInputs(list(staging), in_place=True)
+    assert all(b is s for b, s in zip(inputs.buffers, staging))
+    staging[0][:3] = 7  # the next step, staged in place
+    assert inputs.update(staging) == 0
+    other = [torch.arange(8, dtype=torch.int32), staging[1]]
+    assert inputs.update(other) == 1 and torch.equal(staging[0], other[0])  # copied into the staging
+
+
 def test_entry_states_with_the_same_constant_tensors_replay_as_the_template():
     state = init_state(CFG)
     captured = graph.Captured(pcp_fn.step, backend="eager")
