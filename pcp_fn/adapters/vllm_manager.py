@@ -154,7 +154,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 ``auto``; :func:`resolve_graph_backend`). Every graph is made in
                 the constructor (the engine's start-up), never at a step.
             token_buckets: the graph ladder's token sizes (default powers of two
-                from 16; :func:`pcp_fn.adapters.bookkeeping.graph_ladder`).
+                from 16; :func:`pcp_fn.adapters.backend.graph_ladder`).
             check_host_syncs: run the device part under ``pcp_fn.no_host_syncs``.
         """
 
