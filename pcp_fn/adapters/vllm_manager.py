@@ -452,8 +452,9 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             schedule and descriptor are seen, then looked up (a busy server's decode steps repeat
             their schedule: all ones, none prefilling)."""
             key = (
+                sched.dtype,
                 sched.tobytes(),
-                pf.tobytes(),
+                pf.tobytes(),  # (one byte a request: its length is the request count)
                 batch_desc.cg_mode,
                 batch_desc.num_tokens,
                 batch_desc.num_reqs,
