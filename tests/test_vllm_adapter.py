@@ -193,6 +193,36 @@ def test_bad_input_is_a_value_error_naming_the_field(sched, desc, match):
         m.partition_batch(g, d)
 
 
+def test_a_repeated_schedule_reuses_its_shape_and_gives_a_fresh_managers_batch():
+    """The shape memo: steps with the same schedule (and descriptor) reuse one _Shape, and each
+    step's local batch still equals the one a fresh manager builds (its own computed tokens,
+    prefill lengths and requests), with no host array shared with the last step's batch."""
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    d = Desc(cg_mode=Mode.PIECEWISE, num_tokens=8, num_reqs=None)
+    m = _one_step_manager()
+    steps = [
+        ([1, 1, 8], [5, 9, 0], [3, 4, 8]),
+        ([1, 1, 8], [6, 10, 4], [3, 4, 12]),
+        ([1, 1, 8], [2, 2, 0], [1, 1, 8]),
+    ]
+    last = None
+    for sched, computed, prompt in steps:
+        g = _batch(sched, computed, prompt, Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+        ours = m.partition_batch(g, d)
+        fresh = _one_step_manager().partition_batch(g, d)
+        for name, value in vars(fresh).items():
+            mine = getattr(ours, name)
+            if isinstance(value, np.ndarray):
+                assert np.array_equal(mine, value) and mine.dtype == value.dtype, name
+                assert last is None or not np.shares_memory(mine, getattr(last, name)), name
+            elif isinstance(value, torch.Tensor):
+                assert torch.equal(mine, value), name
+            else:
+                assert mine == value, name
+        last = ours
+    assert len(m._fn_shapes) == 1
+
+
 def test_bad_arrays_and_constructor():
     m = _one_step_manager()
     Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
