@@ -339,6 +339,8 @@ class DeviceGraphs:
         self.packed = torch.zeros(3 * R + 1, dtype=torch.int32, device=device)
         # the CPU stages into the buffer itself; a device through a pinned buffer and one copy
         self._packed_np = self.packed.numpy() if device.type == "cpu" else None
+        self._packed_rows = None if self._packed_np is None else self._packed_np[: 3 * R].reshape(3, R)
+        self._staged_reqs = 0  # requests in the staging buffer (the rows past them are zero)
         self.record = Record(
             torch.zeros((), dtype=torch.int64, device=device),
             torch.zeros(R, dtype=torch.int32, device=device),
@@ -489,20 +491,26 @@ class DeviceGraphs:
             bound()
 
     # ---------------------------------------------------------------- a step
-    def stage(self, h: HostLayout) -> None:
-        """Write the step's per-request arrays into the staging buffer (one copy off the CPU)."""
+    def stage(self, h: HostLayout) -> np.ndarray:
+        """Write the step's per-request arrays into the staging buffer (one copy off the CPU);
+        returns its ``[R]`` scheduled tokens (zero past the requests), on the host."""
         R, n = self.config.max_num_reqs, h.num_reqs
-        host = self._packed_np
+        host, rows = self._packed_np, self._packed_rows
         if host is None:  # pinned, rotated (pcp_fn.core.staging): refilled once its last copy ran
             host = host_buffer(self.packed.shape[0], np.int32, self.device)
-        host[:] = 0  # rows past the requests read zero (1 KB)
-        host[:n] = h.num_scheduled
-        host[R : R + n] = h.num_computed
-        host[2 * R : 2 * R + n] = h.device_prompt
+            rows = host[: 3 * R].reshape(3, R)
+            rows[:, n:] = 0
+        elif n < self._staged_reqs:  # rows past the requests read zero (the CPU's buffer keeps it)
+            rows[:, n : self._staged_reqs] = 0
+        rows[:, :n] = h.counts
+        if h.device_prompt is not h.num_prompt:  # a late decode made a prefill (dummy runs)
+            rows[2, :n] = h.device_prompt
         host[3 * R] = n
+        self._staged_reqs = n
         if self._packed_np is None:
             with self.guard():
                 self.packed.copy_(to_device(host, self.device))
+        return rows[0]
 
     def step(self, bucket: Bucket) -> None:
         """:func:`step_into` of the staged batch at ``bucket``."""
