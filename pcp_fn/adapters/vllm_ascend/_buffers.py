@@ -85,7 +85,8 @@ def allocate(
     extra = max(s.decode_threshold - 2, 0)
     return Buffers(
         step={k: torch.zeros(shape, dtype=dtype, device=dev) for k, (shape, dtype) in capacities.items()},
-        slots_in=torch.zeros(max(gathered_rows, s.max_buffer_num_tokens), dtype=torch.int64, device=dev),
+        # int32: the padded slot mapping's dtype (and vllm-ascend's block tables'), copied as it is
+        slots_in=torch.zeros(max(gathered_rows, s.max_buffer_num_tokens), dtype=torch.int32, device=dev),
         computed_in=torch.zeros(R, dtype=torch.int32, device=dev),
         padded_slot_mappings=[],
         padded_slot_capacity=max(gathered_rows, s.max_buffer_num_tokens),

@@ -373,8 +373,9 @@ def adjust_cu(h: HostLayout, cu: np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def _cp_ranks(C: int) -> np.ndarray:
-    out = np.arange(C, dtype=np.int32)
+def _round_up_offsets(C: int) -> np.ndarray:
+    """``C - 1 - rank`` for each of the ``C`` CP ranks (read-only)."""
+    out = np.arange(C - 1, -1, -1, dtype=np.int32)
     out.flags.writeable = False
     return out
 
@@ -385,8 +386,8 @@ def cp_local_seq_lens(seq_lens: np.ndarray, P: int, D: int, interleave: int) -> 
     vllm-ascend ``_get_cp_local_seq_lens``, in the input's dtype.
     """
     C = P * D
-    if interleave == 1:  # s // C each, and one more on the first s % C ranks
-        out = (seq_lens // C)[:, None] + ((seq_lens % C)[:, None] > _cp_ranks(C))
+    if interleave == 1:  # rank r holds positions r, r + C, ... < s: ceil((s - r) / C) of them
+        out = (seq_lens[:, None] + _round_up_offsets(C)) // C
         return out.astype(seq_lens.dtype, copy=False).reshape(-1, P, D)
     s = seq_lens[:, None]
     base = s // interleave // C * interleave

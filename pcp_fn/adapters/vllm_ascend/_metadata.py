@@ -206,15 +206,14 @@ class MetadataMethods:
                 decode_computed = computed_cpu[:nd]
             cp_rank = s.pcp_rank * s.dcp_size + s.dcp_rank
             if (decode_computed + num_scheduled[:nd] - 1 >= cp_rank).any():
-                bucket = self._record.batch.bucket
-                corrected = (decode_computed != h.num_computed[:nd]).any()
+                corrected = not _host.same_ints(decode_computed, h.num_computed[:nd])
                 if corrected:
                     # async spec decode corrected the histories: the [R_b] counts staged
-                    Rb = bucket.num_reqs
+                    Rb = self._record.batch.bucket.num_reqs
                     host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
                     host[: h.num_reqs] = h.num_computed
                     host[:nd] = decode_computed
                     with self._graphs.guard():
                         self._buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
-                self._graphs.mtp_mask(bucket, bool(corrected))  # rows [:nd] of the buffer
+                self._graphs.mtp_mask(corrected)  # rows [:nd] of the buffer, at the step's bucket
         return buf.gpu[: nd if nd > 0 else num_reqs]

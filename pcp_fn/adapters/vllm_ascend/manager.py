@@ -185,7 +185,10 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         self._slots_dirty = [b.padded_slot_capacity if backend is not None else 0]
         self._metadata_cls: Any = None
         self._empty_indices: dict[str, torch.Tensor] | None = None
-        self._pads: tuple[Any, np.ndarray] | None = None  # (the update, its num_pcp_pads_cpu)
+        self._pads: tuple[Any, np.ndarray] = (
+            None,
+            np.zeros(s.max_num_reqs, dtype=np.int64),
+        )  # (its update, it)
         self._last_views: dict[Any, tuple[int, Any]] = {}  # _view's
         self._cpu_state = _ops.init_state(self.config, "cpu")  # the ops reading the CPU token table
         # the ops tied to no step (any length up to the capacity): the capacity bucket's rows
@@ -291,13 +294,17 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
 
     @property
     def num_pcp_pads_cpu(self) -> np.ndarray:
-        """``[R]`` int64 pads per request of the last ``update_tokens_for_pcp`` (one array per
-        update, made when first read: the runner reads it per KV cache group)."""
-        u = self._record.updated
-        pads = self._pads
-        if pads is None or pads[0] is not u:
-            pads = self._pads = (u, self._per_request(None if u is None else u.num_pads, np.int64))
-        return pads[1]
+        """``[R]`` int64 pads per request of the last ``update_tokens_for_pcp``, zero past its requests:
+        one persistent array, like vllm-ascend's attribute (written when first read after an update;
+        the runner reads it per KV cache group)."""
+        u, (last, out) = self._record.updated, self._pads
+        if last is not u:
+            n = 0 if u is None else u.num_reqs
+            if u is not None:
+                out[:n] = u.num_pads
+            out[n : max(n, 0 if last is None else last.num_reqs)] = 0
+            self._pads = (u, out)
+        return out
 
     @property
     def pcp_tokens(self) -> np.ndarray:
@@ -410,13 +417,12 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
             if bound < 0 or 2 * bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
                 _ops.make_batch(self.config, h, "cpu")
         graphs = self._graphs
-        bucket = graphs.bucket_for(n, h.num_tokens)
+        rung = graphs.rung_for(n, h.num_tokens)
         staged = graphs.stage(h)
-        graphs.step(bucket)
+        graphs.step(rung)
         # query_lens_pcp_full: the scheduled tokens, zero past them (the step writes its device half)
         self._buffers.query_lens_pcp_full.np[:] = staged
-        state, batch = graphs.view(bucket)
-        self._set(state=state, host=h, batch=batch)
+        self._set(state=rung.state, host=h, batch=rung.batch)
 
     def update_tokens_for_pcp(
         self, num_scheduled_tokens: np.ndarray, arange_np: np.ndarray | None = None
@@ -496,7 +502,7 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
             if dirty > rows:  # a larger bucket wrote rows the runner may read padded: -1 again
                 buf[rows:dirty].fill_(-1)
         self._slots_dirty[kv_cache_group_id] = rows
-        self._graphs.padded_slots(bucket, kv_cache_group_id)
+        self._graphs.padded_slots(kv_cache_group_id)  # at the step's rung (bucket)
         u = self._hybrid_update()
         if u is not None and self.total_num_sampled_tokens_pcp == num_tokens_padded:
             length = u.num_tokens * self.pcp_world_size
