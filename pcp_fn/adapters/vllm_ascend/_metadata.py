@@ -215,5 +215,7 @@ class MetadataMethods:
                     host[:nd] = decode_computed
                     with self._graphs.guard():
                         self._buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
-                self._graphs.mtp_mask(corrected)  # rows [:nd] of the buffer, at the step's bucket
+                with self._graphs.guard():  # the decodes' rows: zeros, then their blocked keys
+                    self._view("mtp_rows", buf.gpu, nd).zero_()
+                self._graphs.mtp_mask(corrected)  # at the step's bucket
         return buf.gpu[: nd if nd > 0 else num_reqs]

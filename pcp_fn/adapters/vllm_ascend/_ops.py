@@ -5,7 +5,7 @@ functions here (so a change of pcp_fn's signatures is one edit in this file).
 Two kinds:
 
 - the device functions (:func:`device_step`, :func:`device_padded_slots`,
-  :func:`device_mtp_mask`): fixed shapes per bucket, no host sync, each run
+  :func:`mtp_mask_into`): fixed shapes per bucket, no host sync, each run
   by :class:`DeviceGraphs` as one graph per rung of the manager's ladder of
   buckets (made at construction), bound to persistent staging buffers and
   writing its results into the persistent buffers inside the graph;
@@ -199,13 +199,6 @@ def device_padded_slots(state: PCPState, slots: torch.Tensor) -> torch.Tensor:
     return padded.to(torch.int32)
 
 
-def device_mtp_mask(state: PCPState, num_computed: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """``[R_b, 1 + k, num_cols]`` bool MTP attention mask of the decodes (interleave-aware);
-    ``num_computed`` is ``[R_b]``."""
-    _, mask = pcp_spec.mtp_attention_mask(state, num_computed, num_cols)
-    return mask.mask
-
-
 def gathered_capacity(cfg: PCPConfig) -> int:
     """``G = P * L``: rows of the padded gathered order any batch fits in."""
     return cfg.max_gathered_tokens
@@ -279,12 +272,13 @@ def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -
 
 
 def mtp_mask_into(state: PCPState, out: torch.Tensor, num_computed: torch.Tensor) -> None:
-    """:func:`device_mtp_mask` (``num_computed`` ``[R_b]``) written into the decodes' rows of
-    ``out`` ``[R, 1 + k, cols]``; the other rows keep what they hold (vllm-ascend's buffer)."""
-    mask = device_mtp_mask(state, num_computed, out.shape[2])
-    Rb = mask.shape[0]
-    rows = torch.arange(Rb, device=mask.device) < state.is_decode[:Rb].sum()  # decodes are a prefix
-    out[:Rb].copy_(torch.where(rows[:, None, None], mask, out[:Rb]))
+    """The decodes' MTP attention masks (``num_computed`` ``[R_b]``) written into ``out``
+    ``[R, 1 + k, cols]``, whose decode rows the caller has zeroed: only their blocked keys
+    (:func:`pcp_fn.spec.mtp_blocked_keys`, ``R_b * k * (1 + k)`` entries), not ``R_b * (1 + k) *
+    cols`` bools. The other rows keep what they hold (vllm-ascend's buffer): a key that is not
+    blocked is written as False into column 0 of its row, False in every mask."""
+    _, keys = pcp_spec.mtp_blocked_keys(state, num_computed, out.shape[2])
+    out.view(-1).index_put_((keys.cell.view(-1),), keys.blocked.view(-1))
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
