@@ -752,6 +752,8 @@ def test_a_dummy_run_with_stale_counts_does_not_fail():
     [
         (dict(num_reqs=9), "num_reqs=9 exceeds max_num_reqs=6"),
         (dict(sched=[40, 30]), "sums to 70 tokens; max_num_tokens is 64"),
+        # a sum past the int32 limit of counts each below half of it (an int32 sum would wrap)
+        (dict(sched=[2**29] * 4, comp=[0] * 4, num_reqs=4), "sums to 2147483648 tokens"),
         (dict(sched=[-1, 3]), r"num_scheduled_tokens\[0\] = -1 is negative"),
         (dict(sched=[1.5, 2.0]), "num_scheduled_tokens must be a 1-D integer array"),
         (dict(comp=[1]), "num_computed_tokens has 1 entries but num_reqs is 2"),

@@ -30,6 +30,7 @@ from ._settings import ManagerSettings
 
 _ARANGE = np.arange(0, dtype=np.int64)
 _add_reduce = np.add.reduce  # np.sum without its Python wrapper
+_INT32_MAX = 2**31 - 1
 NO_CHUNKS = np.zeros(0, dtype=np.int32)  # the chunk rows of a step without prefills (empty)
 
 
@@ -89,6 +90,7 @@ class HostLayout:
         pcp_size, pcp_rank: ``P`` and this rank.
         counts: ``[3, n]`` int32 copy of the runner's arrays (scheduled, computed, prompt);
         num_scheduled, num_computed, num_prompt: its rows.
+        bound: ``>=`` every count, negative if one is (their bitwise or; 0 without requests).
         device_prompt: ``num_prompt`` as handed to the device batch (see :func:`host_layout`).
         is_decode: bool, a prefix (decodes first).
         num_decode_reqs, num_decode_tokens: ints.
@@ -112,6 +114,7 @@ class HostLayout:
     pcp_size: int
     pcp_rank: int
     counts: np.ndarray
+    bound: int
     num_scheduled: np.ndarray
     num_computed: np.ndarray
     num_prompt: np.ndarray
@@ -262,6 +265,7 @@ def host_layout(
     counts = np.array((sched, computed, prompt), dtype=np.int32)
     sched, computed, prompt = counts[0], counts[1], counts[2]
     P, n = s.pcp_size, sched.shape[0]
+    bound = int(np.bitwise_or.reduce(counts, axis=None)) if n else 0
     decode = classify_decodes(s, sched, computed, prompt)
     nd = int(np.count_nonzero(decode))
     device_prompt = prompt
@@ -277,6 +281,7 @@ def host_layout(
         pcp_size=P,
         pcp_rank=s.pcp_rank,
         counts=counts,
+        bound=bound,
         num_scheduled=sched,
         num_computed=computed,
         num_prompt=prompt,
@@ -292,16 +297,18 @@ def host_layout(
         last = previous.__dict__
         fields.update({name: last[name] for name in SHAPE if name in last})
         return layout
-    # int32 sums (each fits): numpy's default widening makes a reduction twice as slow
-    total = int(_add_reduce(sched, dtype=np.int32))
+    # int32 sums where they cannot wrap (each of the n counts <= bound; a local count <= 2 * it):
+    # numpy's default widening to int64 makes a reduction twice as slow
+    acc = np.int32 if 0 <= 2 * bound * n <= _INT32_MAX else np.int64
+    total = int(_add_reduce(sched, dtype=acc))
     if P > 1 and nd < n:  # a prefill: padded to 2P, two chunks here; a decode: replicated
         pcp_tokens = (sched + (2 * P - 1)) // (2 * P) * 2
         pcp_tokens[:nd] = sched[:nd]
-        num_tokens = int(_add_reduce(pcp_tokens, dtype=np.int32))
-        decode_tokens = int(_add_reduce(sched[:nd], dtype=np.int32))
+        num_tokens = int(_add_reduce(pcp_tokens, dtype=acc))
+        decode_tokens = int(_add_reduce(sched[:nd], dtype=acc))
     else:  # P = 1, or only decodes: every request's tokens as they are
         pcp_tokens, num_tokens = sched, total
-        decode_tokens = total if nd == n else int(_add_reduce(sched[:nd], dtype=np.int32))
+        decode_tokens = total if nd == n else int(_add_reduce(sched[:nd], dtype=acc))
     fields.update(
         num_decode_tokens=decode_tokens, pcp_tokens=pcp_tokens, num_tokens=num_tokens, total_scheduled=total
     )

@@ -410,12 +410,9 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         computed = _host_ints("num_computed_tokens", num_computed_tokens, n)
         prompt = _host_ints("num_prompt_tokens", num_prompt_tokens, n)
         h = _host.host_layout(self.settings, sched, computed, prompt, self._record.host)
-        if n:
-            # make_batch's checks in one reduction (>= every count, negative if one is); make_batch
-            # itself names a bad field
-            bound = int(np.bitwise_or.reduce(h.counts, axis=None))
-            if bound < 0 or 2 * bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
-                _ops.make_batch(self.config, h, "cpu")
+        # make_batch's checks from the counts' bound; make_batch itself names a bad field
+        if h.bound < 0 or 2 * h.bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
+            _ops.make_batch(self.config, h, "cpu")
         graphs = self._graphs
         rung = graphs.rung_for(n, h.num_tokens)
         staged = graphs.stage(h)
