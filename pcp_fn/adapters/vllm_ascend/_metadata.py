@@ -215,7 +215,5 @@ class MetadataMethods:
                     host[:nd] = decode_computed
                     with self._graphs.guard():
                         self._buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
-                with self._graphs.guard():  # the decodes' rows: zeros, then their blocked keys
-                    self._view("mtp_rows", buf.gpu, nd).zero_()
-                self._graphs.mtp_mask(corrected)  # at the step's bucket
+                self._graphs.mtp_mask(corrected)  # rows [:nd], at the step's bucket
         return buf.gpu[: nd if nd > 0 else num_reqs]

@@ -271,14 +271,31 @@ def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -
     out[: padded.shape[0]].copy_(padded)
 
 
-def mtp_mask_into(state: PCPState, out: torch.Tensor, num_computed: torch.Tensor) -> None:
+def mtp_mask_into(
+    state: PCPState, out: torch.Tensor, cells: torch.Tensor, num_computed: torch.Tensor
+) -> None:
     """The decodes' MTP attention masks (``num_computed`` ``[R_b]``) written into ``out``
-    ``[R, 1 + k, cols]``, whose decode rows the caller has zeroed: only their blocked keys
-    (:func:`pcp_fn.spec.mtp_blocked_keys`, ``R_b * k * (1 + k)`` entries), not ``R_b * (1 + k) *
-    cols`` bools. The other rows keep what they hold (vllm-ascend's buffer): a key that is not
-    blocked is written as False into column 0 of its row, False in every mask."""
+    ``[R, 1 + k, cols]``; the other rows keep what they hold (vllm-ascend's buffer).
+
+    Only blocked keys are touched (:func:`pcp_fn.spec.mtp_blocked_keys`: ``R_b * (1 + k) * k``
+    entries, not ``R_b * (1 + k) * cols`` bools): ``cells`` ``[R, 1 + k, k]`` records where each
+    row's True entries may be (every write goes through here), so the decodes' rows are cleared
+    there, then their new blocked keys set and recorded. A key that is not blocked is written
+    as False into column 0 of its row, False in every mask.
+    """
     _, keys = pcp_spec.mtp_blocked_keys(state, num_computed, out.shape[2])
-    out.view(-1).index_put_((keys.cell.view(-1),), keys.blocked.view(-1))
+    Rb = keys.cell.shape[0]
+    decode = (torch.arange(Rb, device=out.device) < state.is_decode[:Rb].sum())[:, None, None]  # a prefix
+    last = cells[:Rb]
+    # the entries to clear (a decode's last ones; column 0 elsewhere), each True again iff it is
+    # one of the new blocked keys: ONE write, whose repeated positions get one value (two writes
+    # into the mask would make AOTInductor copy it whole, twice)
+    old = torch.where(decode, last, keys.cell - keys.cell % out.shape[2])
+    still = (old[..., :, None] == torch.where(keys.blocked, keys.cell, -1)[..., None, :]).any(-1)
+    out.view(-1).index_put_(
+        (torch.cat([old.view(-1), keys.cell.view(-1)]),), torch.cat([still.view(-1), keys.blocked.view(-1)])
+    )
+    last.copy_(torch.where(decode, keys.cell, last))
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
@@ -316,7 +333,7 @@ class DeviceGraphs:
         slots_in: ``[>= F]`` int32, the staging of the runner's slot mapping.
         computed_in: ``[R]`` int32, the staging of corrected ``num_computed_tokens``.
         mtp_mask: ``[R, 1 + k, cols]`` bool, vllm-ascend's ``dcp_mtp_attn_mask.gpu`` (``None``
-            without spec decode or with ``P * D = 1``).
+            without spec decode or with ``P * D = 1``), and ``mtp_cells`` (:func:`mtp_mask_into`).
         backend: ``None`` (plain calls), ``"aoti"`` (AOTInductor packages, cached in
             ``package_dir`` when given, :meth:`package_path`), or a ``torch.compile`` backend
             (device graphs on CUDA / NPU): every graph is made here, for every bucket
@@ -336,6 +353,7 @@ class DeviceGraphs:
         slots_in: torch.Tensor,
         computed_in: torch.Tensor,
         mtp_mask: torch.Tensor | None,
+        mtp_cells: torch.Tensor | None,
         backend: str | None,
         check_syncs: bool = False,
         package_dir: str | None = None,
@@ -359,7 +377,8 @@ class DeviceGraphs:
         )
         self._step_out, self._query_lens = step_out, query_lens
         self._slot_groups = [slot_group]
-        self._slots_in, self._computed_in, self._mtp_mask = slots_in, computed_in, mtp_mask
+        self._slots_in, self._computed_in = slots_in, computed_in
+        self._mtp_mask, self._mtp_cells = mtp_mask, mtp_cells
         self.rungs = tuple(Rung(b, *self._views(b)) for b in self.ladder)
         self._rung_of = {r.bucket: r for r in self.rungs}
         self.current = self.rungs[-1]  # the rung of the last step
@@ -420,7 +439,7 @@ class DeviceGraphs:
             rows = full_rows(self.config, bucket)
             return padded_slots_into, (state, self._slot_groups[variant]), (self._slots_in[:rows],)
         computed = batch.num_computed if variant == 0 else self._computed_in[: bucket.num_reqs]
-        return mtp_mask_into, (state, self._mtp_mask), (computed,)
+        return mtp_mask_into, (state, self._mtp_mask, self._mtp_cells), (computed,)
 
     def _make(self, rung: Rung, kind: str, variant: int) -> Callable[[], Any]:
         """Make (or load) the graph of one bound call and bind it."""

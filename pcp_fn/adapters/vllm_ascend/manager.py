@@ -177,6 +177,7 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
             slots_in=b.slots_in,
             computed_in=b.computed_in,
             mtp_mask=None if b.dcp_mtp_attn_mask is None else b.dcp_mtp_attn_mask.gpu,
+            mtp_cells=b.mtp_mask_cells,
             backend=backend,
             check_syncs=check_syncs,
             package_dir=package_cache_dir() if backend == "aoti" else None,
