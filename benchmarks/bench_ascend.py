@@ -13,12 +13,16 @@ what ``model_runner_v1.py`` asks of the manager around one forward, in its order
 
 "logits" is ``get_logits_indices`` without draft tokens; with them (MTP) the runner
 builds its spec-decode logits itself from ``num_pcp_pads_cpu``, so the step reads
-that attribute. The all-gather is a stand-in returning the ranks' rows at once;
+that attribute; "slots" reads ``total_num_sampled_tokens_pcp`` and
+``num_pcp_pads_cpu`` (the runner sizes the slot mapping it passes by them) before
+``get_padded_slot_mapping``. The all-gather is a stand-in returning the ranks' rows at once;
 the metadata class is a plain attribute holder for both managers. Batches, for
 each ``P`` and ``k`` draft tokens (``k = 0``: no speculative config):
 
-    decode  256 decodes of 1 + k tokens (500 computed, 100-token prompt)
-    mixed   64 such decodes + fresh prefills of 2048 and 1000 tokens
+    decode  256 decodes of 1 + k tokens (500 computed, 100-token prompt), every step
+    mixed   64 such decodes + fresh prefills of 2048 and 1000 tokens, then of 2032
+            and 1000, in turn (a serving engine's prefill chunks change from step to
+            step: no mixed step has the previous one's counts)
 
 Columns (median us per step, every column timed in interleaved rounds, so a
 change in the machine's load hits them alike): the reference; the adapter with
@@ -63,12 +67,17 @@ class _Metadata:
         self.__dict__.update(fields)
 
 
-def batch(kind: str, k: int) -> tuple[list[int], list[int], list[int]]:
-    """``(num_scheduled, num_computed, num_prompt)`` of a batch class with ``k`` draft tokens."""
+def batches(kind: str, k: int) -> list[tuple[list[int], list[int], list[int]]]:
+    """``(num_scheduled, num_computed, num_prompt)`` of each step of a batch class with ``k`` draft
+    tokens, the steps taken in turn: a steady decode batch repeats; a mixed step's prefill chunks
+    change from step to step (two splits in turn, their local counts different at every ``P``),
+    so that no mixed step repeats the previous one's counts, as in serving."""
     q = 1 + k
     if kind == "decode":
-        return [q] * 256, [500] * 256, [100] * 256
-    return [q] * 64 + [2048, 1000], [500] * 64 + [0, 0], [100] * 64 + [2048, 1000]
+        return [([q] * 256, [500] * 256, [100] * 256)]
+    return [
+        ([q] * 64 + [first, 1000], [500] * 64 + [0, 0], [100] * 64 + [first, 1000]) for first in (2048, 2032)
+    ]
 
 
 def vllm_config(k: int) -> SimpleNamespace:
@@ -84,21 +93,12 @@ def vllm_config(k: int) -> SimpleNamespace:
     )
 
 
-class Step:
-    """One manager's runner-side inputs for a batch, and the step itself (timed per phase)."""
+class Inputs:
+    """What the runner hands the manager in one step of a batch (``hidden`` columns of hidden states)."""
 
     def __init__(
-        self,
-        manager: Any,
-        P: int,
-        k: int,
-        sched: list[int],
-        comp: list[int],
-        prompt: list[int],
-        hidden: int,
-        gather: Callable[[torch.Tensor], None],
+        self, P: int, k: int, sched: list[int], comp: list[int], prompt: list[int], hidden: int
     ) -> None:
-        self.m, self.P, self.k = manager, P, k
         n = len(sched)
         self.n = n
         self.sched = np.array(sched, dtype=np.int32)  # the runner's num_scheduled_tokens[:num_reqs]
@@ -119,32 +119,45 @@ class Step:
         self.query_lens = torch.from_numpy(self.local)
         self.hidden = torch.arange(self.N_padded * hidden, dtype=torch.float32).reshape(-1, hidden)
         self.gathered = torch.arange(P * self.N * hidden, dtype=torch.float32).reshape(-1, hidden) * 7
-        self.gather = gather
-        self.times = {p: [] for p in (*PHASES, "total")}
+
+
+class Step:
+    """One manager's steps over the inputs of a batch class, in turn (timed per phase)."""
+
+    def __init__(
+        self, manager: Any, k: int, inputs: list[Inputs], gather: Callable[[torch.Tensor], None]
+    ) -> None:
+        self.m, self.k, self.inputs, self.gather = manager, k, inputs, gather
+        self.next = 0  # the inputs of the next step
+        self.times: dict[str, list[int]] = {p: [] for p in (*PHASES, "total")}
+
+    @property
+    def hidden(self) -> int:
+        return self.inputs[0].hidden.shape[1]
 
     def run(self, record: bool = True) -> dict[str, Any]:
-        m, t = self.m, time.perf_counter_ns
+        m, t, x = self.m, time.perf_counter_ns, self.inputs[self.next]
+        self.next = (self.next + 1) % len(self.inputs)
         t0 = t()
-        m.init_batch_info(self.sched, self.n, self.comp, self.prompt)
+        m.init_batch_info(x.sched, x.n, x.comp, x.prompt)
         t1 = t()
-        tokens, positions = m.update_tokens_for_pcp(self.sched, self.arange)
+        tokens, positions = m.update_tokens_for_pcp(x.sched, x.arange)
         t2 = t()
-        logits = m.get_logits_indices(self.cu, self.n) if not self.k else m.num_pcp_pads_cpu[: self.n]
+        logits = m.get_logits_indices(x.cu, x.n) if not self.k else m.num_pcp_pads_cpu[: x.n]
         t3 = t()
-        slots = m.get_padded_slot_mapping(self.N, self.N_padded, self.slots, 0)
+        m.total_num_sampled_tokens_pcp, m.num_pcp_pads_cpu[: x.n]  # the runner sizes its slot view
+        slots = m.get_padded_slot_mapping(x.N, x.N_padded, x.slots, 0)
         t4 = t()
-        meta, _ = m.generate_pcp_metadata(
-            self.N, self.query_lens, self.input_batch, self.local, self.block_table, self.n, self.n
-        )
+        meta, _ = m.generate_pcp_metadata(x.N, x.query_lens, x.input_batch, x.local, x.block_table, x.n, x.n)
         t5 = t()
-        self.gather(self.gathered)
-        restored = m.get_restore_hidden_states(self.hidden)
+        self.gather(x.gathered)
+        restored = m.get_restore_hidden_states(x.hidden)
         t6 = t()
         if record:
-            for name, dt in zip(
-                (*PHASES, "total"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5, t6 - t0)
-            ):
-                self.times[name].append(dt)
+            stamps = (t0, t1, t2, t3, t4, t5, t6)
+            for name, a, b in zip(PHASES, stamps, stamps[1:]):
+                self.times[name].append(b - a)
+            self.times["total"].append(t6 - t0)
         return dict(
             tokens=tokens, positions=positions, logits=logits, slots=slots, meta=meta, restored=restored
         )
@@ -200,12 +213,14 @@ def graph_replayed(manager: Any) -> Any:
     replay costs the host besides the launch: the copies of its staging inputs into the graph's
     static buffers (``pcp_fn.graph.capture`` on CUDA/NPU). The first call of each function and
     bucket runs it (writing the persistent buffers the later ones leave as they are); call
-    ``manager.new_batch()`` before another batch, so that its first calls run too."""
+    ``manager.new_batch()`` before another batch, so that its first calls run too. (Steps of
+    other counts at the same bucket then read the outputs of the last real run: their host
+    work costs the same.)"""
     graphs = manager._graphs
     run, statics = graphs.run, {}
 
     def replay(key: tuple, bound: Callable[[], Any]) -> None:
-        src = list(graphs.staged[key])
+        src = list(key[0].staged[key[1:]])
         dst = statics.get(key)
         if dst is None:
             statics[key] = [x.clone() for x in src]
@@ -243,8 +258,22 @@ def run_config(
         return m
 
     managers = {"ref": ref, "eager": ours(capture=False)} if device_columns else {}
+    made = ""
     if aoti and device_columns:
-        managers["aoti"] = ours(capture=True, compile_backend="aoti")
+        # the ladder's rungs this benchmark's steps need (and the capacity's, always there): the
+        # others would be compiled for nothing; a step gets the bucket it gets with every rung
+        sizes = {
+            max(16, 1 << (max(len(v[0]), Inputs(P, k, *v, 1).N) - 1).bit_length())
+            for kind in kinds
+            for v in batches(kind, k)
+        }
+        t0 = time.perf_counter()
+        managers["aoti"] = m = ours(capture=True, compile_backend="aoti", token_buckets=sorted(sizes))
+        stats = m.graph_stats
+        made = (
+            f"  (aoti: {stats.prepared} graphs at construction, {stats.loaded} loaded from the cache, "
+            f"{time.perf_counter() - t0:.0f} s)"
+        )
     managers["ref host"] = ref
     managers["host"] = graph_replayed(ours(capture=False))
 
@@ -255,20 +284,34 @@ def run_config(
 
     lines, phase_lines = [], []
     for kind in kinds:
-        sched, comp, prompt = batch(kind, k)
+        variants = batches(kind, k)
         steps = {
-            name: Step(m, P, k, sched, comp, prompt, 1 if "host" in name else H, gather_of(m))
+            name: Step(m, k, [Inputs(P, k, *v, 1 if "host" in name else H) for v in variants], gather_of(m))
             for name, m in managers.items()
         }
-        ref_out = {  # by hidden size
-            st.hidden.shape[1]: snapshot(st.run(record=False)) for st in steps.values() if st.m is ref
-        }
-        for name, st in steps.items():
-            if st.m is not ref:
-                getattr(st.m, "new_batch", lambda: None)()
-                st.run(record=False)  # the first call (a replayed graph's runs for real)
-                got = st.run(record=False)
-                check_equal(ref_out[st.hidden.shape[1]], got, f"{kind} P={P} k={k} {name}")
+        for j in range(len(variants)):  # every step of the class checked against the reference's
+            ref_out = {}  # by hidden size
+            for st in steps.values():
+                if st.m is ref:
+                    st.next = j
+                    ref_out[st.hidden] = snapshot(st.run(record=False))
+            for name, st in steps.items():
+                if st.m is not ref:
+                    getattr(st.m, "new_batch", lambda: None)()
+                    st.next = j
+                    st.run(record=False)  # the first call (a replayed graph's runs for real)
+                    st.next = j
+                    got = st.run(record=False)
+                    check_equal(ref_out[st.hidden], got, f"{kind} P={P} k={k} {name} step {j}")
+        # a replayed graph leaves its buffers as its last real run wrote them: make that the step
+        # with the fewest local tokens, whose indices are in range for every step of the class
+        smallest = min(range(len(variants)), key=lambda j: next(iter(steps.values())).inputs[j].N)
+        for st in steps.values():
+            if hasattr(st.m, "new_batch"):
+                st.m.new_batch()
+                st.next = smallest
+                st.run(record=False)
+            st.next = 0
         for i in range(10 + iters):
             for st in steps.values():
                 st.run(record=i >= 10)
@@ -282,6 +325,8 @@ def run_config(
         for name, st in steps.items():
             cells = " ".join(f"{st.median(p):8.1f}" for p in PHASES)
             phase_lines.append(f"{kind:7} {P:>2} {k:>2} {name:>8} | {cells}")
+    if made:
+        lines[-1] += made
     return lines, phase_lines
 
 

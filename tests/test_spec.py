@@ -37,6 +37,7 @@ from oracle_spec import (
 )
 
 import pcp_fn
+import pcp_fn.spec as pcp_spec
 from pcp_fn import Bucket, PCPConfig, graph, init_state, make_spec_batch
 from pcp_fn.core.entry import entry_op, is_entry_op
 from pcp_fn.spec import PrevStep, mtp_rows, sampled_rows, token_rows
@@ -643,6 +644,31 @@ def test_mtp_attention_mask_matches_the_round_robin_oracle(case, cols):
     assert int(got.num_rows) == (D if D else case.n)
 
 
+@given(case=spec_cases(), cols=st.integers(1, 400), seed=st.integers(0, 2**16))
+def test_mtp_blocked_keys_written_into_a_buffer_give_the_mask(case, cols, seed):
+    """``mtp_blocked_keys``: a buffer of any earlier masks (column 0 False, as in every mask) whose
+    decode rows are zeroed, then ``blocked`` written at every ``cell``: the decode rows are the
+    round-robin oracle's mask, every other row keeps what it held."""
+    cfg, batch, _, state, _, view = _setup(case)
+    thr, Rb = cfg.decode_threshold, batch.bucket.num_reqs
+    _, keys = pcp_spec.mtp_blocked_keys(state, batch.num_computed, cols)
+    assert keys.cell.shape == keys.blocked.shape == (Rb, thr, max(thr - 1, 0))
+    old = torch.rand(Rb + 2, thr, cols, generator=torch.Generator().manual_seed(seed)) < 0.5
+    old[:, :, 0] = False
+    buf = old.clone()
+    D = sum(view.is_decode)
+    buf[:D] = False
+    buf.view(-1).index_put_((keys.cell.view(-1),), keys.blocked.view(-1))
+    C, c = case.P * case.dcp, case.rank * case.dcp + case.dcp_rank
+    for i in range(Rb + 2):
+        if i < D:
+            want = oracle_mtp_mask(case.comp[i], case.sched[i], thr, cols, C, c, case.interleave)
+            assert buf[i].tolist() == want, i
+        else:
+            assert torch.equal(buf[i], old[i]), i
+    assert int(keys.num_rows) == (D if D else case.n)
+
+
 @given(case=spec_cases(), d=st.integers(0, 3), as_tensor=st.booleans())
 def test_mask_restore_index_and_drafting_seq_lens_match_the_oracle(case, d, as_tensor):
     cfg, batch, _, state, _, _ = _setup(case)
@@ -768,6 +794,11 @@ def _spec_ops(name, cfg=CFG):
         (
             pcp_fn.mtp_attention_mask,
             functools.partial(pcp_fn.mtp_attention_mask, num_cols=128),
+            (state, batch.num_computed),
+        ),
+        (
+            pcp_spec.mtp_blocked_keys,
+            functools.partial(pcp_spec.mtp_blocked_keys, num_cols=128),
             (state, batch.num_computed),
         ),
         (pcp_fn.mask_restore_index_for_graph, pcp_fn.mask_restore_index_for_graph, (state, ri(99, P * Lb))),
@@ -1084,6 +1115,7 @@ SPEC_OPS = [
     pcp_fn.mtp_slot_inputs,
     pcp_fn.mtp_drafting_inputs,
     pcp_fn.mtp_attention_mask,
+    pcp_spec.mtp_blocked_keys,
     pcp_fn.mask_restore_index_for_graph,
     pcp_fn.drafting_cp_seq_lens,
     pcp_fn.spec_step,

@@ -63,6 +63,7 @@ from torch._dynamo.utils import counters
 
 import pcp_fn
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager, install
+from pcp_fn.adapters.vllm_ascend.manager import graph_backend
 
 SEED_FIELDS = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 
@@ -688,9 +689,10 @@ def test_graph_capture_on_an_npu_uses_npu_graph(monkeypatch):
     assert captured.kind == "npu-graph" and len(captured) == 1
     captured(torch.ones(3).as_subclass(_OnNPU))
     assert used.count("NPUGraph") == 1 and used[-1] == "replay"
-    settings = FunctionalDCSManager(*CONFIGS[0].manager_args(0, 0)).settings
-    npu = SimpleNamespace(**{**vars(settings), "device": _NPUDevice()})
-    assert type(settings).graph_device.fget(npu) is True  # the manager captures on an NPU by default
+    # the manager captures by default on an NPU (PCP_FN_GRAPH_BACKEND=auto), not on the CPU
+    monkeypatch.setenv("PCP_FN_GRAPH_BACKEND", "auto")
+    assert graph_backend(None, None, _NPUDevice()) == "inductor"  # graph.capture: an NPUGraph there
+    assert graph_backend(None, None, torch.device("cpu")) is None
 
 
 def test_the_device_path_runs_under_the_sync_detector(monkeypatch):
@@ -750,6 +752,8 @@ def test_a_dummy_run_with_stale_counts_does_not_fail():
     [
         (dict(num_reqs=9), "num_reqs=9 exceeds max_num_reqs=6"),
         (dict(sched=[40, 30]), "sums to 70 tokens; max_num_tokens is 64"),
+        # a sum past the int32 limit of counts each below half of it (an int32 sum would wrap)
+        (dict(sched=[2**29] * 4, comp=[0] * 4, num_reqs=4), "sums to 2147483648 tokens"),
         (dict(sched=[-1, 3]), r"num_scheduled_tokens\[0\] = -1 is negative"),
         (dict(sched=[1.5, 2.0]), "num_scheduled_tokens must be a 1-D integer array"),
         (dict(comp=[1]), "num_computed_tokens has 1 entries but num_reqs is 2"),

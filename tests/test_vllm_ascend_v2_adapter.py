@@ -535,3 +535,17 @@ def test_constructor_without_capacities():
     assert m.get_num_tokens_for_dispatch(np.array([3, 8]), np.array([False, True])) == 7
     with pytest.raises(RuntimeError, match="needs the max_num_reqs and max_num_tokens"):
         m.persistent_buffers()
+
+
+@pytest.mark.parametrize("env, backend", [("auto", None), ("none", None), ("eager", "eager")])
+def test_pcp_fn_graph_backend_configures_the_v2_drop_in(monkeypatch, env, backend):
+    """The switch of every drop-in: ``PCP_FN_GRAPH_BACKEND`` picks the graphs of the class built
+    next (``FunctionalAscendPCPManager`` is built on first access), every rung of its ladder made
+    at construction (``auto`` on the CPU: plain calls)."""
+    monkeypatch.setenv("PCP_FN_GRAPH_BACKEND", env)
+    base = ascend_manager()
+    cls = type("Switched", (base.__mro__[1],), {"check_host_syncs": False})  # the built class's default
+    assert cls.graph_backend == env
+    m, _ = _manager(cls=cls)
+    assert m.graph_stats.prepared == (0 if backend is None else len(m._fn_pcp.ladder))
+    assert m._fn_pcp.backend == backend

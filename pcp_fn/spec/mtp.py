@@ -240,10 +240,54 @@ def rank_local_lens(state: PCPState, seq_lens: torch.Tensor) -> torch.Tensor:
     return torch.add(torch.add(seq_lens - c * I, rounds, alpha=-C * I).clamp(0, I), rounds, alpha=I)
 
 
-def attention_mask(
+@pytree_dataclass
+class MTPBlockedKeys:
+    """The MTP attention mask's True entries, sparse (:func:`mtp_blocked_keys`). Fields:
+    cell: ``[R_b, thr, thr - 1]`` int64 flat index into a ``[R_b, thr, num_cols]`` mask of each
+        key a decode's spec query may be blocked from (its later spec tokens held on this rank).
+    blocked: ``[R_b, thr, thr - 1]`` bool, whether it is (its ``cell`` then True in the mask).
+    num_rows: as :class:`MTPAttentionMask`.
+    """
+
+    cell: torch.Tensor
+    blocked: torch.Tensor
+    num_rows: torch.Tensor
+
+
+def mtp_blocked_keys(
+    state: PCPState,
+    num_computed_tokens: torch.Tensor,
+    num_cols: int,
+) -> tuple[PCPState, MTPBlockedKeys]:
+    """:func:`mtp_attention_mask`'s True entries, ``R_b * thr * (thr - 1)`` of them at most: what a
+    caller keeping its own ``[R, thr, num_cols]`` mask buffer writes after zeroing the decodes' rows
+    (vllm-ascend's buffer), instead of moving the whole mask (``R * thr * num_cols`` bools).
+
+    A ``cell`` that is not ``blocked`` lies in column 0 of its row, which no mask ever blocks
+    (every blocked key lies past a key the query sees), so writing ``blocked`` at every ``cell``
+    is exact. Arguments as :func:`mtp_attention_mask`.
+    """
+    Rb = state.bucket.num_reqs
+    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row")
+    if isinstance(num_cols, bool) or not isinstance(num_cols, int) or num_cols < 1:
+        raise ValueError(f"num_cols must be a positive int, got {num_cols!r}")
+    return state, blocked_keys(state, state_view(state), num_computed_tokens, num_cols)
+
+
+def blocked_keys(
     state: PCPState, view: StateView, num_computed: torch.Tensor, num_cols: int
-) -> MTPAttentionMask:
-    """:func:`mtp_attention_mask` (inputs checked) on the state's :class:`StateView`."""
+) -> MTPBlockedKeys:
+    """:func:`mtp_blocked_keys` (inputs checked) on the state's :class:`StateView`."""
+    col, end, row_start, num_rows = _blocked_intervals(state, view, num_computed, num_cols)
+    blocked = col < end[:, :, None]
+    return MTPBlockedKeys(cell=row_start + col.masked_fill(~blocked, 0), blocked=blocked, num_rows=num_rows)
+
+
+def _blocked_intervals(
+    state: PCPState, view: StateView, num_computed: torch.Tensor, num_cols: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(col [R_b, thr, thr - 1], end [R_b, thr], row_start [R_b, thr, 1], num_rows)``: query ``q``
+    of row ``i`` blocks the keys ``col[i, q] < end[i, q]``; its row starts at flat ``row_start``."""
     cfg = state.config
     Rb, T = state.bucket.num_reqs, cfg.decode_threshold
     geo, real = view
@@ -259,13 +303,22 @@ def attention_mask(
     # that is not a decode: their interval ends at 0.
     end = (held.clamp(max=num_cols) * decode)[:, None] * (seen >= 1)  # [R_b, thr]
     col = seen[:, :, None] + torch.arange(max(T - 1, 0), device=q.device)  # [R_b, thr, thr - 1]
-    size = Rb * T * num_cols
-    cell = torch.arange(0, size, num_cols, device=q.device).view(Rb, T, 1) + col
-    cell = cell.masked_fill(col >= end[:, :, None], size)
-    flat = torch.zeros(size + 1, dtype=torch.int8, device=q.device).index_fill(0, cell.view(-1), 1)
-    mask = flat[:size].view(torch.bool).reshape(Rb, T, num_cols)
+    row_start = torch.arange(0, Rb * T * num_cols, num_cols, device=q.device).view(Rb, T, 1)
     num_decode = decode.sum()
-    return MTPAttentionMask(mask=mask, num_rows=torch.where(num_decode > 0, num_decode, state.num_reqs))
+    return col, end, row_start, torch.where(num_decode > 0, num_decode, state.num_reqs)
+
+
+def attention_mask(
+    state: PCPState, view: StateView, num_computed: torch.Tensor, num_cols: int
+) -> MTPAttentionMask:
+    """:func:`mtp_attention_mask` (inputs checked) on the state's :class:`StateView`."""
+    Rb, T = state.bucket.num_reqs, state.config.decode_threshold
+    col, end, row_start, num_rows = _blocked_intervals(state, view, num_computed, num_cols)
+    size = Rb * T * num_cols
+    cell = (row_start + col).masked_fill(col >= end[:, :, None], size)
+    flat = torch.zeros(size + 1, dtype=torch.int8, device=col.device).index_fill(0, cell.view(-1), 1)
+    mask = flat[:size].view(torch.bool).reshape(Rb, T, num_cols)
+    return MTPAttentionMask(mask=mask, num_rows=num_rows)
 
 
 def mask_restore_index_for_graph(

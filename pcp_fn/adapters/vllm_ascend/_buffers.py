@@ -73,6 +73,8 @@ class Buffers:
     positions_pcp_full: torch.Tensor | None  # host
     mtp_slot_pad: torch.Tensor | None
     dcp_mtp_attn_mask: DeviceBuffer | None
+    # [R, 1 + k, k] int64: where each row's True entries of that mask may be (column 0 where none)
+    mtp_mask_cells: torch.Tensor | None
 
 
 def allocate(
@@ -85,7 +87,8 @@ def allocate(
     extra = max(s.decode_threshold - 2, 0)
     return Buffers(
         step={k: torch.zeros(shape, dtype=dtype, device=dev) for k, (shape, dtype) in capacities.items()},
-        slots_in=torch.zeros(max(gathered_rows, s.max_buffer_num_tokens), dtype=torch.int64, device=dev),
+        # int32: the padded slot mapping's dtype (and vllm-ascend's block tables'), copied as it is
+        slots_in=torch.zeros(max(gathered_rows, s.max_buffer_num_tokens), dtype=torch.int32, device=dev),
         computed_in=torch.zeros(R, dtype=torch.int32, device=dev),
         padded_slot_mappings=[],
         padded_slot_capacity=max(gathered_rows, s.max_buffer_num_tokens),
@@ -103,6 +106,15 @@ def allocate(
         ),
         dcp_mtp_attn_mask=(
             DeviceBuffer((R, s.decode_threshold, s.max_model_len), torch.bool, dev) if spec_cp else None
+        ),
+        mtp_mask_cells=(
+            # column 0 of each (row, query): the flat positions of a mask with no True entry
+            (torch.arange(R * s.decode_threshold, dtype=torch.int64, device=dev) * s.max_model_len)
+            .view(R, s.decode_threshold, 1)
+            .expand(R, s.decode_threshold, s.decode_threshold - 1)
+            .contiguous()
+            if spec_cp
+            else None
         ),
     )
 

@@ -29,6 +29,8 @@ import numpy as np
 from ._settings import ManagerSettings
 
 _ARANGE = np.arange(0, dtype=np.int64)
+_add_reduce = np.add.reduce  # np.sum without its Python wrapper
+_INT32_MAX = 2**31 - 1
 NO_CHUNKS = np.zeros(0, dtype=np.int32)  # the chunk rows of a step without prefills (empty)
 
 
@@ -41,23 +43,43 @@ def _arange(n: int) -> np.ndarray:
     return _ARANGE[:n]
 
 
+_ARANGE32 = np.arange(0, dtype=np.int32)
+
+
+def _arange32(n: int) -> np.ndarray:
+    """``arange(n)`` int32, a read-only view of a cached one (grown as needed)."""
+    global _ARANGE32
+    if _ARANGE32.shape[0] < n:
+        _ARANGE32 = np.arange(max(n, 2 * _ARANGE32.shape[0], 1024), dtype=np.int32)
+        _ARANGE32.flags.writeable = False
+    return _ARANGE32[:n]
+
+
 def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(start, start + length)`` runs: ``[3, 0], [2, 1] -> [3, 4, 0]`` (int64)."""
     lengths = lengths.astype(np.int64, copy=False)
-    ends = np.cumsum(lengths)
+    ends = lengths.cumsum()
     total = int(ends[-1]) if ends.shape[0] else 0
     # each run's offset from the arange: start - (end - length)
-    return np.repeat(starts - ends + lengths, lengths) + _arange(total)
+    return (starts - ends + lengths).repeat(lengths) + _arange(total)
+
+
+def same_ints(a: np.ndarray, b: np.ndarray) -> bool:
+    """``a`` and ``b`` hold the same integers (``np.array_equal``; their bytes compared when they
+    share a dtype and a contiguous layout: a tenth of the cost)."""
+    if a.dtype == b.dtype and a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:
+        return a.tobytes() == b.tobytes()
+    return a.shape == b.shape and not (a != b).any()
 
 
 def classify_decodes(
     s: ManagerSettings, sched: np.ndarray, computed: np.ndarray, prompt: np.ndarray
 ) -> np.ndarray:
     """vllm-ascend ``classify_decode_request_mask``: context, ``<= 1 + k`` tokens, prompt done."""
-    done = computed >= prompt
-    if s.pd_decode_recompute:
-        done = done | (computed == prompt - 1)
-    return (computed > 0) & (sched <= s.decode_threshold) & done
+    # context (computed > 0) and prompt done (computed >= prompt, or == prompt - 1 with the
+    # recompute scheduler): computed >= max(prompt [- 1], 1), one comparison
+    done_at = np.maximum(prompt - 1 if s.pd_decode_recompute else prompt, 1)
+    return (computed >= done_at) & (sched <= s.decode_threshold)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +88,14 @@ class HostLayout:
 
     Fields:
         pcp_size, pcp_rank: ``P`` and this rank.
-        num_scheduled, num_computed, num_prompt: int32 copies of the runner's arrays.
+        counts: ``[3, n]`` int32 copy of the runner's arrays (scheduled, computed, prompt);
+        num_scheduled, num_computed, num_prompt: its rows.
+        bound: ``>=`` every count, negative if one is (their bitwise or; 0 without requests).
         device_prompt: ``num_prompt`` as handed to the device batch (see :func:`host_layout`).
         is_decode: bool, a prefix (decodes first).
         num_decode_reqs, num_decode_tokens: ints.
-        num_padded: int64 rows of each request in the gathered, padded order
-            (``n * P`` for a decode, ``n`` rounded up to ``2P`` for a prefill).
-        pcp_tokens: int32 DualChunkSwap rows of each request on every rank.
+        pcp_tokens: int32 DualChunkSwap rows of each request on every rank (``n`` for a
+            decode, ``n`` rounded up to ``2P``, over ``P``, for a prefill).
         num_tokens: ``N``, their sum (the local token count of the non-hybrid layout).
         total_scheduled: the scheduled tokens, ``sum(num_scheduled)``.
 
@@ -81,10 +104,17 @@ class HostLayout:
     int32 this rank's linear rows (``n`` for a decode); ``linear_offset`` int64 first
     token of each request this rank holds linearly; ``max_tokens_across_pcp``
     ``M = D + sum(linear_counts[:, 0])`` (0 without prefills: ``D``).
+
+    Everything but the counts, the decode mask and ``device_prompt`` depends on the
+    scheduled counts and the number of decodes alone (:data:`SHAPE`): a step with the
+    same ones as the last (a steady decode batch) takes them from it
+    (:func:`host_layout`'s ``previous``); the arrays are shared, so a caller gets copies.
     """
 
     pcp_size: int
     pcp_rank: int
+    counts: np.ndarray
+    bound: int
     num_scheduled: np.ndarray
     num_computed: np.ndarray
     num_prompt: np.ndarray
@@ -92,10 +122,15 @@ class HostLayout:
     is_decode: np.ndarray
     num_decode_reqs: int
     num_decode_tokens: int
-    num_padded: np.ndarray
     pcp_tokens: np.ndarray
     num_tokens: int
     total_scheduled: int
+
+    @functools.cached_property
+    def num_padded(self) -> np.ndarray:
+        """int32 rows of each request in the gathered, padded order (``n * P`` for a decode,
+        ``n`` rounded up to ``2P`` for a prefill)."""
+        return self.pcp_tokens * self.pcp_size
 
     @functools.cached_property
     def linear_counts(self) -> np.ndarray:
@@ -119,6 +154,31 @@ class HostLayout:
     def max_tokens_across_pcp(self) -> int:
         return self.num_decode_tokens + int(self.linear_counts[:, 0].sum())
 
+    @functools.cached_property
+    def dcs_rows(self) -> np.ndarray:
+        """:func:`dcs_positions` (shared: never written)."""
+        return dcs_positions(self)
+
+    @functools.cached_property
+    def linear_rows(self) -> np.ndarray:
+        """:func:`linear_positions` (shared: never written)."""
+        return linear_positions(self)
+
+    @functools.cached_property
+    def logits(self) -> np.ndarray:
+        """:func:`logits_indices` (shared: never written)."""
+        return logits_indices(self, False)
+
+    @functools.cached_property
+    def logits_hybrid(self) -> np.ndarray:
+        """:func:`logits_indices` in the hybrid form (shared: never written)."""
+        return logits_indices(self, True)
+
+    @functools.cached_property
+    def attention(self) -> AttentionLists:
+        """:func:`attention_lists` (shared: its lists and arrays are never written)."""
+        return attention_lists(self)
+
     @property
     def num_reqs(self) -> int:
         return int(self.num_scheduled.shape[0])
@@ -127,9 +187,9 @@ class HostLayout:
     def num_prefill_reqs(self) -> int:
         return self.num_reqs - self.num_decode_reqs
 
-    @property
+    @functools.cached_property
     def num_pads(self) -> np.ndarray:
-        """int64 pads of each request (vllm-ascend ``num_pcp_pads_cpu[:n]``)."""
+        """int32 pads of each request (vllm-ascend ``num_pcp_pads_cpu[:n]``)."""
         return self.num_padded - self.num_scheduled
 
     @property
@@ -162,8 +222,33 @@ class HostLayout:
 _FIELDS = tuple(f.name for f in dataclasses.fields(HostLayout))
 
 
+#: What a layout derives from its scheduled counts and number of decodes alone (fields and cached
+#: values): a step repeating the last one's takes them from it.
+SHAPE = (
+    "pcp_tokens",
+    "num_tokens",
+    "num_decode_tokens",
+    "total_scheduled",
+    "num_padded",
+    "num_pads",
+    "linear_counts",
+    "linear_tokens",
+    "linear_offset",
+    "max_tokens_across_pcp",
+    "dcs_rows",
+    "linear_rows",
+    "logits",
+    "logits_hybrid",
+    "attention",
+)
+
+
 def host_layout(
-    s: ManagerSettings, sched: np.ndarray, computed: np.ndarray, prompt: np.ndarray
+    s: ManagerSettings,
+    sched: np.ndarray,
+    computed: np.ndarray,
+    prompt: np.ndarray,
+    previous: HostLayout | None = None,
 ) -> HostLayout:
     """The host twin of a step (O(R)).
 
@@ -172,11 +257,15 @@ def host_layout(
     request after a prefill as a decode; such a request is made a prefill here
     and, through ``device_prompt`` (``num_computed + 2``: the prompt is not
     done), on the device too, so the layout stays well formed.
+
+    ``previous`` (the last step's layout, of the same settings): when this step has its
+    scheduled counts and number of decodes, everything in :data:`SHAPE` it made is reused.
     """
-    sched = np.array(sched, dtype=np.int32)  # fresh: a layout's arrays are never written
-    computed = np.array(computed, dtype=np.int32)
-    prompt = np.array(prompt, dtype=np.int32)
+    # one fresh [3, n] copy (a layout's arrays are never written; the runner's are, later)
+    counts = np.array((sched, computed, prompt), dtype=np.int32)
+    sched, computed, prompt = counts[0], counts[1], counts[2]
     P, n = s.pcp_size, sched.shape[0]
+    bound = int(np.bitwise_or.reduce(counts, axis=None)) if n else 0
     decode = classify_decodes(s, sched, computed, prompt)
     nd = int(np.count_nonzero(decode))
     device_prompt = prompt
@@ -186,26 +275,42 @@ def host_layout(
         late[:nd] = False
         decode[nd:] = False
         device_prompt = np.where(late, computed + 2, prompt).astype(np.int32)
-    m = 2 * P if P > 1 else 1
-    n64 = sched.astype(np.int64)
-    num_padded = (n64 + (m - 1)) // m * m  # a prefill: padded to 2P
-    num_padded[:nd] = n64[:nd] * P  # a decode: replicated
-    pcp_tokens = (num_padded // P).astype(np.int32)
     layout = object.__new__(HostLayout)  # frozen: its __init__ sets field by field
-    layout.__dict__.update(
+    fields = layout.__dict__
+    fields.update(
         pcp_size=P,
         pcp_rank=s.pcp_rank,
+        counts=counts,
+        bound=bound,
         num_scheduled=sched,
         num_computed=computed,
         num_prompt=prompt,
         device_prompt=device_prompt,
         is_decode=decode,
         num_decode_reqs=nd,
-        num_decode_tokens=int(n64[:nd].sum()),
-        num_padded=num_padded,
-        pcp_tokens=pcp_tokens,
-        num_tokens=int(pcp_tokens.sum()),
-        total_scheduled=int(n64.sum()),
+    )
+    if (
+        previous is not None
+        and previous.num_decode_reqs == nd
+        and previous.num_scheduled.tobytes() == sched.tobytes()
+    ):  # the last step's shape (a steady decode batch)
+        last = previous.__dict__
+        fields.update({name: last[name] for name in SHAPE if name in last})
+        return layout
+    # int32 sums where they cannot wrap (each of the n counts <= bound; a local count <= 2 * it):
+    # numpy's default widening to int64 makes a reduction twice as slow
+    acc = np.int32 if 0 <= 2 * bound * n <= _INT32_MAX else np.int64
+    total = int(_add_reduce(sched, dtype=acc))
+    if P > 1 and nd < n:  # a prefill: padded to 2P, two chunks here; a decode: replicated
+        pcp_tokens = (sched + (2 * P - 1)) // (2 * P) * 2
+        pcp_tokens[:nd] = sched[:nd]
+        num_tokens = int(_add_reduce(pcp_tokens, dtype=acc))
+        decode_tokens = int(_add_reduce(sched[:nd], dtype=acc))
+    else:  # P = 1, or only decodes: every request's tokens as they are
+        pcp_tokens, num_tokens = sched, total
+        decode_tokens = total if nd == n else int(_add_reduce(sched[:nd], dtype=acc))
+    fields.update(
+        num_decode_tokens=decode_tokens, pcp_tokens=pcp_tokens, num_tokens=num_tokens, total_scheduled=total
     )
     return layout
 
@@ -221,9 +326,7 @@ def dcs_positions(h: HostLayout) -> np.ndarray:
     P, r, nd, n = h.pcp_size, h.pcp_rank, h.num_decode_reqs, h.num_reqs
     if P == 1 or nd == n:  # every request replicated: 0 .. n-1 each (int32 throughout)
         sched = h.num_scheduled
-        ends = np.cumsum(sched, dtype=np.int32)
-        total = int(ends[-1]) if n else 0
-        return _arange(total).astype(np.int32) - np.repeat(ends - sched, sched)
+        return _arange32(h.total_scheduled) - (sched.cumsum(dtype=np.int32) - sched).repeat(sched)
     c = (h.pcp_tokens // 2).astype(np.int64)
     c[:nd] = h.num_scheduled[:nd]
     starts = np.empty(2 * n, dtype=np.int64)  # [head_0, tail_0, head_1, tail_1, ...]
@@ -246,7 +349,7 @@ def local_tokens(h: HostLayout, hybrid: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(request, offset)`` int64 of each local row: the linear split with hybrid attention, else
     DualChunkSwap (both are the scheduled tokens themselves at ``P = 1``)."""
     counts = h.linear_tokens if hybrid else h.pcp_tokens
-    offsets = linear_positions(h) if hybrid else dcs_positions(h).astype(np.int64)
+    offsets = h.linear_rows.copy() if hybrid else h.dcs_rows.astype(np.int64)
     return np.repeat(np.arange(h.num_reqs, dtype=np.int64), counts), offsets
 
 
@@ -257,10 +360,9 @@ def logits_indices(h: HostLayout, hybrid_form: bool) -> np.ndarray:
     (``cu * P - num_pcp_pads - 1``). Hybrid form (``tokens_original`` given):
     ``cumsum(n + (P - 1) * is_decode) - 1``.
     """
-    n = h.num_scheduled.astype(np.int64)
     if hybrid_form:
-        return np.cumsum(n + (h.pcp_size - 1) * h.is_decode) - 1
-    return np.cumsum(h.num_padded) - h.num_padded + n - 1
+        return np.cumsum(h.num_scheduled.astype(np.int64) + (h.pcp_size - 1) * h.is_decode) - 1
+    return h.num_padded.cumsum(dtype=np.int64) - h.num_pads - 1  # end - pads - 1
 
 
 def adjust_cu(h: HostLayout, cu: np.ndarray) -> np.ndarray:
@@ -277,16 +379,24 @@ def adjust_cu(h: HostLayout, cu: np.ndarray) -> np.ndarray:
     return out
 
 
+@functools.cache
+def _round_up_offsets(C: int) -> np.ndarray:
+    """``C - 1 - rank`` for each of the ``C`` CP ranks (read-only)."""
+    out = np.arange(C - 1, -1, -1, dtype=np.int32)
+    out.flags.writeable = False
+    return out
+
+
 def cp_local_seq_lens(seq_lens: np.ndarray, P: int, D: int, interleave: int) -> np.ndarray:
     """``[n] -> [n, P, D]``: KV tokens of each (pcp, dcp) rank, dealt round-robin in ``interleave`` blocks.
 
     vllm-ascend ``_get_cp_local_seq_lens``, in the input's dtype.
     """
     C = P * D
-    s = seq_lens[:, None]
-    if interleave == 1:  # s // C each, and one more on the first s % C ranks
-        out = s // C + (s % C > np.arange(C, dtype=seq_lens.dtype))
+    if interleave == 1:  # rank r holds positions r, r + C, ... < s: ceil((s - r) / C) of them
+        out = (seq_lens[:, None] + _round_up_offsets(C)) // C
         return out.astype(seq_lens.dtype, copy=False).reshape(-1, P, D)
+    s = seq_lens[:, None]
     base = s // interleave // C * interleave
     rest = np.clip(s - base * C - np.arange(C, dtype=seq_lens.dtype) * interleave, 0, interleave)
     return (base + rest).astype(seq_lens.dtype).reshape(-1, P, D)

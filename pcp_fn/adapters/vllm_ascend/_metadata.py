@@ -43,7 +43,7 @@ def _check_query_lens(query_lens: Any, expected: np.ndarray, dummy: bool) -> Non
     else:
         got = np.asarray(query_lens)
     n = expected.shape[0]
-    if got.ndim != 1 or got.shape[0] < n or (got[:n] != expected).any():
+    if got.ndim != 1 or got.shape[0] < n or not _host.same_ints(got[:n], expected):
         what = "the dummy batch's scheduled tokens" if dummy else "the step's local tokens per request"
         raise ValueError(
             f"query_lens must start with {what} {expected.tolist()}, got {got.tolist()} "
@@ -95,7 +95,6 @@ class MetadataMethods:
             elif self.pcp_use_hybrid_attn:
                 total_num_scheduled_tokens = int(self.num_scheduled_tokens_padded.sum())
         num_actual = int(total_num_scheduled_tokens) * P
-        self._set(num_actual_tokens_pcp_padded=num_actual)
         meta = None
         if s.cp_size > 1:
             if num_scheduled_tokens is None:
@@ -106,15 +105,21 @@ class MetadataMethods:
                 decode_context = np.asarray(fixed_decode_seq_lens_cpu)[:nd]
             else:
                 decode_context = computed_cpu[:nd] + np.asarray(num_scheduled_tokens)[:nd]
-            context = np.concatenate([decode_context, computed_cpu[nd:n]])
-            ori_query_lens = self.query_lens_pcp_full.cpu[:num_reqs_padded]
+            prefill_context = computed_cpu[nd:n]
+            if prefill_context.size or decode_context.dtype != prefill_context.dtype:
+                context = np.concatenate([decode_context, prefill_context])
+            else:  # only decodes: nothing to join (a fresh array already)
+                context = decode_context if fixed_decode_seq_lens_cpu is None else decode_context.copy()
+            ori_query_lens = self._view("query_lens", self.query_lens_pcp_full.cpu, num_reqs_padded)
             ql = self.query_lens_pcp_full.np[:num_reqs_padded]  # the same memory, read by numpy
             fla = u.padded_tokens_fla if self.pcp_use_hybrid_attn and u is not None else 0
             fields = dict(
                 pcp_use_hybrid_attn=self.pcp_use_hybrid_attn,
                 num_actual_tokens_pcp_padded=num_actual,
                 num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
-                pcp_unpad_mask=self.pcp_unpad_mask[: 0 if u is None else P * u.num_tokens],
+                pcp_unpad_mask=self._view(
+                    "unpad_mask", self.pcp_unpad_mask, 0 if u is None else P * u.num_tokens
+                ),
                 pcp_padded_tokens_fla=fla,
                 query_lens_pcp_full_cpu=ori_query_lens,
                 max_query_len_pcp_full=int(ql.max()) if ql.size else ori_query_lens.max().item(),
@@ -130,7 +135,7 @@ class MetadataMethods:
                 )
             else:
                 meta.dcp_mtp_attn_mask = None
-        self._set(long_seq_metadata=meta)
+        self._set(num_actual_tokens_pcp_padded=num_actual, long_seq_metadata=meta)
         return meta, block_table_tensor
 
     def _attach_attention_indices(
@@ -146,16 +151,20 @@ class MetadataMethods:
             meta.head_actual_seq_lengths_kv, meta.tail_actual_seq_lengths_kv = [], []
             meta.attn_chunk_seqlens = torch.from_numpy(_host.NO_CHUNKS)
         else:
-            lists = _host.attention_lists(h)
-            for name, field in _ops.ATTENTION_INDEX_FIELDS.items():
-                setattr(meta, field, step[name][: lists.lengths[name]])
-            meta.attn_mask_seqlens = lists.attn_mask_seqlens
-            meta.head_attn_nomask_seqlens = lists.head_attn_nomask_seqlens
-            meta.tail_attn_nomask_seqlens = lists.tail_attn_nomask_seqlens
-            meta.head_actual_seq_lengths_kv = lists.head_actual_seq_lengths_kv
-            meta.tail_actual_seq_lengths_kv = lists.tail_actual_seq_lengths_kv
-            meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens)
-        meta.pcp_allgather_restore_idx = self.pcp_allgather_restore_idx.gpu[:num_actual]
+            lists = h.attention  # shared with the steps of the same shape: copies handed out
+            C = lists.lengths["q_head_idx"]  # every length is a multiple of it
+            last = self._last_views.get("indices")
+            if last is None or last[0] != C:
+                views = {f: step[k][: lists.lengths[k]] for k, f in _ops.ATTENTION_INDEX_FIELDS.items()}
+                last = self._last_views["indices"] = (C, views)
+            meta.__dict__.update(last[1])
+            meta.attn_mask_seqlens = list(lists.attn_mask_seqlens)
+            meta.head_attn_nomask_seqlens = list(lists.head_attn_nomask_seqlens)
+            meta.tail_attn_nomask_seqlens = list(lists.tail_attn_nomask_seqlens)
+            meta.head_actual_seq_lengths_kv = list(lists.head_actual_seq_lengths_kv)
+            meta.tail_actual_seq_lengths_kv = list(lists.tail_actual_seq_lengths_kv)
+            meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens.copy())
+        meta.pcp_allgather_restore_idx = self._view("restore", self.pcp_allgather_restore_idx.gpu, num_actual)
         if self.pcp_use_hybrid_attn and u is not None:
             P, D = self.pcp_world_size, u.num_decode_tokens
             meta.pcp_exit_fa_scatter_idx = self.pcp_exit_fa_scatter_idx.gpu[: u.num_linear_tokens - D]
@@ -197,15 +206,14 @@ class MetadataMethods:
                 decode_computed = computed_cpu[:nd]
             cp_rank = s.pcp_rank * s.dcp_size + s.dcp_rank
             if (decode_computed + num_scheduled[:nd] - 1 >= cp_rank).any():
-                bucket = self._record.batch.bucket
-                corrected = (decode_computed != h.num_computed[:nd]).any()
+                corrected = not _host.same_ints(decode_computed, h.num_computed[:nd])
                 if corrected:
                     # async spec decode corrected the histories: the [R_b] counts staged
-                    Rb = bucket.num_reqs
+                    Rb = self._record.batch.bucket.num_reqs
                     host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
                     host[: h.num_reqs] = h.num_computed
                     host[:nd] = decode_computed
                     with self._graphs.guard():
                         self._buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
-                self._graphs.mtp_mask(bucket, bool(corrected))  # rows [:nd] of the buffer
+                self._graphs.mtp_mask(corrected)  # rows [:nd], at the step's bucket
         return buf.gpu[: nd if nd > 0 else num_reqs]

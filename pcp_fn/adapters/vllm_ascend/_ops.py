@@ -5,7 +5,7 @@ functions here (so a change of pcp_fn's signatures is one edit in this file).
 Two kinds:
 
 - the device functions (:func:`device_step`, :func:`device_padded_slots`,
-  :func:`device_mtp_mask`): fixed shapes per bucket, no host sync, each run
+  :func:`mtp_mask_into`): fixed shapes per bucket, no host sync, each run
   by :class:`DeviceGraphs` as one graph per rung of the manager's ladder of
   buckets (made at construction), bound to persistent staging buffers and
   writing its results into the persistent buffers inside the graph;
@@ -199,13 +199,6 @@ def device_padded_slots(state: PCPState, slots: torch.Tensor) -> torch.Tensor:
     return padded.to(torch.int32)
 
 
-def device_mtp_mask(state: PCPState, num_computed: torch.Tensor, num_cols: int) -> torch.Tensor:
-    """``[R_b, 1 + k, num_cols]`` bool MTP attention mask of the decodes (interleave-aware);
-    ``num_computed`` is ``[R_b]``."""
-    _, mask = pcp_spec.mtp_attention_mask(state, num_computed, num_cols)
-    return mask.mask
-
-
 def gathered_capacity(cfg: PCPConfig) -> int:
     """``G = P * L``: rows of the padded gathered order any batch fits in."""
     return cfg.max_gathered_tokens
@@ -278,13 +271,48 @@ def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -
     out[: padded.shape[0]].copy_(padded)
 
 
-def mtp_mask_into(state: PCPState, out: torch.Tensor, num_computed: torch.Tensor) -> None:
-    """:func:`device_mtp_mask` (``num_computed`` ``[R_b]``) written into the decodes' rows of
-    ``out`` ``[R, 1 + k, cols]``; the other rows keep what they hold (vllm-ascend's buffer)."""
-    mask = device_mtp_mask(state, num_computed, out.shape[2])
-    Rb = mask.shape[0]
-    rows = torch.arange(Rb, device=mask.device) < state.is_decode[:Rb].sum()  # decodes are a prefix
-    out[:Rb].copy_(torch.where(rows[:, None, None], mask, out[:Rb]))
+def mtp_mask_into(
+    state: PCPState, out: torch.Tensor, cells: torch.Tensor, num_computed: torch.Tensor
+) -> None:
+    """The decodes' MTP attention masks (``num_computed`` ``[R_b]``) written into ``out``
+    ``[R, 1 + k, cols]``; the other rows keep what they hold (vllm-ascend's buffer).
+
+    Only blocked keys are touched (:func:`pcp_fn.spec.mtp_blocked_keys`: ``R_b * (1 + k) * k``
+    entries, not ``R_b * (1 + k) * cols`` bools): ``cells`` ``[R, 1 + k, k]`` records where each
+    row's True entries may be (every write goes through here), so the decodes' rows are cleared
+    there, then their new blocked keys set and recorded. A key that is not blocked is written
+    as False into column 0 of its row, False in every mask.
+    """
+    _, keys = pcp_spec.mtp_blocked_keys(state, num_computed, out.shape[2])
+    Rb = keys.cell.shape[0]
+    decode = (torch.arange(Rb, device=out.device) < state.is_decode[:Rb].sum())[:, None, None]  # a prefix
+    last = cells[:Rb]
+    # the entries to clear (a decode's last ones; column 0 elsewhere), each True again iff it is
+    # one of the new blocked keys: ONE write, whose repeated positions get one value (two writes
+    # into the mask would make AOTInductor copy it whole, twice)
+    old = torch.where(decode, last, keys.cell - keys.cell % out.shape[2])
+    still = (old[..., :, None] == torch.where(keys.blocked, keys.cell, -1)[..., None, :]).any(-1)
+    out.view(-1).index_put_(
+        (torch.cat([old.view(-1), keys.cell.view(-1)]),), torch.cat([still.view(-1), keys.blocked.view(-1)])
+    )
+    last.copy_(torch.where(decode, keys.cell, last))
+
+
+_NO_GUARD = contextlib.nullcontext()  # reusable
+
+
+class Rung:
+    """One bucket of the ladder: the state and batch of a step at it (views of the persistent record
+    and staging buffers, whose contents are the last step's) and its bound calls by ``(kind,
+    variant)`` with their staging inputs. Made once; a step finds its rung by position, so no
+    bucket is hashed per call."""
+
+    __slots__ = ("batch", "bucket", "calls", "staged", "state")
+
+    def __init__(self, bucket: Bucket, state: PCPState, batch: SchedulerBatch) -> None:
+        self.bucket, self.state, self.batch = bucket, state, batch
+        self.calls: dict[tuple[str, int], Callable[[], Any]] = {}
+        self.staged: dict[tuple[str, int], tuple[torch.Tensor, ...]] = {}
 
 
 class DeviceGraphs:
@@ -302,10 +330,10 @@ class DeviceGraphs:
         step_out: the persistent buffer of each :func:`device_step` result (by its key).
         query_lens: ``[R]`` int32, vllm-ascend's ``query_lens_pcp_full.gpu``.
         slot_group: group 0's padded slot mapping (:meth:`add_slot_group` adds the others).
-        slots_in: ``[>= F]`` int64, the staging of the runner's slot mapping.
+        slots_in: ``[>= F]`` int32, the staging of the runner's slot mapping.
         computed_in: ``[R]`` int32, the staging of corrected ``num_computed_tokens``.
         mtp_mask: ``[R, 1 + k, cols]`` bool, vllm-ascend's ``dcp_mtp_attn_mask.gpu`` (``None``
-            without spec decode or with ``P * D = 1``).
+            without spec decode or with ``P * D = 1``), and ``mtp_cells`` (:func:`mtp_mask_into`).
         backend: ``None`` (plain calls), ``"aoti"`` (AOTInductor packages, cached in
             ``package_dir`` when given, :meth:`package_path`), or a ``torch.compile`` backend
             (device graphs on CUDA / NPU): every graph is made here, for every bucket
@@ -325,6 +353,7 @@ class DeviceGraphs:
         slots_in: torch.Tensor,
         computed_in: torch.Tensor,
         mtp_mask: torch.Tensor | None,
+        mtp_cells: torch.Tensor | None,
         backend: str | None,
         check_syncs: bool = False,
         package_dir: str | None = None,
@@ -339,6 +368,8 @@ class DeviceGraphs:
         self.packed = torch.zeros(3 * R + 1, dtype=torch.int32, device=device)
         # the CPU stages into the buffer itself; a device through a pinned buffer and one copy
         self._packed_np = self.packed.numpy() if device.type == "cpu" else None
+        self._packed_rows = None if self._packed_np is None else self._packed_np[: 3 * R].reshape(3, R)
+        self._staged_reqs = 0  # requests in the staging buffer (the rows past them are zero)
         self.record = Record(
             torch.zeros((), dtype=torch.int64, device=device),
             torch.zeros(R, dtype=torch.int32, device=device),
@@ -346,45 +377,51 @@ class DeviceGraphs:
         )
         self._step_out, self._query_lens = step_out, query_lens
         self._slot_groups = [slot_group]
-        self._slots_in, self._computed_in, self._mtp_mask = slots_in, computed_in, mtp_mask
-        self._views: dict[Bucket, tuple[PCPState, SchedulerBatch]] = {}
+        self._slots_in, self._computed_in = slots_in, computed_in
+        self._mtp_mask, self._mtp_cells = mtp_mask, mtp_cells
+        self.rungs = tuple(Rung(b, *self._views(b)) for b in self.ladder)
+        self._rung_of = {r.bucket: r for r in self.rungs}
+        self.current = self.rungs[-1]  # the rung of the last step
         self._captured: dict[tuple[Any, ...], pcp_graph.Captured] = {}
-        self._bound: dict[tuple[Any, ...], Callable[[], Any]] = {}
-        self.staged: dict[tuple[Any, ...], tuple[torch.Tensor, ...]] = {}  # each bound call's inputs
         self._fallback: set[tuple[Any, ...]] = set()
         # Dynamo guards on the grad mode: its graphs are made and replayed under inference mode
         # (a plain call, AOTInductor and device graphs do not care; entering it costs ~2 us)
         plain = backend in (None, "aoti") or device.type != "cpu"
-        self._mode = contextlib.nullcontext if plain else torch.inference_mode
+        self._mode = (lambda: _NO_GUARD) if plain else torch.inference_mode
         # the sync detector is a dispatch mode: it watches plain calls (a graph was checked
         # when it was traced; torch.compile refuses to run under it)
-        self._run_guard = self.guard if backend is None else contextlib.nullcontext
+        self._run_guard = self.guard if backend is None else (lambda: _NO_GUARD)
+        self._bare = plain and not (check_syncs and backend is None)  # neither guard nor mode
         self.prepare()
 
     # ---------------------------------------------------------------- buckets and views
     def bucket_for(self, num_reqs: int, num_tokens: int) -> Bucket:
         """The first rung holding ``num_reqs`` requests and ``num_tokens`` local tokens (within
         the capacities: checked by the caller)."""
-        return self.ladder[bisect.bisect_left(self._rungs, max(num_reqs, num_tokens, 1))]
+        return self.rung_for(num_reqs, num_tokens).bucket
+
+    def rung_for(self, num_reqs: int, num_tokens: int) -> Rung:
+        """:meth:`bucket_for`'s :class:`Rung`."""
+        return self.rungs[bisect.bisect_left(self._rungs, max(num_reqs, num_tokens, 1))]
 
     def view(self, bucket: Bucket) -> tuple[PCPState, SchedulerBatch]:
-        """The state and batch of the last step at ``bucket``: views of the persistent record and
-        staging buffers (one pair per bucket; their contents are the last step's)."""
-        pair = self._views.get(bucket)
-        if pair is None:
-            rec = self.record
-            state = dataclasses.replace(
-                self._state0,
-                bucket=bucket,
-                num_reqs=rec.num_reqs,
-                num_scheduled=rec.num_scheduled,
-                is_decode=rec.is_decode,
-            )
-            pair = self._views[bucket] = (state, unpack_batch(self.config, bucket, self.packed))
-        return pair
+        """The state and batch of the last step at ``bucket`` (a rung's)."""
+        rung = self._rung_of[bucket]
+        return rung.state, rung.batch
+
+    def _views(self, bucket: Bucket) -> tuple[PCPState, SchedulerBatch]:
+        rec = self.record
+        state = dataclasses.replace(
+            self._state0,
+            bucket=bucket,
+            num_reqs=rec.num_reqs,
+            num_scheduled=rec.num_scheduled,
+            is_decode=rec.is_decode,
+        )
+        return state, unpack_batch(self.config, bucket, self.packed)
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
-        return pcp_fn.no_host_syncs() if self.check_syncs else contextlib.nullcontext()
+        return pcp_fn.no_host_syncs() if self.check_syncs else _NO_GUARD
 
     @property
     def num_graphs(self) -> int:
@@ -392,9 +429,9 @@ class DeviceGraphs:
         return len(self._captured)
 
     # ---------------------------------------------------------------- the graphs
-    def _key_args(self, kind: str, bucket: Bucket, variant: int) -> tuple[Callable[..., Any], tuple, tuple]:
+    def _key_args(self, rung: Rung, kind: str, variant: int) -> tuple[Callable[..., Any], tuple, tuple]:
         """``(function, persistent arguments, staging arguments)`` of one bound call."""
-        state, batch = self.view(bucket)
+        bucket, state, batch = rung.bucket, rung.state, rung.batch
         if kind == "step":
             out = (self._step_out, self.record, self._query_lens)
             return functools.partial(step_into, bucket), (self._state0, *out), (self.packed,)
@@ -402,24 +439,24 @@ class DeviceGraphs:
             rows = full_rows(self.config, bucket)
             return padded_slots_into, (state, self._slot_groups[variant]), (self._slots_in[:rows],)
         computed = batch.num_computed if variant == 0 else self._computed_in[: bucket.num_reqs]
-        return mtp_mask_into, (state, self._mtp_mask), (computed,)
+        return mtp_mask_into, (state, self._mtp_mask, self._mtp_cells), (computed,)
 
-    def _make(self, kind: str, bucket: Bucket, variant: int) -> Callable[[], Any]:
+    def _make(self, rung: Rung, kind: str, variant: int) -> Callable[[], Any]:
         """Make (or load) the graph of one bound call and bind it."""
-        fn, fixed, staged = self._key_args(kind, bucket, variant)
-        self.staged[(kind, bucket, variant)] = staged
+        fn, fixed, staged = self._key_args(rung, kind, variant)
+        rung.staged[kind, variant] = staged
         if self.backend == "aoti":  # every tensor an argument: AOTInductor writes the buffers it is given
-            fn, args, key = fn, (*fixed, *staged), (kind, bucket)
+            fn, args, key = fn, (*fixed, *staged), (kind, rung.bucket)
         else:  # the persistent buffers closed over: a device graph writes them, not static copies
             # (a slot group's buffer is one of them: a graph per group; the mask's variants
             # differ in their staged input only: one graph)
             fn, args = functools.partial(fn, *fixed), staged
-            key = (kind, bucket, variant if kind == "slots" else 0)
+            key = (kind, rung.bucket, variant if kind == "slots" else 0)
         captured = self._captured.get(key)
         if captured is None:
             path = None
             if self.backend == "aoti" and self.package_dir is not None:
-                path = self.package_path(kind, bucket)
+                path = self.package_path(kind, rung.bucket)
                 self.stats.loaded += os.path.exists(path)
             captured = pcp_graph.capture(fn, *args, backend=self.backend, package_path=path)
             self._captured[key] = captured
@@ -432,13 +469,13 @@ class DeviceGraphs:
         name = package_name(f"dcs_{kind}", self.config, bucket, self.device.type)
         return os.path.join(self.package_dir, name)
 
-    def _calls(self, groups: Sequence[int]) -> list[tuple[str, Bucket, int]]:
+    def _calls(self, groups: Sequence[int]) -> list[tuple[Rung, str, int]]:
         calls = []
-        for bucket in self.ladder:
-            calls.append(("step", bucket, 0))
-            calls += [("slots", bucket, g) for g in groups]
+        for rung in self.rungs:
+            calls.append((rung, "step", 0))
+            calls += [(rung, "slots", g) for g in groups]
             if self._mtp_mask is not None:
-                calls += [("mask", bucket, 0), ("mask", bucket, 1)]
+                calls += [(rung, "mask", 0), (rung, "mask", 1)]
         return calls
 
     def prepare(self, groups: Sequence[int] = (0,)) -> GraphStats:
@@ -450,9 +487,9 @@ class DeviceGraphs:
             return self.stats
         start = time.perf_counter()
         with self._mode():  # the mode a step replays in: no compile guard fails later
-            for call in self._calls(groups):
-                if call not in self._bound:
-                    self._bound[call] = bound = self._make(*call)
+            for rung, kind, variant in self._calls(groups):
+                if (kind, variant) not in rung.calls:
+                    rung.calls[kind, variant] = bound = self._make(rung, kind, variant)
                     bound()  # once here: a compiled graph meeting new inputs recompiles now
         self.stats.prepare_seconds += time.perf_counter() - start
         return self.stats
@@ -462,61 +499,71 @@ class DeviceGraphs:
         self._slot_groups.append(buffer)
         self.prepare(groups=(len(self._slot_groups) - 1,))
 
-    def _call(self, kind: str, bucket: Bucket, variant: int) -> None:
-        key = (kind, bucket, variant)
-        bound = self._bound.get(key)
+    def _call(self, rung: Rung, kind: str, variant: int) -> None:
+        bound = rung.calls.get((kind, variant))
         if bound is None:  # plain calls, or a bucket without a graph (counted, logged once)
-            fn, fixed, staged = self._key_args(kind, bucket, variant)
-            bound = self._bound[key] = functools.partial(fn, *fixed, *staged)
-            self.staged[key] = staged
+            fn, fixed, staged = self._key_args(rung, kind, variant)
+            bound = rung.calls[kind, variant] = functools.partial(fn, *fixed, *staged)
+            rung.staged[kind, variant] = staged
             if self.backend is not None:
-                self._fallback.add(key)
+                self._fallback.add((kind, rung.bucket, variant))
                 logger.warning(
                     "pcp_fn: no prepared %r graph for %s at bucket %s: it runs eagerly (counted in "
                     "stats.fallbacks)",
                     self.backend,
                     kind,
-                    bucket,
+                    rung.bucket,
                 )
-        if key in self._fallback:
+        if self._fallback and (kind, rung.bucket, variant) in self._fallback:
             self.stats.fallbacks += 1
-        self.run(key, bound)
+        self.run((rung, kind, variant), bound)
 
-    def run(self, key: tuple[Any, ...], bound: Callable[[], Any]) -> None:
-        """One bound call (``key``: its ``(kind, bucket, variant)``; its staging inputs are
-        :attr:`staged` ``[key]``; a benchmark replaces this to model a device's replay)."""
-        with self._run_guard(), self._mode():
+    def run(self, key: tuple[Rung, str, int], bound: Callable[[], Any]) -> None:
+        """One bound call (``key``: its rung, kind and variant, the staging inputs
+        ``key[0].staged[key[1:]]``; a benchmark replaces this to model a device's replay)."""
+        if self._bare:
             bound()
+        else:
+            with self._run_guard(), self._mode():
+                bound()
 
     # ---------------------------------------------------------------- a step
-    def stage(self, h: HostLayout) -> None:
-        """Write the step's per-request arrays into the staging buffer (one copy off the CPU)."""
+    def stage(self, h: HostLayout) -> np.ndarray:
+        """Write the step's per-request arrays into the staging buffer (one copy off the CPU);
+        returns its ``[R]`` scheduled tokens (zero past the requests), on the host."""
         R, n = self.config.max_num_reqs, h.num_reqs
-        host = self._packed_np
+        host, rows = self._packed_np, self._packed_rows
         if host is None:  # pinned, rotated (pcp_fn.core.staging): refilled once its last copy ran
             host = host_buffer(self.packed.shape[0], np.int32, self.device)
-        host[:] = 0  # rows past the requests read zero (1 KB)
-        host[:n] = h.num_scheduled
-        host[R : R + n] = h.num_computed
-        host[2 * R : 2 * R + n] = h.device_prompt
+            rows = host[: 3 * R].reshape(3, R)
+            rows[:, n:] = 0
+        elif n < self._staged_reqs:  # rows past the requests read zero (the CPU's buffer keeps it)
+            rows[:, n : self._staged_reqs] = 0
+        rows[:, :n] = h.counts
+        if h.device_prompt is not h.num_prompt:  # a late decode made a prefill (dummy runs)
+            rows[2, :n] = h.device_prompt
         host[3 * R] = n
+        self._staged_reqs = n
         if self._packed_np is None:
             with self.guard():
                 self.packed.copy_(to_device(host, self.device))
+        return rows[0]
 
-    def step(self, bucket: Bucket) -> None:
-        """:func:`step_into` of the staged batch at ``bucket``."""
+    def step(self, rung: Rung) -> None:
+        """:func:`step_into` of the staged batch at ``rung`` (the current one from now on)."""
         self.stats.steps += 1
-        self._call("step", bucket, 0)
+        self.current = rung
+        self._call(rung, "step", 0)
 
-    def padded_slots(self, bucket: Bucket, group: int) -> None:
-        """:func:`padded_slots_into` of the staged slots into group ``group``'s buffer."""
-        self._call("slots", bucket, group)
+    def padded_slots(self, group: int) -> None:
+        """:func:`padded_slots_into` of the staged slots into group ``group``'s buffer, at the last
+        step's rung."""
+        self._call(self.current, "slots", group)
 
-    def mtp_mask(self, bucket: Bucket, corrected: bool) -> None:
-        """:func:`mtp_mask_into` from the batch's ``num_computed`` or (``corrected``) the
-        ``computed_in`` staging buffer."""
-        self._call("mask", bucket, int(corrected))
+    def mtp_mask(self, corrected: bool) -> None:
+        """:func:`mtp_mask_into` at the last step's rung from the batch's ``num_computed`` or
+        (``corrected``) the ``computed_in`` staging buffer."""
+        self._call(self.current, "mask", int(corrected))
 
 
 # ------------------------------------------------------------------ spec decode (eager)

@@ -177,6 +177,7 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
             slots_in=b.slots_in,
             computed_in=b.computed_in,
             mtp_mask=None if b.dcp_mtp_attn_mask is None else b.dcp_mtp_attn_mask.gpu,
+            mtp_cells=b.mtp_mask_cells,
             backend=backend,
             check_syncs=check_syncs,
             package_dir=package_cache_dir() if backend == "aoti" else None,
@@ -185,6 +186,11 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         self._slots_dirty = [b.padded_slot_capacity if backend is not None else 0]
         self._metadata_cls: Any = None
         self._empty_indices: dict[str, torch.Tensor] | None = None
+        self._pads: tuple[Any, np.ndarray] = (
+            None,
+            np.zeros(s.max_num_reqs, dtype=np.int64),
+        )  # (its update, it)
+        self._last_views: dict[Any, tuple[int, Any]] = {}  # _view's
         self._cpu_state = _ops.init_state(self.config, "cpu")  # the ops reading the CPU token table
         # the ops tied to no step (any length up to the capacity): the capacity bucket's rows
         self._capacity_state = _ops.init_state(self.config, s.device)
@@ -229,6 +235,16 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         record.__dict__.update(self._record.__dict__)
         record.__dict__.update(changes)
         self._record = record
+
+    def _view(self, key: Any, buffer: torch.Tensor, rows: int) -> torch.Tensor:
+        """``buffer[:rows]``, the same view object as last time when ``rows`` is (a view costs a
+        few microseconds; a steady decode batch asks the same ones every step)."""
+        last = self._last_views.get(key)
+        if last is not None and last[0] == rows:
+            return last[1]
+        view = buffer[:rows]
+        self._last_views[key] = (rows, view)
+        return view
 
     def _host(self) -> _host.HostLayout:
         if self._record.host is None:
@@ -279,9 +295,17 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
 
     @property
     def num_pcp_pads_cpu(self) -> np.ndarray:
-        """``[R]`` int64 pads per request of the last ``update_tokens_for_pcp`` (a fresh array)."""
-        u = self._record.updated
-        return self._per_request(None if u is None else u.num_pads, np.int64)
+        """``[R]`` int64 pads per request of the last ``update_tokens_for_pcp``, zero past its requests:
+        one persistent array, like vllm-ascend's attribute (written when first read after an update;
+        the runner reads it per KV cache group)."""
+        u, (last, out) = self._record.updated, self._pads
+        if last is not u:
+            n = 0 if u is None else u.num_reqs
+            if u is not None:
+                out[:n] = u.num_pads
+            out[n : max(n, 0 if last is None else last.num_reqs)] = 0
+            self._pads = (u, out)
+        return out
 
     @property
     def pcp_tokens(self) -> np.ndarray:
@@ -386,21 +410,17 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         sched = _host_ints("num_scheduled_tokens", num_scheduled_tokens, n)
         computed = _host_ints("num_computed_tokens", num_computed_tokens, n)
         prompt = _host_ints("num_prompt_tokens", num_prompt_tokens, n)
-        h = _host.host_layout(self.settings, sched, computed, prompt)
-        if n:
-            # make_batch's checks at the cost of three ufuncs; make_batch itself names a bad field
-            bound = int(np.bitwise_or.reduce(h.num_scheduled | h.num_computed | h.num_prompt))
-            if bound < 0 or 2 * bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
-                _ops.make_batch(self.config, h, "cpu")
+        h = _host.host_layout(self.settings, sched, computed, prompt, self._record.host)
+        # make_batch's checks from the counts' bound; make_batch itself names a bad field
+        if h.bound < 0 or 2 * h.bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
+            _ops.make_batch(self.config, h, "cpu")
         graphs = self._graphs
-        bucket = graphs.bucket_for(n, h.num_tokens)
-        graphs.stage(h)
-        graphs.step(bucket)
-        ql = self._buffers.query_lens_pcp_full.np  # its device half is written by the step
-        ql[:n] = h.num_scheduled
-        ql[n:] = 0
-        state, batch = graphs.view(bucket)
-        self._set(state=state, host=h, batch=batch)
+        rung = graphs.rung_for(n, h.num_tokens)
+        staged = graphs.stage(h)
+        graphs.step(rung)
+        # query_lens_pcp_full: the scheduled tokens, zero past them (the step writes its device half)
+        self._buffers.query_lens_pcp_full.np[:] = staged
+        self._set(state=rung.state, host=h, batch=rung.batch)
 
     def update_tokens_for_pcp(
         self, num_scheduled_tokens: np.ndarray, arange_np: np.ndarray | None = None
@@ -413,15 +433,15 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         """
         h = self._host()
         given = np.asarray(num_scheduled_tokens)
-        if given.shape != (h.num_reqs,) or (given != h.num_scheduled).any():
+        if given.ndim != 1 or not _host.same_ints(given, h.num_scheduled):
             raise ValueError(
                 "num_scheduled_tokens passed to update_tokens_for_pcp differs from init_batch_info's "
                 f"({given.tolist()} vs {h.num_scheduled.tolist()})"
             )
         self._set(updated=h)
         if self.pcp_use_hybrid_attn:
-            return h.linear_tokens.copy(), _host.linear_positions(h)
-        return h.pcp_tokens.copy(), _host.dcs_positions(h)
+            return h.linear_tokens.copy(), h.linear_rows.copy()
+        return h.pcp_tokens.copy(), h.dcs_rows.copy()  # copies: the layout's are shared
 
     def get_logits_indices(
         self, cu_num_tokens: np.ndarray, num_reqs: int, tokens_original: list[int] | None = None
@@ -432,7 +452,8 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         """
         h = self._host()
         hybrid_form = self.pcp_use_hybrid_attn and tokens_original is not None
-        return torch.from_numpy(_host.logits_indices(h, hybrid_form)[:num_reqs])
+        logits = h.logits_hybrid if hybrid_form else h.logits  # shared: the caller gets a copy
+        return torch.from_numpy(logits[:num_reqs].copy())
 
     def adjust_cu_num_scheduled_tokens_for_pcp(
         self, cu_num_scheduled_tokens: np.ndarray, num_pcp_pads: np.ndarray
@@ -479,14 +500,14 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
             if dirty > rows:  # a larger bucket wrote rows the runner may read padded: -1 again
                 buf[rows:dirty].fill_(-1)
         self._slots_dirty[kv_cache_group_id] = rows
-        self._graphs.padded_slots(bucket, kv_cache_group_id)
+        self._graphs.padded_slots(kv_cache_group_id)  # at the step's rung (bucket)
         u = self._hybrid_update()
         if u is not None and self.total_num_sampled_tokens_pcp == num_tokens_padded:
             length = u.num_tokens * self.pcp_world_size
         else:
             length = num_tokens_padded * self.pcp_world_size
         # the runner sizes this buffer max_buffer_num_tokens (T + 2PR >= every step's P * N real rows)
-        return buf[: min(length, self.settings.max_buffer_num_tokens)]
+        return self._view(("slots", kv_cache_group_id), buf, min(length, self.settings.max_buffer_num_tokens))
 
     def get_restore_hidden_states(
         self, hidden_states: torch.Tensor, num_input_tokens: int | None = None
@@ -505,7 +526,7 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
                 num_input_tokens if num_input_tokens is not None else self.num_actual_tokens_pcp_padded // P
             )
             gathered = self._all_gather(hidden_states[:local])
-            index = self.pcp_allgather_restore_idx.gpu[: gathered.shape[0]]
+            index = self._view("restore", self.pcp_allgather_restore_idx.gpu, gathered.shape[0])
             return torch.index_select(gathered, 0, index)
         if num_input_tokens is not None:
             hidden_states = hidden_states[:num_input_tokens]
