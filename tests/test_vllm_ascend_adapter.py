@@ -563,6 +563,17 @@ def _same_observations(a: dict, b: dict, ctx: str) -> None:
             assert repr(L(x)) == repr(L(y)), f"{ctx} {key}"
 
 
+def _same_step_and_dummies(cfg, st, rc, re) -> None:
+    """Runners ``rc`` and ``re`` observe the same in step ``st``'s dummy runs and in the step."""
+    for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
+        _same_observations(
+            rc.dummy_run(num_tokens, uniform, capturing),
+            re.dummy_run(num_tokens, uniform, capturing),
+            "dummy",
+        )
+    _same_observations(rc.step(st), re.step(st), f"step {st.index}")
+
+
 def test_graphs_are_made_at_construction_and_serve_every_step():
     """``capture=True`` (torch.compile on the CPU; NPUGraph on an NPU): the constructor makes every
     graph of the ladder (per bucket: the device step, the padded slot mapping, the MTP mask), the
@@ -579,13 +590,7 @@ def test_graphs_are_made_at_construction_and_serve_every_step():
     eager, re = _manager(cfg, 1, 0)
     buckets = []
     for st in schedule(cfg, 6, seed=3):
-        for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
-            _same_observations(
-                rc.dummy_run(num_tokens, uniform, capturing),
-                re.dummy_run(num_tokens, uniform, capturing),
-                "dummy",
-            )
-        _same_observations(rc.step(st), re.step(st), f"step {st.index}")
+        _same_step_and_dummies(cfg, st, rc, re)
         buckets.append(captured.record.batch.bucket)
     assert set(buckets) == set(ladder), buckets  # both rungs met
     assert counters["stats"]["unique_graphs"] == made, "a step compiled a graph"
@@ -1034,12 +1039,6 @@ def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):
     made = captured.num_graphs
     eager, re = _manager(cfg, 1, 0)
     for st in schedule(cfg, 3, seed=4):
-        for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
-            _same_observations(
-                rc.dummy_run(num_tokens, uniform, capturing),
-                re.dummy_run(num_tokens, uniform, capturing),
-                "dummy",
-            )
-        _same_observations(rc.step(st), re.step(st), f"step {st.index}")
+        _same_step_and_dummies(cfg, st, rc, re)
     assert made == captured.num_graphs == 3 * len(captured._graphs.ladder)  # all made at construction
     assert "pcp_enter_fa_restore_idx" in vars(captured.long_seq_metadata)

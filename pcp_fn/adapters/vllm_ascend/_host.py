@@ -28,31 +28,20 @@ import numpy as np
 
 from ._settings import ManagerSettings
 
-_ARANGE = np.arange(0, dtype=np.int64)
+_ARANGES: dict[type, np.ndarray] = {}
 _add_reduce = np.add.reduce  # np.sum without its Python wrapper
 _INT32_MAX = 2**31 - 1
 NO_CHUNKS = np.zeros(0, dtype=np.int32)  # the chunk rows of a step without prefills (empty)
 
 
-def _arange(n: int) -> np.ndarray:
-    """``arange(n)`` int64, a read-only view of a cached one (grown as needed)."""
-    global _ARANGE
-    if _ARANGE.shape[0] < n:
-        _ARANGE = np.arange(max(n, 2 * _ARANGE.shape[0], 1024), dtype=np.int64)
-        _ARANGE.flags.writeable = False
-    return _ARANGE[:n]
-
-
-_ARANGE32 = np.arange(0, dtype=np.int32)
-
-
-def _arange32(n: int) -> np.ndarray:
-    """``arange(n)`` int32, a read-only view of a cached one (grown as needed)."""
-    global _ARANGE32
-    if _ARANGE32.shape[0] < n:
-        _ARANGE32 = np.arange(max(n, 2 * _ARANGE32.shape[0], 1024), dtype=np.int32)
-        _ARANGE32.flags.writeable = False
-    return _ARANGE32[:n]
+def _arange(n: int, dtype: type = np.int64) -> np.ndarray:
+    """``arange(n, dtype=dtype)``, a read-only view of a cached one (grown as needed)."""
+    cached = _ARANGES.get(dtype)
+    if cached is None or cached.shape[0] < n:
+        size = max(n, 1024) if cached is None else max(n, 2 * cached.shape[0])
+        cached = _ARANGES[dtype] = np.arange(size, dtype=dtype)
+        cached.flags.writeable = False
+    return cached[:n]
 
 
 def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -326,7 +315,7 @@ def dcs_positions(h: HostLayout) -> np.ndarray:
     P, r, nd, n = h.pcp_size, h.pcp_rank, h.num_decode_reqs, h.num_reqs
     if P == 1 or nd == n:  # every request replicated: 0 .. n-1 each (int32 throughout)
         sched = h.num_scheduled
-        return _arange32(h.total_scheduled) - (sched.cumsum(dtype=np.int32) - sched).repeat(sched)
+        return _arange(h.total_scheduled, np.int32) - (sched.cumsum(dtype=np.int32) - sched).repeat(sched)
     c = (h.pcp_tokens // 2).astype(np.int64)
     c[:nd] = h.num_scheduled[:nd]
     starts = np.empty(2 * n, dtype=np.int64)  # [head_0, tail_0, head_1, tail_1, ...]
