@@ -454,12 +454,15 @@ def test_an_interrupted_record_leaves_no_file_behind(tmp_path, sig, status):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as a terminal delivers it, whatever this process inherited: a job a shell starts
+        # in the background ignores SIGINT, and so would the child (a CI launched so failed here)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 60
         while not any(p.name.startswith(".trace-") for p in tmp_path.iterdir()):  # streaming to disk
             assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.005)  # signal soon after: the streaming phase is short (one CI run missed it)
+            time.sleep(0.05)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
