@@ -122,13 +122,18 @@ def _plain_fields(cls: type) -> frozenset[str] | None:
     return frozenset(f.name for f in fields)
 
 
-def _replace(obj: Any, *changes: dict[str, Any]) -> Any:
+def _fast_replace_ok(cls: type, *changes: dict[str, Any]) -> bool:
+    """Whether :func:`_replace` of a ``cls`` with dicts of these keys may copy ``__dict__``."""
+    names = _plain_fields(cls)
+    return names is not None and all(names.issuperset(c) for c in changes)
+
+
+def _replace(obj: Any, *changes: dict[str, Any], checked: bool = False) -> Any:
     """``dataclasses.replace(obj, **changes[0], **changes[1], ...)`` (later dicts win), without
     the per-field Python loop when the class allows it (the local ``InputBatch`` has 36 fields;
-    this runs every step)."""
+    this runs every step). ``checked``: the caller knows :func:`_fast_replace_ok` holds."""
     cls = type(obj)
-    names = _plain_fields(cls)
-    if names is None or not all(names.issuperset(c) for c in changes):
+    if not (checked or _fast_replace_ok(cls, *changes)):
         merged: dict[str, Any] = {}
         for c in changes:
             merged.update(c)
@@ -162,6 +167,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         graph_backend: str | None = default_graph_backend()
         token_buckets: tuple[int, ...] | None = None
         check_host_syncs = False
+        _fn_fast_replace: type | None = None  # the batch class _replace may copy by __dict__
 
         def __init__(
             self,
@@ -598,7 +604,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         def _fn_local_batch(self, g: Any, fields: dict[str, Any], fixed: dict[str, Any]) -> Any:
             """The local ``InputBatch``: the global one with the shape's fields (``fixed``: the
             device views, the sizes) and this step's host fields."""
-            self._local_batch = _replace(g, fixed, fields)
+            # the keys of fixed and fields are the same every step: checked once per batch class
+            cls = type(g)
+            checked = cls is self._fn_fast_replace
+            if not checked and _fast_replace_ok(cls, fixed, fields):
+                self._fn_fast_replace, checked = cls, True
+            self._local_batch = _replace(g, fixed, fields, checked=checked)
             self._global_batch = g
             self._fn_capture_rows = (0, 0)
             # draft_prefill_batch is left as it is, like vLLM's partition_batch (a draft prefill
