@@ -210,12 +210,16 @@ def check_equal(ref: dict[str, Any], ours: dict[str, Any], what: str) -> None:
 
 def graph_replayed(manager: Any) -> Any:
     """``manager`` (plain calls) with each device function's call replaced by what a device graph
-    replay costs the host besides the launch: the copies of its staging inputs into the graph's
-    static buffers (``pcp_fn.graph.capture`` on CUDA/NPU). The first call of each function and
+    replay costs the host besides the launch: nothing for a graph that reads its persistent
+    staging inputs in place (``_ops.IN_PLACE``: the step and the slot mappings), else the copies
+    of its staging inputs into the graph's static buffers (the MTP mask; ``pcp_fn.graph.capture``
+    on CUDA/NPU). The first call of each function and
     bucket runs it (writing the persistent buffers the later ones leave as they are); call
     ``manager.new_batch()`` before another batch, so that its first calls run too. (Steps of
     other counts at the same bucket then read the outputs of the last real run: their host
     work costs the same.)"""
+    from pcp_fn.adapters.vllm_ascend._ops import IN_PLACE
+
     graphs = manager._graphs
     run, statics = graphs.run, {}
 
@@ -225,7 +229,7 @@ def graph_replayed(manager: Any) -> Any:
         if dst is None:
             statics[key] = [x.clone() for x in src]
             run(key, bound)
-        else:
+        elif key[1] not in IN_PLACE:
             torch._foreach_copy_(dst, src)
 
     graphs.run = replay

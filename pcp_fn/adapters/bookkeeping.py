@@ -578,8 +578,9 @@ class Bookkeeping:
             if len(self._restore_views) > 1024:  # bounded: a few sizes repeat in practice
                 self._restore_views.clear()
             idx = self._restore_views[num_tokens] = self.out.hidden_restore_idx[:num_tokens]
-        # vLLM's own gather (``aten::index``): on the host it costs about half of index_select
-        return gathered[idx]
+        # index_select, not vLLM's aten::index: aten::index costs the host ~10 us less for a few
+        # rows, but moves 256-4096 rows of 128 floats 1.4-2.5x slower on the CPU
+        return gathered.index_select(0, idx)
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""

@@ -300,6 +300,13 @@ def mtp_mask_into(
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
 
+#: The graphs whose staging inputs are always the same persistent tensors (the packed batch, the
+#: slot staging at the rung's rows): a CUDA/NPU graph reads them in place, so a replay copies
+#: nothing (``capture(persistent_inputs=True)``). The MTP mask's graph is not one: its two
+#: variants pass different tensors (the batch's ``num_computed`` or ``computed_in``) to one
+#: graph, each copied into its static input.
+IN_PLACE = frozenset({"step", "slots"})
+
 
 class Rung:
     """One bucket of the ladder: the state and batch of a step at it (views of the persistent record
@@ -458,7 +465,9 @@ class DeviceGraphs:
             if self.backend == "aoti" and self.package_dir is not None:
                 path = self.package_path(kind, rung.bucket)
                 self.stats.loaded += os.path.exists(path)
-            captured = pcp_graph.capture(fn, *args, backend=self.backend, package_path=path)
+            captured = pcp_graph.capture(
+                fn, *args, backend=self.backend, package_path=path, persistent_inputs=kind in IN_PLACE
+            )
             self._captured[key] = captured
             self.stats.prepared += 1
         return captured.bind(*args)

@@ -493,7 +493,9 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         count = min(int(slot_mapping.shape[0]), h.total_scheduled)
         staging = self._buffers.slots_in
         with self._graphs.guard():
-            staging[:count].copy_(slot_mapping[:count])
+            # (views reused: a steady batch stages the same count each step)
+            src = slot_mapping if slot_mapping.shape[0] == count else slot_mapping[:count]
+            self._view("slots_in", staging, count).copy_(src)
             if count < h.total_scheduled:
                 staging[count : h.total_scheduled].fill_(self.config.pad_slot_id)
             dirty = self._slots_dirty[kv_cache_group_id]
