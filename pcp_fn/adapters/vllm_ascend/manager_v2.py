@@ -188,6 +188,9 @@ def make_functional_ascend_manager(
                 if self.max_num_tokens is None
                 else torch.arange(pcp_world_size * self.max_num_tokens, dtype=torch.int64, device=self.device)
             )
+            # build_attention_context's views of the persistent buffers, by their sizes (a slice
+            # costs a torch op; a steady batch asks the same ones every step)
+            self._fn_context_views: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
 
         # ------------------------------------------------------------ config
 
@@ -547,13 +550,24 @@ def make_functional_ascend_manager(
                 host = tables.num_blocks.np[:, g.idx_mapping_np[: g.num_reqs]]
                 num_blocks = torch.from_numpy(host).to(device=self.device, non_blocking=True)
             width = self._fn_pcp._current().Lp * self.pcp_world_size
+            key = (g.num_tokens_after_padding, int(g.query_start_loc_np[-1]), width)
+            views = self._fn_context_views.get(key)
+            if views is None:
+                if len(self._fn_context_views) > 1024:  # bounded: a few sizes repeat in practice
+                    self._fn_context_views.clear()
+                views = self._fn_context_views[key] = (
+                    self._fn_global_slot_mappings[:, : key[0]],
+                    self._fn_hidden_restore_idx[: key[1]],
+                    self._fn_padded_gather_idx[:width],
+                    self._fn_kv_write_mask[:width],
+                )
             return Context(
                 global_batch=g,
                 global_block_tables=tables.gather_block_tables(g.idx_mapping, g.num_reqs_after_padding),
-                global_slot_mappings=self._fn_global_slot_mappings[:, : g.num_tokens_after_padding],
-                hidden_restore_idx=self._fn_hidden_restore_idx[: int(g.query_start_loc_np[-1])],
-                padded_gather_idx=self._fn_padded_gather_idx[:width],
-                gathered_kv_write_mask=self._fn_kv_write_mask[:width],
+                global_slot_mappings=views[0],
+                hidden_restore_idx=views[1],
+                padded_gather_idx=views[2],
+                gathered_kv_write_mask=views[3],
                 global_block_table_num_blocks=num_blocks,
             )
 
