@@ -116,7 +116,8 @@ def _zero_padding_rows(restored: torch.Tensor, num_tokens: int, rows: int) -> to
     """``[rows, ...]``: the first ``num_tokens`` rows of ``restored``, zeros after (in place
     when ``restored`` already has ``rows`` rows)."""
     if restored.shape[0] == rows:
-        restored[num_tokens:rows].zero_()
+        if num_tokens < rows:  # (no padding rows, no torch op: a steady decode step's case)
+            restored[num_tokens:rows].zero_()
         return restored
     out = restored.new_zeros((rows, *restored.shape[1:]))
     out[:num_tokens].copy_(restored[:num_tokens])
