@@ -597,6 +597,51 @@ def test_graphs_are_made_at_construction_and_serve_every_step():
     assert captured.num_graphs == stats.prepared and stats.fallbacks == 0 and stats.steps > len(buckets)
 
 
+def test_step_and_slot_graphs_read_their_persistent_staging_in_place(monkeypatch):
+    """On CUDA / NPU the step's and the slot mapping's graphs read their staging inputs where they
+    are (``capture(persistent_inputs=True)``: a replay copies nothing), which holds only if every
+    call passes the very tensors the graph was captured on; the MTP mask's graph, whose two
+    variants pass different tensors, keeps static copies. Recorded through ``graph.capture``
+    (the graphs then run as plain calls) over a schedule, checked against the eager manager."""
+    from pcp_fn.adapters.vllm_ascend import _ops
+
+    made, real = [], pcp_fn.graph.capture
+
+    def recording(fn, *args, backend=None, package_path=None, persistent_inputs=False, **kw):
+        made.append((args, persistent_inputs))
+        return real(fn, *args, backend=None)  # plain calls: the CPU has no device graph
+
+    monkeypatch.setattr(_ops.pcp_graph, "capture", recording)
+    cfg = SimConfig("in place", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
+    m, rc = _manager(cfg, 0, 0, capture=True, compile_backend="inductor", token_buckets=(8,))
+    graphs = m._graphs
+    kinds = set()
+    for rung in graphs.rungs:
+        for (kind, _variant), staged in rung.staged.items():
+            kinds.add(kind)
+            if kind == "step":
+                assert staged == (graphs.packed,)
+            elif kind == "slots":  # a view of the slot staging, made once per rung
+                assert staged[0].data_ptr() == graphs._slots_in.data_ptr()
+    assert kinds == {"step", "slots", "mask"} and _ops.IN_PLACE == {"step", "slots"}
+    assert sum(p for _, p in made) == 2 * len(graphs.rungs) and len(made) == 3 * len(graphs.rungs)
+    staged_at_capture = {id(a) for args, p in made if p for a in args}
+    calls = []
+    run = graphs.run
+
+    def watching(key, bound):
+        rung, kind, variant = key
+        if kind in _ops.IN_PLACE:
+            calls.append(all(id(t) in staged_at_capture for t in rung.staged[kind, variant]))
+        run(key, bound)
+
+    graphs.run = watching
+    eager, re = _manager(cfg, 0, 0)
+    for st in schedule(cfg, 5, seed=4):
+        _same_step_and_dummies(cfg, st, rc, re)
+    assert calls and all(calls), "an in-place graph was called with tensors it was not captured on"
+
+
 @pytest.mark.parametrize(
     "env, kwargs, backend",
     [
