@@ -30,9 +30,10 @@ plain eager calls; the adapter with ``PCP_FN_GRAPH_BACKEND=aoti`` (AOTInductor
 packages made at construction, cached in ``$PCP_FN_CACHE_DIR``) -- the CPU as
 the device, hidden size 128; then host time: the reference and the adapter at
 hidden size 1 (so no restore gather counts), the adapter with its device graphs
-replaced by what a device replay costs the host besides the launch (the copies
-of the graphs' inputs into their static buffers); ``host/ref``: the last two's
-ratio. Before timing, one step of every adapter column is checked equal to the
+replaced by what a device replay costs the host besides the launch (nothing for
+the step and slot-mapping graphs, which read their persistent staging in place;
+the copy of the MTP mask graph's input into its static buffer); ``host/ref``:
+the last two's ratio. Before timing, one step of every adapter column is checked equal to the
 reference's (every return value and metadata field). Per-phase medians follow
 the table (``--no-phases`` to skip them).
 """
@@ -367,7 +368,7 @@ def main() -> None:
     print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     print(
         f"R={R}, T={T}, rank 0, median us per step over {args.iters} steps; "
-        f"CPU as the device: H={H}; host: H=1, device graphs replaced by their input copies"
+        f"CPU as the device: H={H}; host: H=1, device graph replays copying what they copy on a device"
     )
     head = f"{'class':7} {'P':>2} {'k':>2} | {'ref':>6} {'eager':>6} {'aoti':>6} {'aoti/ref':>8} "
     print(head + f"| {'ref':>6} {'host':>6} {'host/ref':>8}", flush=True)
