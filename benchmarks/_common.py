@@ -94,3 +94,24 @@ def cpu_options(args: tuple) -> dict:
     import pcp_fn
 
     return pcp_fn.graph.inductor_options(args, torch.device("cpu"))
+
+
+def print_wall_table(
+    rows: list[tuple[str, int, str, dict[str, float]]], cols: list[str], mode: str, width: int
+) -> None:
+    """Per batch ``(name, P, mode, medians)``: each column's microseconds and its ratio to the
+    first column (the reference), ``mode`` the heading of the ``width``-wide mode column."""
+    ref = cols[0]
+    print(
+        f"{'batch':5} {'P':>2} {mode:>{width}} | "
+        + " ".join(f"{c:>8}" for c in cols)
+        + " | "
+        + " ".join(f"{c + '/' + ref:>12}" for c in cols[1:])
+    )
+    for name, P, m, t in rows:
+        print(
+            f"{name:5} {P:>2} {m:>{width}} | "
+            + " ".join(f"{t[c]:8.0f}" for c in cols)
+            + " | "
+            + " ".join(f"{t[c] / t[ref]:12.2f}" for c in cols[1:])
+        )

@@ -57,7 +57,6 @@ before); then the adapter's step by phase (us): the vLLM adapter's
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import sys
@@ -77,6 +76,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 
+from _common import print_wall_table  # noqa: E402
 from reference import reference_path  # noqa: E402
 
 REF = "vllm_ascend_v2_pcp_manager"
@@ -178,25 +178,18 @@ def phased_step(m: Any, marks: list, out: dict, g: Any, tokens: int | None, reqs
 
 
 def check_same(what: str, ref: tuple, ours: tuple, g: Any) -> None:
-    """One step's outputs of the adapter equal the reference's (``one_step``'s tuple)."""
-    from vllm_lockstep import assert_same
+    """One step's outputs of the adapter equal the reference's (``one_step``'s tuple), compared
+    as the V2 lockstep compares them."""
+    from ascend_v2_lockstep import Compare, Summary
 
+    cmp = Compare(Summary())
     r_local, r_bt, r_sl, r_ctx, r_out = ref
     a_local, a_bt, a_sl, a_ctx, a_out = ours
-    assert type(r_local) is type(a_local), what
-    for f in dataclasses.fields(r_local):
-        assert_same(f"{what} local.{f.name}", getattr(r_local, f.name), getattr(a_local, f.name))
-    assert_same(f"{what} block_tables", r_bt, a_bt)
-    assert_same(f"{what} slot_mappings", r_sl, a_sl)
-    for f in dataclasses.fields(r_ctx):
-        x, y = getattr(r_ctx, f.name), getattr(a_ctx, f.name)
-        if f.name == "global_batch":
-            assert x is g and y is g, f"{what} context.global_batch"
-        elif x is None or y is None:
-            assert x is None and y is None, f"{what} context.{f.name}"
-        else:
-            assert_same(f"{what} context.{f.name}", x, y)
-    assert_same(f"{what} restored", r_out[0], a_out[0])
+    cmp.batch(f"{what} local", r_local, a_local)
+    cmp.same(f"{what} block_tables", r_bt, a_bt)
+    cmp.same(f"{what} slot_mappings", r_sl, a_sl)
+    cmp.context(f"{what} context", r_ctx, a_ctx, g)
+    cmp.same(f"{what} restored", r_out[0], a_out[0])
     assert r_out[2] is g and a_out[2] is g, f"{what} restore's batch"
 
 
@@ -379,19 +372,7 @@ def main() -> int:
 
     cols = ["ref", "eager"] + (["aoti"] if aoti is not None else [])
     print(f"\n1. the CPU as the device, H={bench_vllm.H}: wall time per step (us), ratios to the reference")
-    print(
-        f"{'batch':5} {'P':>2} {'graph':>21} | "
-        + " ".join(f"{c:>7}" for c in cols)
-        + " | "
-        + " ".join(f"{c + '/ref':>10}" for c in cols[1:])
-    )
-    for name, P, mode, t in rows1:
-        print(
-            f"{name:5} {P:>2} {mode:>21} | "
-            + " ".join(f"{t[c]:7.0f}" for c in cols)
-            + " | "
-            + " ".join(f"{t[c] / t['ref']:10.2f}" for c in cols[1:])
-        )
+    print_wall_table(rows1, cols, "graph", 21)
     print("\n2. host time per step (us), H=1, the adapter's graph replay counted as nothing; its phases")
     print(
         f"{'batch':5} {'P':>2} {'graph':>21} | {'ref':>6} {'adapter':>7} {'ratio':>6} {'new':>5} "

@@ -63,7 +63,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from _common import R, T, reference_batches  # noqa: E402
+from _common import R, T, print_wall_table, reference_batches  # noqa: E402
 
 H = 128
 
@@ -272,19 +272,7 @@ def main() -> None:
 
     cols = ["vLLM", "eager"] + ([backend] if backend else [])
     print(f"\n1. the CPU as the device, H={H}: wall time per step (us), and the ratio to vLLM's")
-    print(
-        f"{'batch':5} {'P':>2} {'desc':>15} | "
-        + " ".join(f"{c:>8}" for c in cols)
-        + " | "
-        + " ".join(f"{c + '/vLLM':>12}" for c in cols[1:])
-    )
-    for name, P, mode, t in rows1:
-        print(
-            f"{name:5} {P:>2} {mode:>15} | "
-            + " ".join(f"{t[c]:8.0f}" for c in cols)
-            + " | "
-            + " ".join(f"{t[c] / t['vLLM']:12.2f}" for c in cols[1:])
-        )
+    print_wall_table(rows1, cols, "desc", 15)
     print("\n2. host time per step (us), H=1, the adapter's graph replay not counted; phases of the adapter")
     print(
         f"{'batch':5} {'P':>2} {'desc':>15} | {'vLLM':>6} {'adapter':>7} {'ratio':>6} "

@@ -160,7 +160,10 @@ def vllm_config(mode: Any, **overrides: Any) -> SimpleNamespace:
 # --------------------------------------------------------------------------- comparison
 
 
-class _Cmp:
+class Compare:
+    """Field-by-field equality of the two managers' results (``assert_same``), counted in a
+    :class:`Summary` (the lockstep's; the V2 benchmark's equality check uses it too)."""
+
     def __init__(self, summary: Summary) -> None:
         self.summary = summary
 
@@ -308,7 +311,7 @@ def run_ascend_lockstep(
     summary = Summary(
         configs=[f"P={case.P} dcp={case.dcp} interleave={case.interleave} spec={case.spec} {graphs}"]
     )
-    cmp = _Cmp(summary)
+    cmp = Compare(summary)
     config = vllm_config(getattr(Mode, graphs))
     rng = np.random.default_rng(case.seed + 7)
     P = case.P
