@@ -135,7 +135,7 @@ def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
     t2 = clock()
     pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, shape.total, shape.plan)
     t3 = clock()
-    fields = manager._fn_host_fields(g, shape, computed, plen, idx_np)
+    fields = manager._fn_host_fields(g, shape, sched, computed, plen, idx_np)
     t4 = clock()
     local = manager._fn_local_batch(g, fields, shape.fixed)
     t5 = clock()

@@ -196,6 +196,17 @@ def _partition_step(
 _NO_GUARD = contextlib.nullcontext()  # reusable
 
 
+def _prefix(cache: dict[int, torch.Tensor], buffer: torch.Tensor, n: int) -> torch.Tensor:
+    """``buffer[:n]``, the view ``cache`` made the first time ``n`` was asked (a slice costs a
+    torch op; steady steps ask the same sizes). Bounded: a few sizes repeat in practice."""
+    view = cache.get(n)
+    if view is None:
+        if len(cache) > 1024:
+            cache.clear()
+        view = cache[n] = buffer[:n]
+    return view
+
+
 class HostLayout:
     """The host twin alone (no capacities, no device): what a manager constructed without
     ``max_num_reqs`` / ``max_num_tokens`` still answers (``get_num_tokens_for_dispatch``).
@@ -524,13 +535,8 @@ class Bookkeeping:
             input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
         # the caller's whole (padded) tensors, into views of that size: no slicing per step;
         # rows past num_tokens are never read (padding rows are masked)
-        k, j = input_ids.shape[0], positions.shape[0]
-        ids = self._id_views.get(k)
-        if ids is None:
-            ids = self._id_views[k] = self._input_ids[:k]
-        pos = self._position_views.get(j)
-        if pos is None:
-            pos = self._position_views[j] = self._positions[:j]
+        ids = _prefix(self._id_views, self._input_ids, input_ids.shape[0])
+        pos = _prefix(self._position_views, self._positions, positions.shape[0])
         with self._guard():  # a nullcontext unless check_host_syncs
             if self._host_packed is None:
                 self._packed.copy_(staged, non_blocking=self._pin)
@@ -573,11 +579,7 @@ class Bookkeeping:
                 f"{op}: {name} must have {rows} rows (the {self.config.pcp_size} ranks' "
                 f"[{rows // self.config.pcp_size}, ...] buffers stacked), got {shape}"
             )
-        idx = self._restore_views.get(num_tokens)
-        if idx is None:
-            if len(self._restore_views) > 1024:  # bounded: a few sizes repeat in practice
-                self._restore_views.clear()
-            idx = self._restore_views[num_tokens] = self.out.hidden_restore_idx[:num_tokens]
+        idx = _prefix(self._restore_views, self.out.hidden_restore_idx, num_tokens)
         # index_select, not vLLM's aten::index: aten::index costs the host ~10 us less for a few
         # rows, but moves 256-4096 rows of 128 floats 1.4-2.5x slower on the CPU
         return gathered.index_select(0, idx)

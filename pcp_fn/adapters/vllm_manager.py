@@ -430,7 +430,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             shape = self._fn_plan(pcp, g, sched, pf, batch_desc)
             ids, pos = g.input_ids, g.positions
             pcp.partition(sched, computed, plen, pf, idx_np, ids, pos, shape.total, shape.plan)
-            fields = self._fn_host_fields(g, shape, computed, plen, idx_np)
+            fields = self._fn_host_fields(g, shape, sched, computed, plen, idx_np)
             return self._fn_local_batch(g, fields, shape.fixed)
 
         # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
@@ -557,7 +557,13 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             return _Shape(plan, fixed, req, req.tolist(), offset, num_sched, qsl, cu, total, shifted)
 
         def _fn_host_fields(
-            self, g: Any, shape: _Shape, computed: np.ndarray, plen: np.ndarray, idx_np: np.ndarray
+            self,
+            g: Any,
+            shape: _Shape,
+            sched: np.ndarray,
+            computed: np.ndarray,
+            plen: np.ndarray,
+            idx_np: np.ndarray,
         ) -> dict[str, Any]:
             """The local batch's host fields: the shape's (copied), and the per-request values of
             this step's local rows (never a device read)."""
@@ -581,7 +587,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if self.dcp_world_size > 1:
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
                 dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
-                whole = (computed + np.asarray(g.num_scheduled_tokens))[req]
+                whole = (computed + sched)[req]
                 dcp_upper[:n] = torch.from_numpy(self._fn_pcp.dcp_rank0_seq_lens(whole).astype(np.int32))
             req_ids = g.req_ids
             self._fn_local_rows = req  # each local row's global request (host)

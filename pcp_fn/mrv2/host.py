@@ -97,14 +97,14 @@ def local_segments(
         mine = rep
     request, offset, length = mine, np.zeros(mine.size, np.int64), n[mine]
     if split.size and split.size <= FEW_PREFILLS:  # a few prefills: Python integers, ~8 numpy calls
-        ns = n[split].tolist()
-        split_tokens, split_rows = _split_counts(config, n[split])
+        ns = n[split]
+        split_tokens, split_rows = _split_counts(config, ns)
         tokens, rows = tokens + split_tokens, rows + split_rows
         reqs, offs, lens = [], [], []
-        for i, k in zip(split.tolist(), ns):
-            c = -(-k // C)
+        for i, m in zip(split.tolist(), ns.tolist()):
+            c = -(-m // C)
             for first in (rank * c, (C - 1 - rank) * c):  # this rank's head, then its tail
-                size = min(max(k - first, 0), c)
+                size = min(max(m - first, 0), c)
                 if size:
                     reqs.append(i)
                     offs.append(first)
