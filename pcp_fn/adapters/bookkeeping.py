@@ -59,8 +59,10 @@ class Destinations(NamedTuple):
     query_start_loc ``[R'+1]`` int32, seq_lens ``[R']`` int32 (vLLM ``InputBuffers``);
     idx_mapping ``[R']`` int64, logits_indices ``[R']`` int32, cu_num_logits ``[R'+1]`` int32;
     hidden_restore_idx ``[T]`` int64, padded_gather_idx ``[P*T]`` int64,
-    kv_write_mask ``[P*T]`` bool; global_slot_mappings ``[K, T]`` int64 (vLLM's kernel
-    writes it), gathered_slot_mappings ``[K, P*T]`` int64.
+    kv_write_mask ``[P*T]`` bool; slot_gather_idx ``[P*T]`` int64 (each gathered row's column
+    of global_slot_mappings: ``T``, the pad column, where the row must not write);
+    global_slot_mappings ``[K, T+1]`` int64 (vLLM's kernel writes the first ``num_tokens``
+    columns; column ``T`` always reads ``pad_slot_id``), gathered_slot_mappings ``[K, P*T]`` int64.
     """
 
     input_ids: torch.Tensor
@@ -74,6 +76,7 @@ class Destinations(NamedTuple):
     hidden_restore_idx: torch.Tensor
     padded_gather_idx: torch.Tensor
     kv_write_mask: torch.Tensor
+    slot_gather_idx: torch.Tensor
     global_slot_mappings: torch.Tensor
     gathered_slot_mappings: torch.Tensor
 
@@ -104,10 +107,8 @@ class StepPlan(NamedTuple):
     bucket: Bucket
     graph: _BucketGraph
     view: mrv2.MRV2State
-    global_slots: torch.Tensor  # [K, F] view of the persistent global slot mappings
     gathered_slots: torch.Tensor  # [K, P*Lp] view of the persistent gathered slot mappings
-    gather_idx: torch.Tensor  # [P*Lp] view of the persistent padded_gather_idx
-    write_mask: torch.Tensor  # [1, P*Lp] view of the persistent kv_write_mask
+    slot_idx: torch.Tensor  # [P*Lp] view of the persistent slot_gather_idx
 
 
 def _to_vllm_rows(
@@ -160,6 +161,8 @@ def _partition_step(
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
     gather, write, restore = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))
+    # the gathered slot mappings are then one gather: a row that must not write reads the pad column
+    slot_idx = torch.where(write, gather, cfg.max_num_tokens)
     torch._foreach_copy_(
         [
             out.input_ids[:Lb],
@@ -173,6 +176,7 @@ def _partition_step(
             out.hidden_restore_idx[: restore.shape[0]],
             out.padded_gather_idx[: P * Lb],
             out.kv_write_mask[: P * Lb],
+            out.slot_gather_idx[: P * Lb],
             *layout_out,
         ],
         [
@@ -187,6 +191,7 @@ def _partition_step(
             restore,
             gather,
             write,
+            slot_idx,
             lay.per_rank_num_tokens,
             lay.num_tokens,
         ],
@@ -322,7 +327,6 @@ class Bookkeeping:
         self._views: dict[int, mrv2.MRV2State] = {}
         self._plans: dict[tuple[int, int, int], StepPlan] = {}
         self._plan: StepPlan | None = None
-        self._pad = torch.tensor(pad_slot_id, dtype=out.gathered_slot_mappings.dtype, device=device)
         # views reused across steps, keyed by their size (a step's slice would cost a torch op)
         self._id_views: dict[int, torch.Tensor] = {}
         self._position_views: dict[int, torch.Tensor] = {}
@@ -404,19 +408,15 @@ class Bookkeeping:
             if len(self._plans) > 1024:  # bounded: a few sizes repeat in practice
                 self._plans.clear()
             bucket = self.bucket_for(Lp, Rpad, rows)
-            view = self._view_state(Lp)
-            F = view.layout.hidden_restore_idx.shape[0]
             P, o = self.config.pcp_size, self.out
             plan = self._plans[key] = StepPlan(
                 Lp,
                 Rpad,
                 bucket,
                 self._bucket_graph(bucket),
-                view,
-                o.global_slot_mappings[:, :F],
+                self._view_state(Lp),
                 o.gathered_slot_mappings[:, : P * Lp],
-                o.padded_gather_idx[: P * Lp],
-                o.kv_write_mask[: P * Lp].unsqueeze(0),
+                o.slot_gather_idx[: P * Lp],
             )
         return plan
 
@@ -508,7 +508,13 @@ class Bookkeeping:
         ``[>= num_tokens]`` device tensors (not read on the host). ``plan``'s
         bucket must hold every rank (rows and tokens).
         """
-        R, n = self.config.max_num_reqs, num_scheduled.size
+        R, T, n = self.config.max_num_reqs, self.config.max_num_tokens, num_scheduled.size
+        num_ids, num_pos = input_ids.shape[0], positions.shape[0]
+        if num_ids < num_tokens or num_pos < num_tokens:
+            short, rows = ("input_ids", num_ids) if num_ids < num_tokens else ("positions", num_pos)
+            raise ValueError(
+                f"input_batch.{short} has {rows} rows; it must cover the {num_tokens} scheduled tokens"
+            )
         staged = self._host_packed
         if staged is None:
             staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
@@ -529,22 +535,36 @@ class Bookkeeping:
         self._staged_reqs = n
         view[5 * R] = n
         view[5 * R + 1] = plan.Lp
-        g = plan.graph
-        T = self.config.max_num_tokens
-        if input_ids.shape[0] > T or positions.shape[0] > T:
+        if num_ids > T or num_pos > T:
             input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
+            num_ids = num_pos = num_tokens
         # the caller's whole (padded) tensors, into views of that size: no slicing per step;
         # rows past num_tokens are never read (padding rows are masked)
-        ids = _prefix(self._id_views, self._input_ids, input_ids.shape[0])
-        pos = _prefix(self._position_views, self._positions, positions.shape[0])
-        with self._guard():  # a nullcontext unless check_host_syncs
-            if self._host_packed is None:
-                self._packed.copy_(staged, non_blocking=self._pin)
-            # two copies: _foreach_copy_ of two tensors costs ~2x (its dispatch and grouping)
-            ids.copy_(input_ids)
-            pos.copy_(positions)
-            self._run(g)
+        ids = _prefix(self._id_views, self._input_ids, num_ids)
+        pos = _prefix(self._position_views, self._positions, num_pos)
+        if self.check_host_syncs:
+            with graph.no_host_syncs():
+                self._launch(staged, ids, input_ids, pos, positions, plan.graph)
+        else:
+            self._launch(staged, ids, input_ids, pos, positions, plan.graph)
         self._plan = plan
+
+    def _launch(
+        self,
+        staged: Any,
+        ids: torch.Tensor,
+        input_ids: torch.Tensor,
+        pos: torch.Tensor,
+        positions: torch.Tensor,
+        g: _BucketGraph,
+    ) -> None:
+        """The device part of :meth:`partition`: the staging copies, then the graph."""
+        if staged is not self._host_packed:
+            self._packed.copy_(staged, non_blocking=self._pin)
+        # two copies: _foreach_copy_ of two tensors costs ~2x (its dispatch and grouping)
+        ids.copy_(input_ids)
+        pos.copy_(positions)
+        self._run(g)
 
     @property
     def has_layout(self) -> bool:
@@ -557,22 +577,28 @@ class Bookkeeping:
 
     def gathered_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """``[K, P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the row must not
-        write (:func:`pcp_fn.mrv2.gathered_slot_mappings`), from the first ``num_tokens``
-        columns of the persistent global slot mappings (the others are never read), written
-        into the persistent gathered slot mappings: two kernels, nothing allocated."""
+        write (:func:`pcp_fn.mrv2.gathered_slot_mappings`), gathered from the persistent global
+        slot mappings' first ``num_tokens`` columns and their pad column (``slot_gather_idx``,
+        from the graph) into the persistent gathered slot mappings: one kernel, nothing
+        allocated."""
         plan = self._current()
-        if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
-            return plan.gathered_slots
         out = plan.gathered_slots
-        with self._guard():
-            torch.index_select(plan.global_slots, 1, plan.gather_idx, out=out)
-            torch.where(plan.write_mask, out, self._pad, out=out)
+        if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
+            return out
+        if self.check_host_syncs:
+            with graph.no_host_syncs():
+                torch.index_select(self.out.global_slot_mappings, 1, plan.slot_idx, out=out)
+        else:
+            torch.index_select(self.out.global_slot_mappings, 1, plan.slot_idx, out=out)
         return out
 
     def _restore_rows(self, op: str, name: str, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``gathered [P*Lp, ...]`` (checked) -> its first ``num_tokens`` rows in global order
         (:func:`pcp_fn.mrv2.restore_hidden_states`, only the real rows gathered)."""
-        rows = self.config.pcp_size * self._current().Lp
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("no batch was partitioned yet")
+        rows = self.config.pcp_size * plan.Lp
         if not isinstance(gathered, torch.Tensor) or gathered.dim() == 0 or gathered.shape[0] != rows:
             shape = tuple(gathered.shape) if isinstance(gathered, torch.Tensor) else type(gathered).__name__
             raise ValueError(
@@ -582,14 +608,16 @@ class Bookkeeping:
         idx = _prefix(self._restore_views, self.out.hidden_restore_idx, num_tokens)
         # index_select, not vLLM's aten::index: aten::index costs the host ~10 us less for a few
         # rows, but moves 256-4096 rows of 128 floats 1.4-2.5x slower on the CPU
+        if self.check_host_syncs:
+            with graph.no_host_syncs():
+                return gathered.index_select(0, idx)
         return gathered.index_select(0, idx)
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
         if num_tokens == 0:
             return gathered[:0]
-        with self._guard():
-            return self._restore_rows("restore_hidden_states", "gathered", gathered, num_tokens)
+        return self._restore_rows("restore_hidden_states", "gathered", gathered, num_tokens)
 
     def restore_for_sampling(
         self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None, num_tokens: int
@@ -598,14 +626,13 @@ class Bookkeeping:
         if num_tokens == 0:
             return gathered[:0], None if aux_gathered is None else [a[:0] for a in aux_gathered]
         op = "restore_for_sampling"
-        with self._guard():
-            hidden = self._restore_rows(op, "hidden_states", gathered, num_tokens)
-            if aux_gathered is None:
-                return hidden, None
-            return hidden, [
-                self._restore_rows(op, f"aux_hidden_states[{i}]", a, num_tokens)
-                for i, a in enumerate(aux_gathered)
-            ]
+        hidden = self._restore_rows(op, "hidden_states", gathered, num_tokens)
+        if aux_gathered is None:
+            return hidden, None
+        return hidden, [
+            self._restore_rows(op, f"aux_hidden_states[{i}]", a, num_tokens)
+            for i, a in enumerate(aux_gathered)
+        ]
 
     def restore_draft_prefill(
         self, last_gathered: torch.Tensor, gathered: torch.Tensor, num_tokens: int
@@ -615,11 +642,10 @@ class Bookkeeping:
             last = last_gathered[:0]
             return last, last if gathered is last_gathered else gathered[:0]
         op = "restore_draft_prefill"
-        with self._guard():
-            last = self._restore_rows(op, "last_hidden_states", last_gathered, num_tokens)
-            if gathered is last_gathered:
-                return last, last
-            return last, self._restore_rows(op, "hidden_states", gathered, num_tokens)
+        last = self._restore_rows(op, "last_hidden_states", last_gathered, num_tokens)
+        if gathered is last_gathered:
+            return last, last
+        return last, self._restore_rows(op, "hidden_states", gathered, num_tokens)
 
     def draft_input_ids(self, input_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Write the drafter's global ``input_ids`` (int32, at least one row) at this rank's rows
