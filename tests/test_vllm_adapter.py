@@ -223,6 +223,47 @@ def test_a_repeated_schedule_reuses_its_shape_and_gives_a_fresh_managers_batch()
     assert len(m._fn_shapes) == 1
 
 
+def test_equal_descriptors_share_a_shape_and_a_changed_field_does_not():
+    """The shape memo's descriptor part: vLLM's dispatcher hands out one object per graph, but an
+    equal descriptor made anew names the same shape, and one differing in any field another."""
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    m = _one_step_manager()
+    g = _batch([1, 1, 8], [5, 9, 0], [3, 4, 8], Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+    for d in (Desc(Mode.PIECEWISE, 8, None), Desc(Mode.PIECEWISE, 8, None), Desc(Mode.PIECEWISE, 8, None)):
+        assert m.partition_batch(g, d).num_tokens_after_padding == 8
+    assert len(m._fn_shapes) == 1
+    assert m.partition_batch(g, Desc(Mode.PIECEWISE, 16, None)).num_tokens_after_padding == 16
+    # NONE pads to the widest rank: two decodes and two of the prefill's four 2-token chunks
+    assert m.partition_batch(g, Desc(Mode.NONE, 8, None)).num_tokens_after_padding == 6
+    assert len(m._fn_shapes) == 3
+
+
+def test_gathered_slot_mappings_are_one_gather_through_the_pad_column():
+    """A gathered row that must not write the KV cache (padding, a replicated decode on a rank
+    other than 0) reads the global slot mappings' last column, which always holds PAD_SLOT_ID:
+    the slot mappings are one kernel, and equal the oracle's (which masks them)."""
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    m = _one_step_manager()
+    oracle = OracleManager(
+        STANDIN_API,
+        pcp_world_size=2,
+        pcp_rank=0,
+        device="cpu",
+        shard_decode_requests=False,
+        max_num_reqs=4,
+        max_num_tokens=16,
+        block_tables=standin.BlockTables([4], 4, 16, [8], torch.device("cpu")),
+    )
+    d = Desc(Mode.PIECEWISE, 8, None)
+    g = _batch([1, 1, 8], [5, 9, 0], [3, 4, 8], Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+    _, ours = m.prepare_attn(m.partition_batch(g, d))
+    _, want = oracle.prepare_attn(oracle.partition_batch(g, d))
+    assert torch.equal(ours, want) and (ours == standin.PAD_SLOT_ID).any() and (ours >= 0).any()
+    pad_column = m.persistent_buffers()["global_slot_mappings"][:, 16]
+    assert pad_column.tolist() == [standin.PAD_SLOT_ID]
+    assert pcp_fn.graph.count_kernels(m._fn_pcp.gathered_slot_mappings, g.num_tokens) == 1
+
+
 def test_bad_arrays_and_constructor():
     m = _one_step_manager()
     Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor

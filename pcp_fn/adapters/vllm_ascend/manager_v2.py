@@ -192,6 +192,7 @@ def make_functional_ascend_manager(
             # build_attention_context's views of the persistent buffers, by their sizes (a slice
             # costs a torch op; a steady batch asks the same ones every step)
             self._fn_context_views: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+            self._fn_decode_only = False  # whether the last partitioned global batch has no prefill
 
         # ------------------------------------------------------------ config
 
@@ -340,6 +341,7 @@ def make_functional_ascend_manager(
             else:
                 desc = _Desc(Mode.PIECEWISE, padded_num_tokens, None)
             local = super().partition_batch(g, desc)  # also self._local_batch (the drafter's)
+            self._fn_decode_only = decode_only  # of the global batch just partitioned (a numpy call less)
             changes: dict[str, Any] = {}
             ib = self._input_buffers
             n, num_local = local.num_reqs, local.num_tokens
@@ -455,7 +457,7 @@ def make_functional_ascend_manager(
             slots = super().prepare_slot_mappings()
             g = self._global_batch
             graph = g.num_tokens_after_padding
-            if np.asarray(g.is_prefilling_np).any() or graph <= g.num_tokens:
+            if not self._fn_decode_only or graph <= g.num_tokens:
                 return slots
             P, K = self.pcp_world_size, slots.shape[0]
             width = slots.shape[1] // P  # the layout's local tokens
@@ -595,7 +597,7 @@ def make_functional_ascend_manager(
             gathers ``P * num_tokens_after_padding`` rows, whose restored rows are all rank 0's."""
             P, Lp, g = self.pcp_world_size, self._fn_pcp._current().Lp, self._global_batch
             rows = gathered.shape[0]
-            if rows == P * Lp or g is None or np.asarray(g.is_prefilling_np).any():
+            if rows == P * Lp or g is None or not self._fn_decode_only:
                 return gathered
             graph = g.num_tokens_after_padding
             return gathered[: P * Lp] if graph > Lp and rows == P * graph else gathered
