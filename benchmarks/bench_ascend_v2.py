@@ -11,8 +11,9 @@ loaded as ``tools/check_ascend_v2_manager_against_reference.py`` loads it
 stand-ins replacing only framework plumbing. Run it with the vLLM venv.
 
 One step is what vllm-ascend's V2 runner asks of the manager around one forward,
-under ``torch.inference_mode``: ``partition_batch(input_batch, padded_num_tokens,
-padded_num_reqs)``, ``prepare_attn(local)`` (its ``prepare_slot_mappings``),
+under ``torch.inference_mode``: ``get_num_tokens_for_dispatch(num_scheduled_tokens,
+is_prefilling_np)`` (the runner's graph dispatch), ``partition_batch(input_batch,
+padded_num_tokens, padded_num_reqs)``, ``prepare_attn(local)`` (its ``prepare_slot_mappings``),
 ``build_attention_context(local, block_tables, slot_mappings)`` (the model
 state's attention metadata reads it) and ``restore_for_sampling(hidden, None)``.
 The config's ``cudagraph_mode`` is ``FULL_DECODE_ONLY`` (the only full mode
@@ -45,11 +46,12 @@ construction, cached under ``$PCP_FN_CACHE_DIR``; ``--no-aoti`` skips them).
 Table 2, host time (``H = 1``): the reference against the adapter with its
 graph replay counted as nothing (``bench_vllm.graph_replayed``: on an NPU it is
 one graph launch reading the staging buffers in place); ``new`` is the same
-step with the adapter's schedule memo emptied first (a schedule never seen
-before); then the adapter's step by phase (us): the vLLM adapter's
-``partition_batch`` phases (``check``, ``plan``, ``stage``, ``fields``,
-``batch``: see ``bench_vllm.py``), ``ascend`` (what the drop-in adds to
-``partition_batch``: the graph padding, ``seq_lens_np``, ``attn_state``),
+step with the adapter's schedule memos emptied first (a schedule never seen
+before); then the adapter's step by phase (us): ``dispatch``
+(``get_num_tokens_for_dispatch``), the vLLM adapter's ``partition_batch`` phases
+(``check``, ``plan``, ``stage``, ``fields``, ``batch``: see ``bench_vllm.py``),
+``ascend`` (what the drop-in adds to ``partition_batch``: the graph padding,
+``seq_lens_np``, ``attn_state``),
 ``attn`` (``prepare_attn``), ``ctx`` (``build_attention_context``) and
 ``restore``. Every column's calls are interleaved (``bench_vllm.interleaved_medians``).
 """
@@ -80,7 +82,7 @@ from _common import print_wall_table  # noqa: E402
 from reference import reference_path  # noqa: E402
 
 REF = "vllm_ascend_v2_pcp_manager"
-PHASES = ("check", "plan", "stage", "fields", "batch", "ascend", "attn", "ctx", "restore")
+PHASES = ("dispatch", "check", "plan", "stage", "fields", "batch", "ascend", "attn", "ctx", "restore")
 
 
 def attn_state_of(vllm_config, seq_lens_np, num_reqs, num_scheduled_tokens, num_valid_tokens) -> str:
@@ -141,17 +143,20 @@ def phased_class(adapter: type) -> tuple[type, list[tuple[str, int]]]:
 
 def one_step(m: Any, g: Any, tokens: int | None, reqs: int | None, hidden: torch.Tensor) -> Any:
     """What vllm-ascend's V2 runner asks of the manager around one forward."""
+    dispatch = m.get_num_tokens_for_dispatch(g.num_scheduled_tokens, g.is_prefilling_np)
     local = m.partition_batch(g, tokens, reqs)
     block_tables, slot_mappings = m.prepare_attn(local)
     context = m.build_attention_context(local, block_tables, slot_mappings)
     restored = m.restore_for_sampling(hidden, None)
-    return local, block_tables, slot_mappings, context, restored
+    return local, block_tables, slot_mappings, context, restored, dispatch
 
 
 def phased_step(m: Any, marks: list, out: dict, g: Any, tokens: int | None, reqs: int | None, hidden) -> None:
     """:func:`one_step` of a :func:`phased_class` manager, its phases (ns) appended to ``out``."""
     clock = time.perf_counter_ns
     marks.clear()
+    td = clock()
+    m.get_num_tokens_for_dispatch(g.num_scheduled_tokens, g.is_prefilling_np)
     t0 = clock()
     local = m.partition_batch(g, tokens, reqs)
     t1 = clock()
@@ -163,6 +168,7 @@ def phased_step(m: Any, marks: list, out: dict, g: Any, tokens: int | None, reqs
     t4 = clock()
     at = dict(marks)
     spans = {
+        "dispatch": t0 - td,
         "check": at["plan"] - at["check"],
         "plan": at["stage"] - at["plan"],
         "stage": at["fields"] - at["stage"],
@@ -183,8 +189,9 @@ def check_same(what: str, ref: tuple, ours: tuple, g: Any) -> None:
     from ascend_v2_lockstep import Compare, Summary
 
     cmp = Compare(Summary())
-    r_local, r_bt, r_sl, r_ctx, r_out = ref
-    a_local, a_bt, a_sl, a_ctx, a_out = ours
+    r_local, r_bt, r_sl, r_ctx, r_out, r_dispatch = ref
+    a_local, a_bt, a_sl, a_ctx, a_out, a_dispatch = ours
+    assert r_dispatch == a_dispatch, f"{what} get_num_tokens_for_dispatch: {r_dispatch} != {a_dispatch}"
     cmp.batch(f"{what} local", r_local, a_local)
     cmp.same(f"{what} block_tables", r_bt, a_bt)
     cmp.same(f"{what} slot_mappings", r_sl, a_sl)

@@ -4,7 +4,9 @@
 
 Run it where vLLM 0.32.0 is importable (``tools/make_vllm_venv.sh``). One step
 is what the model runner calls around the forward, under ``torch.inference_mode``
-like vLLM's engine: ``partition_batch(global_batch, batch_desc)`` +
+like vLLM's engine (``GPUModelRunner.execute_model``):
+``get_num_tokens_for_dispatch(num_scheduled_tokens, is_prefilling_np)`` (to pick
+the CUDA graph) + ``partition_batch(global_batch, batch_desc)`` +
 ``prepare_attn(local)`` + ``restore_for_sampling(hidden, None)`` (``hidden
 [Lp, 128]`` float32; the all-gather is a stand-in that returns the ranks' rows
 at once). The block tables are a stub that returns its persistent views
@@ -32,18 +34,20 @@ Table 2, host time (``H = 1``, so the device work is ~0): vLLM's manager
 against the adapter with its graph replay replaced by nothing (on CUDA/NPU it
 is one graph launch, not counted, reading the staging buffers in place:
 ``capture(persistent_inputs=True)``), what a step costs the host on a GPU; and
-the adapter's host time by phase: ``check`` (the global batch's arrays),
-``plan`` (the numpy twin's segments, vLLM's padded sizes, the step's plan),
-``stage`` (staging the per-request arrays and the token ids / positions
-copies, and the replay call), ``fields`` (the local batch's host fields),
-``batch`` (the local ``InputBatch``), ``attn`` (``prepare_attn``: the block
-tables' stub, the slot-mapping kernels) and ``restore`` (the restore gather).
+the adapter's host time by phase: ``dispatch`` (``get_num_tokens_for_dispatch``),
+``check`` (the global batch's arrays), ``plan`` (the numpy twin's segments, vLLM's
+padded sizes, the step's plan), ``stage`` (staging the per-request arrays, checking
+their values, the token ids / positions copies, and the replay call), ``fields``
+(the local batch's host fields), ``batch`` (the local ``InputBatch``), ``attn``
+(``prepare_attn``: the block tables' stub, the slot-mapping kernel) and
+``restore`` (the restore gather).
 The phases are timestamps inside one more step run phase by phase among
 the others (:func:`phased_step`), so they sum to about the step. The adapter
 keeps what a step's schedule decides (the twin, the plan, some host fields)
 per distinct schedule; every step here repeats its batch, like a busy
-server's decode steps, and ``new`` is the same step with that memo emptied
-first (a schedule never seen before).
+server's decode steps, and ``new`` is the same step with those memos emptied
+first (a schedule never seen before: its dispatch computes the twin, which its
+partition then reuses).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def batches() -> dict[str, tuple[int, tuple[list[int], list[int], list[int]]]]:
 
 def one_step(manager: Any, global_batch: Any, desc: Any, hidden: torch.Tensor) -> None:
     """What the model runner asks of the manager around one forward."""
+    manager.get_num_tokens_for_dispatch(global_batch.num_scheduled_tokens, global_batch.is_prefilling_np)
     local = manager.partition_batch(global_batch, desc)
     manager.prepare_attn(local)
     manager.restore_for_sampling(hidden, None)
@@ -118,9 +123,11 @@ PHASES: dict[str, list[int]] = {}
 
 
 def new_schedule_step(manager: Any, step: Any) -> None:
-    """``step(manager)`` as if its schedule were new: the shape memo (``_fn_shapes``) emptied
-    first, so the host twin, the plan lookup and the shape's host fields run again."""
+    """``step(manager)`` as if its schedule were new: the shape and segment memos (``_fn_shapes``,
+    ``_fn_segment_memo``) emptied first, so the host twin, the plan lookup and the shape's host
+    fields run again."""
     manager._fn_shapes.clear()
+    manager._fn_segment_memo.clear()
     step(manager)
 
 
@@ -128,6 +135,8 @@ def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
     """:func:`one_step` of the adapter, its phases called one after the other (what
     ``partition_batch`` calls) with a timestamp between each two, into :data:`PHASES` (ns)."""
     clock, pcp = time.perf_counter_ns, manager._fn_pcp
+    td = clock()
+    manager.get_num_tokens_for_dispatch(g.num_scheduled_tokens, g.is_prefilling_np)
     t0 = clock()
     sched, computed, pf, plen, idx_np = manager._fn_check(g)
     t1 = clock()
@@ -144,9 +153,9 @@ def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
     manager.restore_for_sampling(hidden, None)
     t7 = clock()
     for name, a, b in zip(
-        ("check", "plan", "stage", "fields", "batch", "attn", "restore"),
-        (t0, t1, t2, t3, t4, t5, t6),
-        (t1, t2, t3, t4, t5, t6, t7),
+        ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "restore"),
+        (td, t0, t1, t2, t3, t4, t5, t6),
+        (t0, t1, t2, t3, t4, t5, t6, t7),
     ):
         PHASES.setdefault(name, []).append(b - a)
 
@@ -215,7 +224,7 @@ def main() -> None:
         f"interleaved steps; load average {load:.2f} at the start, {os.cpu_count()} CPUs"
     )
     rows1, rows2, notes = [], [], []
-    phases = ("check", "plan", "stage", "fields", "batch", "attn", "restore")
+    phases = ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "restore")
     for name, (P, (sched, comp, plen)) in batches().items():
         n = len(sched)
         step = GlobalStep(
@@ -263,6 +272,9 @@ def main() -> None:
                 "vLLM": functools.partial(host_step_of, ref),
                 "adapter": functools.partial(host_step_of, host),
                 "new": functools.partial(new_schedule_step, fresh, host_step_of),
+                "vLLM dispatch": functools.partial(
+                    ref.get_num_tokens_for_dispatch, g.num_scheduled_tokens, g.is_prefilling_np
+                ),
                 "vLLM partition": functools.partial(ref.partition_batch, g, desc),
                 "phases": functools.partial(phased_step, host, g, desc, narrow[0]),
             }
@@ -276,14 +288,14 @@ def main() -> None:
     print("\n2. host time per step (us), H=1, the adapter's graph replay not counted; phases of the adapter")
     print(
         f"{'batch':5} {'P':>2} {'desc':>15} | {'vLLM':>6} {'adapter':>7} {'ratio':>6} "
-        f"{'new':>5} {'ratio':>6} | " + " ".join(f"{p:>7}" for p in phases) + " | vLLM partition"
+        f"{'new':>5} {'ratio':>6} | " + " ".join(f"{p:>7}" for p in phases) + " | vLLM dispatch, partition"
     )
     for name, P, mode, t in rows2:
         print(
             f"{name:5} {P:>2} {mode:>15} | {t['vLLM']:6.0f} {t['adapter']:7.0f} "
             f"{t['adapter'] / t['vLLM']:6.2f} {t['new']:5.0f} {t['new'] / t['vLLM']:6.2f} | "
             + " ".join(f"{t[p]:7.1f}" for p in phases)
-            + f" | {t['vLLM partition']:.0f}"
+            + f" | {t['vLLM dispatch']:.0f}, {t['vLLM partition']:.0f}"
         )
     for note in notes:
         print(note)

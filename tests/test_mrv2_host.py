@@ -33,10 +33,13 @@ def test_local_segments_are_the_oracles_pieces(batch):
     )
     starts = np.concatenate([[0], np.cumsum(sched)])
     for q, pieces in enumerate(ranks):
-        seg = host.local_segments(cfg, q, sched, prefilling)
-        with mock.patch.object(host, "FEW_PREFILLS", -1):  # split prefills as one [P, S] table
-            table = host.local_segments(cfg, q, sched, prefilling)
-        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(seg, table))
+        seg = host.local_segments(cfg, q, sched, prefilling)  # a few requests: Python integers
+        with mock.patch.object(host, "FEW_REQUESTS", -1):  # numpy: split prefills one by one
+            by_prefill = host.local_segments(cfg, q, sched, prefilling)
+            with mock.patch.object(host, "FEW_PREFILLS", -1):  # and as one [P, S] table
+                table = host.local_segments(cfg, q, sched, prefilling)
+        for other in (by_prefill, table):
+            assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(seg, other))
         assert seg.request.tolist() == [p.req for p in pieces]
         assert seg.offset.tolist() == [p.tokens[0] - starts[p.req] for p in pieces]
         assert seg.length.tolist() == [len(p.tokens) for p in pieces]

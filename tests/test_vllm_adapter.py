@@ -264,6 +264,45 @@ def test_gathered_slot_mappings_are_one_gather_through_the_pad_column():
     assert pcp_fn.graph.count_kernels(m._fn_pcp.gathered_slot_mappings, g.num_tokens) == 1
 
 
+@pytest.mark.parametrize(
+    ("field", "values", "match"),
+    [
+        ("num_scheduled_tokens", [1, -2, 8], r"num_scheduled_tokens\[1\] = -2 is negative"),
+        ("num_computed_tokens_np", [5, -3, 0], r"num_computed_tokens_np\[1\] = -3 is negative"),
+        ("num_computed_tokens_np", [5, 2**31 + 5, 0], r"num_computed_tokens_np\[1\] = 2147483653 exceeds"),
+        ("num_computed_tokens_np", [5, 2**31 - 2, 0], r"\[1\] \+ num_scheduled_tokens\[1\] = 2147483648"),
+        ("prefill_len_np", [3, -4, 8], r"prefill_len_np\[1\] = -4 is negative"),
+        ("prefill_len_np", [3, 4, 2**32 + 8], r"prefill_len_np\[2\] = 4294967304 exceeds"),
+        ("idx_mapping_np", [0, -1, 2], r"idx_mapping_np\[1\] = -1 is negative"),
+        ("idx_mapping_np", [0, 2**40, 2], r"idx_mapping_np\[1\] = 1099511627776 exceeds"),
+        ("idx_mapping_np", [0.0, 1.0, 2.0], r"idx_mapping_np must hold integers"),
+    ],
+)
+def test_bad_per_request_values_are_a_value_error_and_change_nothing(field, values, match):
+    """Negative values, values past int32 (the staging is int32: they would wrap) and sequence
+    ends past int32, in every per-request array, raise naming the entry, before anything is
+    written: the last step's batch and every persistent buffer stay as they were."""
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    m = _one_step_manager()
+    d = Desc(Mode.PIECEWISE, 8, None)
+    good = _batch([1, 2, 8], [5, 9, 0], [3, 4, 8], Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+    m.prepare_attn(m.partition_batch(good, d))
+    before = {k: v.clone() for k, v in m.persistent_buffers().items()}
+    # int32 like vLLM's counts where they fit, else the widest integers (a float stays a float)
+    fits = all(isinstance(v, int) and -(2**31) <= v < 2**31 for v in values)
+    values = np.array(values, np.int32 if fits else None)
+    bad = dataclasses.replace(good, **{field: values})
+    with pytest.raises(ValueError, match=match):
+        m.partition_batch(bad, d)
+    assert m.global_batch is good
+    for k, v in m.persistent_buffers().items():
+        assert torch.equal(v, before[k]), k
+    if field == "num_scheduled_tokens":
+        with pytest.raises(ValueError, match=match):
+            m.get_num_tokens_for_dispatch(values, good.is_prefilling_np)
+    m.partition_batch(good, d)  # and the next good step runs
+
+
 def test_bad_arrays_and_constructor():
     m = _one_step_manager()
     Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor

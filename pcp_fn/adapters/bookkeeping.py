@@ -45,6 +45,7 @@ import torch
 
 from .. import graph, mrv2
 from ..core.buckets import Bucket
+from ..core.checks import INT32_MAX, host_ints
 from ..mrv2 import host
 from .backend import GraphStats, graph_ladder, package_name
 
@@ -199,6 +200,31 @@ def _partition_step(
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
+# the vLLM InputBatch fields of Bookkeeping.partition's per-request arrays
+_FIELDS = ("num_scheduled_tokens", "num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
+
+
+def _check_values(
+    num_scheduled: np.ndarray | None,
+    num_computed: np.ndarray | None,
+    prefill_len: np.ndarray | None,
+    idx_mapping: np.ndarray | None,
+) -> None:
+    """Raise a ``ValueError`` naming the first entry of the arrays given (``input_batch``'s
+    fields) that is negative or past int32, or the first request whose sequence end
+    ``num_computed + num_scheduled`` is past int32 (the int32 staging holds them)."""
+    arrays = (num_scheduled, num_computed, prefill_len, idx_mapping)
+    for name, arr in zip(_FIELDS, arrays):
+        if arr is not None:
+            host_ints(f"input_batch.{name}", arr)
+    if num_scheduled is not None and num_computed is not None and num_scheduled.size:
+        ends = num_computed.astype(np.int64) + num_scheduled
+        if ends.max() > INT32_MAX:
+            i = int(np.argmax(ends > INT32_MAX))
+            raise ValueError(
+                f"input_batch.num_computed_tokens_np[{i}] + num_scheduled_tokens[{i}] = {ends[i]} "
+                f"exceeds the int32 limit {INT32_MAX} (request {i}'s sequence length)"
+            )
 
 
 def _prefix(cache: dict[int, torch.Tensor], buffer: torch.Tensor, n: int) -> torch.Tensor:
@@ -315,6 +341,7 @@ class Bookkeeping:
         # buffer per step (the caching host allocator keeps it until the async copy has run)
         self._host_packed = self._packed.numpy() if device.type == "cpu" else None
         self._staged_reqs = 0  # requests of the last step staged in _host_packed (zero past them)
+        self._idx_checked = b""  # the bytes of the last wide idx_mapping checked (partition)
         self._host_table = None if self._host_packed is None else self._host_packed[: 5 * R].reshape(5, R)
         self._pin = device.type == "cuda"
         self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
@@ -533,6 +560,19 @@ class Bookkeeping:
         elif n < self._staged_reqs:
             table[:, n : self._staged_reqs] = 0
         self._staged_reqs = n
+        # the staged values at once, before anything runs: none negative, no sequence end past
+        # int32 (one bitwise-or bounds them all); a wider dtype's values that the int32 staging
+        # could wrap are checked whenever they change (vLLM's intp idx_mapping: a steady batch's)
+        bound = int(np.bitwise_or.reduce(view[R : 5 * R]))
+        if bound < 0 or bound > INT32_MAX - T:
+            _check_values(num_scheduled, num_computed, prefill_len, idx_mapping)
+        if num_computed.itemsize > 4 or prefill_len.itemsize > 4:  # (vLLM's are int32)
+            _check_values(None, num_computed, prefill_len, None)
+        if idx_mapping.itemsize > 4:  # vLLM's intp: checked when its bytes change
+            key = idx_mapping.tobytes()
+            if key != self._idx_checked:
+                _check_values(None, None, None, idx_mapping)
+                self._idx_checked = key
         view[5 * R] = n
         view[5 * R + 1] = plan.Lp
         if num_ids > T or num_pos > T:

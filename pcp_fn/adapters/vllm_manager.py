@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from ..core.checks import host_ints
 from .backend import (
     GraphStats,
     capture_ladder,
@@ -87,6 +88,7 @@ def _host_ints(name: str, values: Any, n: int | None = None) -> np.ndarray:
     return arr
 
 
+_INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
 _NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
 _NO_TOKENS = np.zeros(1, dtype=np.int64)
 _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
@@ -227,6 +229,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 cp_interleave=cp_interleave,
             )
             self._fn_pcp: Any = None
+            self._fn_segment_memo: dict[tuple[Any, ...], Any] = {}  # (_fn_segments)
             # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
             self._fn_capture_rows = (0, 0)
             if max_num_reqs is None or max_num_tokens is None:
@@ -416,7 +419,23 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             pf = _host_ints("is_prefilling_np", is_prefilling, sched.size)
             if sched.size == 0:
                 return 0
-            return int(self._fn_host.segments(sched, pf).per_rank_num_tokens.max())
+            return max(self._fn_segments(sched, pf).per_rank_num_tokens.tolist())
+
+        def _fn_segments(self, sched: np.ndarray, pf: np.ndarray) -> Any:
+            """The host twin's segments of a schedule (every rank's counts, this rank's rows),
+            remembered: vLLM's runner asks ``get_num_tokens_for_dispatch`` and then
+            ``partition_batch`` of the same schedule, and a busy server's decode steps repeat
+            theirs. The memo's arrays are only read."""
+            key = (sched.dtype, pf.dtype, sched.tobytes(), pf.tobytes())
+            memo = self._fn_segment_memo
+            seg = memo.get(key)
+            if seg is None:
+                if sched.size and int(np.bitwise_or.reduce(sched)) < 0:  # a new schedule's counts
+                    host_ints("num_scheduled_tokens", sched)  # raises, naming the negative entry
+                if len(memo) >= 256:  # bounded: a few schedules repeat in practice
+                    memo.clear()
+                seg = memo[key] = self._fn_host.segments(sched, pf)
+            return seg
 
         def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
             """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
@@ -460,6 +479,11 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             idx_np = _host_ints("idx_mapping_np", g.idx_mapping_np, num_reqs)
             if pf.dtype != np.bool_:
                 raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {pf.dtype}")
+            if not (computed.dtype.kind in "iu" and plen.dtype.kind in "iu" and idx_np.dtype.kind in "iu"):
+                named = zip(_INT_FIELDS, (computed, plen, idx_np))
+                name, arr = next((k, a) for k, a in named if a.dtype.kind not in "iu")
+                raise ValueError(f"input_batch.{name} must hold integers, got {arr.dtype}")
+            # their values (none negative or past int32) are checked where they are staged
             return sched, computed, pf, plen, idx_np
 
         def _fn_plan(self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
@@ -500,13 +524,13 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             return desc_id
 
         def _fn_new_shape(self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
-            total = int(np.add.reduce(sched))
+            total = int(np.add.reduce(sched, dtype=np.int64))  # (R int32 counts can pass int32)
             T = self.max_num_tokens
             if total > T:
                 raise ValueError(
                     f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
                 )
-            seg = pcp.segments(sched, pf)
+            seg = self._fn_segments(sched, pf)
             num_reqs = sched.size
             # max over P ints in Python: a numpy reduction costs more than the list
             widest = max(seg.per_rank_num_tokens.tolist()) if num_reqs else 0
