@@ -331,6 +331,12 @@ class Bookkeeping:
         )
         self.device = device
         self.out = out
+        if out.global_slot_mappings.shape[-1] != max_num_tokens + 1:
+            raise ValueError(
+                f"out.global_slot_mappings must be [K, max_num_tokens + 1] = [K, {max_num_tokens + 1}] "
+                f"(its last column is the pad column), got {tuple(out.global_slot_mappings.shape)}"
+            )
+        out.global_slot_mappings[:, max_num_tokens] = pad_slot_id  # (no kernel writes it)
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)

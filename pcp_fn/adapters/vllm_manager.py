@@ -264,11 +264,10 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             # the slot dtype of the cache-write kernels: the block tables' (vllm-ascend's are int32)
             # when they have one, else vLLM's int64
             slot_dtype = getattr(getattr(block_tables, "slot_mappings", None), "dtype", torch.int64)
-            # zeros like vLLM's, and one pad column past the T tokens' (column T, always
-            # PAD_SLOT_ID): a gathered row that must not write reads it, so the gathered slot
-            # mappings are one gather
+            # zeros like vLLM's, and one pad column past the T tokens' (column T, PAD_SLOT_ID: the
+            # bookkeeping fills it): a gathered row that must not write reads it, so the gathered
+            # slot mappings are one gather
             self._fn_global_slot_mappings = torch.zeros(num_groups, T + 1, dtype=slot_dtype, device=dev)
-            self._fn_global_slot_mappings[:, T] = api.PAD_SLOT_ID
             self._fn_gathered_slot_mappings = torch.full(
                 (num_groups, P * T), api.PAD_SLOT_ID, dtype=slot_dtype, device=dev
             )
