@@ -219,7 +219,8 @@ def main() -> None:
 
     load = os.getloadavg()[0]
     print(
-        f"one step = partition_batch + prepare_attn + restore_for_sampling under inference_mode; R={R}, "
+        f"one step = get_num_tokens_for_dispatch + partition_batch + prepare_attn + restore_for_sampling "
+        f"under inference_mode; R={R}, "
         f"T={T}, rank 0, {'sharded' if shard else 'replicated'} decodes; median us of {args.iters} "
         f"interleaved steps; load average {load:.2f} at the start, {os.cpu_count()} CPUs"
     )

@@ -105,13 +105,7 @@ def local_segments(
         tokens, rows = tokens + split_tokens, rows + split_rows
         reqs, offs, lens = [], [], []
         for i, m in zip(split.tolist(), ns.tolist()):
-            c = -(-m // C)
-            for first in (rank * c, (C - 1 - rank) * c):  # this rank's head, then its tail
-                size = min(max(m - first, 0), c)
-                if size:
-                    reqs.append(i)
-                    offs.append(first)
-                    lens.append(size)
+            _add_rank_chunks(rank, C, i, m, -(-m // C), reqs, offs, lens)
         request = np.concatenate((request, np.array(reqs, dtype=np.intp)))
         offset = np.concatenate((offset, np.array(offs, dtype=np.int64)))
         length = np.concatenate((length, np.array(lens, dtype=np.int64)))
@@ -180,21 +174,8 @@ def _local_segments_few(
                 p_off.append(0)
                 p_len.append(m)
                 continue
-            full, rest = divmod(m, c)
-            for q in range(P):
-                held = (q < full) + (C - 1 - q < full)  # full chunks among its head and tail
-                tokens[q] += held * c
-                rows[q] += held
-            if rest:  # the partial chunk's rank
-                q = full if full < P else C - 1 - full
-                tokens[q] += rest
-                rows[q] += 1
-            for first in (rank * c, (C - 1 - rank) * c):  # this rank's head, then its tail
-                size = min(max(m - first, 0), c)
-                if size:
-                    p_req.append(i)
-                    p_off.append(first)
-                    p_len.append(size)
+            _add_split_prefill(P, m, c, tokens, rows)
+            _add_rank_chunks(rank, C, i, m, c, p_req, p_off, p_len)
             continue
         if shard:  # the j-th replicated request goes to rank j % P
             q = dealt % P
@@ -285,6 +266,36 @@ def _sharded(config: MRV2Config, replicated: np.ndarray) -> tuple[np.ndarray, np
     return np.add.reduce(per_rank.reshape(-1, P), axis=0), k // P + (np.arange(P) < k % P)
 
 
+def _add_split_prefill(P: int, n: int, c: int, tokens: list[int], rows: list[int]) -> None:
+    """Add the ``2P`` chunks of ``c`` tokens of a split prefill of ``n > 0`` tokens to every
+    rank's ``tokens`` and ``rows``: ``f = n // c`` full chunks, then ``r = n - f * c`` (chunk
+    ``f``, when ``r > 0``); rank ``q`` holds chunks ``q`` and ``2P-1-q``."""
+    C = 2 * P
+    full, rest = divmod(n, c)
+    for q in range(P):
+        held = (q < full) + (C - 1 - q < full)  # full chunks among its head and tail
+        tokens[q] += held * c
+        rows[q] += held
+    if rest:  # the partial chunk's rank
+        q = full if full < P else C - 1 - full
+        tokens[q] += rest
+        rows[q] += 1
+
+
+def _add_rank_chunks(
+    rank: int, C: int, i: int, n: int, c: int, reqs: list[int], offs: list[int], lens: list[int]
+) -> None:
+    """Append rank ``rank``'s head (chunk ``rank``) and tail (chunk ``C-1-rank``) of request
+    ``i``, a split prefill of ``n`` tokens in chunks of ``c``, to its segments (each cut at the
+    request's end, an empty one dropped)."""
+    for first in (rank * c, (C - 1 - rank) * c):
+        size = min(max(n - first, 0), c)
+        if size:
+            reqs.append(i)
+            offs.append(first)
+            lens.append(size)
+
+
 _CHUNKS: dict[int, np.ndarray] = {}
 FEW_PREFILLS = 16  # up to this many split prefills, Python integers beat numpy's per-call cost
 
@@ -300,18 +311,8 @@ def _split_counts(config: MRV2Config, ns: np.ndarray) -> tuple[Any, Any]:
     if ns.size <= FEW_PREFILLS:
         tokens, rows = [0] * P, [0] * P
         for n in ns.tolist():
-            if not n:  # an empty prefill has no chunk
-                continue
-            c = -(-n // C)
-            full, rest = divmod(n, c)
-            for q in range(P):
-                held = (q < full) + (C - 1 - q < full)  # full chunks among its head and tail
-                tokens[q] += held * c
-                rows[q] += held
-            if rest:  # the partial chunk's rank
-                q = full if full < P else C - 1 - full
-                tokens[q] += rest
-                rows[q] += 1
+            if n:  # an empty prefill has no chunk
+                _add_split_prefill(P, n, -(-n // C), tokens, rows)
         return tokens, rows
     chunks = _CHUNKS.get(P)
     if chunks is None:  # [2P, 1]: rank q's head chunk q, then its tail chunk 2P-1-q
