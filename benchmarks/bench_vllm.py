@@ -140,7 +140,7 @@ def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
     t0 = clock()
     sched, computed, pf, plen, idx_np = manager._fn_check(g)
     t1 = clock()
-    shape = manager._fn_plan(pcp, sched, pf, desc)
+    shape = manager._fn_plan(sched, pf, desc)
     t2 = clock()
     pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, shape.total, shape.plan)
     t3 = clock()

@@ -45,7 +45,7 @@ import torch
 
 from .. import graph, mrv2
 from ..core.buckets import Bucket
-from ..core.checks import INT32_MAX, host_ints
+from ..core.checks import INT32_MAX, check_sequence_ends, host_int_rows, host_ints
 from ..mrv2 import host
 from .backend import GraphStats, graph_ladder, package_name
 
@@ -200,31 +200,11 @@ def _partition_step(
 
 
 _NO_GUARD = contextlib.nullcontext()  # reusable
-# the vLLM InputBatch fields of Bookkeeping.partition's per-request arrays
-_FIELDS = ("num_scheduled_tokens", "num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
-
-
-def _check_values(
-    num_scheduled: np.ndarray | None,
-    num_computed: np.ndarray | None,
-    prefill_len: np.ndarray | None,
-    idx_mapping: np.ndarray | None,
-) -> None:
-    """Raise a ``ValueError`` naming the first entry of the arrays given (``input_batch``'s
-    fields) that is negative or past int32, or the first request whose sequence end
-    ``num_computed + num_scheduled`` is past int32 (the int32 staging holds them)."""
-    arrays = (num_scheduled, num_computed, prefill_len, idx_mapping)
-    for name, arr in zip(_FIELDS, arrays):
-        if arr is not None:
-            host_ints(f"input_batch.{name}", arr)
-    if num_scheduled is not None and num_computed is not None and num_scheduled.size:
-        ends = num_computed.astype(np.int64) + num_scheduled
-        if ends.max() > INT32_MAX:
-            i = int(np.argmax(ends > INT32_MAX))
-            raise ValueError(
-                f"input_batch.num_computed_tokens_np[{i}] + num_scheduled_tokens[{i}] = {ends[i]} "
-                f"exceeds the int32 limit {INT32_MAX} (request {i}'s sequence length)"
-            )
+# the vLLM InputBatch fields of Bookkeeping.partition's per-request arrays, in its staging order
+_FIELDS = tuple(
+    f"input_batch.{name}"
+    for name in ("num_scheduled_tokens", "num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
+)
 
 
 def _prefix(cache: dict[int, torch.Tensor], buffer: torch.Tensor, n: int) -> torch.Tensor:
@@ -423,10 +403,6 @@ class Bookkeeping:
 
     # ---------------------------------------------------------------- host twin
 
-    def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
-        """This rank's segments and every rank's counts (host, ``O(P * R)``)."""
-        return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
-
     def dcp_rank0_seq_lens(self, seq_lens: np.ndarray) -> np.ndarray:
         return host.dcp_rank0_seq_lens(seq_lens, self.config.dcp_size, self.config.cp_interleave)
 
@@ -570,14 +546,16 @@ class Bookkeeping:
         # int32 (one bitwise-or bounds them all); a wider dtype's values that the int32 staging
         # could wrap are checked whenever they change (vLLM's intp idx_mapping: a steady batch's)
         bound = int(np.bitwise_or.reduce(view[R : 5 * R]))
-        if bound < 0 or bound > INT32_MAX - T:
-            _check_values(num_scheduled, num_computed, prefill_len, idx_mapping)
+        if bound < 0 or bound > INT32_MAX - T:  # a bad value, or one that may be: named exactly
+            arrays = (num_scheduled, num_computed, prefill_len, idx_mapping)
+            _, rows, bound = host_int_rows(_FIELDS, arrays)
+            check_sequence_ends(rows, bound, "input_batch request {i}'s sequence length")
         if num_computed.itemsize > 4 or prefill_len.itemsize > 4:  # (vLLM's are int32)
-            _check_values(None, num_computed, prefill_len, None)
+            host_int_rows(_FIELDS[1:3], (num_computed, prefill_len))
         if idx_mapping.itemsize > 4:  # vLLM's intp: checked when its bytes change
             key = idx_mapping.tobytes()
             if key != self._idx_checked:
-                _check_values(None, None, None, idx_mapping)
+                host_ints(_FIELDS[3], idx_mapping)
                 self._idx_checked = key
         view[5 * R] = n
         view[5 * R + 1] = plan.Lp

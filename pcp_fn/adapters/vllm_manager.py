@@ -455,7 +455,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             pcp = self._fn_bookkeeping("partition_batch")
             g = input_batch
             sched, computed, pf, plen, idx_np = self._fn_check(g)
-            shape = self._fn_plan(pcp, sched, pf, batch_desc)
+            shape = self._fn_plan(sched, pf, batch_desc)
             ids, pos = g.input_ids, g.positions
             pcp.partition(sched, computed, plen, pf, idx_np, ids, pos, shape.total, shape.plan)
             fields = self._fn_host_fields(g, shape, sched, computed, plen, idx_np)
@@ -485,7 +485,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             # their values (none negative or past int32) are checked where they are staged
             return sched, computed, pf, plen, idx_np
 
-        def _fn_plan(self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
+        def _fn_plan(self, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
             """The step's :class:`_Shape`: made from the host twin's segments and vLLM's padded
             sizes ``(Lp, Rpad)`` (checked against what the ranks hold) the first time this
             schedule and descriptor are seen, then looked up (a busy server's decode steps repeat
@@ -499,7 +499,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             if shape is None:
                 if len(self._fn_shapes) >= 256:  # bounded: a few schedules repeat in practice
                     self._fn_shapes.clear()
-                shape = self._fn_shapes[key] = self._fn_new_shape(pcp, sched, pf, batch_desc)
+                shape = self._fn_shapes[key] = self._fn_new_shape(sched, pf, batch_desc)
             return shape  # (Bookkeeping.partition checks input_ids and positions hold its tokens)
 
         def _fn_desc_id(self, batch_desc: Any) -> int:
@@ -522,7 +522,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_last_desc = (batch_desc, desc_id)
             return desc_id
 
-        def _fn_new_shape(self, pcp: Any, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
+        def _fn_new_shape(self, sched: np.ndarray, pf: np.ndarray, batch_desc: Any) -> _Shape:
             total = int(np.add.reduce(sched, dtype=np.int64))  # (R int32 counts can pass int32)
             T = self.max_num_tokens
             if total > T:
