@@ -124,7 +124,7 @@ def test_captured_mixed_full_steps_replay_equal_to_eager(device):
         for step in scheduler_steps(case):
             desc = Desc(cg_mode=Mode.FULL, num_tokens=32, num_reqs=8)
             g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), dev)
-            seg = a._fn_segments(g.num_scheduled_tokens, g.is_prefilling_np)
+            seg = a._fn_segments(g.num_scheduled_tokens, g.is_prefilling_np)[0]
             if seg.per_rank_num_tokens.max() > 32 or seg.per_rank_num_reqs.max() > 8:
                 continue  # no FULL graph of this size holds it
             mixed += g.has_prefill

@@ -416,25 +416,26 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             """The largest real rank-local batch before graph padding (host twin, no loop)."""
             sched = _host_ints("num_scheduled_tokens", num_scheduled_tokens)
             pf = _host_ints("is_prefilling_np", is_prefilling, sched.size)
-            if sched.size == 0:
-                return 0
-            return max(self._fn_segments(sched, pf).per_rank_num_tokens.tolist())
+            return self._fn_segments(sched, pf)[1]
 
-        def _fn_segments(self, sched: np.ndarray, pf: np.ndarray) -> Any:
-            """The host twin's segments of a schedule (every rank's counts, this rank's rows),
-            remembered: vLLM's runner asks ``get_num_tokens_for_dispatch`` and then
-            ``partition_batch`` of the same schedule, and a busy server's decode steps repeat
-            theirs. The memo's arrays are only read."""
+        def _fn_segments(self, sched: np.ndarray, pf: np.ndarray) -> tuple[Any, int]:
+            """The host twin's segments of a schedule (every rank's counts, this rank's rows) and
+            the largest rank's token count, remembered: vLLM's runner asks
+            ``get_num_tokens_for_dispatch`` and then ``partition_batch`` of the same schedule,
+            and a busy server's decode steps repeat theirs. The memo's arrays are only read."""
             key = (sched.dtype, pf.dtype, sched.tobytes(), pf.tobytes())
             memo = self._fn_segment_memo
-            seg = memo.get(key)
-            if seg is None:
+            found = memo.get(key)
+            if found is None:
                 if sched.size and int(np.bitwise_or.reduce(sched)) < 0:  # a new schedule's counts
                     host_ints("num_scheduled_tokens", sched)  # raises, naming the negative entry
                 if len(memo) >= 256:  # bounded: a few schedules repeat in practice
                     memo.clear()
-                seg = memo[key] = self._fn_host.segments(sched, pf)
-            return seg
+                seg = self._fn_host.segments(sched, pf)
+                # max over P ints in Python: a numpy reduction costs more than the list
+                widest = max(seg.per_rank_num_tokens.tolist()) if sched.size else 0
+                found = memo[key] = (seg, widest)
+            return found
 
         def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
             """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
@@ -529,10 +530,8 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 raise ValueError(
                     f"input_batch.num_scheduled_tokens sums to {total} tokens; max_num_tokens is {T}"
                 )
-            seg = self._fn_segments(sched, pf)
+            seg, widest = self._fn_segments(sched, pf)
             num_reqs = sched.size
-            # max over P ints in Python: a numpy reduction costs more than the list
-            widest = max(seg.per_rank_num_tokens.tolist()) if num_reqs else 0
             Lp, pad_reqs = widest, None
             mode = batch_desc.cg_mode
             if mode != Mode.NONE:
