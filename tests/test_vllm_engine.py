@@ -10,6 +10,7 @@ joining while others decode, prompts of 1 to 100 tokens (several shorter than
 - every step's tokens and full-precision logprobs are bitwise equal to the same
   run with vLLM's own ``PCPManager`` (decodes sharded: vLLM replicates them only
   under DCP, which its CPU MLA backend refuses, below);
+- the same at ``pcp=4`` (four worker processes);
 - the tokens equal the ``pcp=1`` run's (no PCP at all);
 - with graphs (``PCP_FN_GRAPH_BACKEND=inductor``) every rung of the ladder is
   compiled while the engine starts, none while it serves;
@@ -120,6 +121,16 @@ def test_plugin_serves_bitwise_equal_to_vllm_manager(engine):
     # the workload really mixes prefills and decodes in one step, and requests join later
     joined_late = {req for i, step in enumerate(ours["steps"]) if i > 0 for req in step}
     assert len(_tokens(ours)) == 10 and joined_late
+
+
+def test_four_ranks_serve_bitwise_equal_to_vllm_manager(engine):
+    """P = 4: four workers, each rank's rows of the DualChunkSwap layout (ranks 2 and 3 hold
+    chunks no P = 2 rank does), gathered by a real four-process all-gather."""
+    ours = engine("pcp_fn_p4", "--pcp", "4")
+    theirs = engine("vllm_p4", "--pcp", "4", "--manager", "vllm")
+    _check_plugin_served(ours)
+    assert ours["steps"] == theirs["steps"]
+    assert _tokens(ours) == _tokens(engine("pcp1", "--pcp", "1", "--manager", "vllm"))
 
 
 def test_tokens_equal_to_pcp1(engine):
