@@ -812,3 +812,21 @@ def vllm_lockstep_rows(desc, R):
     from vllm_lockstep import full_graph_rows
 
     return full_graph_rows(desc, R)
+
+
+def test_the_device_benchmark_runs_here_too():
+    # benchmarks/bench_adapter_device.py is the GPU run's adapter figure (benchmarks/device_check.sh);
+    # its CPU path shares everything but the CUDA timing, so a change that breaks it fails here
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "bench_adapter_device.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--device", "cpu", "--iters", "3", "--batches", "BD"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| B ") or line.startswith("| D ")]
+    assert len(rows) == 2 and all("FULL(16)" in r or "PIECEWISE(1024)" in r for r in rows), proc.stdout
