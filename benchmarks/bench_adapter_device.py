@@ -71,18 +71,6 @@ class DeviceStubBlockTables(bench_vllm.StubBlockTables):
         self.slot_mappings = torch.zeros(1, T, dtype=torch.int64, device=device)
 
 
-def manager_class() -> type:
-    return make_functional_manager(
-        VllmApi(
-            PCPManager=standin.PCPManager,
-            InputBuffers=standin.InputBuffers,
-            CUDAGraphMode=standin.CUDAGraphMode,
-            PAD_SLOT_ID=standin.PAD_SLOT_ID,
-            get_pcp_group=standin.get_pcp_group,
-        )
-    )
-
-
 def descriptor(P: int, sched: list[int], comp: list[int], plen: list[int]) -> Any:
     """What vLLM's dispatcher picks under ``FULL_AND_PIECEWISE`` (as ``bench_vllm.py``): FULL for a
     decode-only batch, PIECEWISE for a mixed one, padded to a power of two."""
@@ -111,7 +99,7 @@ def main() -> None:
     cuda = device.type == "cuda"
     torch.set_num_threads(1)
     api = SimpleNamespace(InputBatch=standin.InputBatch)
-    Manager = manager_class()
+    Manager = make_functional_manager(VllmApi(**standin.vllm_api_fields()))
     group = standin.PCP_GROUP
     print(
         f"FunctionalPCPManager over the vLLM stand-in on {device} "

@@ -38,15 +38,7 @@ STANDIN_API = SimpleNamespace(
 
 
 def standin_manager(backend: str | None = None, check_host_syncs: bool = True) -> type:
-    cls = make_functional_manager(
-        VllmApi(
-            PCPManager=standin.PCPManager,
-            InputBuffers=standin.InputBuffers,
-            CUDAGraphMode=standin.CUDAGraphMode,
-            PAD_SLOT_ID=standin.PAD_SLOT_ID,
-            get_pcp_group=standin.get_pcp_group,
-        )
-    )
+    cls = make_functional_manager(VllmApi(**standin.vllm_api_fields()))
     return type("StandinManager", (cls,), {"graph_backend": backend, "check_host_syncs": check_host_syncs})
 
 

@@ -45,13 +45,7 @@ def ascend_manager(
     build_state=standin.build_attn_state, group=standin.get_pcp_group, pp=standin.get_pp_group
 ):
     cls = make_functional_ascend_manager(
-        VllmApi(
-            PCPManager=standin.PCPManager,
-            InputBuffers=standin.InputBuffers,
-            CUDAGraphMode=Mode,
-            PAD_SLOT_ID=standin.PAD_SLOT_ID,
-            get_pcp_group=group,
-        ),
+        VllmApi(**standin.vllm_api_fields(get_pcp_group=group)),
         AscendApi(
             AscendInputBuffers=standin.AscendInputBuffers, build_attn_state=build_state, get_pp_group=pp
         ),

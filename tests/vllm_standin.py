@@ -310,6 +310,19 @@ def get_pcp_group() -> FakePCPGroup:
     return PCP_GROUP
 
 
+def vllm_api_fields(**overrides: Any) -> dict[str, Any]:
+    """The stand-in's names for ``pcp_fn.adapters.vllm_manager.VllmApi``
+    (``VllmApi(**vllm_api_fields())``), with ``overrides`` replacing some."""
+    fields = dict(
+        PCPManager=PCPManager,
+        InputBuffers=InputBuffers,
+        CUDAGraphMode=CUDAGraphMode,
+        PAD_SLOT_ID=PAD_SLOT_ID,
+        get_pcp_group=get_pcp_group,
+    )
+    return fields | overrides
+
+
 class PCPManager:
     """Stand-in base class: no behaviour. ``validate_config`` records its arguments (a spy)."""
 
