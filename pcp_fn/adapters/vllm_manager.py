@@ -109,6 +109,7 @@ class _Shape(NamedTuple):
     cu_num_logits: np.ndarray  # [n + 1] int32
     total: int  # scheduled tokens of the global batch
     shifted: bool  # some row starts inside its request (a split prefill's chunk)
+    decode_only: bool  # no global request is prefilling
 
 
 @functools.cache
@@ -219,6 +220,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._local_block_tables: tuple[torch.Tensor, ...] | None = None
             self._local_block_table_ptrs: torch.Tensor | None = None
             self._fn_local_rows: np.ndarray = _NO_ROW
+            self._fn_decode_only = False  # whether the last partitioned global batch has no prefill
             # the host twin serves get_num_tokens_for_dispatch with or without capacities
             self._fn_host = HostLayout(
                 pcp_world_size,
@@ -459,6 +461,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             shape = self._fn_plan(sched, pf, batch_desc)
             ids, pos = g.input_ids, g.positions
             pcp.partition(sched, computed, plen, pf, idx_np, ids, pos, shape.total, shape.plan)
+            self._fn_decode_only = shape.decode_only  # of the global batch just partitioned
             fields = self._fn_host_fields(g, shape, sched, computed, plen, idx_np)
             return self._fn_local_batch(g, fields, shape.fixed)
 
@@ -594,7 +597,10 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 prompt_lens=None,
             )
             shifted = bool(np.count_nonzero(offset))
-            return _Shape(plan, fixed, req, req.tolist(), offset, num_sched, qsl, cu, total, shifted)
+            decode_only = not np.count_nonzero(pf)
+            return _Shape(
+                plan, fixed, req, req.tolist(), offset, num_sched, qsl, cu, total, shifted, decode_only
+            )
 
         def _fn_host_fields(
             self,

@@ -192,7 +192,6 @@ def make_functional_ascend_manager(
             # build_attention_context's views of the persistent buffers, by their sizes (a slice
             # costs a torch op; a steady batch asks the same ones every step)
             self._fn_context_views: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
-            self._fn_decode_only = False  # whether the last partitioned global batch has no prefill
 
         # ------------------------------------------------------------ config
 
@@ -318,7 +317,6 @@ def make_functional_ascend_manager(
             """
             g = input_batch
             prefilling = np.asarray(g.is_prefilling_np)
-            decode_only = not prefilling.any()
             spec = g.num_draft_tokens > 0
             drafts = g.num_draft_tokens_per_req
             if spec:
@@ -331,7 +329,7 @@ def make_functional_ascend_manager(
                     raise NotImplementedError(
                         "PCP speculative decoding does not support draft tokens on prefill requests."
                     )
-            if padded_num_reqs is not None and not decode_only:  # a FULL graph of a mixed batch
+            if padded_num_reqs is not None and prefilling.any():  # a FULL graph of a mixed batch
                 tokens = padded_num_tokens
                 if tokens is None:
                     tokens = self.get_num_tokens_for_dispatch(g.num_scheduled_tokens, prefilling)
@@ -341,7 +339,7 @@ def make_functional_ascend_manager(
             else:
                 desc = _Desc(Mode.PIECEWISE, padded_num_tokens, None)
             local = super().partition_batch(g, desc)  # also self._local_batch (the drafter's)
-            self._fn_decode_only = decode_only  # of the global batch just partitioned (a numpy call less)
+            decode_only = self._fn_decode_only  # of the batch just partitioned (its shape's, memoised)
             changes: dict[str, Any] = {}
             ib = self._input_buffers
             n, num_local = local.num_reqs, local.num_tokens
@@ -611,6 +609,8 @@ def make_functional_ascend_manager(
             gathered = vllm_api.get_pcp_group().all_gather(hidden_states, dim=0)
             n, rows = self._restored_rows()
             restored = self._fn_pcp.restore(self._layout_rows(gathered), rows)
+            if n == rows:  # no graph padding rows (the restore has exactly n)
+                return restored
             with self._fn_pcp._guard():
                 return _zero_padding_rows(restored, n, rows)
 
@@ -641,6 +641,8 @@ def make_functional_ascend_manager(
             )
             n, rows = self._restored_rows()
             hidden, aux = self._fn_pcp.restore_for_sampling(gathered, aux, rows)
+            if n == rows:  # no graph padding rows (a step without a padded decode graph)
+                return hidden, aux, g
             with self._fn_pcp._guard():
                 hidden = _zero_padding_rows(hidden, n, rows)
                 if aux is not None:
@@ -663,6 +665,8 @@ def make_functional_ascend_manager(
             other = last if same else self._layout_rows(group.all_gather(hidden_states, dim=0))
             n, rows = self._restored_rows()
             last, other = self._fn_pcp.restore_draft_prefill(last, other, rows)
+            if n == rows:  # no graph padding rows
+                return last, other
             with self._fn_pcp._guard():
                 last = _zero_padding_rows(last, n, rows)
                 other = last if same else _zero_padding_rows(other, n, rows)
