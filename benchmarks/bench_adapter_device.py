@@ -63,26 +63,14 @@ H = 128
 PHASES = ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "restore")
 
 
-class DeviceStubBlockTables(bench_vllm.StubBlockTables):
-    """:class:`bench_vllm.StubBlockTables` with its tables on ``device``."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.input_block_tables = [torch.zeros(R, 64, dtype=torch.int32, device=device)]
-        self.slot_mappings = torch.zeros(1, T, dtype=torch.int64, device=device)
-
-
 def descriptor(P: int, sched: list[int], comp: list[int], plen: list[int]) -> Any:
-    """What vLLM's dispatcher picks under ``FULL_AND_PIECEWISE`` (as ``bench_vllm.py``): FULL for a
-    decode-only batch, PIECEWISE for a mixed one, padded to a power of two."""
+    """The descriptor ``bench_vllm.py`` gives the batch (:func:`bench_vllm.dispatched`), its
+    largest rank from the host twin (vLLM's ``get_num_tokens_for_dispatch`` is not here)."""
     host = HostLayout(P, 0, shard_decode_requests=True, dcp_size=1, dcp_rank=0, cp_interleave=1)
     prefilling = np.minimum(comp, plen) < np.array(plen)
     widest = int(host.segments(np.array(sched, np.int32), prefilling).per_rank_num_tokens.max())
-    size = 1 << max(widest - 1, 0).bit_length()
     Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
-    if prefilling.any():
-        return Desc(cg_mode=Mode.PIECEWISE, num_tokens=size, num_reqs=None)
-    size = max(size, 1 << max(len(sched) - 1, 0).bit_length())
-    return Desc(cg_mode=Mode.FULL, num_tokens=size, num_reqs=min(size, R))
+    return bench_vllm.dispatched(Mode, Desc, widest, len(sched), bool(prefilling.any()))
 
 
 def median_us(samples: list[float]) -> float:
@@ -129,7 +117,7 @@ def main() -> None:
             shard_decode_requests=True,
             max_num_reqs=R,
             max_num_tokens=T,
-            block_tables=DeviceStubBlockTables(device),
+            block_tables=bench_vllm.StubBlockTables(device),
         )
         made = time.perf_counter() - t0
         one = functools.partial(bench_vllm.one_step, manager, g, desc, hidden[0])
@@ -163,8 +151,8 @@ def main() -> None:
                     with profile(activities=[ProfilerActivity.CUDA]) as prof:
                         one()
                         sync()
-                    kinds = (torch.autograd.DeviceType.CUDA,)
-                    kernels = sum(1 for e in prof.events() if e.device_type in kinds)
+                    cuda_kind = torch.autograd.DeviceType.CUDA
+                    kernels = sum(1 for e in prof.events() if e.device_type == cuda_kind)
                 except Exception as e:  # a profiler that cannot see here: say so, do not fail
                     print(f"  (profiler: {type(e).__name__}: {e})")
         stats = manager.graph_stats

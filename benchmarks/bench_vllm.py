@@ -79,9 +79,10 @@ class StubBlockTables:
     num_kv_cache_groups = 1
     cp_interleave = 1
 
-    def __init__(self) -> None:
-        self.input_block_tables = [torch.zeros(R, 64, dtype=torch.int32)]
-        self.slot_mappings = torch.zeros(1, T, dtype=torch.int64)  # its dtype sizes the manager's buffers
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.input_block_tables = [torch.zeros(R, 64, dtype=torch.int32, device=device)]
+        # its dtype sizes the manager's buffers
+        self.slot_mappings = torch.zeros(1, T, dtype=torch.int64, device=device)
 
     def gather_block_tables(self, idx_mapping, num_reqs_padded, out=None, out_ptrs=None):
         return tuple(t[:num_reqs_padded] for t in out)
@@ -94,6 +95,17 @@ def batches() -> dict[str, tuple[int, tuple[list[int], list[int], list[int]]]]:
     out = dict(reference_batches())
     out["D"] = (4, ([1] * 16, [500] * 16, [100] * 16))
     return out
+
+
+def dispatched(Mode: Any, Desc: Any, widest: int, num_reqs: int, prefilling: bool) -> Any:
+    """The descriptor vLLM's dispatcher picks under ``FULL_AND_PIECEWISE`` for a batch whose
+    largest rank holds ``widest`` tokens: PIECEWISE for a mixed batch, FULL for a decode-only one
+    (whose graph must also hold the ``num_reqs`` global requests), padded to a power of two."""
+    size = 1 << max(widest - 1, 0).bit_length()
+    if prefilling:
+        return Desc(cg_mode=Mode.PIECEWISE, num_tokens=size, num_reqs=None)
+    size = max(size, 1 << max(num_reqs - 1, 0).bit_length())
+    return Desc(cg_mode=Mode.FULL, num_tokens=size, num_reqs=min(size, R))
 
 
 def one_step(manager: Any, global_batch: Any, desc: Any, hidden: torch.Tensor) -> None:
@@ -243,14 +255,7 @@ def main() -> None:
         ref = vllm_pcp.PCPManager(**kw)
         prefilling = np.minimum(comp, plen) < np.array(plen)
         widest = ref.get_num_tokens_for_dispatch(np.array(sched, np.int32), prefilling)
-        size = 1 << max(widest - 1, 0).bit_length()
-        if prefilling.any():
-            desc = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=size, num_reqs=None)
-        else:  # a FULL graph must hold the global requests: min(size, R) >= n
-            size = max(size, 1 << max(n - 1, 0).bit_length())
-            desc = BatchExecutionDescriptor(
-                cg_mode=CUDAGraphMode.FULL, num_tokens=size, num_reqs=min(size, R)
-            )
+        desc = dispatched(CUDAGraphMode, BatchExecutionDescriptor, widest, n, bool(prefilling.any()))
         g = make_global_batch(api, step, desc, list(range(n)), torch.device("cpu"))
         wide = [torch.randn(desc.num_tokens, H) for _ in range(P)]
         narrow = [torch.randn(desc.num_tokens, 1) for _ in range(P)]  # host view: the gathers cost ~0
