@@ -113,11 +113,10 @@ class _Desc:
 
 
 def _zero_padding_rows(restored: torch.Tensor, num_tokens: int, rows: int) -> torch.Tensor:
-    """``[rows, ...]``: the first ``num_tokens`` rows of ``restored``, zeros after (in place
-    when ``restored`` already has ``rows`` rows)."""
+    """``[rows, ...]``: the first ``num_tokens < rows`` rows of ``restored``, zeros after (in
+    place when ``restored`` already has ``rows`` rows)."""
     if restored.shape[0] == rows:
-        if num_tokens < rows:  # (no padding rows, no torch op: a steady decode step's case)
-            restored[num_tokens:rows].zero_()
+        restored[num_tokens:rows].zero_()
         return restored
     out = restored.new_zeros((rows, *restored.shape[1:]))
     out[:num_tokens].copy_(restored[:num_tokens])
@@ -590,6 +589,14 @@ def make_functional_ascend_manager(
                 )
             return n, rows
 
+        def _padded(self, restored: torch.Tensor, n: int, rows: int) -> torch.Tensor:
+            """A restore's ``[rows, ...]`` result with its rows past the ``n`` global tokens (the
+            global graph's padding) zero; unchanged when there are none (the steady case)."""
+            if n == rows:
+                return restored
+            with self._fn_pcp._guard():
+                return _zero_padding_rows(restored, n, rows)
+
         def _layout_rows(self, gathered: torch.Tensor) -> torch.Tensor:
             """``gathered`` at the layout's ``P * Lp`` rows: a decode graph padded past the layout
             gathers ``P * num_tokens_after_padding`` rows, whose restored rows are all rank 0's."""
@@ -608,11 +615,7 @@ def make_functional_ascend_manager(
                 return hidden_states
             gathered = vllm_api.get_pcp_group().all_gather(hidden_states, dim=0)
             n, rows = self._restored_rows()
-            restored = self._fn_pcp.restore(self._layout_rows(gathered), rows)
-            if n == rows:  # no graph padding rows (the restore has exactly n)
-                return restored
-            with self._fn_pcp._guard():
-                return _zero_padding_rows(restored, n, rows)
+            return self._padded(self._fn_pcp.restore(self._layout_rows(gathered), rows), n, rows)
 
         def restore_hidden_state_buffer(self, hidden_states: torch.Tensor) -> None:
             """Restore a model-owned buffer in place: its first ``Lp`` rows (the layout's local
@@ -641,13 +644,9 @@ def make_functional_ascend_manager(
             )
             n, rows = self._restored_rows()
             hidden, aux = self._fn_pcp.restore_for_sampling(gathered, aux, rows)
-            if n == rows:  # no graph padding rows (a step without a padded decode graph)
-                return hidden, aux, g
-            with self._fn_pcp._guard():
-                hidden = _zero_padding_rows(hidden, n, rows)
-                if aux is not None:
-                    aux = [_zero_padding_rows(a, n, rows) for a in aux]
-            return hidden, aux, g
+            if aux is not None:
+                aux = [self._padded(a, n, rows) for a in aux]
+            return self._padded(hidden, n, rows), aux, g
 
         def restore_draft_prefill(
             self, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
@@ -665,12 +664,8 @@ def make_functional_ascend_manager(
             other = last if same else self._layout_rows(group.all_gather(hidden_states, dim=0))
             n, rows = self._restored_rows()
             last, other = self._fn_pcp.restore_draft_prefill(last, other, rows)
-            if n == rows:  # no graph padding rows
-                return last, other
-            with self._fn_pcp._guard():
-                last = _zero_padding_rows(last, n, rows)
-                other = last if same else _zero_padding_rows(other, n, rows)
-            return last, other
+            last = self._padded(last, n, rows)
+            return last, last if same else self._padded(other, n, rows)
 
     FunctionalAscendPCPManager.__name__ = FunctionalAscendPCPManager.__qualname__ = name
     return FunctionalAscendPCPManager
