@@ -32,20 +32,33 @@ class OracleManager:
         dcp_world_size: int = 1,
         dcp_rank: int = 0,
         cp_interleave: int = 1,
+        moe_gathers_tokens: bool = False,
     ) -> None:
         self.api = api
+        self.moe = moe_gathers_tokens  # vLLM 0.33+: the local is_padding is the gathered [P * Lp] mask
+        # vLLM 0.33+'s per-step metadata class (the local batch's ``pcp`` field), if the api has it
+        self.metadata = getattr(api, "PCPBatchMetadata", None)
+        # one mask buffer, like vLLM's: a draft or capture mask overwrites the last step's
+        self._moe_buf = torch.ones(pcp_world_size * max_num_tokens, dtype=torch.bool, device=device)
         self.P, self.rank, self.device = pcp_world_size, pcp_rank, device
         self.shard, self.dcp, self.interleave = shard_decode_requests, dcp_world_size, cp_interleave
         self.R, self.T = max_num_reqs, max_num_tokens
-        self.block_tables = block_tables
         self.global_batch: Any = None
         self.local: Any = None
         self.layout: Any = None
         self.gather_rows: list[int] = []
         self.draft_prefill_batch: Any = None
+        self.set_block_tables(block_tables)
+
+    def set_block_tables(self, block_tables: Any) -> None:
+        self.block_tables = block_tables
+        if block_tables is None:
+            return
+        self.interleave = block_tables.cp_interleave
+        max_num_reqs = self.R
         self._tables = [t.new_zeros((2 * max_num_reqs, t.shape[1])) for t in block_tables.input_block_tables]
         self._slots = torch.full(
-            (block_tables.num_kv_cache_groups, self.P * self.T), api.PAD_SLOT_ID, dtype=torch.int64
+            (block_tables.num_kv_cache_groups, self.P * self.T), self.api.PAD_SLOT_ID, dtype=torch.int64
         )
 
     def get_num_tokens_for_dispatch(self, num_scheduled_tokens, is_prefilling) -> int:
@@ -80,6 +93,24 @@ class OracleManager:
         real_tokens = o.num_tokens > 0
         idx = torch.tensor(o.idx_mapping[:n], dtype=i64, device=dev)
         dcp_upper = None if o.dcp_bound is None else torch.tensor(o.dcp_bound, dtype=i32)
+        if self.metadata is None:
+            metadata: dict[str, Any] = {"dcp_local_seq_lens_cpu_upper_bound": dcp_upper}
+        else:
+            rows = list(o.global_batch_req_idx[:n])
+            upper = g.seq_lens_cpu_upper_bound.numpy()
+            metadata = {
+                "pcp": self.metadata(
+                    global_num_tokens=g.num_tokens,
+                    global_query_lens_np=np.asarray(g.num_scheduled_tokens)[rows],
+                    global_seq_lens_cpu_upper_bound_np=upper[rows],
+                    dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
+                )
+            }
+        is_padding = o.is_padding
+        if self.moe:  # gathered row q * Lp + l is padding past rank q's tokens
+            ranks = rank_pieces(self.P, sched, pf, self.shard, self.dcp)
+            counts = [sum(len(p.tokens) for p in ps) for ps in ranks]
+            is_padding = [l >= counts[q] for q in range(self.P) for l in range(Lp)]
         self.local = dataclasses.replace(
             g,
             req_ids=[g.req_ids[r] for r in o.global_batch_req_idx[:n]],
@@ -99,7 +130,7 @@ class OracleManager:
             seq_lens=torch.tensor(o.seq_lens, dtype=i32, device=dev),
             seq_lens_cpu_upper_bound=torch.tensor(o.seq_lens_cpu_upper_bound, dtype=i32),
             dcp_local_seq_lens=None,
-            dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
+            **metadata,
             num_computed_tokens_np=np.array(o.num_computed_tokens[:n], dtype=np.int32),
             prefill_len_np=np.array(o.prefill_len[:n], dtype=g.prefill_len_np.dtype),
             num_computed_prefill_tokens_np=np.array(o.num_computed_prefill_tokens[:n], dtype=np.int32),
@@ -110,7 +141,7 @@ class OracleManager:
             prefill_runs_as_decode_np=None,
             input_ids=torch.tensor(o.input_ids, dtype=i32, device=dev),
             positions=torch.tensor(o.positions, dtype=i64, device=dev),
-            is_padding=torch.tensor(o.is_padding, dtype=torch.bool, device=dev),
+            is_padding=self._masked(torch.tensor(is_padding, dtype=torch.bool, device=dev)),
             logits_indices=torch.tensor(o.logits_indices, dtype=i32, device=dev),
             cu_num_logits=torch.tensor(o.cu_num_logits[: n + 1], dtype=i32, device=dev),
             cu_num_logits_np=np.arange(n + 1, dtype=np.int32) if real_tokens else np.zeros(n + 1, np.int32),
@@ -153,8 +184,22 @@ class OracleManager:
         self.local.input_ids.copy_(torch.tensor([ids[t] for t in self.gather_rows], dtype=torch.int32))
         self.draft_prefill_batch = self.local
 
-    def get_draft_input_buffers(self, input_buffers: Any) -> Any:
-        return self.draft_prefill_batch if self.draft_prefill_batch is not None else input_buffers
+    def get_draft_input_buffers(self, input_buffers: Any, num_tokens: int | None = None) -> Any:
+        """vLLM 0.32's form without ``num_tokens``; 0.33+'s ``(inputs, MoE mask)`` with it."""
+        if num_tokens is None:
+            return self.draft_prefill_batch if self.draft_prefill_batch is not None else input_buffers
+        if self.draft_prefill_batch is not None:
+            return self.draft_prefill_batch, self.draft_prefill_batch.is_padding
+        return input_buffers, self._moe_mask(input_buffers.is_padding[:num_tokens])
+
+    def _moe_mask(self, is_padding: torch.Tensor) -> torch.Tensor:
+        return self._masked(is_padding.repeat(self.P)) if self.moe else is_padding
+
+    def _masked(self, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` in the MoE mask buffer (with moe_gathers_tokens), else itself."""
+        if not self.moe:
+            return mask
+        return self._moe_buf[: mask.shape[0]].copy_(mask)
 
     def restore_draft_prefill(self, last, hidden):
         if self.draft_prefill_batch is None:
@@ -174,6 +219,10 @@ class OracleManager:
             query_start_loc=dummy.query_start_loc.clone(),
             seq_lens=dummy.seq_lens.clone(),
         )
+
+    def prepare_inputs_for_capture_or_profile(self, dummy: Any) -> Any:
+        staged = self.prepare_inputs_to_capture(dummy)
+        return dataclasses.replace(staged, is_padding=self._moe_mask(staged.is_padding))
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
         return tuple(t[:num_reqs].zero_() for t in self._tables)

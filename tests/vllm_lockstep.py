@@ -23,6 +23,7 @@ keep their ``data_ptr()``.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 import torch
 
 from pcp_fn import PCPConfig
+from pcp_fn.adapters.vllm_contract import VLLM_0_32
 from pcp_fn.sim.engine import Scheduler, synthetic_requests
 
 BLOCK_SIZE = 4
@@ -60,6 +62,9 @@ class Backend:
     reference_takes_full_mixed: bool
     group: Any  # vllm_standin.FakePCPGroup, the PCP group both managers see
     make_dispatcher: Callable[[int, list[int]], Callable[[int, int], Any]] | None = None
+    # the vLLM contract both managers follow (pcp_fn.adapters.vllm_contract): 0.33+ builds them
+    # without block tables, then set_block_tables, and may gather the MoE's padding mask
+    contract: Any = VLLM_0_32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,7 @@ class Case:
     requests: int = 10
     seed: int = 0
     max_steps: int = 40
+    moe: bool = False  # moe_gathers_tokens (vLLM 0.33+; ignored by a 0.32 contract)
 
 
 @dataclasses.dataclass
@@ -263,6 +269,10 @@ def assert_same(name: str, a: Any, b: Any) -> None:
         assert isinstance(a, np.ndarray) and isinstance(b, np.ndarray), f"{name}: {type(a)} vs {type(b)}"
         assert a.dtype == b.dtype, f"{name}: dtype {a.dtype} vs {b.dtype}"
         assert np.array_equal(a, b), f"{name}:\n{a}\nvs\n{b}"
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):  # vLLM 0.33+'s PCPBatchMetadata
+        assert type(a) is type(b), f"{name}: {type(a)} vs {type(b)}"
+        for f in dataclasses.fields(a):
+            assert_same(f"{name}.{f.name}", getattr(a, f.name), getattr(b, f.name))
     elif isinstance(a, (list, tuple)) and a and isinstance(a[0], torch.Tensor):
         assert len(a) == len(b), f"{name}: {len(a)} vs {len(b)} tensors"
         for i, (x, y) in enumerate(zip(a, b)):
@@ -287,7 +297,8 @@ def assert_views(manager: Any, local: Any, ptrs: dict[str, int]) -> None:
     bufs = manager.persistent_buffers()
     assert {k: v.data_ptr() for k, v in bufs.items()} == ptrs, "a persistent buffer moved"
     for field in ("input_ids", "positions", "is_padding", "query_start_loc", "seq_lens"):
-        assert getattr(local, field).data_ptr() == bufs[field].data_ptr(), field
+        buffer = "moe_is_padding" if field == "is_padding" and manager._fn_moe is not None else field
+        assert getattr(local, field).data_ptr() == bufs[buffer].data_ptr(), field
     for field in ("idx_mapping", "expanded_local_pos", "logits_indices", "cu_num_logits"):
         assert getattr(local, field).data_ptr() == bufs[field].data_ptr(), field
     assert local.expanded_idx_mapping is local.idx_mapping
@@ -363,8 +374,15 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
             dcp_rank=q % case.dcp,
             cp_interleave=case.interleave,
         )
+        late = backend.contract.moe_mask  # vLLM 0.33+: the runner's order
+        if late:
+            kw.update(block_tables=None, moe_gathers_tokens=case.moe)
         refs.append(backend.make_reference(**kw))
         ads.append(backend.make_adapter(**kw))
+        if late:
+            refs[-1].set_block_tables(bt)
+            ads[-1].set_block_tables(bt)
+            kw["block_tables"] = bt
         oracles.append(refs[-1] if backend.reference_takes_full_mixed else backend.make_oracle(**kw))
         ptrs.append({k: v.data_ptr() for k, v in ads[-1].persistent_buffers().items()})
     caps = _capture_sizes(case.T)
@@ -413,7 +431,7 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         if unrestored:  # partition_batch leaves an unrestored draft prefill prepared, like vLLM's
             for q in range(P):
                 assert ads[q].draft_prefill_batch is unrestored[q], f"step {i} rank {q}: draft prefill reset"
-                assert ads[q].get_draft_input_buffers(object()) is unrestored[q]
+                assert draft_inputs(ads[q], object(), 4) is unrestored[q]
                 if reference is prev_reference:
                     assert reference[q].draft_prefill_batch is not None, f"step {i}: reference reset it"
             unrestored = []
@@ -460,7 +478,8 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
             for q in range(P):
                 reference[q].prepare_draft_prefill(global_batch, draft_ids)
                 ads[q].prepare_draft_prefill(global_batch, draft_ids)
-                assert ads[q].get_draft_input_buffers(sentinel) is ads[q].draft_prefill_batch is ad_local[q]
+                got = draft_inputs(ads[q], sentinel, 4, reference[q])
+                assert got is ads[q].draft_prefill_batch is ad_local[q]
                 assert_same_batch(
                     f"step {i} rank {q} draft", reference[q].draft_prefill_batch, ad_local[q], summary
                 )
@@ -478,7 +497,7 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
                 got = ads[q].restore_draft_prefill(h, h)
                 assert got[0] is got[1] and ref_same[0] is ref_same[1]
                 assert_same(f"step {i} rank {q} draft restore", ref_same, got)
-                assert ads[q].get_draft_input_buffers(sentinel) is sentinel
+                assert draft_inputs(ads[q], ads[q].input_buffers, 4, reference[q]) is ads[q].input_buffers
                 untouched = ads[q].restore_draft_prefill(h, draft_hidden[q])  # nothing prepared
                 assert untouched[0] is h and untouched[1] is draft_hidden[q]
                 reference[q].prepare_draft_prefill(global_batch, draft_ids)
@@ -511,7 +530,7 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
                 outs = []
                 for m in (reference[q], ads[q]):
                     dummy = api.InputBatch.make_dummy(num_reqs, num_tokens, ads[q].input_buffers)
-                    staged = m.prepare_inputs_to_capture(dummy)
+                    staged = stage_capture(m, dummy)
                     outs.append(
                         (staged, m.get_dummy_block_tables(num_reqs), m.get_dummy_slot_mappings(num_tokens))
                     )
@@ -525,6 +544,25 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
                 assert dsl.data_ptr() == bufs["gathered_slot_mappings"].data_ptr()
                 assert db[0].data_ptr() == bufs["block_table_0"].data_ptr()
     return summary
+
+
+def draft_inputs(manager: Any, buffers: Any, num_tokens: int, reference: Any = None) -> Any:
+    """``manager.get_draft_input_buffers`` in its contract's form: the draft inputs (vLLM 0.33+
+    also return their MoE mask: checked equal to ``reference``'s when given)."""
+    params = inspect.signature(manager.get_draft_input_buffers).parameters
+    if "num_tokens" not in params:
+        return manager.get_draft_input_buffers(buffers)
+    inputs, mask = manager.get_draft_input_buffers(buffers, num_tokens)
+    if reference is not None:
+        _, want = reference.get_draft_input_buffers(buffers, num_tokens)
+        assert_same("draft input mask", want, mask)
+    return inputs
+
+
+def stage_capture(manager: Any, batch: Any) -> Any:
+    """A capture / dummy batch staged by ``manager`` (its contract's method name)."""
+    method = getattr(manager, "prepare_inputs_for_capture_or_profile", None)  # vLLM 0.33+
+    return (method or manager.prepare_inputs_to_capture)(batch)
 
 
 def _local_rows(manager: Any, sched: np.ndarray, prefilling: np.ndarray) -> int:

@@ -63,7 +63,10 @@ class Destinations(NamedTuple):
     kv_write_mask ``[P*T]`` bool; slot_gather_idx ``[P*T]`` int64 (each gathered row's column
     of global_slot_mappings: ``T``, the pad column, where the row must not write);
     global_slot_mappings ``[K, T+1]`` int64 (vLLM's kernel writes the first ``num_tokens``
-    columns; column ``T`` always reads ``pad_slot_id``), gathered_slot_mappings ``[K, P*T]`` int64.
+    columns; column ``T`` always reads ``pad_slot_id``), gathered_slot_mappings ``[K, P*T]`` int64;
+    moe_is_padding ``[P*T]`` bool: the padding mask of the all-gathered rows, rank-major (gathered
+    row ``q * Lp + l`` is padding when ``l >= `` rank ``q``'s tokens), what an MoE layer that
+    all-gathers the tokens routes with (vLLM 0.33+).
     """
 
     input_ids: torch.Tensor
@@ -80,6 +83,7 @@ class Destinations(NamedTuple):
     slot_gather_idx: torch.Tensor
     global_slot_mappings: torch.Tensor
     gathered_slot_mappings: torch.Tensor
+    moe_is_padding: torch.Tensor
 
 
 class _BucketGraph:
@@ -119,8 +123,12 @@ def _to_vllm_rows(
     (a 0-d tensor: one graph serves every ``Lp`` of the bucket).
 
     Returns ``padded_gather_idx [P*Lb]`` and ``gathered_kv_write_mask [P*Lb]``
-    whose first ``P*Lp`` rows are vLLM's (0 / False after), and
-    ``hidden_restore_idx [F_b]`` pointing into vLLM's gathered rows.
+    whose first ``P*Lp`` rows are vLLM's (0 / False after),
+    ``hidden_restore_idx [F_b]`` pointing into vLLM's gathered rows, and the
+    gathered padding mask ``[P*Lb]`` (True past the first ``P*Lp`` rows)::
+
+        P = 2, Lp = 3, per-rank tokens [3, 1]:  gathered rows  r0 r0 r0 | r1 r1 r1
+                                                 padding        F  F  F  | F  T  T
     """
     P = config.pcp_size
     row = torch.arange(P * Lb, dtype=torch.int64, device=Lp.device)
@@ -132,7 +140,9 @@ def _to_vllm_rows(
     write = valid & layout.gathered_kv_write_mask[src]
     restore = layout.hidden_restore_idx
     restore = restore + (restore // Lb) * (Lp - Lb)
-    return gather, write, restore
+    rank = (row // width).clamp(max=P - 1)
+    padding = ~valid | (row % width >= layout.per_rank_num_tokens[rank])
+    return gather, write, restore, padding
 
 
 def _partition_step(
@@ -161,7 +171,7 @@ def _partition_step(
     batch = mrv2.unpack_batch(cfg, bucket, packed, input_ids, positions)
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
-    gather, write, restore = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))
+    gather, write, restore, padding = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))
     # the gathered slot mappings are then one gather: a row that must not write reads the pad column
     slot_idx = torch.where(write, gather, cfg.max_num_tokens)
     torch._foreach_copy_(
@@ -178,6 +188,7 @@ def _partition_step(
             out.padded_gather_idx[: P * Lb],
             out.kv_write_mask[: P * Lb],
             out.slot_gather_idx[: P * Lb],
+            out.moe_is_padding[: P * Lb],
             *layout_out,
         ],
         [
@@ -193,6 +204,7 @@ def _partition_step(
             gather,
             write,
             slot_idx,
+            padding,
             lay.per_rank_num_tokens,
             lay.num_tokens,
         ],
@@ -589,6 +601,25 @@ class Bookkeeping:
         ids.copy_(input_ids)
         pos.copy_(positions)
         self._run(g)
+
+    def set_slot_mappings(
+        self, global_slot_mappings: torch.Tensor, gathered_slot_mappings: torch.Tensor
+    ) -> None:
+        """New persistent slot-mapping buffers (``[K, T + 1]`` and ``[K, P*T]``: a manager's block
+        tables attached after construction). The graphs never read them; the plans' views of
+        the old ones are dropped, so the next step plans again."""
+        T = self.config.max_num_tokens
+        if global_slot_mappings.shape[-1] != T + 1:
+            raise ValueError(
+                f"global_slot_mappings must be [K, max_num_tokens + 1] = [K, {T + 1}], "
+                f"got {tuple(global_slot_mappings.shape)}"
+            )
+        global_slot_mappings[:, T] = self.config.pad_slot_id
+        self.out = self.out._replace(
+            global_slot_mappings=global_slot_mappings, gathered_slot_mappings=gathered_slot_mappings
+        )
+        self._plans.clear()
+        self._plan = None
 
     @property
     def has_layout(self) -> bool:

@@ -42,6 +42,7 @@ from .backend import (
     resolve_graph_backend,
 )
 from .bookkeeping import Bookkeeping, Destinations, HostLayout
+from .vllm_contract import VLLM_0_32, VllmContract
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,8 @@ class VllmApi:
         capture_sizes: the engine's CUDA-graph capture sizes, when it has them
             (vLLM: ``compilation_config.cudagraph_capture_sizes`` of the
             current config), so the graph ladder pads a batch once, not twice.
+        contract: what differs between the vLLM releases
+            (:func:`pcp_fn.adapters.vllm_contract.detect`); default vLLM 0.32's.
     """
 
     PCPManager: type
@@ -66,6 +69,7 @@ class VllmApi:
     PAD_SLOT_ID: int
     get_pcp_group: Callable[[], Any]
     capture_sizes: Callable[[], Sequence[int] | None] | None = None
+    contract: VllmContract = VLLM_0_32
 
 
 class _Override:
@@ -152,8 +156,9 @@ def _replace(obj: Any, *changes: dict[str, Any], checked: bool = False) -> Any:
 def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") -> type:
     """A subclass of ``api.PCPManager`` with every public method reimplemented over ``pcp_fn.mrv2``."""
     Mode = api.CUDAGraphMode
+    contract = api.contract
 
-    class FunctionalPCPManager(api.PCPManager):  # type: ignore[name-defined,misc]
+    class FunctionalPCPManager(contract.methods, api.PCPManager):  # type: ignore[name-defined,misc]
         """Drop-in for vLLM's MRV2 ``PCPManager``: the same constructor, methods and results
         (checked in lockstep), with the bookkeeping in one captured graph per bucket.
 
@@ -185,7 +190,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             dcp_world_size: int = 1,
             dcp_rank: int = 0,
             cp_interleave: int = 1,
+            moe_gathers_tokens: bool = False,
         ) -> None:
+            if moe_gathers_tokens and not contract.moe_mask:
+                raise ValueError(
+                    f"moe_gathers_tokens=True: vLLM {contract.name}'s PCPManager has no MoE routing mask"
+                )
             # vLLM's own state first, without its capacities: the base allocates no buffer, and
             # every attribute its inherited helpers (_build_batch_layout, ...) read or write
             # exists as in vLLM. The drop-in's own state is under ``_fn_`` names, so those
@@ -198,7 +208,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 shard_decode_requests,
                 None,
                 None,
-                block_tables,
+                None,  # the block tables are attached below (vLLM 0.33+: by the runner, later)
                 dcp_world_size,
                 dcp_rank,
                 cp_interleave,
@@ -221,27 +231,22 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._local_block_table_ptrs: torch.Tensor | None = None
             self._fn_local_rows: np.ndarray = _NO_ROW
             self._fn_decode_only = False  # whether the last partitioned global batch has no prefill
-            # the host twin serves get_num_tokens_for_dispatch with or without capacities
-            self._fn_host = HostLayout(
-                pcp_world_size,
-                pcp_rank,
-                shard_decode_requests=bool(shard_decode_requests),
-                dcp_size=dcp_world_size,
-                dcp_rank=dcp_rank,
-                cp_interleave=cp_interleave,
-            )
             self._fn_pcp: Any = None
+            self._fn_moe: torch.Tensor | None = None  # the MoE's gathered padding mask [P * T]
+            self._fn_moe_gathers_tokens = bool(moe_gathers_tokens)
+            self._fn_host = self._fn_host_layout()
             self._fn_segment_memo: dict[tuple[Any, ...], Any] = {}  # (_fn_segments)
             # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
             self._fn_capture_rows = (0, 0)
+            self._fn_ready = True  # (set_block_tables from vLLM's constructor comes before this)
             if max_num_reqs is None or max_num_tokens is None:
                 # like vLLM's: no buffers; the host methods work, the device path needs both
+                self._block_tables = block_tables
                 return
 
             P, R2, T, dev = pcp_world_size, 2 * max_num_reqs, max_num_tokens, self.device
             # a request puts at most a head and a tail segment on a rank: 2R local rows
             self._input_buffers = api.InputBuffers(R2, T, dev)
-            ib = self._input_buffers
             self._fn_idx_mapping = torch.zeros(R2, dtype=torch.int64, device=dev)
             self._fn_expanded_local_pos = torch.zeros(R2, dtype=torch.int32, device=dev)  # stays zero
             self._fn_logits_indices = torch.zeros(R2, dtype=torch.int32, device=dev)
@@ -250,6 +255,34 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
             self._fn_kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
             self._fn_slot_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
+            # the graph writes the gathered MoE mask every step; it is the local batch's is_padding
+            # only with moe_gathers_tokens (vLLM 0.33+), all True like vLLM's until a step
+            self._fn_moe_mask = torch.ones(P * T, dtype=torch.bool, device=dev)
+            self._fn_moe = self._fn_moe_mask if moe_gathers_tokens else None
+            self._fn_views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
+            self._fn_shapes: dict[tuple[Any, ...], _Shape] = {}
+            self._fn_desc_ids: dict[tuple[Any, ...], int] = {}
+            self._fn_last_desc: tuple[Any, int] = (None, -1)  # (the last descriptor, its id)
+            self._fn_allocate_block_tables(block_tables)
+            self._fn_build_bookkeeping()
+
+        def _fn_host_layout(self) -> HostLayout:
+            """The host twin (serves get_num_tokens_for_dispatch with or without capacities)."""
+            return HostLayout(
+                self.pcp_world_size,
+                self.pcp_rank,
+                shard_decode_requests=bool(self.shard_decode_requests),
+                dcp_size=self.dcp_world_size,
+                dcp_rank=self.dcp_rank,
+                cp_interleave=self.cp_interleave,
+            )
+
+        def _fn_allocate_block_tables(self, block_tables: Any) -> None:
+            """The local block tables ``[2R, width]`` per KV-cache group and the slot-mapping
+            buffers for ``block_tables`` (none without them)."""
+            P, R2, T, dev = self.pcp_world_size, 2 * self.max_num_reqs, self.max_num_tokens, self.device
+            self._block_tables = block_tables
+            self._local_block_tables = self._local_block_table_ptrs = None
             num_groups = 0 if block_tables is None else block_tables.num_kv_cache_groups
             if block_tables is not None:
                 self._local_block_tables = tuple(
@@ -259,10 +292,6 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._local_block_table_ptrs = torch.tensor(
                     [t.data_ptr() for t in self._local_block_tables], dtype=torch.uint64, device=dev
                 )
-            self._fn_views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
-            self._fn_shapes: dict[tuple[Any, ...], _Shape] = {}
-            self._fn_desc_ids: dict[tuple[Any, ...], int] = {}
-            self._fn_last_desc: tuple[Any, int] = (None, -1)  # (the last descriptor, its id)
             # the slot dtype of the cache-write kernels: the block tables' (vllm-ascend's are int32)
             # when they have one, else vLLM's int64
             slot_dtype = getattr(getattr(block_tables, "slot_mappings", None), "dtype", torch.int64)
@@ -274,6 +303,9 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 (num_groups, P * T), api.PAD_SLOT_ID, dtype=slot_dtype, device=dev
             )
 
+        def _fn_build_bookkeeping(self) -> None:
+            """The bookkeeping over the persistent buffers, its graphs made now (start-up)."""
+            ib, dev = self._input_buffers, self.device
             backend = resolve_graph_backend(self.graph_backend, dev)
             out = Destinations(
                 ib.input_ids,
@@ -290,24 +322,53 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._fn_slot_gather_idx,
                 self._fn_global_slot_mappings,
                 self._fn_gathered_slot_mappings,
+                self._fn_moe_mask,
             )
             self._fn_pcp = Bookkeeping(
-                pcp_world_size,
-                pcp_rank,
-                max_num_reqs,
-                max_num_tokens,
-                shard_decode_requests=bool(shard_decode_requests),
-                dcp_size=dcp_world_size,
-                dcp_rank=dcp_rank,
-                cp_interleave=cp_interleave,
+                self.pcp_world_size,
+                self.pcp_rank,
+                self.max_num_reqs,
+                self.max_num_tokens,
+                shard_decode_requests=bool(self.shard_decode_requests),
+                dcp_size=self.dcp_world_size,
+                dcp_rank=self.dcp_rank,
+                cp_interleave=self.cp_interleave,
                 pad_slot_id=api.PAD_SLOT_ID,
                 device=dev,
                 out=out,
                 backend=backend,
                 check_host_syncs=self.check_host_syncs,
-                token_buckets=self._fn_token_buckets(backend, max_num_tokens),
+                token_buckets=self._fn_token_buckets(backend, self.max_num_tokens),
                 package_dir=package_cache_dir() if backend == "aoti" else None,
             )
+            # the graphs were made on an empty batch: the buffers start as vLLM's do
+            ib.is_padding.zero_()
+            self._fn_moe_mask.fill_(True)
+
+        def _fn_set_block_tables(self, block_tables: Any) -> None:
+            """vLLM 0.33+'s ``set_block_tables``: new local block tables and slot-mapping buffers
+            (the persistent addresses a captured model graph sees from then on), and the block
+            tables' ``cp_interleave`` (a different one rebuilds the bookkeeping's graphs)."""
+            if not self.__dict__.get("_fn_ready"):
+                # from vLLM's constructor (no capacities): its attributes as vLLM's leave them;
+                # ours attaches the block tables at the end of __init__
+                api.PCPManager.set_block_tables(self, block_tables)
+                return
+            interleave = self.cp_interleave if block_tables is None else block_tables.cp_interleave
+            if self._fn_pcp is None:  # no capacities: nothing allocated, like vLLM's
+                self._block_tables, self.cp_interleave = block_tables, interleave
+                self._fn_host = self._fn_host_layout()
+                return
+            self._fn_allocate_block_tables(block_tables)
+            self._fn_views.clear()  # their plans hold views of the old slot mappings
+            self._fn_shapes.clear()
+            if interleave != self.cp_interleave:
+                self.cp_interleave = interleave
+                self._fn_host = self._fn_host_layout()
+                self._fn_segment_memo.clear()
+                self._fn_build_bookkeeping()
+            else:
+                self._fn_pcp.set_slot_mappings(self._fn_global_slot_mappings, self._fn_gathered_slot_mappings)
 
         def _fn_full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
             """The local request rows of the FULL graph of ``num_tokens`` tokens that vLLM sizes for
@@ -393,6 +454,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 "input_ids": ib.input_ids,
                 "positions": ib.positions,
                 "is_padding": ib.is_padding,
+                "moe_is_padding": self._fn_moe_mask,
                 "query_start_loc": ib.query_start_loc,
                 "seq_lens": ib.seq_lens,
                 "dcp_local_seq_lens": ib.dcp_local_seq_lens,
@@ -643,7 +705,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 num_scheduled_tokens=num_sched.copy(),
                 query_start_loc_np=shape.query_start_loc.copy(),
                 seq_lens_cpu_upper_bound=torch.from_numpy(upper),
-                dcp_local_seq_lens_cpu_upper_bound=dcp_upper,
+                **contract.metadata_fields(g, sched, req, dcp_upper),
                 num_computed_tokens_np=start,
                 prefill_len_np=local_plen,
                 num_computed_prefill_tokens_np=computed_prefill,
@@ -676,6 +738,9 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             Lp, Rpad, n, rows = key
             ib = self._input_buffers
             idx_mapping = self._fn_idx_mapping[:n]
+            # the MoE's gathered rank-major mask when it all-gathers the tokens (vLLM 0.33+)
+            moe = self._fn_moe
+            is_padding = ib.is_padding[:Lp] if moe is None else moe[: self.pcp_world_size * Lp]
             views = dict(
                 idx_mapping=idx_mapping,
                 expanded_idx_mapping=idx_mapping,
@@ -684,7 +749,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 seq_lens=ib.seq_lens[:Rpad],
                 input_ids=ib.input_ids[:Lp],
                 positions=ib.positions[:Lp],
-                is_padding=ib.is_padding[:Lp],
+                is_padding=is_padding,
                 logits_indices=self._fn_logits_indices[:Rpad],
                 cu_num_logits=self._fn_cu_num_logits[: n + 1],
             )
@@ -735,7 +800,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_gathered_slot_mappings.fill_(api.PAD_SLOT_ID)
             return self._fn_gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
 
-        def prepare_inputs_to_capture(self, input_batch: Any) -> Any:
+        def _fn_stage_capture(self, input_batch: Any) -> Any:
             """Stage a capture or dummy batch in the persistent local buffers; a mixed FULL graph's
             batch gets the rows ``partition_batch`` pads its steps to (:meth:`_fn_full_rows`)."""
             ib = self.input_buffers
@@ -779,10 +844,6 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             return hidden, aux, g
 
         # ------------------------------------------------------------ drafter
-
-        def get_draft_input_buffers(self, input_buffers: Any) -> Any:
-            """The local batch while a draft prefill is prepared, else ``input_buffers``."""
-            return self.draft_prefill_batch if self.draft_prefill_batch is not None else input_buffers
 
         def prepare_draft_prefill(self, input_batch: Any, input_ids: torch.Tensor) -> None:
             """Point the drafter at this rank's rows of ``input_ids`` (global order), when

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+from ..vllm_contract import detect
 from ..vllm_manager import VllmApi
 from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
@@ -49,6 +50,7 @@ def __getattr__(name: str) -> type:
     from vllm.config.compilation import CUDAGraphMode
     from vllm.distributed import parallel_state
     from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+    from vllm.v1.worker.gpu import pcp_manager
     from vllm.v1.worker.gpu.input_batch import InputBuffers
     from vllm.v1.worker.gpu.pcp_manager import PCPManager
     from vllm_ascend.worker.v2.attn_utils import build_attn_state
@@ -66,6 +68,7 @@ def __getattr__(name: str) -> type:
             CUDAGraphMode=CUDAGraphMode,
             PAD_SLOT_ID=PAD_SLOT_ID,
             get_pcp_group=lambda: parallel_state.get_pcp_group(),  # per call: a patched group
+            contract=detect(PCPManager, pcp_manager),
         ),
         AscendApi(
             AscendInputBuffers=AscendInputBuffers,
