@@ -1,0 +1,173 @@
+"""The vLLM release contracts (``pcp_fn.adapters.vllm_contract``) without vLLM: version policy,
+detection, and the 0.33+ contract (late block tables, the gathered MoE mask) in lockstep with
+the oracle over the stand-in. The real releases: ``tests/test_vllm_adapter.py`` in CI's stages."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+import torch
+import vllm_standin as standin
+from oracle_vllm import OracleManager
+from test_vllm_adapter import STANDIN_API, _check_summary
+from vllm_lockstep import Backend, Case, run_lockstep
+
+from pcp_fn.adapters import vllm_contract as vc
+from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
+
+
+@pytest.mark.parametrize(
+    ("version", "series"),
+    [
+        ("0.32.0", "0.32"),
+        ("0.32.0+cpu", "0.32"),
+        ("0.33.1.dev4+gabc", "0.33"),
+        ("0.34.0", "0.34"),
+        ("0.35.0", "0.35"),
+        ("1.0.0", "1.0"),
+        ("garbage", None),
+    ],
+)
+def test_version_series_and_policy(version, series):
+    assert vc.vllm_series(version) == series
+    reason = vc.unsupported_reason(version)
+    if series in vc.SUPPORTED_SERIES:
+        assert reason is None
+    else:  # names the installed and the supported versions
+        assert version in reason and all(f"{s}.x" in reason for s in vc.SUPPORTED_SERIES)
+
+
+class _Base032:
+    def __init__(
+        self,
+        pcp_world_size,
+        pcp_rank,
+        device,
+        shard_decode_requests,
+        max_num_reqs=None,
+        max_num_tokens=None,
+        block_tables=None,
+        dcp_world_size=1,
+        dcp_rank=0,
+        cp_interleave=1,
+    ):
+        pass
+
+
+class _Base033(_Base032):
+    def __init__(self, *args, moe_gathers_tokens: bool = False, **kwargs):
+        self.set_block_tables(None)
+
+    def set_block_tables(self, block_tables):
+        self._block_tables = block_tables
+
+
+class _Base034(_Base033):
+    def sync_drafts(self, draft_tokens, idx_mapping, draft_logits):
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _Metadata:
+    global_num_tokens: int
+    global_query_lens_np: np.ndarray
+    global_seq_lens_cpu_upper_bound_np: np.ndarray
+    dcp_local_seq_lens_cpu_upper_bound: torch.Tensor | None = None
+
+
+def test_detect_reads_what_the_release_provides():
+    bare, with_meta = types.SimpleNamespace(), types.SimpleNamespace(PCPBatchMetadata=_Metadata)
+    assert vc.detect(_Base032, bare) is vc.VLLM_0_32
+    dev = vc.detect(_Base033, bare)
+    assert (dev.name, dev.moe_mask, dev.batch_metadata) == ("0.33-dev", True, None)
+    assert vc.detect(_Base033, with_meta).name == "0.33"
+    assert vc.detect(_Base034, with_meta).name == "0.34"
+    assert hasattr(vc.detect(_Base033, bare).methods, "prepare_inputs_for_capture_or_profile")
+    assert not hasattr(vc.VLLM_0_32.methods, "prepare_inputs_for_capture_or_profile")
+
+    class Odd(_Base032):  # set_block_tables without the MoE flag: no release has that
+        def set_block_tables(self, block_tables):
+            pass
+
+    with pytest.raises(ValueError, match="not checked against"):
+        vc.detect(Odd, bare)
+
+
+def _late_manager(base: type = _Base033, backend: str | None = None) -> type:
+    """The drop-in over a stand-in base with vLLM 0.33's late block tables and MoE mask (the
+    stand-in's InputBatch keeps 0.32's metadata field: the contract of vLLM main before 0.33)."""
+
+    class Base(base, standin.PCPManager):
+        pass
+
+    contract = vc.detect(Base, types.SimpleNamespace())
+    cls = make_functional_manager(VllmApi(**standin.vllm_api_fields(PCPManager=Base, contract=contract)))
+    return type("LateManager", (cls,), {"graph_backend": backend, "check_host_syncs": backend is None})
+
+
+@pytest.mark.parametrize("moe", [True, False])
+@pytest.mark.parametrize("backend", [None, "eager"])
+def test_late_block_tables_and_moe_mask_in_lockstep_with_the_oracle(moe, backend):
+    adapter = _late_manager(backend=backend)
+    oracle = lambda **kw: OracleManager(STANDIN_API, **kw)  # noqa: E731
+    contract = adapter.vllm_api.contract
+    backend_ = Backend(
+        name="standin-0.33",
+        api=STANDIN_API,
+        block_tables_cls=standin.BlockTables,
+        make_reference=oracle,
+        make_adapter=lambda **kw: adapter(**kw),
+        make_oracle=oracle,
+        reference_takes_full_mixed=True,
+        group=standin.PCP_GROUP,
+        contract=contract,
+    )
+    case = Case(P=3, shard=True, spec=1, moe=moe, seed=5, max_steps=14 if backend else 30)
+    summary = run_lockstep(backend_, case)
+    if backend is None:
+        _check_summary(summary, case)
+    assert summary.steps and summary.dummies and summary.drafts
+
+
+def test_moe_mask_is_the_gathered_rank_major_padding():
+    """P = 2, scheduled [3, 5] fresh prefills (padded to 4 and 8, 2P chunks): rank 0 holds 1 + 2 +
+    ... tokens; the mask marks row q * Lp + l padding when l >= rank q's tokens."""
+    adapter = _late_manager()
+    bt = standin.BlockTables([4], 4, 32, [8], torch.device("cpu"))
+    m = adapter(2, 0, "cpu", True, 4, 32, None, moe_gathers_tokens=True)
+    assert m.get_dummy_slot_mappings(4).shape[0] == 0  # no block tables yet: no KV-cache groups
+    m.set_block_tables(bt)
+    assert m.get_dummy_slot_mappings(4).shape == (1, 8)
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    sched = np.array([3, 5], np.int32)
+    g = standin.InputBatch.make_dummy(2, 8, m.input_buffers)
+    g = dataclasses.replace(
+        g,
+        num_scheduled_tokens=sched,
+        num_computed_tokens_np=np.zeros(2, np.int32),
+        prefill_len_np=sched.copy(),
+        is_prefilling_np=np.array([True, True]),
+        idx_mapping_np=np.arange(2, dtype=np.int64),
+        num_tokens=8,
+    )
+    per_rank = [m.get_num_tokens_for_dispatch(sched, g.is_prefilling_np)] * 2
+    desc = Desc(cg_mode=Mode.PIECEWISE, num_tokens=per_rank[0] + 2, num_reqs=None)
+    local = m.partition_batch(g, desc)
+    Lp = desc.num_tokens
+    tokens = [adapter(2, q, "cpu", True, 4, 32, bt).partition_batch(g, desc).num_tokens for q in range(2)]
+    want = torch.tensor([l >= tokens[q] for q in range(2) for l in range(Lp)])
+    assert torch.equal(local.is_padding, want)
+    assert local.is_padding.data_ptr() == m.persistent_buffers()["moe_is_padding"].data_ptr()
+    # capture masks go through the same buffer, repeated per rank
+    staged = m.prepare_inputs_for_capture_or_profile(standin.InputBatch.make_dummy(1, 4, m.input_buffers))
+    assert staged.is_padding.shape == (8,)
+
+
+def test_moe_flag_refused_by_a_032_contract():
+    with pytest.raises(ValueError, match="no MoE routing mask"):
+        make_functional_manager(VllmApi(**standin.vllm_api_fields()))(
+            2, 0, "cpu", True, 4, 32, None, moe_gathers_tokens=True
+        )
