@@ -1,8 +1,9 @@
 """Host time per step of vLLM's MRV2 ``PCPManager`` against ``pcp_fn``'s ``FunctionalPCPManager``.
 
-    python benchmarks/bench_vllm.py [--iters 200] [--replicated] [--backend aoti|inductor|none]
+    python benchmarks/bench_vllm.py [--iters 200] [--replicated] [--moe] [--backend aoti|inductor|none]
 
-Run it where vLLM 0.32.0 is importable (``tools/make_vllm_venv.sh``). One step
+Run it where vLLM is importable (``tools/make_vllm_venv.sh [VENV] [VERSION]``; 0.33.0 / 0.34.0
+with ``VLLM_TARGET_DEVICE=cpu``; ``--moe``: both managers with ``moe_gathers_tokens=True``). One step
 is what the model runner calls around the forward, under ``torch.inference_mode``
 like vLLM's engine (``GPUModelRunner.execute_model``):
 ``get_num_tokens_for_dispatch(num_scheduled_tokens, is_prefilling_np)`` (to pick
@@ -207,6 +208,11 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--replicated", action="store_true", help="replicate decodes on every rank")
     parser.add_argument(
+        "--moe",
+        action="store_true",
+        help="moe_gathers_tokens=True (vLLM 0.33+: the gathered MoE padding mask)",
+    )
+    parser.add_argument(
         "--backend",
         default="aoti",
         help="the adapter's graphs in table 1: aoti (default), inductor, or none to skip the column",
@@ -221,7 +227,7 @@ def main() -> None:
         from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
         from vllm.v1.worker.gpu.input_batch import InputBatch
     except ImportError as e:
-        sys.exit(f"bench_vllm needs vLLM 0.32.0 (tools/make_vllm_venv.sh): {e}")
+        sys.exit(f"bench_vllm needs vLLM (tools/make_vllm_venv.sh): {e}")
     import vllm_standin
     from vllm_lockstep import GlobalStep, make_global_batch
 
@@ -252,6 +258,8 @@ def main() -> None:
         )
         kw = dict(pcp_world_size=P, pcp_rank=0, device=torch.device("cpu"), shard_decode_requests=shard)
         kw.update(max_num_reqs=R, max_num_tokens=T, block_tables=StubBlockTables())
+        if args.moe:
+            kw["moe_gathers_tokens"] = True
         ref = vllm_pcp.PCPManager(**kw)
         prefilling = np.minimum(comp, plen) < np.array(plen)
         widest = ref.get_num_tokens_for_dispatch(np.array(sched, np.int32), prefilling)
