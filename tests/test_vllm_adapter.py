@@ -839,3 +839,32 @@ def test_the_device_benchmark_runs_here_too():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| B ") or line.startswith("| D ")]
     assert len(rows) == 2 and all("FULL(16)" in r or "PIECEWISE(1024)" in r for r in rows), proc.stdout
+
+
+def test_unsupported_vllm_is_refused_at_registration(vllm_backend):
+    """An installed vLLM outside the supported releases: ``register()`` (with the flag) and importing
+    ``FunctionalPCPManager`` say which vLLM is installed and which are supported; without the flag
+    the plugin stays a no-op (vLLM loads it in every process)."""
+    code = """
+import os, vllm
+vllm.__version__ = "0.31.0"
+from pcp_fn.adapters import vllm as adapter
+adapter.register()  # no flag: nothing
+os.environ["PCP_FN_PCP_MANAGER"] = "1"
+try:
+    adapter.register()
+except RuntimeError as e:
+    assert "0.31.0" in str(e) and "0.34.x" in str(e), e
+else:
+    raise AssertionError("register accepted vLLM 0.31.0")
+try:
+    from pcp_fn.adapters.vllm import FunctionalPCPManager
+except ImportError as e:
+    assert "0.31.0" in str(e), e
+else:
+    raise AssertionError("FunctionalPCPManager imported on vLLM 0.31.0")
+print("refused")
+"""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PCP_FN_PCP_MANAGER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-3000:]
