@@ -1,8 +1,10 @@
 """Adapters that put ``pcp_fn`` behind a serving engine's own interfaces.
 
-- :mod:`pcp_fn.adapters.vllm`: ``FunctionalPCPManager``, a drop-in for vLLM
-  0.32.0's model-runner-V2 ``PCPManager``, and the ``vllm.general_plugins``
-  entry point ``register``. Importing it imports vLLM.
+- :mod:`pcp_fn.adapters.vllm`: ``FunctionalPCPManager``, a drop-in for the
+  model-runner-V2 ``PCPManager`` of vLLM 0.32, 0.33 and 0.34, and the
+  ``vllm.general_plugins`` entry point ``register``. Importing it imports vLLM.
+- :mod:`pcp_fn.adapters.vllm_contract`: what differs between those releases
+  (detected from the installed vLLM) and the supported set; imports no vLLM.
 - :mod:`pcp_fn.adapters.vllm_manager`: the manager's class body, built over any
   base (vLLM's, or a test stand-in); imports no vLLM.
 - :mod:`pcp_fn.adapters.bookkeeping`: the only vLLM-adapter module that calls
