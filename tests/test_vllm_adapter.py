@@ -15,6 +15,7 @@ import inspect
 import subprocess
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from oracle_vllm import OracleManager
 from vllm_lockstep import Backend, Case, draft_inputs, make_global_batch, run_lockstep, scheduler_steps
 
 import pcp_fn
+from pcp_fn.adapters.vllm_contract import VLLM_0_32
 from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -46,10 +48,11 @@ def standin_manager(backend: str | None = None, check_host_syncs: bool = True) -
 StandinManager = standin_manager()
 
 
-def standin_backend(adapter_cls: type = StandinManager) -> Backend:
+def standin_backend(adapter_cls: type = StandinManager, contract: Any = VLLM_0_32) -> Backend:
+    """The stand-in lockstep: ``adapter_cls`` against the oracle, in ``contract``'s call order."""
     oracle = lambda **kw: OracleManager(STANDIN_API, **kw)  # noqa: E731
     return Backend(
-        name="standin",
+        name=f"standin-{contract.name}",
         api=STANDIN_API,
         block_tables_cls=standin.BlockTables,
         make_reference=oracle,
@@ -57,6 +60,7 @@ def standin_backend(adapter_cls: type = StandinManager) -> Backend:
         make_oracle=oracle,
         reference_takes_full_mixed=True,
         group=standin.PCP_GROUP,
+        contract=contract,
     )
 
 

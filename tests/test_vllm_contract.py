@@ -11,9 +11,8 @@ import numpy as np
 import pytest
 import torch
 import vllm_standin as standin
-from oracle_vllm import OracleManager
-from test_vllm_adapter import STANDIN_API, _check_summary
-from vllm_lockstep import Backend, Case, run_lockstep
+from test_vllm_adapter import _check_summary, standin_backend
+from vllm_lockstep import Case, run_lockstep
 
 from pcp_fn.adapters import vllm_contract as vc
 from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
@@ -112,19 +111,7 @@ def _late_manager(base: type = _Base033, backend: str | None = None) -> type:
 @pytest.mark.parametrize("backend", [None, "eager"])
 def test_late_block_tables_and_moe_mask_in_lockstep_with_the_oracle(moe, backend):
     adapter = _late_manager(backend=backend)
-    oracle = lambda **kw: OracleManager(STANDIN_API, **kw)  # noqa: E731
-    contract = adapter.vllm_api.contract
-    backend_ = Backend(
-        name="standin-0.33",
-        api=STANDIN_API,
-        block_tables_cls=standin.BlockTables,
-        make_reference=oracle,
-        make_adapter=lambda **kw: adapter(**kw),
-        make_oracle=oracle,
-        reference_takes_full_mixed=True,
-        group=standin.PCP_GROUP,
-        contract=contract,
-    )
+    backend_ = standin_backend(adapter, adapter.vllm_api.contract)
     case = Case(P=3, shard=True, spec=1, moe=moe, seed=5, max_steps=14 if backend else 30)
     summary = run_lockstep(backend_, case)
     if backend is None:
@@ -171,3 +158,39 @@ def test_moe_flag_refused_by_a_032_contract():
         make_functional_manager(VllmApi(**standin.vllm_api_fields()))(
             2, 0, "cpu", True, 4, 32, None, moe_gathers_tokens=True
         )
+
+
+def test_set_block_tables_follows_their_cp_interleave():
+    """vLLM 0.33+ takes ``cp_interleave`` from the block tables attached later: a different one
+    rebuilds the bookkeeping, and the steps equal a manager built with it from the start."""
+    adapter = _late_manager()
+    kw = dict(pcp_world_size=2, pcp_rank=1, device="cpu", shard_decode_requests=False)
+    kw.update(max_num_reqs=4, max_num_tokens=32, dcp_world_size=2, dcp_rank=1)
+    bt = standin.BlockTables([4], 4, 32, [8], torch.device("cpu"), cp_size=2, cp_rank=1, cp_interleave=2)
+    late = adapter(**kw, cp_interleave=1)
+    late.set_block_tables(bt)
+    assert late.cp_interleave == 2
+    direct = adapter(**kw, cp_interleave=2)
+    direct.set_block_tables(bt)
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    sched = np.array([1, 9], np.int32)
+    g = standin.InputBatch.make_dummy(2, 10, late.input_buffers)
+    g = dataclasses.replace(
+        g,
+        num_scheduled_tokens=sched,
+        num_computed_tokens_np=np.array([13, 0], np.int32),
+        prefill_len_np=np.array([5, 9], np.int32),
+        is_prefilling_np=np.array([False, True]),
+        idx_mapping_np=np.arange(2, dtype=np.int64),
+        num_tokens=10,
+    )
+    desc = Desc(
+        cg_mode=Mode.NONE,
+        num_tokens=late.get_num_tokens_for_dispatch(sched, g.is_prefilling_np),
+        num_reqs=None,
+    )
+    a, b = late.partition_batch(g, desc), direct.partition_batch(g, desc)
+    for f in ("num_tokens", "num_reqs", "dcp_local_seq_lens_cpu_upper_bound", "seq_lens", "positions"):
+        x, y = getattr(a, f), getattr(b, f)
+        assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f
+    assert torch.equal(late.prepare_attn(a)[1], direct.prepare_attn(b)[1])

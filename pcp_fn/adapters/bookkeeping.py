@@ -323,12 +323,8 @@ class Bookkeeping:
         )
         self.device = device
         self.out = out
-        if out.global_slot_mappings.shape[-1] != max_num_tokens + 1:
-            raise ValueError(
-                f"out.global_slot_mappings must be [K, max_num_tokens + 1] = [K, {max_num_tokens + 1}] "
-                f"(its last column is the pad column), got {tuple(out.global_slot_mappings.shape)}"
-            )
-        out.global_slot_mappings[:, max_num_tokens] = pad_slot_id  # (no kernel writes it)
+        self._plans: dict[tuple[int, int, int], StepPlan] = {}
+        self.set_slot_mappings(out.global_slot_mappings, out.gathered_slot_mappings)
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)
@@ -350,7 +346,6 @@ class Bookkeeping:
         self._num_tokens = torch.zeros((), dtype=torch.int64, device=device)
         self._graphs: dict[Bucket, _BucketGraph] = {}
         self._views: dict[int, mrv2.MRV2State] = {}
-        self._plans: dict[tuple[int, int, int], StepPlan] = {}
         self._plan: StepPlan | None = None
         # views reused across steps, keyed by their size (a step's slice would cost a torch op)
         self._id_views: dict[int, torch.Tensor] = {}
@@ -605,16 +600,16 @@ class Bookkeeping:
     def set_slot_mappings(
         self, global_slot_mappings: torch.Tensor, gathered_slot_mappings: torch.Tensor
     ) -> None:
-        """New persistent slot-mapping buffers (``[K, T + 1]`` and ``[K, P*T]``: a manager's block
-        tables attached after construction). The graphs never read them; the plans' views of
-        the old ones are dropped, so the next step plans again."""
+        """The persistent slot-mapping buffers (``[K, T + 1]`` and ``[K, P*T]``; at construction,
+        and again when a manager's block tables are attached later). The graphs never read
+        them; the plans' views of the old ones are dropped, so the next step plans again."""
         T = self.config.max_num_tokens
         if global_slot_mappings.shape[-1] != T + 1:
             raise ValueError(
-                f"global_slot_mappings must be [K, max_num_tokens + 1] = [K, {T + 1}], "
-                f"got {tuple(global_slot_mappings.shape)}"
+                f"out.global_slot_mappings must be [K, max_num_tokens + 1] = [K, {T + 1}] "
+                f"(its last column is the pad column), got {tuple(global_slot_mappings.shape)}"
             )
-        global_slot_mappings[:, T] = self.config.pad_slot_id
+        global_slot_mappings[:, T] = self.config.pad_slot_id  # (no kernel writes it)
         self.out = self.out._replace(
             global_slot_mappings=global_slot_mappings, gathered_slot_mappings=gathered_slot_mappings
         )

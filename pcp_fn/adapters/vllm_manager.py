@@ -266,16 +266,18 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_allocate_block_tables(block_tables)
             self._fn_build_bookkeeping()
 
-        def _fn_host_layout(self) -> HostLayout:
-            """The host twin (serves get_num_tokens_for_dispatch with or without capacities)."""
-            return HostLayout(
-                self.pcp_world_size,
-                self.pcp_rank,
+        def _fn_layout_rules(self) -> dict[str, Any]:
+            """The layout's keyword arguments (the host twin's and the bookkeeping's)."""
+            return dict(
                 shard_decode_requests=bool(self.shard_decode_requests),
                 dcp_size=self.dcp_world_size,
                 dcp_rank=self.dcp_rank,
                 cp_interleave=self.cp_interleave,
             )
+
+        def _fn_host_layout(self) -> HostLayout:
+            """The host twin (serves get_num_tokens_for_dispatch with or without capacities)."""
+            return HostLayout(self.pcp_world_size, self.pcp_rank, **self._fn_layout_rules())
 
         def _fn_allocate_block_tables(self, block_tables: Any) -> None:
             """The local block tables ``[2R, width]`` per KV-cache group and the slot-mapping
@@ -329,10 +331,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self.pcp_rank,
                 self.max_num_reqs,
                 self.max_num_tokens,
-                shard_decode_requests=bool(self.shard_decode_requests),
-                dcp_size=self.dcp_world_size,
-                dcp_rank=self.dcp_rank,
-                cp_interleave=self.cp_interleave,
+                **self._fn_layout_rules(),
                 pad_slot_id=api.PAD_SLOT_ID,
                 device=dev,
                 out=out,
