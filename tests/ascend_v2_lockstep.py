@@ -16,7 +16,11 @@ sizes; eager, sometimes padded further as data parallelism does), then
 ``restore_hidden_states`` (also off the last pipeline stage), the draft
 prefill and its restores, ``broadcast_replicated_hidden_states`` and, between
 steps, dummy runs (``prepare_dummy_attn``, ``build_attention_context`` of the
-dummy, ``prepare_inputs_to_capture``). The restored rows are also checked
+dummy, ``prepare_inputs_to_capture``). On a vLLM 0.33+ base (the backend's
+``contract``) both managers are built without block tables and get them through
+``set_block_tables``, the drafts go through the two-argument
+``get_draft_input_buffers`` (its MoE mask compared too) and the capture staging
+through ``prepare_inputs_for_capture_or_profile``. The restored rows are also checked
 against the global batch itself. ``compare_validate_config`` runs both
 ``validate_config`` over a grid of configs.
 """
@@ -37,9 +41,13 @@ from vllm_lockstep import (
     MAX_BLOCKS,
     Case,
     assert_same,
+    draft_inputs,
     make_global_batch,
     runner_steps,
+    stage_capture,
 )
+
+from pcp_fn.adapters.vllm_contract import VLLM_0_32
 
 #: Where the adapter may differ from vllm-ascend's manager, and how the driver maps it.
 DEVIATIONS = {
@@ -110,6 +118,8 @@ class AscendBackend:
     make_adapter: Callable[..., Any]
     group: PrefixGroup
     pp: PPGroup
+    # the vLLM contract of the base both managers follow (pcp_fn.adapters.vllm_contract)
+    contract: Any = VLLM_0_32
 
 
 @dataclasses.dataclass
@@ -315,6 +325,7 @@ def run_ascend_lockstep(
     config = vllm_config(getattr(Mode, graphs))
     rng = np.random.default_rng(case.seed + 7)
     P = case.P
+    late = backend.contract.moe_mask  # vLLM 0.33+'s construction order
     tables, refs, ads = [], [], []
     for q in range(P):
         bt = backend.block_tables_cls(
@@ -329,13 +340,15 @@ def run_ascend_lockstep(
             req_states=None,
             max_num_reqs=case.R,
             max_num_tokens=case.T,
-            block_tables=bt,
+            block_tables=None if late else bt,
             dcp_world_size=case.dcp,
             dcp_rank=q % case.dcp,
             cp_interleave=case.interleave,
         )
         for make, out in ((backend.make_reference, refs), (backend.make_adapter, ads)):
             m = make(**kw)
+            if late:  # vLLM 0.33+: the runner attaches them after KV-cache init
+                m.set_block_tables(bt)
             m.vllm_config = config
             out.append(m)
         for attr in ("pcp_world_size", "pcp_rank", "dcp_world_size", "dcp_rank", "cp_interleave"):
@@ -446,12 +459,14 @@ def run_ascend_lockstep(
             if i % 2 == 1:  # a draft prefill on the drafter's ids
                 summary.drafts += 1
                 draft_ids = g.input_ids + 1000
-                sentinel = object()
+                # the speculator's own buffers (what a draft run gets when no prefill is prepared)
+                sentinel = SimpleNamespace(is_padding=torch.zeros(case.T, dtype=torch.bool))
+                k = g.num_tokens_after_padding
                 for q in range(P):
                     refs[q].prepare_draft_prefill(g, draft_ids)
                     ads[q].prepare_draft_prefill(g, draft_ids)
-                    r_buf = refs[q].get_draft_input_buffers(sentinel)
-                    a_buf = ads[q].get_draft_input_buffers(sentinel)
+                    r_buf = draft_inputs(refs[q], sentinel, k)
+                    a_buf = draft_inputs(ads[q], sentinel, k, refs[q])
                     assert a_buf is ads[q].draft_prefill_batch and r_buf is refs[q].draft_prefill_batch
                     cmp.batch(f"step {i} rank {q} draft", r_buf, a_buf)
                 draft_last = [
@@ -468,7 +483,7 @@ def run_ascend_lockstep(
                     assert (a_same[0] is a_same[1]) == (r_same[0] is r_same[1])
                     cmp.same(f"step {i} rank {q} draft restore", r_same, a_same)
                     for m in (refs[q], ads[q]):
-                        assert m.get_draft_input_buffers(sentinel) is sentinel
+                        assert draft_inputs(m, sentinel, k) is sentinel
                         m.prepare_draft_prefill(g, draft_ids)
                     r_two = refs[q].restore_draft_prefill(h, draft_hidden[q])
                     a_two = ads[q].restore_draft_prefill(h, draft_hidden[q])
@@ -521,8 +536,8 @@ def run_ascend_lockstep(
                 r_ctx = refs[q].build_attention_context(dummy, r_bt, r_sl)
                 a_ctx = ads[q].build_attention_context(dummy, a_bt, a_sl)
                 cmp.context(f"step {i} rank {q} dummy attention context", r_ctx, a_ctx, dummy)
-                r_cap = refs[q].prepare_inputs_to_capture(dummy)
-                a_cap = ads[q].prepare_inputs_to_capture(dummy)
+                r_cap = stage_capture(refs[q], dummy)
+                a_cap = stage_capture(ads[q], dummy)
                 cmp.batch(f"step {i} rank {q} capture batch", r_cap, a_cap)
     return summary
 

@@ -14,7 +14,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # Tests of the real vLLM (CI's second stage runs `pytest -m vllm` in the venv of
 # tools/make_vllm_venv.sh): whole modules, and every test using the real-vLLM fixture.
 VLLM_MODULES = ("test_vllm_engine", "test_vllm_upstream")
-VLLM_FIXTURES = ("vllm_backend",)
+VLLM_FIXTURES = ("vllm_backend", "vllm_ascend_backend")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -25,6 +25,7 @@ from oracle_vllm import OracleManager
 from vllm_lockstep import Case
 
 from pcp_fn.adapters.vllm_ascend import AscendApi, PCPAttentionContext, make_functional_ascend_manager
+from pcp_fn.adapters.vllm_contract import detect
 from pcp_fn.adapters.vllm_manager import VllmApi
 
 Mode = standin.CUDAGraphMode
@@ -82,26 +83,27 @@ class AscendOracle(OracleManager):
 
     vllm_config = None
 
-    def __init__(self, req_states=None, **kw):
-        super().__init__(API, shard_decode_requests=False, **kw)
+    def __init__(self, req_states=None, api=API, **kw):
+        super().__init__(api, shard_decode_requests=False, **kw)
         self.pcp_world_size, self.pcp_rank = self.P, self.rank
-        self.dcp_world_size, self.dcp_rank, self.cp_interleave = (
-            self.dcp,
-            kw.get("dcp_rank", 0),
-            self.interleave,
-        )
-        dtype = kw["block_tables"].slot_mappings.dtype
-        self._slots = self._slots.to(dtype)
+        self.dcp_world_size, self.dcp_rank = self.dcp, kw.get("dcp_rank", 0)
         self.input_buffers = standin.AscendInputBuffers(2 * self.R, self.T, self.device)
         self.input_buffers.query_start_loc = self.input_buffers.query_start_loc[:-1]
         self.restore_idx: list[int] = []
         self.Lp = 0
+
+    def set_block_tables(self, block_tables):
+        super().set_block_tables(block_tables)
+        self.cp_interleave = self.interleave
+        if block_tables is not None:  # slot mappings in the block tables' dtype
+            self._slots = self._slots.to(block_tables.slot_mappings.dtype)
 
     @property
     def is_last_pp_rank(self):
         return PP.is_last_rank
 
     def partition_batch(self, g, padded_num_tokens=None, padded_num_reqs=None):
+        Mode = self.api.CUDAGraphMode  # the stand-in's, or the installed vLLM's
         pf = [bool(x) for x in g.is_prefilling_np]
         decode_only, spec = not any(pf), g.num_draft_tokens > 0
         if spec and any(int(d) for d, p in zip(g.num_draft_tokens_per_req, pf) if p):
@@ -289,6 +291,120 @@ def test_lockstep_against_oracle(case, graphs):
         "context.hidden_restore_idx",
     }
     assert fields <= s.fields
+
+
+def release_backend(release: str) -> AscendBackend:
+    """The lockstep over vLLM ``release``'s base (its stand-in names: ``vllm_standin.release``):
+    the drop-in built on ``FunctionalPCPManager`` for that release's contract, the oracle with
+    that release's per-step metadata, driven in that release's call order."""
+    base, module = standin.release(release)
+    contract = detect(base, module)
+    assert contract.name == release
+    fields = standin.vllm_api_fields(PCPManager=base, get_pcp_group=lambda: GROUP, contract=contract)
+    cls = make_functional_ascend_manager(
+        VllmApi(**fields),
+        AscendApi(
+            AscendInputBuffers=standin.AscendInputBuffers,
+            build_attn_state=build_attn_state,
+            get_pp_group=lambda: PP,
+        ),
+    )
+    adapter = type("ReleaseAscendManager", (cls,), {"graph_backend": None, "check_host_syncs": True})
+    api = SimpleNamespace(**vars(API), PCPBatchMetadata=getattr(module, "PCPBatchMetadata", None))
+    return dataclasses.replace(
+        ascend_backend(),
+        name=f"ascend-oracle-{release}",
+        make_reference=lambda **kw: AscendOracle(api=api, **kw),
+        make_adapter=lambda **kw: adapter(**kw),
+        contract=contract,
+    )
+
+
+@pytest.mark.parametrize("release", ["0.33-dev", "0.33", "0.34"])
+@pytest.mark.parametrize(
+    "case,graphs", [CASES[1], CASES[4], CASES[6]], ids=lambda x: x if isinstance(x, str) else f"P{x.P}"
+)
+def test_lockstep_on_every_supported_vllm_base(release, case, graphs):
+    """The V2 drop-in keeps its checks on vLLM 0.33 and 0.34 bases: built without block tables
+    and given them by ``set_block_tables``, the two-argument draft buffers, the renamed capture
+    staging, and (0.33, 0.34) the local batch's ``pcp`` metadata, all equal to the oracle's."""
+    backend = release_backend(release)
+    s = run_ascend_lockstep(backend, dataclasses.replace(case, max_steps=16), graphs)
+    assert s.steps >= 10 and s.mixed and s.decode_only and s.dummies and s.drafts
+    if backend.contract.batch_metadata is not None:
+        assert "pcp" in s.fields
+
+
+@pytest.fixture
+def vllm_ascend_backend():
+    """The lockstep over the installed vLLM's real ``PCPManager`` (0.32, 0.33 or 0.34, its
+    contract detected like the package does), vllm-ascend's names from the stand-in (vllm-ascend
+    has no CPU build): the V2 drop-in on every base a user can have under it."""
+    pytest.importorskip("vllm")
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.worker.gpu import pcp_manager as vllm_pcp
+    from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    @dataclasses.dataclass
+    class RealAscendInputBatch(InputBatch):  # vllm-ascend's fields over the installed vLLM's
+        seq_lens_np: np.ndarray | None = None
+        attn_state: object = None
+        is_dummy: bool = False
+
+    class RealAscendInputBuffers(InputBuffers):
+        def __init__(self, max_num_reqs, max_num_tokens, device):
+            super().__init__(max_num_reqs, max_num_tokens, device)
+            self.query_start_loc = torch.zeros(max_num_reqs + 2, dtype=torch.int32, device=device)
+            self.seq_lens_cpu = torch.zeros(max_num_reqs, dtype=torch.int32)
+            self.seq_lens_np = self.seq_lens_cpu.numpy()
+
+    contract = detect(vllm_pcp.PCPManager, vllm_pcp)
+    api = SimpleNamespace(
+        InputBatch=RealAscendInputBatch,
+        InputBuffers=RealAscendInputBuffers,
+        CUDAGraphMode=CUDAGraphMode,
+        BatchExecutionDescriptor=BatchExecutionDescriptor,
+        PAD_SLOT_ID=vllm_pcp.PAD_SLOT_ID,
+        get_pcp_group=lambda: GROUP,
+        PCPBatchMetadata=getattr(vllm_pcp, "PCPBatchMetadata", None),  # vLLM 0.33+
+    )
+    cls = make_functional_ascend_manager(
+        VllmApi(
+            PCPManager=vllm_pcp.PCPManager,
+            InputBuffers=InputBuffers,
+            CUDAGraphMode=CUDAGraphMode,
+            PAD_SLOT_ID=vllm_pcp.PAD_SLOT_ID,
+            get_pcp_group=lambda: GROUP,
+            contract=contract,
+        ),
+        AscendApi(
+            AscendInputBuffers=RealAscendInputBuffers,
+            build_attn_state=build_attn_state,
+            get_pp_group=lambda: PP,
+        ),
+    )
+    assert issubclass(cls, vllm_pcp.PCPManager)
+    adapter = type("RealBaseAscendManager", (cls,), {"graph_backend": None, "check_host_syncs": True})
+    return AscendBackend(
+        name=f"ascend-oracle-vllm-{contract.name}",
+        api=api,
+        block_tables_cls=standin.AscendBlockTables,  # vLLM's are Triton kernels: no CPU backend
+        make_reference=lambda **kw: AscendOracle(api=api, **kw),
+        make_adapter=lambda **kw: adapter(**kw),
+        group=GROUP,
+        pp=PP,
+        contract=contract,
+    )
+
+
+@pytest.mark.parametrize(
+    "case,graphs", [CASES[1], CASES[4], CASES[7]], ids=lambda x: x if isinstance(x, str) else f"P{x.P}"
+)
+def test_lockstep_over_the_installed_vllm(vllm_ascend_backend, case, graphs):
+    s = run_ascend_lockstep(vllm_ascend_backend, dataclasses.replace(case, max_steps=16), graphs)
+    assert s.steps >= 10 and s.mixed and s.decode_only and s.dummies and s.drafts
+    print(f"\n{vllm_ascend_backend.name} {s.configs[0]}: {s.steps} steps, {len(s.fields)} fields equal")
 
 
 def _manager(P=2, rank=0, R=4, T=16, mode=Mode.FULL_DECODE_ONLY, cls=StandinAscendManager):

@@ -39,42 +39,8 @@ def test_version_series_and_policy(version, series):
         assert version in reason and all(f"{s}.x" in reason for s in vc.SUPPORTED_SERIES)
 
 
-class _Base032:
-    def __init__(
-        self,
-        pcp_world_size,
-        pcp_rank,
-        device,
-        shard_decode_requests,
-        max_num_reqs=None,
-        max_num_tokens=None,
-        block_tables=None,
-        dcp_world_size=1,
-        dcp_rank=0,
-        cp_interleave=1,
-    ):
-        pass
-
-
-class _Base033(_Base032):
-    def __init__(self, *args, moe_gathers_tokens: bool = False, **kwargs):
-        self.set_block_tables(None)
-
-    def set_block_tables(self, block_tables):
-        self._block_tables = block_tables
-
-
-class _Base034(_Base033):
-    def sync_drafts(self, draft_tokens, idx_mapping, draft_logits):
-        pass
-
-
-@dataclasses.dataclass(frozen=True)
-class _Metadata:
-    global_num_tokens: int
-    global_query_lens_np: np.ndarray
-    global_seq_lens_cpu_upper_bound_np: np.ndarray
-    dcp_local_seq_lens_cpu_upper_bound: torch.Tensor | None = None
+_Base032, _Base033, _Base034 = standin.PCPManager, standin.PCPManager033, standin.PCPManager034
+_Metadata = standin.PCPBatchMetadata
 
 
 def test_detect_reads_what_the_release_provides():

@@ -15,13 +15,17 @@ It is NOT vLLM and holds none of vLLM's PCP logic. It mirrors only the
   process plays every rank).
 - ``PCPManager``: an empty base class (its constructor takes vLLM's arguments
   and keeps nothing) whose ``validate_config`` only records what it was asked
-  (a spy); the adapter reimplements every method.
+  (a spy); the adapter reimplements every method. ``PCPManager033`` /
+  ``PCPManager034`` and ``PCPBatchMetadata`` are the names vLLM 0.33 and 0.34
+  add (``set_block_tables``, ``moe_gathers_tokens``, ``sync_drafts``, the
+  per-step metadata class; no logic): :func:`release` gives each release's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 from typing import Any
 
 import numpy as np
@@ -111,6 +115,7 @@ class InputBatch:
     fast_prefill: Any = None
     dcp_local_seq_lens_cpu_upper_bound: torch.Tensor | None = None
     prefill_runs_as_decode_np: np.ndarray | None = None
+    pcp: Any = None  # vLLM 0.33+: PCPBatchMetadata
 
     @classmethod
     def make_dummy(
@@ -334,6 +339,53 @@ class PCPManager:
     @staticmethod
     def validate_config(vllm_config: Any, supports_mm_inputs: bool) -> None:
         PCPManager.validated.append((vllm_config, supports_mm_inputs))
+
+
+class PCPManager033(PCPManager):
+    """vLLM 0.33's constructor: ``moe_gathers_tokens``, and the block tables attached through
+    ``set_block_tables`` (which vLLM's constructor calls too)."""
+
+    def __init__(self, *args: Any, moe_gathers_tokens: bool = False, **kwargs: Any) -> None:
+        self.set_block_tables(None)
+
+    def set_block_tables(self, block_tables: Any) -> None:
+        self._block_tables = block_tables
+
+
+class PCPManager034(PCPManager033):
+    """vLLM 0.34 adds ``sync_drafts`` (a broadcast of rank 0's drafts; nothing to broadcast here)."""
+
+    def sync_drafts(self, draft_tokens: Any, idx_mapping: Any, draft_logits: Any) -> None:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class PCPBatchMetadata:
+    """``vllm.v1.worker.gpu.pcp_manager.PCPBatchMetadata`` (vLLM 0.33+), its fields."""
+
+    global_num_tokens: int
+    global_query_lens_np: np.ndarray
+    global_seq_lens_cpu_upper_bound_np: np.ndarray
+    dcp_local_seq_lens_cpu_upper_bound: torch.Tensor | None = None
+
+
+#: release -> (its PCPManager stand-in, whether its module has PCPBatchMetadata)
+_RELEASES = {
+    "0.32": (PCPManager, False),
+    "0.33-dev": (PCPManager033, False),
+    "0.33": (PCPManager033, True),
+    "0.34": (PCPManager034, True),
+}
+
+
+def release(name: str) -> tuple[type, Any]:
+    """The stand-in ``PCPManager`` class and ``pcp_manager`` module (its names only) of vLLM release
+    ``name`` (``"0.32"``, ``"0.33-dev"``, ``"0.33"``, ``"0.34"``), for ``vllm_contract.detect``."""
+    cls, has_metadata = _RELEASES[name]
+    module = types.SimpleNamespace(PCPManager=cls)
+    if has_metadata:
+        module.PCPBatchMetadata = PCPBatchMetadata
+    return cls, module
 
 
 # ------------------------------------------------------------------ vllm-ascend main (model runner V2)
