@@ -214,26 +214,25 @@ def graph_replayed(manager: Any) -> Any:
     replay costs the host besides the launch: nothing for a graph that reads its persistent
     staging inputs in place (``_ops.IN_PLACE``: the step and the slot mappings), else the copies
     of its staging inputs into the graph's static buffers (the MTP mask; ``pcp_fn.graph.capture``
-    on CUDA/NPU). The first call of each function and
+    on CUDA/NPU). Replaces the graphs' ``runtime.invoke``. The first call of each function and
     bucket runs it (writing the persistent buffers the later ones leave as they are); call
     ``manager.new_batch()`` before another batch, so that its first calls run too. (Steps of
     other counts at the same bucket then read the outputs of the last real run: their host
     work costs the same.)"""
-    from pcp_fn.adapters.vllm_ascend._ops import IN_PLACE
+    from pcp_fn.adapters.runtime import GraphCall
 
-    graphs = manager._graphs
-    run, statics = graphs.run, {}
+    runtime = manager._graphs.runtime
+    invoke, statics = runtime.invoke, {}
 
-    def replay(key: tuple, bound: Callable[[], Any]) -> None:
-        src = list(key[0].staged[key[1:]])
-        dst = statics.get(key)
+    def replay(call: GraphCall, bound: Callable[[], Any]) -> None:
+        dst = statics.get(call)
         if dst is None:
-            statics[key] = [x.clone() for x in src]
-            run(key, bound)
-        elif key[1] not in IN_PLACE:
-            torch._foreach_copy_(dst, src)
+            statics[call] = [x.clone() for x in call.staged]
+            invoke(call, bound)
+        elif not call.in_place:
+            torch._foreach_copy_(dst, list(call.staged))
 
-    graphs.run = replay
+    runtime.invoke = replay
     manager.new_batch = statics.clear
     return manager
 

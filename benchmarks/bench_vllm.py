@@ -124,12 +124,11 @@ def graph_replayed(manager: Any, step: Any) -> Any:
     buffers the replays would. What is left is the host path (numpy twin, staging, host fields,
     the local ``InputBatch``, slot mappings, restores)."""
     step(manager)
-    for g in manager._fn_pcp._graphs.values():
-        g.replay = _no_replay
+    manager._fn_pcp.runtime.invoke = _no_replay
     return manager
 
 
-def _no_replay() -> None:
+def _no_replay(call: Any, bound: Any) -> None:
     return None
 
 
@@ -137,11 +136,10 @@ PHASES: dict[str, list[int]] = {}
 
 
 def new_schedule_step(manager: Any, step: Any) -> None:
-    """``step(manager)`` as if its schedule were new: the shape and segment memos (``_fn_shapes``,
-    ``_fn_segment_memo``) emptied first, so the host twin, the plan lookup and the shape's host
-    fields run again."""
-    manager._fn_shapes.clear()
-    manager._fn_segment_memo.clear()
+    """``step(manager)`` as if its schedule were new: the schedule cache's ``shapes`` and
+    ``segments`` tables emptied first, so the host twin, the plan lookup and the shape's host
+    fields run again (the views of the buffers by size stay: a new schedule of known sizes)."""
+    manager.schedule_cache.forget("shapes", "segments")
     step(manager)
 
 

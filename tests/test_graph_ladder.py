@@ -130,7 +130,8 @@ def test_every_graph_made_at_construction_none_at_a_step():
 def test_a_step_without_a_prepared_graph_runs_eagerly_counted_and_logged(caplog):
     counters.clear()
     m = manager_cls("eager")(**KW)
-    m._fn_pcp._graphs.clear()  # as if this bucket had never been prepared
+    for call in m._fn_pcp.runtime.calls:  # as if no bucket had been prepared
+        call.bound = None
     with caplog.at_level(logging.WARNING, logger="pcp_fn.adapters"):
         steps = _drive(m, steps=6)
     assert counters["stats"]["unique_graphs"] == 3  # the construction's, nothing more

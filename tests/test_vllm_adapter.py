@@ -190,7 +190,7 @@ def test_bad_input_is_a_value_error_naming_the_field(sched, desc, match):
         m.partition_batch(g, d)
 
 
-def test_a_repeated_schedule_reuses_its_shape_and_gives_a_fresh_managers_batch():
+def test_a_repeated_schedule_reuses_its_shape_and_gives_a_fresh_managers_batch(monkeypatch):
     """The shape memo: steps with the same schedule (and descriptor) reuse one _Shape, and each
     step's local batch still equals the one a fresh manager builds (its own computed tokens,
     prefill lengths and requests), with no host array shared with the last step's batch."""
@@ -203,6 +203,7 @@ def test_a_repeated_schedule_reuses_its_shape_and_gives_a_fresh_managers_batch()
         ([1, 1, 8], [2, 2, 0], [1, 1, 8]),
     ]
     last = None
+    twin = _count_twin(monkeypatch)
     for sched, computed, prompt in steps:
         g = _batch(sched, computed, prompt, Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
         ours = m.partition_batch(g, d)
@@ -217,7 +218,27 @@ def test_a_repeated_schedule_reuses_its_shape_and_gives_a_fresh_managers_batch()
             else:
                 assert mine == value, name
         last = ours
-    assert len(m._fn_shapes) == 1
+    # the host twin ran for the first step's schedule only (each fresh manager ran it once)
+    assert twin.calls == 1 + len(steps)
+    assert m.schedule_cache.made["shapes"] == 1
+
+
+class _TwinCounter:
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _count_twin(monkeypatch) -> _TwinCounter:
+    """A counting spy on the host twin (``pcp_fn.mrv2.host.local_segments``)."""
+    from pcp_fn.mrv2 import host
+
+    spy = _TwinCounter(host.local_segments)
+    monkeypatch.setattr(host, "local_segments", spy)
+    return spy
 
 
 def test_equal_descriptors_share_a_shape_and_a_changed_field_does_not():
@@ -228,11 +249,12 @@ def test_equal_descriptors_share_a_shape_and_a_changed_field_does_not():
     g = _batch([1, 1, 8], [5, 9, 0], [3, 4, 8], Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
     for d in (Desc(Mode.PIECEWISE, 8, None), Desc(Mode.PIECEWISE, 8, None), Desc(Mode.PIECEWISE, 8, None)):
         assert m.partition_batch(g, d).num_tokens_after_padding == 8
-    assert len(m._fn_shapes) == 1
+    assert m.schedule_cache.made["shapes"] == 1
     assert m.partition_batch(g, Desc(Mode.PIECEWISE, 16, None)).num_tokens_after_padding == 16
     # NONE pads to the widest rank: two decodes and two of the prefill's four 2-token chunks
     assert m.partition_batch(g, Desc(Mode.NONE, 8, None)).num_tokens_after_padding == 6
-    assert len(m._fn_shapes) == 3
+    assert m.schedule_cache.made["shapes"] == 3
+    assert m.schedule_cache.made["segments"] == 1  # one schedule: the twin ran once
 
 
 def test_gathered_slot_mappings_are_one_gather_through_the_pad_column():

@@ -611,31 +611,31 @@ def test_step_and_slot_graphs_read_their_persistent_staging_in_place(monkeypatch
         made.append((args, persistent_inputs))
         return real(fn, *args, backend=None)  # plain calls: the CPU has no device graph
 
-    monkeypatch.setattr(_ops.pcp_graph, "capture", recording)
+    monkeypatch.setattr(pcp_fn.graph, "capture", recording)  # what the graph runtime makes
     cfg = SimConfig("in place", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
     m, rc = _manager(cfg, 0, 0, capture=True, compile_backend="inductor", token_buckets=(8,))
     graphs = m._graphs
     kinds = set()
     for rung in graphs.rungs:
-        for (kind, _variant), staged in rung.staged.items():
+        for (kind, _variant), call in rung.calls.items():
             kinds.add(kind)
+            assert call.in_place == (kind in _ops.IN_PLACE)
             if kind == "step":
-                assert staged == (graphs.packed,)
+                assert call.staged == (graphs.packed,)
             elif kind == "slots":  # a view of the slot staging, made once per rung
-                assert staged[0].data_ptr() == graphs._slots_in.data_ptr()
+                assert call.staged[0].data_ptr() == graphs._slots_in.data_ptr()
     assert kinds == {"step", "slots", "mask"} and _ops.IN_PLACE == {"step", "slots"}
     assert sum(p for _, p in made) == 2 * len(graphs.rungs) and len(made) == 3 * len(graphs.rungs)
     staged_at_capture = {id(a) for args, p in made if p for a in args}
     calls = []
-    run = graphs.run
+    invoke = graphs.runtime.invoke
 
-    def watching(key, bound):
-        rung, kind, variant = key
-        if kind in _ops.IN_PLACE:
-            calls.append(all(id(t) in staged_at_capture for t in rung.staged[kind, variant]))
-        run(key, bound)
+    def watching(call, bound):
+        if call.in_place:
+            calls.append(all(id(t) in staged_at_capture for t in call.staged))
+        invoke(call, bound)
 
-    graphs.run = watching
+    graphs.runtime.invoke = watching
     eager, re = _manager(cfg, 0, 0)
     for st in schedule(cfg, 5, seed=4):
         _same_step_and_dummies(cfg, st, rc, re)
@@ -674,7 +674,9 @@ def test_aoti_graphs_are_made_at_construction_and_cached_on_disk(tmp_path, monke
     first, _ = _manager(cfg, 0, 0, token_buckets=())  # one rung: two packages (step, slot mapping)
     assert first.graph_stats.prepared == 2 and first.graph_stats.loaded == 0
     packages = sorted(p for p in os.listdir(tmp_path) if p.endswith(".pt2"))
-    assert [p.split("_")[1] for p in packages] == ["slots", "step"]
+    graphs = first._graphs  # named by the config, the graph (kind and bucket), the device type
+    named = {os.path.basename(graphs.package_path(kind, graphs.ladder[0])) for kind in ("step", "slots")}
+    assert set(packages) == named and len(named) == 2 and all(p.startswith("dcs_") for p in packages)
     second, rs = _manager(cfg, 0, 0, token_buckets=())
     assert second.graph_stats.prepared == 2 and second.graph_stats.loaded == 2
     assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".pt2")) == packages

@@ -10,11 +10,13 @@ Per step:
    numpy on the scheduler's ``[R]`` arrays: every rank's counts and this rank's
    segments, for the bucket choice and the host fields.
 2. ``partition``: the per-request arrays and vLLM's padded local token count
-   ``Lp`` go to the device in one copy (packed ``[5R + 2]`` int32), the global
+   ``Lp`` go to the device in one copy (:data:`STEP`: ``pcp_fn.mrv2.REQUESTS``
+   and ``Lp``, int32), the global
    token ids and positions into persistent ``[T]`` buffers; then one graph per
-   bucket ``(Rb, Lb)`` (:func:`pcp_fn.graph.capture`, bound once to those
-   staging buffers with ``Captured.bind``: a CUDA/NPU graph, ``torch.compile``
-   or AOTInductor on the CPU, or plain calls with ``backend=None``) builds the
+   bucket ``(Rb, Lb)`` (:class:`pcp_fn.adapters.runtime.GraphRuntime`: made at
+   construction, bound once to those staging buffers: a CUDA/NPU graph,
+   ``torch.compile`` or AOTInductor on the CPU, or plain calls with
+   ``backend=None``) builds the
    :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
    :func:`pcp_fn.mrv2.partition_batch`, rewrites the gathered-row maps from the
    bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row ``q * Lb + l``
@@ -32,24 +34,25 @@ Per step:
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
-import logging
-import os
-import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from .. import graph, mrv2
+from .. import mrv2
 from ..core.buckets import Bucket
 from ..core.checks import INT32_MAX, check_sequence_ends, host_int_rows, host_ints
+from ..core.packing import PackedRequests
 from ..mrv2 import host
-from .backend import GraphStats, graph_ladder, package_name
+from .backend import GraphStats, graph_ladder
+from .runtime import GraphCall, GraphRuntime, Staging
+from .schedule_cache import ScheduleCache
 
-logger = logging.getLogger("pcp_fn.adapters")
+#: What a step stages: the global batch's per-request rows and request count
+#: (:data:`pcp_fn.mrv2.REQUESTS`), then vLLM's padded local token count ``Lp``.
+STEP: PackedRequests = mrv2.REQUESTS.with_scalars("Lp")
 
 
 class Destinations(NamedTuple):
@@ -86,23 +89,10 @@ class Destinations(NamedTuple):
     moe_is_padding: torch.Tensor
 
 
-class _BucketGraph:
-    """One bucket: its function ``fn`` (the state and persistent buffers bound), and ``replay``,
-    its graph (made by ``Bookkeeping.prepare``) or ``fn`` itself, bound to the staging buffers
-    at the bucket's ``F_b`` rows (``args``): a call replays it with no lookup."""
-
-    def __init__(self, bucket: Bucket, args: tuple[torch.Tensor, ...]) -> None:
-        self.bucket = bucket
-        self.args = args
-        self.fn: Any = None
-        self.replay: Any = None
-        self.fallback = False  # its steps run eagerly: no graph was prepared for it
-
-
 class StepPlan(NamedTuple):
     """Everything a step of given sizes reuses (made once per ``(Lp, Rpad, rows)``): the graph
-    bucket and its :class:`_BucketGraph`, the state the consumers read (the persistent layout
-    buffers at vLLM's ``Lp``), and the slot-mapping views.
+    bucket and its call (:class:`pcp_fn.adapters.runtime.GraphCall`), the state the consumers
+    read (the persistent layout buffers at vLLM's ``Lp``), and the slot-mapping views.
 
     ``Lp`` local tokens per rank after padding, ``Rpad`` local request rows after padding.
     """
@@ -110,7 +100,7 @@ class StepPlan(NamedTuple):
     Lp: int
     Rpad: int
     bucket: Bucket
-    graph: _BucketGraph
+    graph: GraphCall
     view: mrv2.MRV2State
     gathered_slots: torch.Tensor  # [K, P*Lp] view of the persistent gathered slot mappings
     slot_idx: torch.Tensor  # [P*Lp] view of the persistent slot_gather_idx
@@ -158,9 +148,8 @@ def _partition_step(
     AOTInductor, which needs every tensor as an argument and writes the buffers it is given):
     ``mrv2.partition_batch`` of the staged global batch, written into the persistent buffers.
 
-    ``packed [5R + 2]`` int32: num_scheduled, num_computed, prefill_len,
-    is_prefilling, idx_mapping (``[R]`` each, zero past the requests), then
-    num_reqs and vLLM's ``Lp``; ``input_ids [F_b]`` int32, ``positions [F_b]``
+    ``packed``: the :data:`STEP` layout (the global batch's per-request rows,
+    zero past the requests, num_reqs, vLLM's ``Lp``); ``input_ids [F_b]`` int32, ``positions [F_b]``
     int64. The bucket-shaped results go into the first rows of ``out`` (and
     ``layout_out``: per-rank and global token counts), inside the graph, so a
     replay leaves them there. It returns nothing: a graph with outputs would
@@ -168,10 +157,11 @@ def _partition_step(
     """
     cfg = state.config
     R, P, Rb, Lb = cfg.max_num_reqs, cfg.pcp_size, bucket.num_reqs, bucket.num_tokens
-    batch = mrv2.unpack_batch(cfg, bucket, packed, input_ids, positions)
+    batch = mrv2.unpack_batch(cfg, bucket, packed, input_ids, positions, layout=STEP)
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
-    gather, write, restore, padding = _to_vllm_rows(cfg, lay, Lb, packed[5 * R + 1].to(torch.int64))
+    Lp = packed[STEP.offset(R, "Lp")].to(torch.int64)
+    gather, write, restore, padding = _to_vllm_rows(cfg, lay, Lb, Lp)
     # the gathered slot mappings are then one gather: a row that must not write reads the pad column
     slot_idx = torch.where(write, gather, cfg.max_num_tokens)
     torch._foreach_copy_(
@@ -211,23 +201,11 @@ def _partition_step(
     )
 
 
-_NO_GUARD = contextlib.nullcontext()  # reusable
 # the vLLM InputBatch fields of Bookkeeping.partition's per-request arrays, in its staging order
 _FIELDS = tuple(
     f"input_batch.{name}"
     for name in ("num_scheduled_tokens", "num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
 )
-
-
-def _prefix(cache: dict[int, torch.Tensor], buffer: torch.Tensor, n: int) -> torch.Tensor:
-    """``buffer[:n]``, the view ``cache`` made the first time ``n`` was asked (a slice costs a
-    torch op; steady steps ask the same sizes). Bounded: a few sizes repeat in practice."""
-    view = cache.get(n)
-    if view is None:
-        if len(cache) > 1024:
-            cache.clear()
-        view = cache[n] = buffer[:n]
-    return view
 
 
 class HostLayout:
@@ -284,6 +262,8 @@ class Bookkeeping:
             bucket (:meth:`package_path`): a later start-up with the same
             config, torch and pcp_fn loads them instead of compiling. ``None``:
             packages in a new temporary directory, compiled every time.
+        cache: the manager's :class:`~pcp_fn.adapters.schedule_cache.ScheduleCache`
+            (its ``plans``, ``states`` and buffer-prefix tables; default a new one).
     """
 
     def __init__(
@@ -305,6 +285,7 @@ class Bookkeeping:
         token_buckets: Sequence[int] | None = None,
         prepare: bool = True,
         package_dir: str | None = None,
+        cache: ScheduleCache | None = None,
     ) -> None:
         self.ladder = graph_ladder(2 * max_num_reqs, max_num_tokens, token_buckets)
         self._rungs = tuple(b.num_tokens for b in self.ladder)
@@ -323,45 +304,61 @@ class Bookkeeping:
         )
         self.device = device
         self.out = out
-        self._plans: dict[tuple[int, int, int], StepPlan] = {}
+        self.cache = ScheduleCache() if cache is None else cache
+        self._plans = self.cache.table("plans")
+        self._views = self.cache.table("states")
+        # views of the staging and restore buffers by row count (a step's slice costs a torch op)
+        self._prefixes = {name: self.cache.table(name) for name in ("input_ids", "positions", "restore")}
+        self._id_views, self._position_views = self._prefixes["input_ids"], self._prefixes["positions"]
+        self._plan: StepPlan | None = None
         self.set_slot_mappings(out.global_slot_mappings, out.gathered_slot_mappings)
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)
         R, T = max_num_reqs, max_num_tokens
         # staging: what the captured graphs read (persistent, so each bucket's graph sees one address)
-        self._packed = torch.zeros(5 * R + 2, dtype=torch.int32, device=device)
-        # on the CPU the host writes the staging buffer itself; elsewhere through a fresh pinned
-        # buffer per step (the caching host allocator keeps it until the async copy has run)
-        self._host_packed = self._packed.numpy() if device.type == "cpu" else None
-        self._staged_reqs = 0  # requests of the last step staged in _host_packed (zero past them)
+        self._staging = Staging(STEP.size(R), device)
+        self._packed = self._staging.device_buffer
+        # the CPU's host buffer is the device buffer, the same every step: one packer for it
+        self._packer = STEP.packer(self._staging.host(), R) if self._staging.persistent else None
+        self._staged_reqs = 0  # requests of the last step in a persistent host buffer (zero past them)
+        self._checked_words = slice(STEP.offset(R, "num_computed"), STEP.offset(R, "num_reqs"))
         self._idx_checked = b""  # the bytes of the last wide idx_mapping checked (partition)
-        self._host_table = None if self._host_packed is None else self._host_packed[: 5 * R].reshape(5, R)
-        self._pin = device.type == "cuda"
         self._input_ids = torch.zeros(T, dtype=torch.int32, device=device)
         self._positions = torch.zeros(T, dtype=torch.int64, device=device)
         self._draft_ids = torch.zeros(T, dtype=torch.int32, device=device)
         # the layout the consumers read, at vLLM's sizes: persistent too
         self._per_rank = torch.zeros(pcp_size, dtype=torch.int64, device=device)
         self._num_tokens = torch.zeros((), dtype=torch.int64, device=device)
-        self._graphs: dict[Bucket, _BucketGraph] = {}
-        self._views: dict[int, mrv2.MRV2State] = {}
-        self._plan: StepPlan | None = None
-        # views reused across steps, keyed by their size (a step's slice would cost a torch op)
-        self._id_views: dict[int, torch.Tensor] = {}
-        self._position_views: dict[int, torch.Tensor] = {}
-        self._restore_views: dict[int, torch.Tensor] = {}
-        self.package_dir = package_dir
-        self.stats = GraphStats()
+        self.runtime = GraphRuntime(
+            backend,
+            device,
+            check_host_syncs=check_host_syncs,
+            package_dir=package_dir,
+            package_prefix="mrv2_partition",
+            package_key=(self.config,),
+        )
+        self.stats: GraphStats = self.runtime.stats
+        # one call per bucket: the partition, its results written into the persistent buffers
+        layout_out = (self._per_rank, self._num_tokens)
+        self._calls = {
+            bucket: self.runtime.add(
+                ("mrv2 partition", bucket),
+                functools.partial(_partition_step, bucket),
+                fixed=(self._state0, self.out, layout_out),
+                staged=(self._packed, *self._token_inputs(bucket)),
+                graph_key=bucket,
+                step=True,
+            )
+            for bucket in self.ladder
+        }
         if prepare:
             self.prepare()
 
     @property
     def num_graphs(self) -> int:
-        """Graphs captured so far (one per bucket; 0 with ``backend=None``)."""
-        if self.backend is None:
-            return 0
-        return sum(g.replay is not None and not g.fallback for g in self._graphs.values())
+        """Graphs made so far (one per bucket; 0 with ``backend=None``)."""
+        return self.runtime.num_graphs
 
     def prepare(self) -> GraphStats:
         """Capture or compile the graph of every bucket of the ladder now (start-up), so that
@@ -373,25 +370,40 @@ class Bookkeeping:
         """
         if self.backend is None:
             return self.stats
-        start = time.perf_counter()
         self._packed.zero_()  # the example every graph is made on: an empty batch
         self._staged_reqs = 0
-        with torch.inference_mode():  # the mode every step runs in (_run): no guard fails later
-            for bucket in self.ladder:
-                g = self._bucket_graph(bucket)
-                if g.replay is None or g.fallback:
-                    g.fallback = False
-                    self._make_graph(g)
-                    self.stats.prepared += 1
-        self.stats.prepare_seconds += time.perf_counter() - start
-        return self.stats
+        return self.runtime.prepare()
+
+    @property
+    def package_dir(self) -> str | None:
+        """Where ``backend="aoti"`` packages are cached (the runtime's)."""
+        return self.runtime.package_dir
+
+    @package_dir.setter
+    def package_dir(self, value: str | None) -> None:
+        self.runtime.package_dir = value
 
     def package_path(self, bucket: Bucket) -> str:
         """The AOTInductor package of ``bucket``'s graph in :attr:`package_dir`, named by all it
         depends on: the config, the bucket, the device type, torch's version and pcp_fn's source."""
-        assert self.package_dir is not None
-        name = package_name("mrv2_partition", self.config, bucket, self.device.type)
-        return os.path.join(self.package_dir, name)
+        return self.runtime.package_path(bucket)
+
+    def guard(self) -> Any:
+        """The host-sync guard of the device work around the graphs (``check_host_syncs``)."""
+        return self.runtime.guard()
+
+    def _prefix(self, name: str, buffer: torch.Tensor, n: int) -> torch.Tensor:
+        """``buffer[:n]``: the view made the first time ``n`` rows were asked (steady steps ask
+        the same sizes), in the cache's table ``name``."""
+        view = self._prefixes[name].get(n)
+        if view is None:
+            view = self.cache.put(name, n, buffer[:n])
+        return view
+
+    def _token_inputs(self, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor]:
+        """The staged global token ids and positions at ``bucket``'s ``F_b`` rows."""
+        F = mrv2.token_rows(self.config, bucket)
+        return self._input_ids[:F], self._positions[:F]
 
     def bucket_for(self, Lp: int, Rpad: int, rows: int) -> Bucket:
         """The ladder's bucket of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks
@@ -404,9 +416,6 @@ class Bookkeeping:
             if bucket.num_reqs >= max(Rpad, rows):
                 return bucket
         return self.ladder[-1]  # rows past T (2R > T): the last rung holds every row
-
-    def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return graph.no_host_syncs() if self.check_host_syncs else _NO_GUARD
 
     # ---------------------------------------------------------------- host twin
 
@@ -421,30 +430,19 @@ class Bookkeeping:
         key = (Lp, Rpad, rows)
         plan = self._plans.get(key)
         if plan is None:
-            if len(self._plans) > 1024:  # bounded: a few sizes repeat in practice
-                self._plans.clear()
             bucket = self.bucket_for(Lp, Rpad, rows)
             P, o = self.config.pcp_size, self.out
-            plan = self._plans[key] = StepPlan(
+            plan = StepPlan(
                 Lp,
                 Rpad,
                 bucket,
-                self._bucket_graph(bucket),
+                self._calls[bucket],
                 self._view_state(Lp),
                 o.gathered_slot_mappings[:, : P * Lp],
                 o.slot_gather_idx[: P * Lp],
             )
+            self.cache.put("plans", key, plan)
         return plan
-
-    def _bucket_graph(self, bucket: Bucket) -> _BucketGraph:
-        g = self._graphs.get(bucket)
-        if g is None:
-            F = mrv2.token_rows(self.config, bucket)
-            args = (self._packed, self._input_ids[:F], self._positions[:F])
-            g = self._graphs[bucket] = _BucketGraph(bucket, args)
-            layout_out = (self._per_rank, self._num_tokens)
-            g.fn = functools.partial(_partition_step, bucket, self._state0, self.out, layout_out)
-        return g
 
     def _view_state(self, Lp: int) -> mrv2.MRV2State:
         """The state the consumers read: the persistent buffers at vLLM's ``Lp`` (one per ``Lp``)."""
@@ -459,51 +457,13 @@ class Bookkeeping:
                 padded_gather_idx=o.padded_gather_idx[: P * Lp],
                 gathered_kv_write_mask=o.kv_write_mask[: P * Lp],
             )
-            state = self._views[Lp] = mrv2.MRV2State(
+            state = mrv2.MRV2State(
                 config=self.config, bucket=view_bucket, rank=self._state0.rank, layout=layout
             )
+            self.cache.put("states", Lp, state)
         return state
 
     # ---------------------------------------------------------------- device
-
-    def _make_graph(self, g: _BucketGraph) -> None:
-        """Capture (or compile) ``g``'s graph and bind it to its staging buffers."""
-        if self.backend == "aoti":
-            # AOTInductor needs every tensor as an argument: the persistent buffers it writes
-            fn = functools.partial(_partition_step, g.bucket)
-            args = (*g.fn.args[1:], *g.args)  # the state, the buffers, the staging inputs
-            path = None if self.package_dir is None else self.package_path(g.bucket)
-            self.stats.loaded += path is not None and os.path.exists(path)
-            captured = graph.capture(fn, *args, backend="aoti", package_path=path)
-            g.replay = captured.bind(*args)
-        else:
-            # the staging buffers are the graph's inputs: a device graph reads them in place
-            captured = graph.capture(g.fn, *g.args, backend=self.backend, persistent_inputs=True)
-            g.replay = captured.bind(*g.args)
-
-    def _run(self, g: _BucketGraph) -> None:
-        """The partition of the staged batch in ``g``'s graph (made by :meth:`prepare`), or the
-        same function called eagerly: with ``backend=None``, or as a counted fallback."""
-        self.stats.steps += 1
-        if g.replay is None:
-            g.replay = functools.partial(g.fn, *g.args)
-            g.fallback = self.backend is not None
-            if g.fallback:
-                logger.warning(
-                    "pcp_fn: no prepared %r graph for bucket %s: its steps run eagerly (counted in "
-                    "stats.fallbacks); Bookkeeping.prepare makes every graph at start-up",
-                    self.backend,
-                    g.bucket,
-                )
-        if g.fallback:
-            self.stats.fallbacks += 1
-        # vLLM steps under inference mode, tests and tools may not: Dynamo guards on the mode,
-        # so the graphs are made and replayed under one (entering it costs ~2 us: only if needed)
-        if torch.is_inference_mode_enabled():
-            g.replay()
-        else:
-            with torch.inference_mode():
-                g.replay()
 
     def partition(
         self,
@@ -524,39 +484,55 @@ class Bookkeeping:
         ``[>= num_tokens]`` device tensors (not read on the host). ``plan``'s
         bucket must hold every rank (rows and tokens).
         """
-        R, T, n = self.config.max_num_reqs, self.config.max_num_tokens, num_scheduled.size
+        T = self.config.max_num_tokens
         num_ids, num_pos = input_ids.shape[0], positions.shape[0]
         if num_ids < num_tokens or num_pos < num_tokens:
             short, rows = ("input_ids", num_ids) if num_ids < num_tokens else ("positions", num_pos)
             raise ValueError(
                 f"input_batch.{short} has {rows} rows; it must cover the {num_tokens} scheduled tokens"
             )
-        staged = self._host_packed
-        if staged is None:
-            staged = torch.empty(self._packed.shape, dtype=torch.int32, pin_memory=self._pin)
-        view = staged if isinstance(staged, np.ndarray) else staged.numpy()
-        table = self._host_table if staged is self._host_packed else view[: 5 * R].reshape(5, R)
-        # row by row: assigning the tuple builds a [5, n] temporary first (~4 us more, cold)
-        table[0, :n] = num_scheduled
-        table[1, :n] = num_computed
-        table[2, :n] = prefill_len
-        table[3, :n] = is_prefilling
-        table[4, :n] = idx_mapping
+        self._stage((num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping), plan.Lp)
+        if num_ids > T or num_pos > T:
+            input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
+            num_ids = num_pos = num_tokens
+        # the caller's whole (padded) tensors, into views of that size: no slicing per step;
+        # rows past num_tokens are never read (padding rows are masked)
+        ids, pos = self._id_views.get(num_ids), self._position_views.get(num_pos)
+        if ids is None:
+            ids = self._prefix("input_ids", self._input_ids, num_ids)
+        if pos is None:
+            pos = self._prefix("positions", self._positions, num_pos)
+        with self.runtime.guard():
+            self._staging.commit(self._host)
+            # two copies, not one _foreach_copy_: for two tensors its dispatch costs more
+            ids.copy_(input_ids)
+            pos.copy_(positions)
+        self.runtime.run(plan.graph)
+        self._plan = plan
+
+    def _stage(self, rows: tuple[np.ndarray, ...], Lp: int) -> None:
+        """Pack the step's per-request arrays ``rows`` (in :data:`STEP`'s row order) and ``Lp``
+        into a host buffer (:attr:`_host`), checking the values the int32 staging could wrap."""
+        num_scheduled, num_computed, prefill_len, _, idx_mapping = rows
+        R, T, n = self.config.max_num_reqs, self.config.max_num_tokens, num_scheduled.size
         # rows past the requests must read zero: a fresh (pinned) buffer is zeroed there; the
         # persistent one (CPU) only where the last step had requests
-        if staged is not self._host_packed:
-            table[:, n:] = 0
-        elif n < self._staged_reqs:
-            table[:, n : self._staged_reqs] = 0
+        packer = self._packer
+        if packer is None:
+            packer = STEP.packer(self._staging.host(), R)
+            packer.pack(n, rows, (n, Lp))
+        else:
+            packer.pack(n, rows, (n, Lp), self._staged_reqs)
+        host = self._host = packer.buffer
         self._staged_reqs = n
         # the staged values at once, before anything runs: none negative, no sequence end past
         # int32 (one bitwise-or bounds them all); a wider dtype's values that the int32 staging
         # could wrap are checked whenever they change (vLLM's intp idx_mapping: a steady batch's)
-        bound = int(np.bitwise_or.reduce(view[R : 5 * R]))
+        bound = int(np.bitwise_or.reduce(host[self._checked_words]))
         if bound < 0 or bound > INT32_MAX - T:  # a bad value, or one that may be: named exactly
             arrays = (num_scheduled, num_computed, prefill_len, idx_mapping)
-            _, rows, bound = host_int_rows(_FIELDS, arrays)
-            check_sequence_ends(rows, bound, "input_batch request {i}'s sequence length")
+            _, checked, bound = host_int_rows(_FIELDS, arrays)
+            check_sequence_ends(checked, bound, "input_batch request {i}'s sequence length")
         if num_computed.itemsize > 4 or prefill_len.itemsize > 4:  # (vLLM's are int32)
             host_int_rows(_FIELDS[1:3], (num_computed, prefill_len))
         if idx_mapping.itemsize > 4:  # vLLM's intp: checked when its bytes change
@@ -564,38 +540,6 @@ class Bookkeeping:
             if key != self._idx_checked:
                 host_ints(_FIELDS[3], idx_mapping)
                 self._idx_checked = key
-        view[5 * R] = n
-        view[5 * R + 1] = plan.Lp
-        if num_ids > T or num_pos > T:
-            input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
-            num_ids = num_pos = num_tokens
-        # the caller's whole (padded) tensors, into views of that size: no slicing per step;
-        # rows past num_tokens are never read (padding rows are masked)
-        ids = _prefix(self._id_views, self._input_ids, num_ids)
-        pos = _prefix(self._position_views, self._positions, num_pos)
-        if self.check_host_syncs:
-            with graph.no_host_syncs():
-                self._launch(staged, ids, input_ids, pos, positions, plan.graph)
-        else:
-            self._launch(staged, ids, input_ids, pos, positions, plan.graph)
-        self._plan = plan
-
-    def _launch(
-        self,
-        staged: Any,
-        ids: torch.Tensor,
-        input_ids: torch.Tensor,
-        pos: torch.Tensor,
-        positions: torch.Tensor,
-        g: _BucketGraph,
-    ) -> None:
-        """The device part of :meth:`partition`: the staging copies, then the graph."""
-        if staged is not self._host_packed:
-            self._packed.copy_(staged, non_blocking=self._pin)
-        # two copies: _foreach_copy_ of two tensors costs ~2x (its dispatch and grouping)
-        ids.copy_(input_ids)
-        pos.copy_(positions)
-        self._run(g)
 
     def set_slot_mappings(
         self, global_slot_mappings: torch.Tensor, gathered_slot_mappings: torch.Tensor
@@ -613,14 +557,15 @@ class Bookkeeping:
         self.out = self.out._replace(
             global_slot_mappings=global_slot_mappings, gathered_slot_mappings=gathered_slot_mappings
         )
-        self._plans.clear()
+        self.cache.clear()  # the plans hold views of the old slot mappings
         self._plan = None
 
     @property
     def has_layout(self) -> bool:
         return self._plan is not None
 
-    def _current(self) -> StepPlan:
+    def current_plan(self) -> StepPlan:
+        """The plan of the last partitioned step (``RuntimeError`` before the first)."""
         if self._plan is None:
             raise RuntimeError("no batch was partitioned yet")
         return self._plan
@@ -631,14 +576,11 @@ class Bookkeeping:
         slot mappings' first ``num_tokens`` columns and their pad column (``slot_gather_idx``,
         from the graph) into the persistent gathered slot mappings: one kernel, nothing
         allocated."""
-        plan = self._current()
+        plan = self.current_plan()
         out = plan.gathered_slots
         if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
             return out
-        if self.check_host_syncs:
-            with graph.no_host_syncs():
-                torch.index_select(self.out.global_slot_mappings, 1, plan.slot_idx, out=out)
-        else:
+        with self.runtime.guard():
             torch.index_select(self.out.global_slot_mappings, 1, plan.slot_idx, out=out)
         return out
 
@@ -655,13 +597,11 @@ class Bookkeeping:
                 f"{op}: {name} must have {rows} rows (the {self.config.pcp_size} ranks' "
                 f"[{rows // self.config.pcp_size}, ...] buffers stacked), got {shape}"
             )
-        idx = _prefix(self._restore_views, self.out.hidden_restore_idx, num_tokens)
-        # index_select, not vLLM's aten::index: aten::index costs the host ~10 us less for a few
-        # rows, but moves 256-4096 rows of 128 floats 1.4-2.5x slower on the CPU
-        if self.check_host_syncs:
-            with graph.no_host_syncs():
-                return gathered.index_select(0, idx)
-        return gathered.index_select(0, idx)
+        idx = self._prefix("restore", self.out.hidden_restore_idx, num_tokens)
+        # index_select, not vLLM's aten::index: cheaper on the host for a few rows, but slower
+        # for hundreds of rows (benchmarks/bench_vllm.py)
+        with self.runtime.guard():
+            return gathered.index_select(0, idx)
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
@@ -700,12 +640,12 @@ class Bookkeeping:
     def draft_input_ids(self, input_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Write the drafter's global ``input_ids`` (int32, at least one row) at this rank's rows
         into ``out`` (``[Lp]``; padding rows read token 0, like vLLM) and return ``out``."""
-        state = self._current().view  # this rank's first Lp gathered rows are the bucket's
+        state = self.current_plan().view  # this rank's first Lp gathered rows are the bucket's
         if out.shape[0] == 0:
             return out
         F = mrv2.token_rows(self.config, state.bucket)
         k = min(int(input_ids.shape[0]), F)
-        with self._guard():
+        with self.runtime.guard():
             self._draft_ids[:k].copy_(input_ids[:k])  # rows past the real tokens are never read
             P, Lp = self.config.pcp_size, state.bucket.num_tokens
             rows = state.layout.padded_gather_idx.view(P, Lp)[self.config.pcp_rank]

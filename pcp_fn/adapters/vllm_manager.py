@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from ..core.checks import host_ints
+from ..core.checks import host_ints, host_row
 from .backend import (
     GraphStats,
     capture_ladder,
@@ -42,6 +43,7 @@ from .backend import (
     resolve_graph_backend,
 )
 from .bookkeeping import Bookkeeping, Destinations, HostLayout
+from .schedule_cache import ScheduleCache
 from .vllm_contract import VLLM_0_32, VllmContract
 
 
@@ -82,14 +84,6 @@ class _Override:
     def __getattr__(self, name: str) -> Any:
         overrides = self.__dict__["_overrides"]
         return overrides[name] if name in overrides else getattr(self.__dict__["_inner"], name)
-
-
-def _host_ints(name: str, values: Any, n: int | None = None) -> np.ndarray:
-    arr = values if type(values) is np.ndarray else np.asarray(values)
-    if arr.ndim != 1 or (n is not None and arr.size != n):
-        want = "1-D" if n is None else f"1-D with num_reqs={n} entries"
-        raise ValueError(f"input_batch.{name} must be {want}, got shape {arr.shape}")
-    return arr
 
 
 _INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
@@ -145,7 +139,7 @@ def _replace(obj: Any, *changes: dict[str, Any], checked: bool = False) -> Any:
         for c in changes:
             merged.update(c)
         return dataclasses.replace(obj, **merged)  # raises on an unknown field
-    merged = obj.__dict__.copy()  # one new dict, assigned whole: ~6 us less than updating __dict__
+    merged = obj.__dict__.copy()  # one new dict, assigned whole: cheaper than updating __dict__
     for c in changes:
         merged.update(c)
     new = object.__new__(cls)
@@ -235,7 +229,16 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_moe: torch.Tensor | None = None  # the MoE's gathered padding mask [P * T]
             self._fn_moe_gathers_tokens = bool(moe_gathers_tokens)
             self._fn_host = self._fn_host_layout()
-            self._fn_segment_memo: dict[tuple[Any, ...], Any] = {}  # (_fn_segments)
+            # what a repeated schedule reuses (pcp_fn.adapters.schedule_cache): the twin's
+            # segments, descriptor ids, shapes and views here, the plans and views of the
+            # bookkeeping; cleared when the block tables or the layout rules change
+            self._fn_cache = ScheduleCache()
+            self._fn_segments_of = self._fn_cache.table("segments")
+            self._fn_desc_ids = self._fn_cache.table("descriptors")
+            self._fn_shapes = self._fn_cache.table("shapes")
+            self._fn_views = self._fn_cache.table("views")
+            self._fn_last_desc: tuple[Any, int] = (None, -1)  # (the last descriptor, its id)
+            self._fn_desc_count = itertools.count()  # ids are never reused: one never goes stale
             # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
             self._fn_capture_rows = (0, 0)
             self._fn_ready = True  # (set_block_tables from vLLM's constructor comes before this)
@@ -263,10 +266,6 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self._fn_padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
             self._fn_kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
             self._fn_slot_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
-            self._fn_views: dict[tuple[int, int, int, int], tuple[Any, dict[str, torch.Tensor]]] = {}
-            self._fn_shapes: dict[tuple[Any, ...], _Shape] = {}
-            self._fn_desc_ids: dict[tuple[Any, ...], int] = {}
-            self._fn_last_desc: tuple[Any, int] = (None, -1)  # (the last descriptor, its id)
             self._fn_allocate_block_tables(block_tables)
             self._fn_build_bookkeeping()
 
@@ -343,6 +342,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 check_host_syncs=self.check_host_syncs,
                 token_buckets=self._fn_token_buckets(backend, self.max_num_tokens),
                 package_dir=package_cache_dir() if backend == "aoti" else None,
+                cache=self._fn_cache,
             )
             # the graphs were made on an empty batch: the buffers start as vLLM's do
             ib.is_padding.zero_()
@@ -363,12 +363,10 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 self._fn_host = self._fn_host_layout()
                 return
             self._fn_allocate_block_tables(block_tables)
-            self._fn_views.clear()  # their plans hold views of the old slot mappings
-            self._fn_shapes.clear()
+            self._fn_cache.clear()  # the plans hold views of the old slot mappings
             if interleave != self.cp_interleave:
                 self.cp_interleave = interleave
                 self._fn_host = self._fn_host_layout()
-                self._fn_segment_memo.clear()
                 self._fn_build_bookkeeping()
             else:
                 self._fn_pcp.set_slot_mappings(self._fn_global_slot_mappings, self._fn_gathered_slot_mappings)
@@ -444,6 +442,12 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             return self._global_batch
 
         @property
+        def schedule_cache(self) -> ScheduleCache:
+            """What repeated schedules reuse (:mod:`pcp_fn.adapters.schedule_cache`): its ``made``
+            counts, by table, what was computed rather than looked up."""
+            return self._fn_cache
+
+        @property
         def graph_stats(self) -> Any:
             """The bookkeeping's :class:`pcp_fn.adapters.backend.GraphStats`: graphs prepared at
             construction and their time, steps partitioned, steps run eagerly as fallbacks."""
@@ -481,8 +485,8 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             self, num_scheduled_tokens: np.ndarray, is_prefilling: np.ndarray
         ) -> int:
             """The largest real rank-local batch before graph padding (host twin, no loop)."""
-            sched = _host_ints("num_scheduled_tokens", num_scheduled_tokens)
-            pf = _host_ints("is_prefilling_np", is_prefilling, sched.size)
+            sched = host_row("input_batch.num_scheduled_tokens", num_scheduled_tokens)
+            pf = host_row("input_batch.is_prefilling_np", is_prefilling, sched.size)
             return self._fn_segments(sched, pf)[1]
 
         def _fn_segments(self, sched: np.ndarray, pf: np.ndarray) -> tuple[Any, int]:
@@ -491,17 +495,14 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             ``get_num_tokens_for_dispatch`` and then ``partition_batch`` of the same schedule,
             and a busy server's decode steps repeat theirs. The memo's arrays are only read."""
             key = (sched.dtype, pf.dtype, sched.tobytes(), pf.tobytes())
-            memo = self._fn_segment_memo
-            found = memo.get(key)
+            found = self._fn_segments_of.get(key)
             if found is None:
                 if sched.size and int(np.bitwise_or.reduce(sched)) < 0:  # a new schedule's counts
                     host_ints("num_scheduled_tokens", sched)  # raises, naming the negative entry
-                if len(memo) >= 256:  # bounded: a few schedules repeat in practice
-                    memo.clear()
                 seg = self._fn_host.segments(sched, pf)
                 # max over P ints in Python: a numpy reduction costs more than the list
                 widest = max(seg.per_rank_num_tokens.tolist()) if sched.size else 0
-                found = memo[key] = (seg, widest)
+                found = self._fn_cache.put("segments", key, (seg, widest))
             return found
 
         def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
@@ -537,14 +538,14 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             """The global batch's host arrays, checked: ``(num_scheduled, num_computed,
             is_prefilling, prefill_len, idx_mapping)`` (their sum is the shape's)."""
             R = self.max_num_reqs
-            sched = _host_ints("num_scheduled_tokens", g.num_scheduled_tokens)
+            sched = host_row("input_batch.num_scheduled_tokens", g.num_scheduled_tokens)
             num_reqs = sched.size
             if num_reqs > R:
                 raise ValueError(f"input_batch has {num_reqs} requests; max_num_reqs is {R}")
-            computed = _host_ints("num_computed_tokens_np", g.num_computed_tokens_np, num_reqs)
-            pf = _host_ints("is_prefilling_np", g.is_prefilling_np, num_reqs)
-            plen = _host_ints("prefill_len_np", g.prefill_len_np, num_reqs)
-            idx_np = _host_ints("idx_mapping_np", g.idx_mapping_np, num_reqs)
+            computed = host_row("input_batch.num_computed_tokens_np", g.num_computed_tokens_np, num_reqs)
+            pf = host_row("input_batch.is_prefilling_np", g.is_prefilling_np, num_reqs)
+            plen = host_row("input_batch.prefill_len_np", g.prefill_len_np, num_reqs)
+            idx_np = host_row("input_batch.idx_mapping_np", g.idx_mapping_np, num_reqs)
             if pf.dtype != np.bool_:
                 raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {pf.dtype}")
             if not (computed.dtype.kind in "iu" and plen.dtype.kind in "iu" and idx_np.dtype.kind in "iu"):
@@ -566,9 +567,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
             key = (sched.dtype, sched.tobytes(), pf.tobytes(), desc_id)
             shape = self._fn_shapes.get(key)
             if shape is None:
-                if len(self._fn_shapes) >= 256:  # bounded: a few schedules repeat in practice
-                    self._fn_shapes.clear()
-                shape = self._fn_shapes[key] = self._fn_new_shape(sched, pf, batch_desc)
+                shape = self._fn_cache.put("shapes", key, self._fn_new_shape(sched, pf, batch_desc))
             return shape  # (Bookkeeping.partition checks input_ids and positions hold its tokens)
 
         def _fn_desc_id(self, batch_desc: Any) -> int:
@@ -581,13 +580,9 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 getattr(batch_desc, "max_query_len", None),
                 getattr(batch_desc, "uniform_token_count", None),
             )
-            ids = self._fn_desc_ids
-            desc_id = ids.get(fields)
+            desc_id = self._fn_desc_ids.get(fields)
             if desc_id is None:
-                if len(ids) >= 1024:  # bounded; the shapes keyed by the old ids go with them
-                    ids.clear()
-                    self._fn_shapes.clear()
-                desc_id = ids[fields] = len(ids)
+                desc_id = self._fn_cache.put("descriptors", fields, next(self._fn_desc_count))
             self._fn_last_desc = (batch_desc, desc_id)
             return desc_id
 
@@ -693,7 +688,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 np.less(computed_prefill, local_plen, out=is_prefilling[:n])
                 upper = np.zeros(Rpad, dtype=np.int32)
                 np.add(start, num_sched, out=upper[:n])
-            has_prefill = bool(np.count_nonzero(is_prefilling))  # (ndarray.any costs ~1.5 us more)
+            has_prefill = bool(np.count_nonzero(is_prefilling))  # (cheaper than ndarray.any)
             dcp_upper = None
             if self.dcp_world_size > 1:
                 # DCP rank 0's share of the whole request's KV, the same on every PCP rank
@@ -736,8 +731,6 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
         def _fn_step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
             """The bookkeeping's plan and the local batch's device fields (views of the persistent
             buffers) for a step of these sizes: made once, steady steps repeat their sizes."""
-            if len(self._fn_views) > 1024:
-                self._fn_views.clear()
             Lp, Rpad, n, rows = key
             ib = self._input_buffers
             idx_mapping = self._fn_idx_mapping[:n]
@@ -756,8 +749,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
                 logits_indices=self._fn_logits_indices[:Rpad],
                 cu_num_logits=self._fn_cu_num_logits[: n + 1],
             )
-            cached = self._fn_views[key] = (self._fn_pcp.plan(Lp, Rpad, rows), views)
-            return cached
+            return self._fn_cache.put("views", key, (self._fn_pcp.plan(Lp, Rpad, rows), views))
 
         # ------------------------------------------------------------ attention
 

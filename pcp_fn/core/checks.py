@@ -70,6 +70,44 @@ def _host_array(name: str, values: ArrayLike) -> np.ndarray:
     return arr
 
 
+def host_row(
+    name: str, values: Any, n: int | None = None, *, longer_ok: bool = False, integers: bool = False
+) -> np.ndarray:
+    """An engine's per-request host array, its shape checked, its values not read: ``values``
+    itself when it is a 1-D numpy array (the engine's arrays, every step), else as one.
+
+    ``n``: the entries it must have (``longer_ok``: at least ``n``, and its first ``n`` are
+    returned: an engine's arrays at capacity). ``integers``: its dtype must be an integer
+    one. A tensor must be on the host.
+
+    Raises:
+        ValueError: naming ``name``: not 1-D, the wrong length or dtype, or a tensor off
+            the host.
+    """
+    arr = values
+    if type(arr) is np.ndarray and arr.ndim == 1 and not (longer_ok or integers):  # the engine's
+        if n is None or arr.shape[0] == n:
+            return arr
+    if type(arr) is not np.ndarray:
+        if isinstance(arr, torch.Tensor):
+            if arr.device.type != "cpu":
+                raise ValueError(f"{name} must be on the host, got a tensor on {arr.device}")
+            arr = arr.numpy()
+        arr = np.asarray(arr)
+    if arr.ndim != 1 or (integers and arr.size and arr.dtype.kind not in "iu"):
+        kind = "a 1-D integer array" if integers else "1-D (one entry per request)"
+        raise ValueError(f"{name} must be {kind}, got shape {arr.shape} dtype {arr.dtype}")
+    if n is None:
+        return arr
+    if longer_ok:
+        if arr.shape[0] < n:
+            raise ValueError(f"{name} has {arr.shape[0]} entries but num_reqs is {n}")
+        return arr[:n]
+    if arr.shape[0] != n:
+        raise ValueError(f"{name} must be 1-D with num_reqs={n} entries, got shape {arr.shape}")
+    return arr
+
+
 def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.ndarray:
     """``[n]`` int64 copy of a per-request count array, each entry in ``[0, maximum]``.
 

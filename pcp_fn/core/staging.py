@@ -94,10 +94,12 @@ class HostStaging:
         self._filling = i
         return buf[:nbytes].numpy().view(dtype)
 
-    def to_device(self, host: np.ndarray) -> torch.Tensor:
+    def to_device(self, host: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy ``host`` (the array :meth:`host` returned) to the device without blocking.
 
-        Returns a fresh device tensor; records the buffer's event on the current stream.
+        Returns a fresh device tensor, or ``out`` (a device tensor of ``host``'s size and
+        dtype: a persistent buffer that graphs read) written; records the buffer's event on
+        the current stream.
         """
         i = self._filling
         if i is None:
@@ -105,7 +107,7 @@ class HostStaging:
         buf = self._buffers[i]
         assert buf is not None
         src = buf[: host.nbytes].view(_TORCH_DTYPES[host.dtype])
-        dev = torch.empty(src.shape, dtype=src.dtype, device=self.device)
+        dev = torch.empty(src.shape, dtype=src.dtype, device=self.device) if out is None else out
         dev.copy_(src, non_blocking=True)
         event = self._mod.Event()
         event.record(self._mod.current_stream(self.device))
@@ -141,8 +143,10 @@ def host_buffer(numel: int, dtype: np.dtype | type, device: torch.device) -> np.
     return staging_for(device).host(numel, dtype)
 
 
-def to_device(host: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Move the array :func:`host_buffer` returned to ``device`` in one copy (non-blocking off the CPU)."""
+def to_device(host: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Move the array :func:`host_buffer` returned to ``device`` in one copy (non-blocking off the
+    CPU): a fresh tensor, or into ``out`` (``host``'s size and dtype, on ``device``)."""
     if device.type not in STAGED_DEVICES:
-        return torch.from_numpy(host).to(device)
-    return staging_for(device).to_device(host)
+        src = torch.from_numpy(host)
+        return src.to(device) if out is None else out.copy_(src)
+    return staging_for(device).to_device(host, out)

@@ -31,6 +31,7 @@ from .batch import (
 )
 from .config import MRV2Config
 from .layout import MRV2Layout, MRV2State, build_layout, init_state
+from .packing import REQUESTS
 from .partition import LocalBatch, expand_moe_padding, partition_batch
 from .restore import (
     DraftHiddenStates,
@@ -43,6 +44,7 @@ from .restore import (
 )
 
 __all__ = [
+    "REQUESTS",
     "DraftHiddenStates",
     "GlobalBatch",
     "LocalBatch",

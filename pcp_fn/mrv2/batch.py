@@ -36,10 +36,12 @@ from ..core.checks import (
     host_int_rows,
     host_ints,
 )
+from ..core.packing import PackedRequests
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.staging import host_buffer, to_device
 from . import host
 from .config import MRV2Config
+from .packing import REQUESTS
 
 
 @pytree_dataclass
@@ -309,12 +311,12 @@ def make_batch(
             "positions", positions, total, T, F, (torch.int64, torch.int32), INT32_MAX - 1, dev
         )
 
-    # One host buffer, one copy (int32 words): [F int64 positions | 5R + 1 per-request rows and
-    # num_reqs (unpack_batch's layout) | F input ids | R bools is_prefilling]; the parts a device
+    # One host buffer, one copy (int32 words): [F int64 positions | the per-request rows and
+    # num_reqs (mrv2.packing.REQUESTS) | F input ids | R bools is_prefilling]; the parts a device
     # tensor supplies are left out.
     pos_words = 0 if dev_pos is not None else 2 * F
     ids_words = 0 if dev_ids is not None else F
-    ids_at = pos_words + 5 * R + 1
+    ids_at = pos_words + REQUESTS.size(R)
     flags_at = ids_at + ids_words
     host_words = host_buffer(flags_at + (R + 3) // 4, np.int32, dev)
     host_pos = host_words[:pos_words].view(np.int64)
@@ -325,13 +327,8 @@ def make_batch(
         else:
             _default_positions(host_pos, rows, int(rows[0].max()) if num_reqs else 0, total)
     per_request = host_words[pos_words:ids_at]
-    table = per_request[: 5 * R].reshape(5, R)
-    table[:3, :num_reqs] = rows[:3]
-    table[3, :num_reqs] = pf
-    table[4, :num_reqs] = rows[3] if idx_mapping is not None else _arange(R)[:num_reqs]
-    if num_reqs < R:
-        table[:, num_reqs:] = 0
-    per_request[5 * R] = num_reqs
+    mapping = rows[3] if idx_mapping is not None else _arange(R)[:num_reqs]
+    REQUESTS.pack(per_request, R, num_reqs, (rows[0], rows[1], rows[2], pf, mapping), (num_reqs,))
     host_ids = host_words[ids_at:flags_at]
     if dev_ids is None:
         if ids is not None:
@@ -349,8 +346,10 @@ def make_batch(
     fields["bucket"] = bucket
     if dev.type == "cpu":  # the tensors are views of the fresh host buffer
         from_numpy = torch.from_numpy
-        sched_d, comp_d, plen_d, mapping_d = (from_numpy(table[k]) for k in (0, 1, 2, 4))
-        reqs_d = from_numpy(per_request[5 * R :].reshape(()))
+        views = REQUESTS.unpack(from_numpy(per_request), R)
+        sched_d, comp_d, plen_d, mapping_d, reqs_d = (
+            views[k] for k in ("num_scheduled", "num_computed", "prefill_len", "idx_mapping", "num_reqs")
+        )
         flags_d = from_numpy(flags)
         if dev_pos is None:
             dev_pos = from_numpy(host_pos)
@@ -358,7 +357,7 @@ def make_batch(
             dev_ids = from_numpy(host_ids)
     else:  # one copy (staged through pinned memory off the CPU), then views of the device buffer
         parts = to_device(host_words, dev).split_with_sizes(
-            [pos_words, R, R, R, R, R, 1, ids_words, host_words.shape[0] - flags_at]
+            [pos_words, *REQUESTS.sizes(R), ids_words, host_words.shape[0] - flags_at]
         )
         pos_part, sched_d, comp_d, plen_d, _, mapping_d, reqs_d, ids_part, flags_part = parts
         reqs_d, flags_d = reqs_d.view(()), flags_part.view(torch.bool)[:R]
@@ -408,24 +407,27 @@ _COUNTS_AND_MAPPING = (*_COUNTS, "idx_mapping")
 
 
 def unpack_batch(
-    config: MRV2Config, bucket: Bucket, packed: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor
+    config: MRV2Config,
+    bucket: Bucket,
+    packed: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    layout: PackedRequests = REQUESTS,
 ) -> GlobalBatch:
-    """The :class:`GlobalBatch` over ``make_batch``'s packed per-request buffer (views, no copy).
-
-    ``packed`` holds ``[num_scheduled | num_computed | prefill_len | is_prefilling |
-    idx_mapping]``, ``R`` rows each, then ``num_reqs``: what ``make_batch`` copies to the
-    device in one go, and what a caller staging its own buffer (a captured adapter) fills.
-    """
-    R = config.max_num_reqs
+    """The :class:`GlobalBatch` over a buffer packed in ``layout`` (:data:`~pcp_fn.mrv2.REQUESTS`,
+    what :func:`make_batch` copies, or one with more scalars after its own): views, no copy;
+    ``input_ids [F]`` int32, ``positions [F]``. What a captured adapter staging its own buffer
+    calls inside its graph."""
+    views = layout.unpack(packed, config.max_num_reqs)
     return GlobalBatch(
         config=config,
         bucket=bucket,
-        num_reqs=packed[5 * R],
-        num_scheduled=packed[0:R],
-        num_computed=packed[R : 2 * R],
-        prefill_len=packed[2 * R : 3 * R],
-        is_prefilling=packed[3 * R : 4 * R].bool(),
-        idx_mapping=packed[4 * R : 5 * R],
+        num_reqs=views["num_reqs"],
+        num_scheduled=views["num_scheduled"],
+        num_computed=views["num_computed"],
+        prefill_len=views["prefill_len"],
+        is_prefilling=views["is_prefilling"].bool(),
+        idx_mapping=views["idx_mapping"],
         input_ids=input_ids,
         positions=positions,
     )

@@ -26,11 +26,11 @@ import functools
 
 import numpy as np
 
+from ...core.checks import INT32_MAX
 from ._settings import ManagerSettings
 
 _ARANGES: dict[type, np.ndarray] = {}
 _add_reduce = np.add.reduce  # np.sum without its Python wrapper
-_INT32_MAX = 2**31 - 1
 NO_CHUNKS = np.zeros(0, dtype=np.int32)  # the chunk rows of a step without prefills (empty)
 
 
@@ -288,7 +288,7 @@ def host_layout(
         return layout
     # int32 sums where they cannot wrap (each of the n counts <= bound; a local count <= 2 * it):
     # numpy's default widening to int64 makes a reduction twice as slow
-    acc = np.int32 if 0 <= 2 * bound * n <= _INT32_MAX else np.int64
+    acc = np.int32 if 0 <= 2 * bound * n <= INT32_MAX else np.int64
     total = int(_add_reduce(sched, dtype=acc))
     if P > 1 and nd < n:  # a prefill: padded to 2P, two chunks here; a decode: replicated
         pcp_tokens = (sched + (2 * P - 1)) // (2 * P) * 2

@@ -27,9 +27,6 @@ import bisect
 import contextlib
 import dataclasses
 import functools
-import logging
-import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -37,18 +34,16 @@ import numpy as np
 import torch
 
 import pcp_fn
-from pcp_fn import graph as pcp_graph
 from pcp_fn import multimodal as pcp_mm
 from pcp_fn import spec as pcp_spec
 from pcp_fn.core.entry import entry_op
-from pcp_fn.core.staging import host_buffer, to_device
 from pcp_fn.dcs.batch import token_rows
+from pcp_fn.dcs.packing import REQUESTS
 
-from ..backend import GraphStats, graph_ladder, package_name
+from ..backend import GraphStats, graph_ladder
+from ..runtime import GraphCall, GraphRuntime, Staging
 from ._host import HostLayout
 from ._settings import ManagerSettings
-
-logger = logging.getLogger("pcp_fn.adapters")
 
 # The index tensors of the attention metadata, by their pcp_fn names; vllm-ascend's
 # AscendPrefillContextParallelMetadata field is the value.
@@ -218,18 +213,18 @@ def output_capacities(cfg: PCPConfig) -> dict[str, tuple[tuple[int, ...], torch.
 def unpack_batch(cfg: PCPConfig, bucket: Bucket, packed: torch.Tensor) -> SchedulerBatch:
     """The :class:`pcp_fn.SchedulerBatch` of ``bucket`` over the staging buffer (views, no copy).
 
-    ``packed`` ``[3R + 1]`` int32 holds ``[num_scheduled | num_computed | num_prompt]``
-    (``R`` rows each, zero past the requests), then ``num_reqs``: what ``make_batch``
-    copies to the device in one go, staged by :meth:`DeviceGraphs.stage` instead.
+    ``packed`` holds :data:`pcp_fn.dcs.packing.REQUESTS` (``[num_scheduled | num_computed |
+    num_prompt]``, ``R`` rows each, zero past the requests, then ``num_reqs``): what
+    ``make_batch`` copies to the device in one go, staged by :meth:`DeviceGraphs.stage` instead.
     """
-    R, Rb = cfg.max_num_reqs, bucket.num_reqs
+    views, Rb = REQUESTS.unpack(packed, cfg.max_num_reqs), bucket.num_reqs
     return SchedulerBatch(
         config=cfg.shared,
         bucket=bucket,
-        num_reqs=packed[3 * R],
-        num_scheduled=packed[:Rb],
-        num_computed=packed[R : R + Rb],
-        num_prompt=packed[2 * R : 2 * R + Rb],
+        num_reqs=views["num_reqs"],
+        num_scheduled=views["num_scheduled"][:Rb],
+        num_computed=views["num_computed"][:Rb],
+        num_prompt=views["num_prompt"][:Rb],
     )
 
 
@@ -261,7 +256,7 @@ def step_into(
     dst = [out[name][: value.shape[0]] for name, value in results.items()]
     src = list(results.values())
     dst += [record.num_reqs, record.num_scheduled, record.is_decode, query_lens]
-    src += [new.num_reqs, new.num_scheduled, new.is_decode, packed[:R]]
+    src += [new.num_reqs, new.num_scheduled, new.is_decode, REQUESTS.unpack(packed, R)["num_scheduled"]]
     torch._foreach_copy_(dst, src)
 
 
@@ -298,8 +293,6 @@ def mtp_mask_into(
     last.copy_(torch.where(decode, keys.cell, last))
 
 
-_NO_GUARD = contextlib.nullcontext()  # reusable
-
 #: The graphs whose staging inputs are always the same persistent tensors (the packed batch, the
 #: slot staging at the rung's rows): a CUDA/NPU graph reads them in place, so a replay copies
 #: nothing (``capture(persistent_inputs=True)``). The MTP mask's graph is not one: its two
@@ -310,16 +303,15 @@ IN_PLACE = frozenset({"step", "slots"})
 
 class Rung:
     """One bucket of the ladder: the state and batch of a step at it (views of the persistent record
-    and staging buffers, whose contents are the last step's) and its bound calls by ``(kind,
-    variant)`` with their staging inputs. Made once; a step finds its rung by position, so no
-    bucket is hashed per call."""
+    and staging buffers, whose contents are the last step's) and its calls by ``(kind, variant)``
+    (:class:`~pcp_fn.adapters.runtime.GraphCall`: function, buffers, staging inputs, replay).
+    Made once; a step finds its rung by position, so no bucket is hashed per call."""
 
-    __slots__ = ("batch", "bucket", "calls", "staged", "state")
+    __slots__ = ("batch", "bucket", "calls", "state")
 
     def __init__(self, bucket: Bucket, state: PCPState, batch: SchedulerBatch) -> None:
         self.bucket, self.state, self.batch = bucket, state, batch
-        self.calls: dict[tuple[str, int], Callable[[], Any]] = {}
-        self.staged: dict[tuple[str, int], tuple[torch.Tensor, ...]] = {}
+        self.calls: dict[tuple[str, int], GraphCall] = {}
 
 
 class DeviceGraphs:
@@ -327,9 +319,12 @@ class DeviceGraphs:
 
     Per bucket ``b`` of :func:`graph_buckets`: :func:`step_into` (``init_batch_info``),
     :func:`padded_slots_into` per KV cache group (``get_padded_slot_mapping``) and, with spec
-    decode and ``P * D > 1``, :func:`mtp_mask_into` (``generate_pcp_metadata``), each bound
-    (:meth:`pcp_fn.graph.Captured.bind`) to its persistent staging inputs, so a call replays
-    with no signature lookup and its results land in the persistent buffers inside the graph.
+    decode and ``P * D > 1``, :func:`mtp_mask_into` (``generate_pcp_metadata``), each a
+    :class:`~pcp_fn.adapters.runtime.GraphCall` of one
+    :class:`~pcp_fn.adapters.runtime.GraphRuntime` (:attr:`runtime`): made at construction,
+    bound to its persistent staging inputs (a call replays with no signature lookup) and
+    writing its results into the persistent buffers inside the graph. The step's staging
+    input is :attr:`packed` (:data:`pcp_fn.dcs.packing.REQUESTS`, written by :meth:`stage`).
 
     Args:
         config: a :func:`make_config` config.
@@ -366,17 +361,24 @@ class DeviceGraphs:
         package_dir: str | None = None,
     ) -> None:
         self.config, self.device, self.backend = config, device, backend
-        self.check_syncs, self.package_dir = check_syncs, package_dir
         self.ladder = graph_buckets(config)
         self._rungs = tuple(b.num_tokens for b in self.ladder)
-        self.stats = GraphStats()
+        self.runtime = GraphRuntime(
+            backend,
+            device,
+            check_host_syncs=check_syncs,
+            package_dir=package_dir,
+            package_prefix="dcs",
+            package_key=(config,),
+        )
         R = config.max_num_reqs
         self._state0 = pcp_fn.init_state(config, device)
-        self.packed = torch.zeros(3 * R + 1, dtype=torch.int32, device=device)
         # the CPU stages into the buffer itself; a device through a pinned buffer and one copy
-        self._packed_np = self.packed.numpy() if device.type == "cpu" else None
-        self._packed_rows = None if self._packed_np is None else self._packed_np[: 3 * R].reshape(3, R)
-        self._staged_reqs = 0  # requests in the staging buffer (the rows past them are zero)
+        self._staging = Staging(REQUESTS.size(R), device)
+        self.packed = self._staging.device_buffer
+        # the CPU's host buffer is the device buffer, the same every step: one packer for it
+        self._packer = REQUESTS.packer(self._staging.host(), R) if self._staging.persistent else None
+        self._staged_reqs = 0  # requests staged last (the CPU's buffer is zero past them)
         self.record = Record(
             torch.zeros((), dtype=torch.int64, device=device),
             torch.zeros(R, dtype=torch.int32, device=device),
@@ -389,16 +391,6 @@ class DeviceGraphs:
         self.rungs = tuple(Rung(b, *self._views(b)) for b in self.ladder)
         self._rung_of = {r.bucket: r for r in self.rungs}
         self.current = self.rungs[-1]  # the rung of the last step
-        self._captured: dict[tuple[Any, ...], pcp_graph.Captured] = {}
-        self._fallback: set[tuple[Any, ...]] = set()
-        # Dynamo guards on the grad mode: its graphs are made and replayed under inference mode
-        # (a plain call, AOTInductor and device graphs do not care; entering it costs ~2 us)
-        plain = backend in (None, "aoti") or device.type != "cpu"
-        self._mode = (lambda: _NO_GUARD) if plain else torch.inference_mode
-        # the sync detector is a dispatch mode: it watches plain calls (a graph was checked
-        # when it was traced; torch.compile refuses to run under it)
-        self._run_guard = self.guard if backend is None else (lambda: _NO_GUARD)
-        self._bare = plain and not (check_syncs and backend is None)  # neither guard nor mode
         self.prepare()
 
     # ---------------------------------------------------------------- buckets and views
@@ -427,152 +419,114 @@ class DeviceGraphs:
         )
         return state, unpack_batch(self.config, bucket, self.packed)
 
-    def guard(self) -> contextlib.AbstractContextManager[Any]:
-        return pcp_fn.no_host_syncs() if self.check_syncs else _NO_GUARD
+    # ---------------------------------------------------------------- the runtime's
+    @property
+    def stats(self) -> GraphStats:
+        """The graphs' :class:`~pcp_fn.adapters.backend.GraphStats` (the runtime's, one object)."""
+        return self.runtime.stats
 
     @property
     def num_graphs(self) -> int:
         """Graphs made so far (``0`` with plain calls)."""
-        return len(self._captured)
+        return self.runtime.num_graphs
 
-    # ---------------------------------------------------------------- the graphs
-    def _key_args(self, rung: Rung, kind: str, variant: int) -> tuple[Callable[..., Any], tuple, tuple]:
-        """``(function, persistent arguments, staging arguments)`` of one bound call."""
-        bucket, state, batch = rung.bucket, rung.state, rung.batch
-        if kind == "step":
-            out = (self._step_out, self.record, self._query_lens)
-            return functools.partial(step_into, bucket), (self._state0, *out), (self.packed,)
-        if kind == "slots":
-            rows = full_rows(self.config, bucket)
-            return padded_slots_into, (state, self._slot_groups[variant]), (self._slots_in[:rows],)
-        computed = batch.num_computed if variant == 0 else self._computed_in[: bucket.num_reqs]
-        return mtp_mask_into, (state, self._mtp_mask, self._mtp_cells), (computed,)
-
-    def _make(self, rung: Rung, kind: str, variant: int) -> Callable[[], Any]:
-        """Make (or load) the graph of one bound call and bind it."""
-        fn, fixed, staged = self._key_args(rung, kind, variant)
-        rung.staged[kind, variant] = staged
-        if self.backend == "aoti":  # every tensor an argument: AOTInductor writes the buffers it is given
-            fn, args, key = fn, (*fixed, *staged), (kind, rung.bucket)
-        else:  # the persistent buffers closed over: a device graph writes them, not static copies
-            # (a slot group's buffer is one of them: a graph per group; the mask's variants
-            # differ in their staged input only: one graph)
-            fn, args = functools.partial(fn, *fixed), staged
-            key = (kind, rung.bucket, variant if kind == "slots" else 0)
-        captured = self._captured.get(key)
-        if captured is None:
-            path = None
-            if self.backend == "aoti" and self.package_dir is not None:
-                path = self.package_path(kind, rung.bucket)
-                self.stats.loaded += os.path.exists(path)
-            captured = pcp_graph.capture(
-                fn, *args, backend=self.backend, package_path=path, persistent_inputs=kind in IN_PLACE
-            )
-            self._captured[key] = captured
-            self.stats.prepared += 1
-        return captured.bind(*args)
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        """:func:`pcp_fn.no_host_syncs` with ``check_syncs``, else nothing (the runtime's)."""
+        return self.runtime.guard()
 
     def package_path(self, kind: str, bucket: Bucket) -> str:
-        """The AOTInductor package of a graph in :attr:`package_dir`, named by all it depends on."""
-        assert self.package_dir is not None
-        name = package_name(f"dcs_{kind}", self.config, bucket, self.device.type)
-        return os.path.join(self.package_dir, name)
+        """The AOTInductor package of a graph in the package directory, named by all it depends
+        on (the config, the graph, the device type, torch and pcp_fn's sources)."""
+        return self.runtime.package_path(self._graph_key(kind, bucket, 0))
 
-    def _calls(self, groups: Sequence[int]) -> list[tuple[Rung, str, int]]:
-        calls = []
-        for rung in self.rungs:
-            calls.append((rung, "step", 0))
-            calls += [(rung, "slots", g) for g in groups]
-            if self._mtp_mask is not None:
-                calls += [(rung, "mask", 0), (rung, "mask", 1)]
-        return calls
+    # ---------------------------------------------------------------- the graphs
+    def _graph_key(self, kind: str, bucket: Bucket, variant: int) -> tuple[Any, ...]:
+        # a device graph closes over a slot group's buffer: one graph per group; AOTInductor
+        # takes it as an argument: one package for every group. The mask's variants differ
+        # in their staged input only: one graph.
+        if kind == "slots" and self.backend != "aoti":
+            return (kind, bucket, variant)
+        return (kind, bucket)
+
+    def _add(self, rung: Rung, kind: str, variant: int) -> GraphCall:
+        """The call of ``(kind, variant)`` at ``rung``, declared to the runtime on first use."""
+        call = rung.calls.get((kind, variant))
+        if call is not None:
+            return call
+        bucket, state, batch = rung.bucket, rung.state, rung.batch
+        if kind == "step":
+            fn: Callable[..., None] = functools.partial(step_into, bucket)
+            fixed: tuple[Any, ...] = (self._state0, self._step_out, self.record, self._query_lens)
+            staged: tuple[torch.Tensor, ...] = (self.packed,)
+        elif kind == "slots":
+            fn, fixed = padded_slots_into, (state, self._slot_groups[variant])
+            staged = (self._slots_in[: full_rows(self.config, bucket)],)
+        else:
+            fn, fixed = mtp_mask_into, (state, self._mtp_mask, self._mtp_cells)
+            staged = (batch.num_computed if variant == 0 else self._computed_in[: bucket.num_reqs],)
+        call = rung.calls[kind, variant] = self.runtime.add(
+            (kind, bucket, variant),
+            fn,
+            fixed=fixed,
+            staged=staged,
+            graph_key=self._graph_key(kind, bucket, variant),
+            in_place=kind in IN_PLACE,
+            step=kind == "step",
+        )
+        return call
 
     def prepare(self, groups: Sequence[int] = (0,)) -> GraphStats:
-        """Make the graphs of every bucket now (start-up), so that no step makes one; a no-op
-        with plain calls. Each is made and run once on what is staged (at construction, an
-        empty batch), writing its results into the persistent buffers: call it before
-        serving, not inside a step."""
-        if self.backend is None:
-            return self.stats
-        start = time.perf_counter()
-        with self._mode():  # the mode a step replays in: no compile guard fails later
-            for rung, kind, variant in self._calls(groups):
-                if (kind, variant) not in rung.calls:
-                    rung.calls[kind, variant] = bound = self._make(rung, kind, variant)
-                    bound()  # once here: a compiled graph meeting new inputs recompiles now
-        self.stats.prepare_seconds += time.perf_counter() - start
-        return self.stats
+        """Declare the calls of every bucket (the step's, slot groups ``groups``', the MTP mask's)
+        and make their graphs now (start-up), so that no step makes one; making is a no-op with
+        plain calls. Each graph is made and run once on what is staged (at construction, an
+        empty batch), writing its results into the persistent buffers: call it before serving,
+        not inside a step."""
+        calls = []
+        for rung in self.rungs:
+            calls.append(self._add(rung, "step", 0))
+            calls += [self._add(rung, "slots", g) for g in groups]
+            if self._mtp_mask is not None:
+                calls += [self._add(rung, "mask", 0), self._add(rung, "mask", 1)]
+        return self.runtime.prepare(calls)
 
     def add_slot_group(self, buffer: torch.Tensor) -> None:
         """One more KV cache group's padded slot mapping buffer, its graphs bound now."""
         self._slot_groups.append(buffer)
         self.prepare(groups=(len(self._slot_groups) - 1,))
 
-    def _call(self, rung: Rung, kind: str, variant: int) -> None:
-        bound = rung.calls.get((kind, variant))
-        if bound is None:  # plain calls, or a bucket without a graph (counted, logged once)
-            fn, fixed, staged = self._key_args(rung, kind, variant)
-            bound = rung.calls[kind, variant] = functools.partial(fn, *fixed, *staged)
-            rung.staged[kind, variant] = staged
-            if self.backend is not None:
-                self._fallback.add((kind, rung.bucket, variant))
-                logger.warning(
-                    "pcp_fn: no prepared %r graph for %s at bucket %s: it runs eagerly (counted in "
-                    "stats.fallbacks)",
-                    self.backend,
-                    kind,
-                    rung.bucket,
-                )
-        if self._fallback and (kind, rung.bucket, variant) in self._fallback:
-            self.stats.fallbacks += 1
-        self.run((rung, kind, variant), bound)
-
-    def run(self, key: tuple[Rung, str, int], bound: Callable[[], Any]) -> None:
-        """One bound call (``key``: its rung, kind and variant, the staging inputs
-        ``key[0].staged[key[1:]]``; a benchmark replaces this to model a device's replay)."""
-        if self._bare:
-            bound()
-        else:
-            with self._run_guard(), self._mode():
-                bound()
-
     # ---------------------------------------------------------------- a step
     def stage(self, h: HostLayout) -> np.ndarray:
         """Write the step's per-request arrays into the staging buffer (one copy off the CPU);
         returns its ``[R]`` scheduled tokens (zero past the requests), on the host."""
-        R, n = self.config.max_num_reqs, h.num_reqs
-        host, rows = self._packed_np, self._packed_rows
-        if host is None:  # pinned, rotated (pcp_fn.core.staging): refilled once its last copy ran
-            host = host_buffer(self.packed.shape[0], np.int32, self.device)
-            rows = host[: 3 * R].reshape(3, R)
-            rows[:, n:] = 0
-        elif n < self._staged_reqs:  # rows past the requests read zero (the CPU's buffer keeps it)
-            rows[:, n : self._staged_reqs] = 0
-        rows[:, :n] = h.counts
+        R, n, staging = self.config.max_num_reqs, h.num_reqs, self._staging
+        rows: Sequence[np.ndarray] = h.counts
         if h.device_prompt is not h.num_prompt:  # a late decode made a prefill (dummy runs)
-            rows[2, :n] = h.device_prompt
-        host[3 * R] = n
+            rows = (rows[0], rows[1], h.device_prompt)
+        packer = self._packer
+        if packer is None:  # off the CPU: pinned, rotated (pcp_fn.core.staging), every word ours
+            packer = REQUESTS.packer(staging.host(), R)
+            packer.pack(n, rows, (n,))
+            with self.runtime.guard():
+                staging.commit(packer.buffer)
+        else:  # the CPU's buffer persists: its rows are zero past the last step's requests
+            packer.pack(n, rows, (n,), self._staged_reqs)
         self._staged_reqs = n
-        if self._packed_np is None:
-            with self.guard():
-                self.packed.copy_(to_device(host, self.device))
-        return rows[0]
+        return packer.table[0]
 
     def step(self, rung: Rung) -> None:
         """:func:`step_into` of the staged batch at ``rung`` (the current one from now on)."""
-        self.stats.steps += 1
         self.current = rung
-        self._call(rung, "step", 0)
+        self.runtime.run(rung.calls["step", 0])
 
     def padded_slots(self, group: int) -> None:
         """:func:`padded_slots_into` of the staged slots into group ``group``'s buffer, at the last
         step's rung."""
-        self._call(self.current, "slots", group)
+        self.runtime.run(self.current.calls["slots", group])
 
     def mtp_mask(self, corrected: bool) -> None:
         """:func:`mtp_mask_into` at the last step's rung from the batch's ``num_computed`` or
         (``corrected``) the ``computed_in`` staging buffer."""
-        self._call(self.current, "mask", int(corrected))
+        self.runtime.run(self.current.calls["mask", int(corrected)])
 
 
 # ------------------------------------------------------------------ spec decode (eager)

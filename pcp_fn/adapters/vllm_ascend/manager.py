@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...core.checks import INT32_MAX, host_row
 from ..backend import GraphStats, default_graph_backend, package_cache_dir, resolve_graph_backend
 from . import _buffers, _host, _ops
 from ._metadata import MetadataMethods
@@ -59,25 +60,6 @@ def _pcp_all_gather(x: torch.Tensor) -> torch.Tensor:
     return get_pcp_group().all_gather(x, 0)
 
 
-def _host_ints(name: str, values: Any, num_reqs: int) -> np.ndarray:
-    """The first ``num_reqs`` entries of a 1-D integer array, checked (``ValueError`` names the field)."""
-    if type(values) is np.ndarray and values.ndim == 1 and values.dtype.kind in "iu":  # the runner's
-        if values.shape[0] < num_reqs:
-            raise ValueError(f"{name} has {values.shape[0]} entries but num_reqs is {num_reqs}")
-        return values[:num_reqs]
-    if isinstance(values, torch.Tensor):
-        if values.device.type != "cpu":
-            raise ValueError(f"{name} must be on the host, got a tensor on {values.device}")
-        values = values.numpy()
-    arr = np.asarray(values)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise ValueError(f"{name} must be a 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
-    if arr.shape[0] < num_reqs:
-        raise ValueError(f"{name} has {arr.shape[0]} entries but num_reqs is {num_reqs}")
-    return arr[:num_reqs]
-
-
-INT32_MAX = 2**31 - 1
 _new = object.__new__
 
 
@@ -407,9 +389,9 @@ class FunctionalDCSManager(MetadataMethods, SpecInputMethods, ProposerMethods, M
         if num_reqs > self.max_num_reqs:
             raise ValueError(f"num_reqs={num_reqs} exceeds max_num_reqs={self.max_num_reqs}")
         n = int(num_reqs)
-        sched = _host_ints("num_scheduled_tokens", num_scheduled_tokens, n)
-        computed = _host_ints("num_computed_tokens", num_computed_tokens, n)
-        prompt = _host_ints("num_prompt_tokens", num_prompt_tokens, n)
+        sched = host_row("num_scheduled_tokens", num_scheduled_tokens, n, longer_ok=True, integers=True)
+        computed = host_row("num_computed_tokens", num_computed_tokens, n, longer_ok=True, integers=True)
+        prompt = host_row("num_prompt_tokens", num_prompt_tokens, n, longer_ok=True, integers=True)
         h = _host.host_layout(self.settings, sched, computed, prompt, self._record.host)
         # make_batch's checks from the counts' bound; make_batch itself names a bad field
         if h.bound < 0 or 2 * h.bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:

@@ -189,8 +189,9 @@ def make_functional_ascend_manager(
                 else torch.arange(pcp_world_size * self.max_num_tokens, dtype=torch.int64, device=self.device)
             )
             # build_attention_context's views of the persistent buffers, by their sizes (a slice
-            # costs a torch op; a steady batch asks the same ones every step)
-            self._fn_context_views: dict[tuple[int, int, int], tuple[torch.Tensor, ...]] = {}
+            # costs a torch op; a steady batch asks the same ones every step): in the manager's
+            # schedule cache
+            self._fn_context_views = self.schedule_cache.table("contexts")
 
         # ------------------------------------------------------------ config
 
@@ -345,7 +346,7 @@ def make_functional_ascend_manager(
             if spec:
                 Lp = local.num_tokens_after_padding
                 if Lp > num_local:  # vllm-ascend re-gathers the ids: padding rows read global token 0
-                    with self._fn_pcp._guard():
+                    with self._fn_pcp.guard():
                         ib.input_ids[num_local:Lp].copy_(g.input_ids[:1].expand(Lp - num_local))
                 local_drafts = drafts.astype(np.int32)[self._fn_local_rows]
                 changes.update(
@@ -360,7 +361,7 @@ def make_functional_ascend_manager(
                         f"input_batch.query_start_loc_np ends at {restore_rows} tokens; "
                         f"max_num_tokens is {self.max_num_tokens}"
                     )
-                with self._fn_pcp._guard():
+                with self._fn_pcp.guard():
                     self._fn_hidden_restore_idx[g.num_tokens : restore_rows].zero_()
 
             graph_tokens = g.num_tokens_after_padding
@@ -421,7 +422,7 @@ def make_functional_ascend_manager(
                 )
             num_local, n = local.num_tokens, local.num_reqs
             qsl = ib.query_start_loc[: reqs + 1]
-            with self._fn_pcp._guard():  # fixed-shape device writes only
+            with self._fn_pcp.guard():  # fixed-shape device writes only
                 ib.input_ids[num_local:tokens].zero_()
                 ib.positions[num_local:tokens].zero_()
                 ib.is_padding[num_local:tokens].fill_(True)
@@ -466,7 +467,7 @@ def make_functional_ascend_manager(
                     f"the layout's {width} local tokens exceed the decode graph's "
                     f"input_batch.num_tokens_after_padding={graph}"
                 )
-            with self._fn_pcp._guard():
+            with self._fn_pcp.guard():
                 compact = slots.view(K, P, width).clone()  # the source overlaps the destination
                 grid = out.view(K, P, graph)
                 grid[:, :, width:].fill_(PAD)
@@ -487,7 +488,7 @@ def make_functional_ascend_manager(
             return its zeroed block tables and ``PAD_SLOT_ID`` slot mappings."""
             ib = self._input_buffers
             t, r = input_batch.num_tokens_after_padding, input_batch.num_reqs_after_padding
-            with self._fn_pcp._guard():
+            with self._fn_pcp.guard():
                 torch._foreach_copy_(
                     [
                         ib.input_ids[:t],
@@ -549,17 +550,19 @@ def make_functional_ascend_manager(
             if self.dcp_world_size > 1 and np.asarray(g.is_prefilling_np).any():
                 host = tables.num_blocks.np[:, g.idx_mapping_np[: g.num_reqs]]
                 num_blocks = torch.from_numpy(host).to(device=self.device, non_blocking=True)
-            width = self._fn_pcp._current().Lp * self.pcp_world_size
+            width = self._fn_pcp.current_plan().Lp * self.pcp_world_size
             key = (g.num_tokens_after_padding, int(g.query_start_loc_np[-1]), width)
             views = self._fn_context_views.get(key)
             if views is None:
-                if len(self._fn_context_views) > 1024:  # bounded: a few sizes repeat in practice
-                    self._fn_context_views.clear()
-                views = self._fn_context_views[key] = (
-                    self._fn_global_slot_mappings[:, : key[0]],
-                    self._fn_hidden_restore_idx[: key[1]],
-                    self._fn_padded_gather_idx[:width],
-                    self._fn_kv_write_mask[:width],
+                views = self.schedule_cache.put(
+                    "contexts",
+                    key,
+                    (
+                        self._fn_global_slot_mappings[:, : key[0]],
+                        self._fn_hidden_restore_idx[: key[1]],
+                        self._fn_padded_gather_idx[:width],
+                        self._fn_kv_write_mask[:width],
+                    ),
                 )
             return Context(
                 global_batch=g,
@@ -594,13 +597,13 @@ def make_functional_ascend_manager(
             global graph's padding) zero; unchanged when there are none (the steady case)."""
             if n == rows:
                 return restored
-            with self._fn_pcp._guard():
+            with self._fn_pcp.guard():
                 return _zero_padding_rows(restored, n, rows)
 
         def _layout_rows(self, gathered: torch.Tensor) -> torch.Tensor:
             """``gathered`` at the layout's ``P * Lp`` rows: a decode graph padded past the layout
             gathers ``P * num_tokens_after_padding`` rows, whose restored rows are all rank 0's."""
-            P, Lp, g = self.pcp_world_size, self._fn_pcp._current().Lp, self._global_batch
+            P, Lp, g = self.pcp_world_size, self._fn_pcp.current_plan().Lp, self._global_batch
             rows = gathered.shape[0]
             if rows == P * Lp or g is None or not self._fn_decode_only:
                 return gathered
@@ -624,7 +627,7 @@ def make_functional_ascend_manager(
                 return
             if not self._fn_pcp.has_layout:
                 raise RuntimeError("restore_hidden_state_buffer: no batch was partitioned yet")
-            restored = self.restore_hidden_states(hidden_states[: self._fn_pcp._current().Lp])
+            restored = self.restore_hidden_states(hidden_states[: self._fn_pcp.current_plan().Lp])
             hidden_states[: restored.shape[0]].copy_(restored)
 
         def restore_for_sampling(
