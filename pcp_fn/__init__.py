@@ -2,7 +2,7 @@
 
 Every op is ``op(state, ...) -> (state, outputs)`` on fixed-shape device
 tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
-vmaps and captures into one CUDA/ACL graph. See README.md.
+vmaps and captures into one CUDA/ACL graph. Documentation: ``docs/`` (https://pcp-fn.github.io/pcp_fn/).
 
 The facade (this module) serves the DualChunkSwap layout and its hybrid-attention
 variant, chosen by ``PCPConfig.hybrid_attn``. Peers and tools:

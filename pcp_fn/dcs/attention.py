@@ -94,7 +94,7 @@ class AttentionMetadata:
         pcp_unpad_mask: ``[P*L_b]`` bool, the layout's unpad mask (False past
             ``P * num_tokens``).
         pcp_allgather_restore_idx: ``[P*L_b]`` int64, the layout's restore
-            index (addresses fixed ``[L_b]`` rank buffers; see README).
+            index (addresses fixed ``[L_b]`` rank buffers: docs/concepts.md, DualChunkSwap).
         query_lens_pcp_full: ``[R_b]`` int32 scheduled tokens before the split.
         max_query_len_pcp_full: 0-d int32, their max.
         num_decode_reqs, num_prefill_reqs: 0-d int64; ``num_prefill_reqs`` is
