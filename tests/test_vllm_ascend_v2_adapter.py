@@ -346,18 +346,8 @@ def vllm_ascend_backend():
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
 
-    @dataclasses.dataclass
-    class RealAscendInputBatch(InputBatch):  # vllm-ascend's fields over the installed vLLM's
-        seq_lens_np: np.ndarray | None = None
-        attn_state: object = None
-        is_dummy: bool = False
-
-    class RealAscendInputBuffers(InputBuffers):
-        def __init__(self, max_num_reqs, max_num_tokens, device):
-            super().__init__(max_num_reqs, max_num_tokens, device)
-            self.query_start_loc = torch.zeros(max_num_reqs + 2, dtype=torch.int32, device=device)
-            self.seq_lens_cpu = torch.zeros(max_num_reqs, dtype=torch.int32)
-            self.seq_lens_np = self.seq_lens_cpu.numpy()
+    # vllm-ascend's fields over the installed vLLM's classes
+    RealAscendInputBatch, RealAscendInputBuffers = standin.ascend_classes(InputBatch, InputBuffers)
 
     contract = detect(vllm_pcp.PCPManager, vllm_pcp)
     api = SimpleNamespace(

@@ -421,25 +421,30 @@ def build_attn_state(
     return AscendAttentionState.ChunkedPrefill
 
 
-class AscendInputBuffers(InputBuffers):
-    """``vllm_ascend.worker.v2.input_batch.AscendInputBuffers``: one more ``query_start_loc`` entry
-    (a FIA padding slot) and host ``seq_lens_cpu`` with its numpy view ``seq_lens_np``."""
+def ascend_classes(input_batch: type, input_buffers: type) -> tuple[type, type]:
+    """vllm-ascend's ``AscendInputBatch`` and ``AscendInputBuffers``
+    (``vllm_ascend/worker/v2/input_batch.py``) over vLLM's ``input_batch`` / ``input_buffers``
+    (the stand-in's, or the installed vLLM's): the host sequence lengths and the attention
+    state on the batch; one more ``query_start_loc`` entry (a FIA padding slot) and host
+    ``seq_lens_cpu`` with its numpy view ``seq_lens_np`` on the buffers."""
 
-    def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device):
-        super().__init__(max_num_reqs, max_num_tokens, device)
-        self.query_start_loc = torch.zeros(max_num_reqs + 2, dtype=torch.int32, device=device)
-        self.seq_lens_cpu = torch.zeros(max_num_reqs, dtype=torch.int32)
-        self.seq_lens_np = self.seq_lens_cpu.numpy()
+    @dataclasses.dataclass
+    class AscendInputBatch(input_batch):  # type: ignore[valid-type,misc]
+        seq_lens_np: np.ndarray | None = None
+        attn_state: Any = None
+        is_dummy: bool = False
+
+    class AscendInputBuffers(input_buffers):  # type: ignore[valid-type,misc]
+        def __init__(self, max_num_reqs: int, max_num_tokens: int, device: torch.device):
+            super().__init__(max_num_reqs, max_num_tokens, device)
+            self.query_start_loc = torch.zeros(max_num_reqs + 2, dtype=torch.int32, device=device)
+            self.seq_lens_cpu = torch.zeros(max_num_reqs, dtype=torch.int32)
+            self.seq_lens_np = self.seq_lens_cpu.numpy()
+
+    return AscendInputBatch, AscendInputBuffers
 
 
-@dataclasses.dataclass
-class AscendInputBatch(InputBatch):
-    """``vllm_ascend.worker.v2.input_batch.AscendInputBatch``: the host sequence lengths and the
-    attention state on top of vLLM's ``InputBatch``."""
-
-    seq_lens_np: np.ndarray | None = None
-    attn_state: Any = None
-    is_dummy: bool = False
+AscendInputBatch, AscendInputBuffers = ascend_classes(InputBatch, InputBuffers)
 
 
 class AscendBlockTables(BlockTables):

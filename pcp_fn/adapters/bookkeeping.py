@@ -491,7 +491,7 @@ class Bookkeeping:
             raise ValueError(
                 f"input_batch.{short} has {rows} rows; it must cover the {num_tokens} scheduled tokens"
             )
-        self._stage((num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping), plan.Lp)
+        host = self._stage((num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping), plan.Lp)
         if num_ids > T or num_pos > T:
             input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
             num_ids = num_pos = num_tokens
@@ -504,16 +504,16 @@ class Bookkeeping:
             pos = self._prefix("positions", self._positions, num_pos)
         with self.runtime.guard():
             if not self._staging.persistent:  # (the CPU's host buffer is the device buffer)
-                self._staging.commit(self._host)
+                self._staging.commit(host)
             # two copies, not one _foreach_copy_: for two tensors its dispatch costs more
             ids.copy_(input_ids)
             pos.copy_(positions)
         self.runtime.run(plan.graph)
         self._plan = plan
 
-    def _stage(self, rows: tuple[np.ndarray, ...], Lp: int) -> None:
+    def _stage(self, rows: tuple[np.ndarray, ...], Lp: int) -> np.ndarray:
         """Pack the step's per-request arrays ``rows`` (in :data:`STEP`'s row order) and ``Lp``
-        into a host buffer (:attr:`_host`), checking the values the int32 staging could wrap."""
+        into a host buffer, checking the values the int32 staging could wrap; returns it."""
         num_scheduled, num_computed, prefill_len, _, idx_mapping = rows
         R, T, n = self.config.max_num_reqs, self.config.max_num_tokens, num_scheduled.size
         # rows past the requests must read zero: a fresh (pinned) buffer is zeroed there; the
@@ -524,7 +524,7 @@ class Bookkeeping:
             packer.pack(n, rows, (n, Lp))
         else:
             packer.pack(n, rows, (n, Lp), self._staged_reqs)
-        host = self._host = packer.buffer
+        host = packer.buffer
         self._staged_reqs = n
         # the staged values at once, before anything runs: none negative, no sequence end past
         # int32 (one bitwise-or bounds them all); a wider dtype's values that the int32 staging
@@ -541,6 +541,7 @@ class Bookkeeping:
             if key != self._idx_checked:
                 host_ints(_FIELDS[3], idx_mapping)
                 self._idx_checked = key
+        return host
 
     def set_slot_mappings(
         self, global_slot_mappings: torch.Tensor, gathered_slot_mappings: torch.Tensor

@@ -30,6 +30,7 @@ With ``backend=None`` nothing is compiled: :meth:`run` makes plain calls.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -49,15 +50,17 @@ logger = logging.getLogger("pcp_fn.adapters")
 _NO_GUARD = contextlib.nullcontext()  # reusable
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class GraphCall:
     """One device function of one rung, bound to its buffers (made by :meth:`GraphRuntime.add`).
 
     Attributes:
-        key: names the call in logs and in package names (``("step", bucket)``...).
+        key: names the call in logs (``("step", bucket)``...).
         fn: ``fn(*fixed, *staged)`` writes its results into ``fixed``'s buffers, returns nothing.
         fixed: the persistent arguments (state, output buffers: pytrees of tensors).
         staged: the staging inputs, the tensors a graph reads at each replay.
-        graph_key: calls with one ``graph_key`` share a graph (they differ in ``staged`` only).
+        graph_key: calls with one ``graph_key`` share a graph (they differ in ``staged`` only);
+            it also names the AOTInductor package.
         in_place: the staging inputs are always these tensors: a device graph reads them
             in place (``capture(persistent_inputs=True)``), a replay copies nothing.
         step: a run of this call is a step (counted in ``stats.steps``).
@@ -65,22 +68,15 @@ class GraphCall:
         fallback: it runs eagerly although the runtime has a backend (no graph was made).
     """
 
-    __slots__ = ("bound", "fallback", "fixed", "fn", "graph_key", "in_place", "key", "staged", "step")
-
-    def __init__(
-        self,
-        key: Hashable,
-        fn: Callable[..., None],
-        fixed: tuple[Any, ...],
-        staged: tuple[torch.Tensor, ...],
-        graph_key: Hashable,
-        in_place: bool,
-        step: bool,
-    ) -> None:
-        self.key, self.fn, self.fixed, self.staged = key, fn, fixed, staged
-        self.graph_key, self.in_place, self.step = graph_key, in_place, step
-        self.bound: Callable[[], None] | None = None
-        self.fallback = False
+    key: Hashable
+    fn: Callable[..., None]
+    fixed: tuple[Any, ...]
+    staged: tuple[torch.Tensor, ...]
+    graph_key: Hashable
+    in_place: bool = True
+    step: bool = False
+    bound: Callable[[], None] | None = None
+    fallback: bool = False
 
     def plain(self) -> Callable[[], None]:
         """The call without a graph."""
