@@ -56,8 +56,8 @@ import vllm_standin as standin  # noqa: E402
 from _common import R, T  # noqa: E402
 from vllm_lockstep import GlobalStep, make_global_batch  # noqa: E402
 
-from pcp_fn.adapters.bookkeeping import HostLayout  # noqa: E402
-from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager  # noqa: E402
+from pcp_fn.adapters.vllm import VllmApi, make_functional_manager  # noqa: E402
+from pcp_fn.adapters.vllm.graphs import HostLayout  # noqa: E402
 
 H = 128
 PHASES = ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "restore")

@@ -117,28 +117,28 @@ def phased_class(adapter: type) -> tuple[type, list[tuple[str, int]]]:
     marks: list[tuple[str, int]] = []
     clock = time.perf_counter_ns
 
-    class Phased(adapter):  # type: ignore[misc,valid-type]
-        def _fn_check(self, g):
+    class PhasedBookkeeper(adapter.bookkeeper_cls):  # type: ignore[misc,name-defined]
+        def check(self, g):
             marks.append(("check", clock()))
-            return super()._fn_check(g)
+            return super().check(g)
 
-        def _fn_plan(self, *args):
+        def plan(self, *args):
             marks.append(("plan", clock()))
-            out = super()._fn_plan(*args)
+            out = super().plan(*args)
             marks.append(("stage", clock()))
             return out
 
-        def _fn_host_fields(self, *args):
+        def host_fields(self, *args):
             marks.append(("fields", clock()))
-            return super()._fn_host_fields(*args)
+            return super().host_fields(*args)
 
-        def _fn_local_batch(self, *args):
+        def local_batch(self, *args):
             marks.append(("batch", clock()))
-            out = super()._fn_local_batch(*args)
+            out = super().local_batch(*args)
             marks.append(("batch end", clock()))
             return out
 
-    return Phased, marks
+    return type("Phased", (adapter,), {"bookkeeper_cls": PhasedBookkeeper}), marks
 
 
 def one_step(m: Any, g: Any, tokens: int | None, reqs: int | None, hidden: torch.Tensor) -> Any:
@@ -239,8 +239,8 @@ def main() -> int:
     import bench_vllm
     import check_ascend_v2_manager_against_reference as check
 
+    from pcp_fn.adapters.vllm import VllmApi
     from pcp_fn.adapters.vllm_ascend import AscendApi, make_functional_ascend_manager
-    from pcp_fn.adapters.vllm_manager import VllmApi
 
     mod, path = check.load_reference()
     mod.build_attn_state = build_attn_state  # the reference's module global; the adapter gets the same

@@ -124,7 +124,7 @@ def graph_replayed(manager: Any, step: Any) -> Any:
     buffers the replays would. What is left is the host path (numpy twin, staging, host fields,
     the local ``InputBatch``, slot mappings, restores)."""
     step(manager)
-    manager._fn_pcp.runtime.invoke = _no_replay
+    manager.bookkeeper.graphs.runtime.invoke = _no_replay
     return manager
 
 
@@ -146,19 +146,23 @@ def new_schedule_step(manager: Any, step: Any) -> None:
 def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
     """:func:`one_step` of the adapter, its phases called one after the other (what
     ``partition_batch`` calls) with a timestamp between each two, into :data:`PHASES` (ns)."""
-    clock, pcp = time.perf_counter_ns, manager._fn_pcp
+    clock, bookkeeper = time.perf_counter_ns, manager.bookkeeper
     td = clock()
     manager.get_num_tokens_for_dispatch(g.num_scheduled_tokens, g.is_prefilling_np)
     t0 = clock()
-    sched, computed, pf, plen, idx_np = manager._fn_check(g)
+    arrays = bookkeeper.check(g)
     t1 = clock()
-    shape = manager._fn_plan(sched, pf, desc)
+    shape = bookkeeper.plan(arrays.num_scheduled, arrays.is_prefilling, desc)
     t2 = clock()
-    pcp.partition(sched, computed, plen, pf, idx_np, g.input_ids, g.positions, shape.total, shape.plan)
+    a = arrays
+    bookkeeper.graphs.partition(
+        a.num_scheduled, a.num_computed, a.prefill_len, a.is_prefilling, a.idx_mapping,
+        g.input_ids, g.positions, shape.total, shape.plan,
+    )  # fmt: skip
     t3 = clock()
-    fields = manager._fn_host_fields(g, shape, sched, computed, plen, idx_np)
+    fields = bookkeeper.host_fields(g, shape, arrays)
     t4 = clock()
-    local = manager._fn_local_batch(g, fields, shape.fixed)
+    local = bookkeeper.local_batch(g, fields, shape.fixed)
     t5 = clock()
     manager.prepare_attn(local)
     t6 = clock()

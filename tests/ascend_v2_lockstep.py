@@ -47,7 +47,7 @@ from vllm_lockstep import (
     stage_capture,
 )
 
-from pcp_fn.adapters.vllm_contract import VLLM_0_32
+from pcp_fn.adapters.vllm.contract import VLLM_0_32
 
 #: Where the adapter may differ from vllm-ascend's manager, and how the driver maps it.
 DEVIATIONS = {
@@ -118,7 +118,7 @@ class AscendBackend:
     make_adapter: Callable[..., Any]
     group: PrefixGroup
     pp: PPGroup
-    # the vLLM contract of the base both managers follow (pcp_fn.adapters.vllm_contract)
+    # the vLLM contract of the base both managers follow (pcp_fn.adapters.vllm.contract)
     contract: Any = VLLM_0_32
 
 

@@ -89,11 +89,11 @@ def test_capture_ladder_holds_the_engines_capture_sizes():
 def test_bucket_for_is_the_smallest_rung_holding_the_step():
     for R2, T in ((16, 48), (512, 64), (8, 300)):
         m = manager_cls(None)(**{**KW, "max_num_reqs": R2 // 2, "max_num_tokens": T})
-        ladder = m._fn_pcp.ladder
+        ladder = m.bookkeeper.graphs.ladder
         for Lp in range(0, T + 1, 3):
             for Rpad in range(0, R2 + 1, 5):
                 for rows in (0, min(Rpad, Lp), Rpad):
-                    b = m._fn_pcp.bucket_for(Lp, Rpad, rows)
+                    b = m.bookkeeper.graphs.bucket_for(Lp, Rpad, rows)
                     assert b in ladder and b.num_tokens >= Lp and b.num_reqs >= max(Rpad, rows)
                     smaller = [x for x in ladder if x.num_tokens < b.num_tokens]
                     assert not any(x.num_tokens >= Lp and x.num_reqs >= max(Rpad, rows) for x in smaller), (
@@ -117,7 +117,9 @@ def test_every_graph_made_at_construction_none_at_a_step():
     counters.clear()
     m = manager_cls("eager")(**KW)
     stats = m.graph_stats
-    assert stats.prepared == len(m._fn_pcp.ladder) == 3 and stats.steps == 0  # (16, 16) (16, 32) (16, 48)
+    assert (
+        stats.prepared == len(m.bookkeeper.graphs.ladder) == 3 and stats.steps == 0
+    )  # (16, 16) (16, 32) (16, 48)
     made = counters["stats"]["unique_graphs"]
     assert made >= stats.prepared
     eager = _drive(manager_cls(None)(**KW))
@@ -130,17 +132,17 @@ def test_every_graph_made_at_construction_none_at_a_step():
 def test_a_step_without_a_prepared_graph_runs_eagerly_counted_and_logged(caplog):
     counters.clear()
     m = manager_cls("eager")(**KW)
-    for call in m._fn_pcp.runtime.calls:  # as if no bucket had been prepared
+    for call in m.bookkeeper.graphs.runtime.calls:  # as if no bucket had been prepared
         call.bound = None
     with caplog.at_level(logging.WARNING, logger="pcp_fn.adapters"):
         steps = _drive(m, steps=6)
     assert counters["stats"]["unique_graphs"] == 3  # the construction's, nothing more
     assert m.graph_stats.fallbacks == len(steps) == m.graph_stats.steps
     warned = [r for r in caplog.records if "no prepared 'eager' graph" in r.getMessage()]
-    assert 1 <= len(warned) <= len(m._fn_pcp.ladder)  # once per bucket met
+    assert 1 <= len(warned) <= len(m.bookkeeper.graphs.ladder)  # once per bucket met
     _assert_same_steps(steps, _drive(manager_cls(None)(**KW), steps=6))
-    m._fn_pcp.prepare()  # a later prepare replaces the fallbacks with graphs
-    assert m._fn_pcp.num_graphs == len(m._fn_pcp.ladder)
+    m.bookkeeper.graphs.prepare()  # a later prepare replaces the fallbacks with graphs
+    assert m.bookkeeper.graphs.num_graphs == len(m.bookkeeper.graphs.ladder)
 
 
 def test_aoti_packages_are_cached_on_disk(tmp_path, monkeypatch):
@@ -156,8 +158,8 @@ def test_aoti_packages_are_cached_on_disk(tmp_path, monkeypatch):
     assert second.graph_stats.prepared == 1 and second.graph_stats.loaded == 1
     assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".pt2")) == packages
     # another config (here rank 1) names another package
-    other = manager_cls(None)(**{**KW, "pcp_rank": 1})._fn_pcp
+    other = manager_cls(None)(**{**KW, "pcp_rank": 1}).bookkeeper.graphs
     other.package_dir = str(tmp_path)
-    assert other.package_path(Bucket(16, 48)) != first._fn_pcp.package_path(Bucket(16, 48))
+    assert other.package_path(Bucket(16, 48)) != first.bookkeeper.graphs.package_path(Bucket(16, 48))
     _assert_same_steps(_drive(second), _drive(manager_cls(None)(**KW)))
     assert second.graph_stats.fallbacks == 0

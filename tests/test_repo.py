@@ -49,6 +49,9 @@ LAYERS = {
 # imported lazily on purpose: optional extras and heavy or process-wide machinery
 # fcntl: POSIX only, imported where a package cache is locked
 LAZY_OK = {"torch_npu", "vllm", "vllm_ascend", "tqdm", "torch.distributed", "torch._dynamo", "fcntl"}
+# pcp_fn modules that import an engine at module level (the drop-in over the installed vLLM):
+# the adapter packages import them lazily, so importing an adapter package imports no engine
+ENGINE_MODULES = {"pcp_fn.adapters.vllm.installed"}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -141,10 +144,50 @@ def test_no_private_name_crosses_a_package_and_no_hidden_import():
             if target.startswith("pcp_fn") and target.split(".")[:2] != own_package:
                 private = [n for n in names if n.startswith("_") and not n.startswith("__")]
                 assert not private, f"{mod} imports private {private} from {target}"
-            if not top and target.startswith("pcp_fn"):
+            if not top and target.startswith("pcp_fn") and target not in ENGINE_MODULES:
                 raise AssertionError(f"{mod} imports {target} inside a function")
             if not top and not target.startswith("pcp_fn"):
                 assert any(target == x or target.startswith(x + ".") for x in LAZY_OK), (mod, target)
+
+
+# the adapters, one package per engine line, over the modules every adapter shares
+ADAPTERS = ("pcp_fn.adapters.vllm", "pcp_fn.adapters.vllm_ascend.v1", "pcp_fn.adapters.vllm_ascend.v2")
+ADAPTERS_SHARED = ("pcp_fn.adapters.runtime", "pcp_fn.adapters.backend", "pcp_fn.adapters.schedule_cache")
+
+
+def _adapter_of(module: str) -> str | None:
+    return next((a for a in ADAPTERS if module == a or module.startswith(a + ".")), None)
+
+
+def test_adapters_are_one_package_per_engine_line_and_share_only_public_names():
+    """Each adapter module is in its engine line's package or is one of the shared modules; an
+    adapter imports another adapter's public names only (no private name, no private module)."""
+    for path in (PKG / "adapters").rglob("*.py"):
+        mod = _module_name(path)
+        if mod in ("pcp_fn.adapters", "pcp_fn.adapters.vllm_ascend"):
+            continue  # the packages' own front doors
+        own = _adapter_of(mod)
+        assert own or mod in ADAPTERS_SHARED, f"{mod} belongs to no adapter package"
+        for target, names, _ in _imports(path):
+            other = _adapter_of(target)
+            if other is None or other == own:
+                continue
+            private = [n for n in names if n.startswith("_")]
+            hidden = [p for p in target.split(".") if p.startswith("_")]
+            assert not private and not hidden, f"{mod} imports private {private or hidden} of {other}"
+
+
+def test_no_adapter_function_is_longer_than_80_lines():
+    import ast
+
+    long = []
+    for path in (PKG / "adapters").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
 
 
 def test_import_pcp_fn_imports_neither_the_simulator_nor_vllm():

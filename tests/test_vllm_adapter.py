@@ -25,8 +25,8 @@ from oracle_vllm import OracleManager
 from vllm_lockstep import Backend, Case, draft_inputs, make_global_batch, run_lockstep, scheduler_steps
 
 import pcp_fn
-from pcp_fn.adapters.vllm_contract import VLLM_0_32
-from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
+from pcp_fn.adapters.vllm import VllmApi, make_functional_manager
+from pcp_fn.adapters.vllm.contract import VLLM_0_32
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -121,7 +121,7 @@ def test_captured_mixed_full_steps_replay_equal_to_eager(device):
         for step in scheduler_steps(case):
             desc = Desc(cg_mode=Mode.FULL, num_tokens=32, num_reqs=8)
             g = make_global_batch(STANDIN_API, step, desc, list(range(len(step.sched))), dev)
-            seg = a._fn_segments(g.num_scheduled_tokens, g.is_prefilling_np)[0]
+            seg = a.bookkeeper.segments(g.num_scheduled_tokens, g.is_prefilling_np)[0]
             if seg.per_rank_num_tokens.max() > 32 or seg.per_rank_num_reqs.max() > 8:
                 continue  # no FULL graph of this size holds it
             mixed += g.has_prefill
@@ -140,7 +140,7 @@ def test_captured_mixed_full_steps_replay_equal_to_eager(device):
                 elif isinstance(x, np.ndarray):
                     assert np.array_equal(x, y), f.name
             assert torch.equal(a.prepare_attn(la)[1], b.prepare_attn(lb)[1])
-        assert a._fn_pcp.num_graphs >= 1
+        assert a.bookkeeper.graphs.num_graphs >= 1
     assert mixed >= 3
 
 
@@ -280,7 +280,7 @@ def test_gathered_slot_mappings_are_one_gather_through_the_pad_column():
     assert torch.equal(ours, want) and (ours == standin.PAD_SLOT_ID).any() and (ours >= 0).any()
     pad_column = m.persistent_buffers()["global_slot_mappings"][:, 16]
     assert pad_column.tolist() == [standin.PAD_SLOT_ID]
-    assert pcp_fn.graph.count_kernels(m._fn_pcp.gathered_slot_mappings, g.num_tokens) == 1
+    assert pcp_fn.graph.count_kernels(m.bookkeeper.graphs.gathered_slot_mappings, g.num_tokens) == 1
 
 
 @pytest.mark.parametrize(
@@ -339,8 +339,8 @@ def test_bad_arrays_and_constructor():
 
 def test_importing_pcp_fn_imports_no_vllm():
     code = (
-        "import sys, pcp_fn, pcp_fn.adapters, pcp_fn.adapters.vllm_manager; "
-        "bad = [m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'pcp_fn.adapters.vllm']; "
+        "import sys, pcp_fn, pcp_fn.adapters, pcp_fn.adapters.vllm, pcp_fn.adapters.vllm_ascend; "
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'vllm' or m.endswith('vllm.installed')]; "
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(pcp_fn.__path__[0] + "/.."))
@@ -633,17 +633,18 @@ VLLM_MEANING = {"_input_buffers", "_local_block_tables", "_local_block_table_ptr
 
 def test_attribute_names_do_not_collide_with_vllms(vllm_backend):
     """Every vLLM attribute exists on the drop-in (vLLM's helpers find what they read); the drop-in's
-    own are ``_fn_`` names no vLLM attribute or method uses."""
+    own state is its ``bookkeeper`` (a name no vLLM attribute or method uses), the vLLM names of
+    that state are views of it."""
     from vllm.v1.worker.gpu.pcp_manager import PCPManager
 
     kw = _vllm_kw()
     ours = vllm_backend.make_adapter(**kw)
     theirs, bare = PCPManager(**kw), PCPManager(**{**kw, "max_num_reqs": None, "max_num_tokens": None})
-    mine, vllms = set(vars(ours)), set(vars(theirs))
-    assert vllms <= mine, vllms - mine
-    own = mine - vllms
-    assert own == {n for n in own if n.startswith("_fn_")} | ({"max_num_reqs", "max_num_tokens"} & own), own
-    assert not [n for n in dir(PCPManager) if n.startswith("_fn_")]
+    vllms = set(vars(theirs))
+    assert not [n for n in vllms if not hasattr(ours, n)]
+    own = set(vars(ours)) - vllms
+    assert own == {"bookkeeper"} | ({"max_num_reqs", "max_num_tokens"} & own), own
+    assert not hasattr(PCPManager, "bookkeeper")
     for name in vllms:
         if name in VLLM_MEANING:
             continue
@@ -708,7 +709,11 @@ def test_vllm_private_helpers_leave_the_drop_in_buffers_alone(vllm_backend, monk
     others = [torch.zeros_like(hidden)]  # rank 1's rows: only rank 0's are checked below
     group.stage([hidden, *others])
     restored = ours.restore_hidden_states(hidden)
-    rows = [r for r in range(g.num_tokens) if ours._fn_hidden_restore_idx[r] < local.num_tokens_after_padding]
+    rows = [
+        r
+        for r in range(g.num_tokens)
+        if ours.bookkeeper.hidden_restore_idx[r] < local.num_tokens_after_padding
+    ]
     assert rows and all(restored[r, 0] == g.input_ids[r] and restored[r, 1] == g.positions[r] for r in rows)
 
 

@@ -24,9 +24,9 @@ from ascend_v2_lockstep import AscendBackend, PPGroup, PrefixGroup, build_attn_s
 from oracle_vllm import OracleManager
 from vllm_lockstep import Case
 
+from pcp_fn.adapters.vllm import VllmApi
+from pcp_fn.adapters.vllm.contract import detect
 from pcp_fn.adapters.vllm_ascend import AscendApi, PCPAttentionContext, make_functional_ascend_manager
-from pcp_fn.adapters.vllm_contract import detect
-from pcp_fn.adapters.vllm_manager import VllmApi
 
 Mode = standin.CUDAGraphMode
 GROUP = PrefixGroup()
@@ -647,5 +647,5 @@ def test_pcp_fn_graph_backend_configures_the_v2_drop_in(monkeypatch, env, backen
     cls = type("Switched", (base.__mro__[1],), {"check_host_syncs": False})  # the built class's default
     assert cls.graph_backend == env
     m, _ = _manager(cls=cls)
-    assert m.graph_stats.prepared == (0 if backend is None else len(m._fn_pcp.ladder))
-    assert m._fn_pcp.backend == backend
+    assert m.graph_stats.prepared == (0 if backend is None else len(m.bookkeeper.graphs.ladder))
+    assert m.bookkeeper.graphs.backend == backend

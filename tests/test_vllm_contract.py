@@ -1,4 +1,4 @@
-"""The vLLM release contracts (``pcp_fn.adapters.vllm_contract``) without vLLM: version policy,
+"""The vLLM release contracts (``pcp_fn.adapters.vllm.contract``) without vLLM: version policy,
 detection, and the 0.33+ contract (late block tables, the gathered MoE mask) in lockstep with
 the oracle over the stand-in. The real releases: ``tests/test_vllm_adapter.py`` in CI's stages."""
 
@@ -14,8 +14,8 @@ import vllm_standin as standin
 from test_vllm_adapter import _check_summary, standin_backend
 from vllm_lockstep import Case, run_lockstep
 
-from pcp_fn.adapters import vllm_contract as vc
-from pcp_fn.adapters.vllm_manager import VllmApi, make_functional_manager
+from pcp_fn.adapters.vllm import VllmApi, make_functional_manager
+from pcp_fn.adapters.vllm import contract as vc
 
 
 @pytest.mark.parametrize(

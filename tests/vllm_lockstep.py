@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from pcp_fn import PCPConfig
-from pcp_fn.adapters.vllm_contract import VLLM_0_32
+from pcp_fn.adapters.vllm.contract import VLLM_0_32
 from pcp_fn.sim.engine import Scheduler, synthetic_requests
 
 BLOCK_SIZE = 4
@@ -62,7 +62,7 @@ class Backend:
     reference_takes_full_mixed: bool
     group: Any  # vllm_standin.FakePCPGroup, the PCP group both managers see
     make_dispatcher: Callable[[int, list[int]], Callable[[int, int], Any]] | None = None
-    # the vLLM contract both managers follow (pcp_fn.adapters.vllm_contract): 0.33+ builds them
+    # the vLLM contract both managers follow (pcp_fn.adapters.vllm.contract): 0.33+ builds them
     # without block tables, then set_block_tables, and may gather the MoE's padding mask
     contract: Any = VLLM_0_32
 
@@ -297,7 +297,7 @@ def assert_views(manager: Any, local: Any, ptrs: dict[str, int]) -> None:
     bufs = manager.persistent_buffers()
     assert {k: v.data_ptr() for k, v in bufs.items()} == ptrs, "a persistent buffer moved"
     for field in ("input_ids", "positions", "is_padding", "query_start_loc", "seq_lens"):
-        buffer = "moe_is_padding" if field == "is_padding" and manager._fn_moe is not None else field
+        buffer = "moe_is_padding" if field == "is_padding" and manager.bookkeeper.moe is not None else field
         assert getattr(local, field).data_ptr() == bufs[buffer].data_ptr(), field
     for field in ("idx_mapping", "expanded_local_pos", "logits_indices", "cu_num_logits"):
         assert getattr(local, field).data_ptr() == bufs[field].data_ptr(), field

@@ -316,7 +316,7 @@ def get_pcp_group() -> FakePCPGroup:
 
 
 def vllm_api_fields(**overrides: Any) -> dict[str, Any]:
-    """The stand-in's names for ``pcp_fn.adapters.vllm_manager.VllmApi``
+    """The stand-in's names for ``pcp_fn.adapters.vllm.manager.VllmApi``
     (``VllmApi(**vllm_api_fields())``), with ``overrides`` replacing some."""
     fields = dict(
         PCPManager=PCPManager,

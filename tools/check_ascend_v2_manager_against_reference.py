@@ -74,8 +74,8 @@ import ascend_v2_lockstep as lockstep  # noqa: E402
 import vllm_standin as standin  # noqa: E402
 from vllm_lockstep import Case  # noqa: E402
 
+from pcp_fn.adapters.vllm import VllmApi  # noqa: E402
 from pcp_fn.adapters.vllm_ascend import AscendApi, make_functional_ascend_manager  # noqa: E402
-from pcp_fn.adapters.vllm_manager import VllmApi  # noqa: E402
 
 GROUP = lockstep.PrefixGroup()
 PP = lockstep.PPGroup()

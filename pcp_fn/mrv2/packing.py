@@ -8,7 +8,7 @@ buffer (:class:`pcp_fn.core.packing.PackedRequests`), ``R = max_num_reqs``::
 
 :func:`pcp_fn.mrv2.make_batch` packs it on the host;
 :func:`pcp_fn.mrv2.unpack_batch` (inside a graph) gives the batch over it. An
-adapter that stages its own buffer (``pcp_fn.adapters.bookkeeping``) packs the
+adapter that stages its own buffer (``pcp_fn.adapters.vllm.graphs``) packs the
 same layout with its own scalars after these (:data:`REQUESTS`
 ``.with_scalars(...)``).
 """

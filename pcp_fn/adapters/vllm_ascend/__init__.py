@@ -18,15 +18,14 @@ class) import them when called and fall back to stand-ins when absent.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 
-from ..vllm_contract import detect
-from ..vllm_manager import VllmApi
 from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
 from .manager import FunctionalDCSManager
-from .manager_v2 import AscendApi, PCPAttentionContext, make_functional_ascend_manager
+from .v2 import AscendApi, PCPAttentionContext, make_functional_ascend_manager
 
 __all__ = [
     "AscendApi",
@@ -47,14 +46,11 @@ def __getattr__(name: str) -> type:
     ``pcp_fn.adapters.vllm.FunctionalPCPManager``."""
     if name != "FunctionalAscendPCPManager":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllm.config.compilation import CUDAGraphMode
     from vllm.distributed import parallel_state
-    from vllm.v1.attention.backends.utils import PAD_SLOT_ID
-    from vllm.v1.worker.gpu import pcp_manager
-    from vllm.v1.worker.gpu.input_batch import InputBuffers
-    from vllm.v1.worker.gpu.pcp_manager import PCPManager
     from vllm_ascend.worker.v2.attn_utils import build_attn_state
     from vllm_ascend.worker.v2.input_batch import AscendInputBuffers
+
+    from ..vllm.installed import vllm_api
 
     try:  # the attention builders' own record type, where this vllm-ascend has it
         from vllm_ascend.worker.v2.pcp_manager import AscendPCPAttentionContext as context
@@ -62,14 +58,8 @@ def __getattr__(name: str) -> type:
         context = PCPAttentionContext
 
     cls = make_functional_ascend_manager(
-        VllmApi(
-            PCPManager=PCPManager,
-            InputBuffers=InputBuffers,
-            CUDAGraphMode=CUDAGraphMode,
-            PAD_SLOT_ID=PAD_SLOT_ID,
-            get_pcp_group=lambda: parallel_state.get_pcp_group(),  # per call: a patched group
-            contract=detect(PCPManager, pcp_manager),
-        ),
+        # vLLM's names; the ladder follows vllm-ascend's padded sizes, not vLLM's capture sizes
+        dataclasses.replace(vllm_api(), capture_sizes=None),
         AscendApi(
             AscendInputBuffers=AscendInputBuffers,
             build_attn_state=build_attn_state,

@@ -1,6 +1,6 @@
 """Everything the vLLM adapter asks of ``pcp_fn``, in one place: host twin, captured MRV2 graph, restores.
 
-The adapter (:mod:`pcp_fn.adapters.vllm_manager`) speaks vLLM; this module
+The bookkeeper (:mod:`pcp_fn.adapters.vllm.bookkeeper`) speaks vLLM; this module
 speaks ``pcp_fn.mrv2``. No other adapter module calls into ``pcp_fn`` (keep it
 that way: when the ``mrv2`` signatures change, only this file changes).
 
@@ -41,14 +41,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .. import mrv2
-from ..core.buckets import Bucket
-from ..core.checks import INT32_MAX, check_sequence_ends, host_int_rows, host_ints
-from ..core.packing import PackedRequests
-from ..mrv2 import host
-from .backend import GraphStats, graph_ladder
-from .runtime import GraphCall, GraphRuntime, Staging
-from .schedule_cache import ScheduleCache
+from ... import mrv2
+from ...core.buckets import Bucket
+from ...core.checks import INT32_MAX, check_sequence_ends, host_int_rows, host_ints
+from ...core.packing import PackedRequests
+from ...mrv2 import host
+from ..backend import GraphStats, graph_ladder
+from ..runtime import GraphCall, GraphRuntime, Staging
+from ..schedule_cache import ScheduleCache
 
 #: What a step stages: the global batch's per-request rows and request count
 #: (:data:`pcp_fn.mrv2.REQUESTS`), then vLLM's padded local token count ``Lp``.
@@ -201,7 +201,7 @@ def _partition_step(
     )
 
 
-# the vLLM InputBatch fields of Bookkeeping.partition's per-request arrays, in its staging order
+# the vLLM InputBatch fields of StepGraphs.partition's per-request arrays, in its staging order
 _FIELDS = tuple(
     f"input_batch.{name}"
     for name in ("num_scheduled_tokens", "num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
@@ -239,8 +239,8 @@ class HostLayout:
         return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
 
 
-class Bookkeeping:
-    """One rank's MRV2 bookkeeping for the adapter.
+class StepGraphs:
+    """One rank's MRV2 step graphs: the host twin's segments staged, the captured partition, the restores.
 
     Args:
         pcp_size, pcp_rank, max_num_reqs, max_num_tokens, shard_decode_requests,
@@ -315,8 +315,15 @@ class Bookkeeping:
         self.backend = backend
         self.check_host_syncs = check_host_syncs
         self._state0 = mrv2.init_state(self.config, device)
-        R, T = max_num_reqs, max_num_tokens
-        # staging: what the captured graphs read (persistent, so each bucket's graph sees one address)
+        self._allocate_staging(max_num_reqs, max_num_tokens)
+        self._add_calls(package_dir)
+        if prepare:
+            self.prepare()
+
+    def _allocate_staging(self, R: int, T: int) -> None:
+        """What the captured graphs read (persistent, so each bucket's graph sees one address) and
+        the layout the consumers read at vLLM's sizes."""
+        device, pcp_size = self.device, self.config.pcp_size
         self._staging = Staging(STEP.size(R), device)
         self._packed = self._staging.device_buffer
         # the CPU's host buffer is the device buffer, the same every step: one packer for it
@@ -330,16 +337,19 @@ class Bookkeeping:
         # the layout the consumers read, at vLLM's sizes: persistent too
         self._per_rank = torch.zeros(pcp_size, dtype=torch.int64, device=device)
         self._num_tokens = torch.zeros((), dtype=torch.int64, device=device)
+
+    def _add_calls(self, package_dir: str | None) -> None:
+        """The runtime and its one call per bucket: the partition, its results written into the
+        persistent buffers."""
         self.runtime = GraphRuntime(
-            backend,
-            device,
-            check_host_syncs=check_host_syncs,
+            self.backend,
+            self.device,
+            check_host_syncs=self.check_host_syncs,
             package_dir=package_dir,
             package_prefix="mrv2_partition",
             package_key=(self.config,),
         )
         self.stats: GraphStats = self.runtime.stats
-        # one call per bucket: the partition, its results written into the persistent buffers
         layout_out = (self._per_rank, self._num_tokens)
         self._calls = {
             bucket: self.runtime.add(
@@ -352,8 +362,6 @@ class Bookkeeping:
             )
             for bucket in self.ladder
         }
-        if prepare:
-            self.prepare()
 
     @property
     def num_graphs(self) -> int:

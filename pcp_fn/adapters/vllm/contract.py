@@ -21,7 +21,7 @@ drafts after sampling    (none)                                 ``sync_drafts`` 
 (vLLM main between 0.32 and 0.33 had the second column but the per-step
 metadata of the first.) :func:`detect` reads which contract the installed vLLM
 has from its ``PCPManager`` class and module, never from a user switch; the
-manager body (:mod:`pcp_fn.adapters.vllm_manager`) is one class over it: the
+manager (:mod:`pcp_fn.adapters.vllm.manager`) is one class over it: the
 public methods whose names or signatures differ are a mixin picked here, and
 the local batch's metadata fields come from :meth:`VllmContract.metadata_fields`.
 This module imports no vLLM.
@@ -67,12 +67,11 @@ class _Methods032:
 
     def prepare_inputs_to_capture(self, input_batch: Any) -> Any:
         """Stage a capture or dummy batch in the persistent local buffers (vLLM 0.32)."""
-        return self._fn_stage_capture(input_batch)  # type: ignore[attr-defined]
+        return self.bookkeeper.stage_capture(input_batch)  # type: ignore[attr-defined]
 
     def get_draft_input_buffers(self, input_buffers: Any) -> Any:
         """The local batch while a draft prefill is prepared, else ``input_buffers`` (vLLM 0.32)."""
-        batch = self.draft_prefill_batch  # type: ignore[attr-defined]
-        return batch if batch is not None else input_buffers
+        return self.bookkeeper.draft_input_buffers(input_buffers)  # type: ignore[attr-defined]
 
 
 class _Methods033:
@@ -81,32 +80,28 @@ class _Methods033:
     def set_block_tables(self, block_tables: Any) -> None:
         """Attach the KV block tables (the runner calls it after KV-cache init): the local block
         tables and slot-mapping buffers are allocated for them, once."""
-        self._fn_set_block_tables(block_tables)  # type: ignore[attr-defined]
+        bookkeeper = self.__dict__.get("bookkeeper")
+        if bookkeeper is None:  # from vLLM's constructor: its attributes as vLLM's leave them
+            super().set_block_tables(block_tables)  # type: ignore[misc]
+        else:
+            bookkeeper.set_block_tables(block_tables)
 
     def moe_is_padding(self, is_padding: torch.Tensor) -> torch.Tensor:
         """A capture/dummy padding mask ``[n]``, the same on every rank, as the ``[P * n]`` rows the
         MoE routes (rank-major), in the persistent MoE mask; unchanged without ``moe_gathers_tokens``."""
-        mask = self._fn_moe  # type: ignore[attr-defined]
-        if mask is None:
-            return is_padding
-        P = self.pcp_world_size  # type: ignore[attr-defined]
-        out = mask[: P * is_padding.shape[0]]
-        out.view(P, -1).copy_(is_padding)
-        return out
+        return self.bookkeeper.moe_is_padding(is_padding)  # type: ignore[attr-defined]
 
     def prepare_inputs_for_capture_or_profile(self, input_batch: Any) -> Any:
         """Stage a capture or dummy batch in the persistent local buffers; its ``is_padding`` is
         the MoE's gathered mask when the MoE all-gathers the tokens."""
-        staged = self._fn_stage_capture(input_batch)  # type: ignore[attr-defined]
-        return dataclasses.replace(staged, is_padding=self.moe_is_padding(staged.is_padding))
+        bookkeeper = self.bookkeeper  # type: ignore[attr-defined]
+        staged = bookkeeper.stage_capture(input_batch)
+        return dataclasses.replace(staged, is_padding=bookkeeper.moe_is_padding(staged.is_padding))
 
     def get_draft_input_buffers(self, input_buffers: Any, num_tokens: int) -> tuple[Any, torch.Tensor]:
         """The draft inputs and their MoE routing mask: the local batch while a draft prefill is
         prepared, else ``input_buffers`` with its first ``num_tokens`` rows' mask."""
-        batch = self.draft_prefill_batch  # type: ignore[attr-defined]
-        if batch is not None:
-            return batch, batch.is_padding
-        return input_buffers, self.moe_is_padding(input_buffers.is_padding[:num_tokens])
+        return self.bookkeeper.draft_input_buffers(input_buffers, num_tokens)  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- the contract

@@ -1,0 +1,93 @@
+"""vLLM drop-in: ``FunctionalPCPManager`` and the ``vllm.general_plugins`` entry point.
+
+    PCP_FN_PCP_MANAGER=1 vllm serve ... --prefill-context-parallel-size 4
+
+With the package installed, vLLM calls :func:`register` in every process
+(entry point ``pcp_fn = "pcp_fn.adapters.vllm:register"`` in the
+``vllm.general_plugins`` group); with ``PCP_FN_PCP_MANAGER=1`` it makes the GPU
+model runner V2 (``GPUModelRunner.pcp_manager_cls``, read by
+``maybe_build_pcp_manager``) build :data:`FunctionalPCPManager`.
+
+The package, one module per concept:
+
+- :mod:`~pcp_fn.adapters.vllm.bookkeeper`: :class:`MRV2Bookkeeper`, the step work with
+  vLLM's method names and no vLLM import (the engine's names in its constructor);
+- :mod:`~pcp_fn.adapters.vllm.graphs`: :class:`StepGraphs`, the only module that calls
+  ``pcp_fn`` (the host twin, the captured ``mrv2`` graph per bucket, the restores);
+- :mod:`~pcp_fn.adapters.vllm.manager`: the thin class over vLLM's ``PCPManager``;
+- :mod:`~pcp_fn.adapters.vllm.contract`: what differs between vLLM 0.32, 0.33 and 0.34;
+- :mod:`~pcp_fn.adapters.vllm.installed`: the class over the installed vLLM (imports vLLM).
+
+Importing this package imports no vLLM: ``FunctionalPCPManager``, ``VLLM_API``,
+``VLLM_VERSION`` and ``UNSUPPORTED`` import it on first access, and :func:`register`
+only with the flag set. A vLLM outside the supported series is refused by :func:`register`
+(with the flag) and by ``FunctionalPCPManager``, naming the installed and supported versions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from .bookkeeper import EngineNames, MRV2Bookkeeper
+from .contract import SUPPORTED_SERIES, VllmContract, detect
+from .graphs import StepGraphs
+from .manager import FunctionalPCPManagerMixin, VllmApi, make_functional_manager
+
+ENV_FLAG = "PCP_FN_PCP_MANAGER"
+
+_INSTALLED = ("FunctionalPCPManager", "VLLM_API", "VLLM_VERSION", "UNSUPPORTED")
+
+__all__ = [
+    "ENV_FLAG",
+    "SUPPORTED_SERIES",
+    "EngineNames",
+    "FunctionalPCPManagerMixin",
+    "MRV2Bookkeeper",
+    "StepGraphs",
+    "VllmApi",
+    "VllmContract",
+    "detect",
+    "is_registered",
+    "make_functional_manager",
+    "register",
+    *_INSTALLED,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INSTALLED:
+        return getattr(importlib.import_module(f"{__name__}.installed"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _manager_cls(self: Any) -> type:
+    from .installed import FunctionalPCPManager
+
+    return FunctionalPCPManager  # (only registered when supported)
+
+
+_PCP_MANAGER_CLS = property(_manager_cls, doc="pcp_fn's FunctionalPCPManager (pcp_fn.adapters.vllm)")
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: with ``PCP_FN_PCP_MANAGER=1``, make vLLM's GPU model
+    runner (V2) build :data:`FunctionalPCPManager`. Idempotent; a no-op without the flag."""
+    if os.environ.get(ENV_FLAG, "0") != "1":
+        return
+    from .installed import UNSUPPORTED
+
+    if UNSUPPORTED is not None:
+        raise RuntimeError(UNSUPPORTED)
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    if GPUModelRunner.__dict__.get("pcp_manager_cls") is not _PCP_MANAGER_CLS:
+        GPUModelRunner.pcp_manager_cls = _PCP_MANAGER_CLS  # type: ignore[assignment,method-assign]
+
+
+def is_registered() -> bool:
+    """Whether :func:`register` has swapped the GPU model runner's manager class."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    return GPUModelRunner.__dict__.get("pcp_manager_cls") is _PCP_MANAGER_CLS

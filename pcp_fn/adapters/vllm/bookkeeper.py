@@ -1,0 +1,812 @@
+"""The MRV2 bookkeeper: vLLM's ``PCPManager`` step work without vLLM, over one graph per bucket.
+
+vLLM's model runner V2 ``PCPManager`` (``vllm/v1/worker/gpu/pcp_manager.py``)
+rewrites each step's global ``InputBatch`` into this rank's DualChunkSwap rows
+with Python loops over requests and segments, and allocates fresh index
+tensors every step, so vLLM only captures FULL graphs for decode-only batches.
+:class:`MRV2Bookkeeper` does the same work with the same method names and
+results (checked in lockstep against vLLM's class), but:
+
+- host fields (request ids, query start locations, sequence-length upper
+  bounds, counts) come from the numpy twin of the layout rules, ``O(P * R)``
+  vectorised, never from reading a device tensor;
+- per-token indices come from ``pcp_fn.mrv2`` captured once per bucket
+  (:class:`pcp_fn.adapters.vllm.graphs.StepGraphs`, the only module that calls
+  ``pcp_fn``) and are copied into persistent buffers allocated once here; the
+  returned local ``InputBatch`` holds views of them, so a captured model graph
+  sees the same addresses every step.
+
+It imports no vLLM: the few engine names it needs (``InputBuffers``,
+``CUDAGraphMode``, ``PAD_SLOT_ID``, the PCP group, the capture sizes and the
+release's contract) come in its constructor as :class:`EngineNames`. vLLM's
+manager class is :class:`pcp_fn.adapters.vllm.manager.FunctionalPCPManagerMixin`
+over vLLM's base, forwarding each public method here.
+
+Example (``P = 2``, two requests: a decode and a fresh prefill of 7 tokens;
+``shard_decode_requests=False``, so the decode is on every rank; the prefill's
+``2P = 4`` chunks ``[p0 p1 | p2 p3 | p4 p5 | p6]`` go head and tail to rank 0,
+the middle two to rank 1)::
+
+    num_scheduled_tokens  [1, 7]       is_prefilling_np  [F, T]
+    rank 0's rows         [t0] [p0 p1] [p6]       requests [0, 1, 1]  offsets [0, 0, 6]
+    rank 1's rows         [t0] [p2 p3] [p4 p5]    requests [0, 1, 1]  offsets [0, 2, 4]
+    get_num_tokens_for_dispatch -> 5  (the ranks hold 4 and 5 tokens)
+
+``partition_batch`` on rank 0 then returns a local batch of three request rows,
+``num_scheduled_tokens [1, 2, 1]``, whose ``input_ids`` / ``positions`` are views
+of the persistent buffers holding ``[t0 p0 p1 p6]`` padded to the step's ``Lp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from ...core.checks import host_ints, host_row
+from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
+from ..schedule_cache import ScheduleCache
+from .contract import VLLM_0_32, VllmContract
+from .graphs import Destinations, HostLayout, StepGraphs
+from .replace import BatchReplacer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineNames:
+    """The engine's names the bookkeeper uses (vLLM's, or a test stand-in's).
+
+    Fields:
+        InputBuffers: ``vllm.v1.worker.gpu.input_batch.InputBuffers`` (``(max_num_reqs,
+            max_num_tokens, device)``), or a factory with that signature.
+        CUDAGraphMode: ``vllm.config.compilation.CUDAGraphMode`` (``NONE``, ``FULL``, ...).
+        PAD_SLOT_ID: ``vllm.v1.attention.backends.utils.PAD_SLOT_ID``.
+        get_pcp_group: returns the PCP group (``all_gather(tensor, dim=0)``); called at
+            each restore, so a patched group is honoured.
+        capture_sizes: the engine's CUDA-graph capture sizes, when it has them (vLLM:
+            ``compilation_config.cudagraph_capture_sizes`` of the current config), so the
+            graph ladder pads a batch once, not twice.
+        contract: what differs between the vLLM releases
+            (:func:`pcp_fn.adapters.vllm.contract.detect`); default vLLM 0.32's.
+    """
+
+    InputBuffers: Callable[[int, int, torch.device], Any]
+    CUDAGraphMode: Any
+    PAD_SLOT_ID: int
+    get_pcp_group: Callable[[], Any]
+    capture_sizes: Callable[[], Sequence[int] | None] | None = None
+    contract: VllmContract = VLLM_0_32
+
+
+_INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
+_NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
+_NO_TOKENS = np.zeros(1, dtype=np.int64)
+_NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+
+
+class StepShape(NamedTuple):
+    """What a step's schedule (``num_scheduled_tokens``, ``is_prefilling_np``) and descriptor
+    decide, made once per distinct pair: the plan and device views, this rank's local rows and
+    the host fields that depend on nothing else (each step's batch gets copies)."""
+
+    plan: Any  # the graphs' StepPlan (Lp, Rpad, bucket, graph, ...)
+    fixed: dict[str, Any]  # the local batch's fields that only the shape decides (device views, sizes)
+    rows: np.ndarray  # [n] intp: each local row's global request (request 0 on a rank without tokens)
+    row_list: list[int]  # rows.tolist()
+    offset: np.ndarray  # [n]: the row's first token inside its request
+    num_scheduled: np.ndarray  # [n] int32
+    query_start_loc: np.ndarray  # [Rpad + 1] int32
+    cu_num_logits: np.ndarray  # [n + 1] int32
+    total: int  # scheduled tokens of the global batch
+    shifted: bool  # some row starts inside its request (a split prefill's chunk)
+    decode_only: bool  # no global request is prefilling
+
+
+class GlobalArrays(NamedTuple):
+    """The global batch's host arrays, checked (:meth:`MRV2Bookkeeper.check`)."""
+
+    num_scheduled: np.ndarray
+    num_computed: np.ndarray
+    is_prefilling: np.ndarray
+    prefill_len: np.ndarray
+    idx_mapping: np.ndarray
+
+
+class MRV2Bookkeeper:
+    """One rank's vLLM MRV2 PCP bookkeeping: the persistent buffers, the host twin, the graphs.
+
+    Args:
+        pcp_world_size, pcp_rank, device, shard_decode_requests, max_num_reqs,
+            max_num_tokens, block_tables, dcp_world_size, dcp_rank, cp_interleave,
+            moe_gathers_tokens: vLLM ``PCPManager``'s constructor arguments. Without
+            ``max_num_reqs`` or ``max_num_tokens`` nothing is allocated (like vLLM's):
+            the host methods work, the device path raises naming them.
+        engine: the engine's names (:class:`EngineNames`).
+        graph_backend: ``"auto"``, ``"aoti"``, a ``torch.compile`` backend or ``None``
+            (:func:`pcp_fn.adapters.backend.resolve_graph_backend`); every graph is made
+            here, never at a step.
+        token_buckets: the graph ladder's token sizes (default: the engine's capture sizes
+            on a device, else powers of two; :func:`pcp_fn.adapters.backend.graph_ladder`).
+        check_host_syncs: run the device part under :func:`pcp_fn.no_host_syncs`.
+
+    State after each step (read by the manager and its subclasses): ``last_global_batch``,
+    ``last_local_batch``, ``local_rows`` (each local row's global request), ``decode_only``
+    (the global batch had no prefill), ``draft_prefill_batch``.
+    """
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: torch.device,
+        shard_decode_requests: bool,
+        max_num_reqs: int | None = None,
+        max_num_tokens: int | None = None,
+        block_tables: Any = None,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+        moe_gathers_tokens: bool = False,
+        *,
+        engine: EngineNames,
+        graph_backend: str | None = "auto",
+        token_buckets: Sequence[int] | None = None,
+        check_host_syncs: bool = False,
+    ) -> None:
+        if moe_gathers_tokens and not engine.contract.moe_mask:
+            raise ValueError(
+                f"moe_gathers_tokens=True: vLLM {engine.contract.name}'s PCPManager has no MoE routing mask"
+            )
+        self.engine = engine
+        self.pcp_world_size, self.pcp_rank, self.device = pcp_world_size, pcp_rank, torch.device(device)
+        self.shard_decode_requests = shard_decode_requests
+        self.dcp_world_size, self.dcp_rank, self.cp_interleave = dcp_world_size, dcp_rank, cp_interleave
+        self.max_num_reqs, self.max_num_tokens = max_num_reqs, max_num_tokens
+        self.graph_backend, self.token_buckets = graph_backend, token_buckets
+        self.check_host_syncs = check_host_syncs
+        self.last_global_batch: Any = None
+        self.last_local_batch: Any = None
+        self.draft_prefill_batch: Any = None
+        self.block_tables = block_tables
+        self.input_buffers: Any = None
+        self.local_block_tables: tuple[torch.Tensor, ...] | None = None
+        self.local_block_table_ptrs: torch.Tensor | None = None
+        self.local_rows: np.ndarray = _NO_ROW
+        self.decode_only = False
+        self.graphs: StepGraphs | None = None
+        self.host = self._host_layout()
+        self._init_cache()
+        # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
+        self._capture_rows = (0, 0)
+        self._replace = BatchReplacer()
+        self.moe: torch.Tensor | None = None  # the MoE's gathered padding mask [P * T]
+        if max_num_tokens is not None:
+            # the graph writes the gathered MoE mask every step; it is the local batch's
+            # is_padding only with moe_gathers_tokens (vLLM 0.33+), all True like vLLM's until a
+            # step. Like vLLM's it needs only max_num_tokens (moe_is_padding serves a draft run's
+            # mask on a manager without the request capacity).
+            self.moe_mask = torch.ones(pcp_world_size * max_num_tokens, dtype=torch.bool, device=self.device)
+            self.moe = self.moe_mask if moe_gathers_tokens else None
+        if max_num_reqs is not None and max_num_tokens is not None:
+            self._allocate()
+            self._allocate_block_tables(block_tables)
+            self._build_graphs()
+
+    def _init_cache(self) -> None:
+        """What a repeated schedule reuses (:mod:`pcp_fn.adapters.schedule_cache`): the twin's
+        segments, descriptor ids, shapes and views here, the plans and views of the graphs;
+        cleared when the block tables or the layout rules change."""
+        self.schedule_cache = ScheduleCache()
+        self._segments_of = self.schedule_cache.table("segments")
+        self._desc_ids = self.schedule_cache.table("descriptors")
+        self._shapes = self.schedule_cache.table("shapes")
+        self._views = self.schedule_cache.table("views")
+        self._last_desc: tuple[Any, int] = (None, -1)  # (the last descriptor, its id)
+        self._desc_count = itertools.count()  # ids are never reused: one never goes stale
+
+    def _allocate(self) -> None:
+        """The persistent local buffers: a request puts at most a head and a tail segment on a
+        rank, so ``2R`` local rows."""
+        P, R2, T, dev = self.pcp_world_size, 2 * self.max_num_reqs, self.max_num_tokens, self.device
+        self.input_buffers = self.engine.InputBuffers(R2, T, dev)
+        self.idx_mapping = torch.zeros(R2, dtype=torch.int64, device=dev)
+        self.expanded_local_pos = torch.zeros(R2, dtype=torch.int32, device=dev)  # stays zero
+        self.logits_indices = torch.zeros(R2, dtype=torch.int32, device=dev)
+        self.cu_num_logits = torch.zeros(R2 + 1, dtype=torch.int32, device=dev)
+        self.hidden_restore_idx = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.padded_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
+        self.kv_write_mask = torch.zeros(P * T, dtype=torch.bool, device=dev)
+        self.slot_gather_idx = torch.zeros(P * T, dtype=torch.int64, device=dev)
+
+    def _layout_rules(self) -> dict[str, Any]:
+        """The layout's keyword arguments (the host twin's and the graphs')."""
+        return dict(
+            shard_decode_requests=bool(self.shard_decode_requests),
+            dcp_size=self.dcp_world_size,
+            dcp_rank=self.dcp_rank,
+            cp_interleave=self.cp_interleave,
+        )
+
+    def _host_layout(self) -> HostLayout:
+        """The host twin (serves get_num_tokens_for_dispatch with or without capacities)."""
+        return HostLayout(self.pcp_world_size, self.pcp_rank, **self._layout_rules())
+
+    def _allocate_block_tables(self, block_tables: Any) -> None:
+        """The local block tables ``[2R, width]`` per KV-cache group and the slot-mapping
+        buffers for ``block_tables`` (none without them)."""
+        P, R2, T, dev = self.pcp_world_size, 2 * self.max_num_reqs, self.max_num_tokens, self.device
+        self.block_tables = block_tables
+        self.local_block_tables = self.local_block_table_ptrs = None
+        num_groups = 0 if block_tables is None else block_tables.num_kv_cache_groups
+        if block_tables is not None:
+            self.local_block_tables = tuple(
+                t.new_zeros((R2, t.shape[1])) for t in block_tables.input_block_tables
+            )
+            # vLLM's gather kernel writes through these addresses
+            self.local_block_table_ptrs = torch.tensor(
+                [t.data_ptr() for t in self.local_block_tables], dtype=torch.uint64, device=dev
+            )
+        # the slot dtype of the cache-write kernels: the block tables' (vllm-ascend's are int32)
+        # when they have one, else vLLM's int64
+        slot_dtype = getattr(getattr(block_tables, "slot_mappings", None), "dtype", torch.int64)
+        # zeros like vLLM's, and one pad column past the T tokens' (column T, PAD_SLOT_ID: the
+        # graphs fill it): a gathered row that must not write reads it, so the gathered slot
+        # mappings are one gather
+        self.global_slot_mappings = torch.zeros(num_groups, T + 1, dtype=slot_dtype, device=dev)
+        self.gathered_slot_mappings = torch.full(
+            (num_groups, P * T), self.engine.PAD_SLOT_ID, dtype=slot_dtype, device=dev
+        )
+
+    def _build_graphs(self) -> None:
+        """The step graphs over the persistent buffers, made now (start-up)."""
+        ib, dev = self.input_buffers, self.device
+        backend = resolve_graph_backend(self.graph_backend, dev)
+        out = Destinations(
+            ib.input_ids,
+            ib.positions,
+            ib.is_padding,
+            ib.query_start_loc,
+            ib.seq_lens,
+            self.idx_mapping,
+            self.logits_indices,
+            self.cu_num_logits,
+            self.hidden_restore_idx,
+            self.padded_gather_idx,
+            self.kv_write_mask,
+            self.slot_gather_idx,
+            self.global_slot_mappings,
+            self.gathered_slot_mappings,
+            self.moe_mask,
+        )
+        self.graphs = StepGraphs(
+            self.pcp_world_size,
+            self.pcp_rank,
+            self.max_num_reqs,
+            self.max_num_tokens,
+            **self._layout_rules(),
+            pad_slot_id=self.engine.PAD_SLOT_ID,
+            device=dev,
+            out=out,
+            backend=backend,
+            check_host_syncs=self.check_host_syncs,
+            token_buckets=self._ladder_tokens(backend),
+            package_dir=package_cache_dir() if backend == "aoti" else None,
+            cache=self.schedule_cache,
+        )
+        # the graphs were made on an empty batch: the buffers start as vLLM's do
+        ib.is_padding.zero_()
+        self.moe_mask.fill_(True)
+
+    def _ladder_tokens(self, backend: str | None) -> Sequence[int] | None:
+        """The ladder's token sizes: ``token_buckets``, else (device graphs) the engine's capture
+        sizes up to ``T`` then powers of two (vLLM pads ``Lp`` to a capture size: a rung of that
+        size replays it without a second padding), else the default."""
+        if self.token_buckets is not None:
+            return self.token_buckets
+        if backend is None or self.device.type == "cpu" or self.engine.capture_sizes is None:
+            return None
+        return capture_ladder(self.engine.capture_sizes(), self.max_num_tokens)
+
+    def set_block_tables(self, block_tables: Any) -> None:
+        """vLLM 0.33+'s ``set_block_tables``: new local block tables and slot-mapping buffers
+        (the persistent addresses a captured model graph sees from then on), and the block
+        tables' ``cp_interleave`` (a different one rebuilds the graphs)."""
+        interleave = self.cp_interleave if block_tables is None else block_tables.cp_interleave
+        if self.graphs is None:  # no capacities: nothing allocated, like vLLM's
+            self.block_tables, self.cp_interleave = block_tables, interleave
+            self.host = self._host_layout()
+            return
+        self._allocate_block_tables(block_tables)
+        self.schedule_cache.clear()  # the plans hold views of the old slot mappings
+        if interleave != self.cp_interleave:
+            self.cp_interleave = interleave
+            self.host = self._host_layout()
+            self._build_graphs()
+        else:
+            self.graphs.set_slot_mappings(self.global_slot_mappings, self.gathered_slot_mappings)
+
+    def full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
+        """The local request rows of the FULL graph of ``num_tokens`` tokens that vLLM sizes for
+        ``num_reqs`` requests with queries up to ``max_query_len`` tokens.
+
+        vLLM's mixed FULL graphs (``CudaGraphManager._init_candidates``) hold
+        ``min(num_tokens, max_num_seqs)`` requests, and its dispatcher checks the *global*
+        request count; a split prefill puts a head and a tail row on a rank, so a rank of such
+        a graph can hold up to ``min(num_tokens, 2 * max_num_seqs)`` rows (each row has a
+        token). A graph that can replay prefills (queries as long as the graph: vLLM's capture
+        promises ``max_query_len = num_tokens`` to a mixed FULL graph) and whose request count
+        is capped at ``max_num_seqs`` gets those rows; decode graphs (shorter queries, at most
+        one row per request) and graphs below the cap keep vLLM's count. A subclass for an
+        engine that sizes its own graphs' rows returns ``num_reqs``.
+        """
+        R = self.max_num_reqs
+        if max_query_len is not None and max_query_len >= num_tokens and num_reqs == R < num_tokens:
+            return min(num_tokens, 2 * R)
+        return num_reqs
+
+    def require(self, what: str) -> StepGraphs:
+        """The graphs, or a ``RuntimeError`` naming ``what`` needs the capacities (vLLM's
+        manager asserts its buffers there too)."""
+        if self.graphs is None:
+            raise RuntimeError(
+                f"{what} needs the max_num_reqs and max_num_tokens given to the constructor "
+                "(the persistent buffers are allocated once, at capacity)"
+            )
+        return self.graphs
+
+    def guard(self) -> Any:
+        """The host-sync guard for device work on the persistent buffers (``check_host_syncs``)."""
+        return self.require("guard").guard()
+
+    @property
+    def has_layout(self) -> bool:
+        """Whether a batch was partitioned (the restores need its layout)."""
+        return self.graphs is not None and self.graphs.has_layout
+
+    @property
+    def layout_tokens(self) -> int:
+        """``Lp``: the local token rows of the last partitioned batch's layout."""
+        return self.require("layout_tokens").current_plan().Lp
+
+    @property
+    def graph_stats(self) -> GraphStats:
+        """The graphs' :class:`pcp_fn.adapters.backend.GraphStats` (empty without capacities)."""
+        return GraphStats() if self.graphs is None else self.graphs.stats
+
+    @property
+    def global_batch(self) -> Any:
+        """The global ``InputBatch`` of the last ``partition_batch``."""
+        if self.last_global_batch is None:
+            raise RuntimeError("global_batch: no batch was partitioned yet")
+        return self.last_global_batch
+
+    def persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
+        self.require("persistent_buffers")
+        ib = self.input_buffers
+        named = {
+            "input_ids": ib.input_ids,
+            "positions": ib.positions,
+            "is_padding": ib.is_padding,
+            "moe_is_padding": self.moe_mask,
+            "query_start_loc": ib.query_start_loc,
+            "seq_lens": ib.seq_lens,
+            "dcp_local_seq_lens": ib.dcp_local_seq_lens,
+            "idx_mapping": self.idx_mapping,
+            "expanded_local_pos": self.expanded_local_pos,
+            "logits_indices": self.logits_indices,
+            "cu_num_logits": self.cu_num_logits,
+            "hidden_restore_idx": self.hidden_restore_idx,
+            "padded_gather_idx": self.padded_gather_idx,
+            "kv_write_mask": self.kv_write_mask,
+            "slot_gather_idx": self.slot_gather_idx,
+            "global_slot_mappings": self.global_slot_mappings,
+            "gathered_slot_mappings": self.gathered_slot_mappings,
+        }
+        named.update({f"block_table_{g}": t for g, t in enumerate(self.local_block_tables or ())})
+        return named
+
+    # ------------------------------------------------------------ dispatch and partition
+
+    def get_num_tokens_for_dispatch(self, num_scheduled_tokens: np.ndarray, is_prefilling: np.ndarray) -> int:
+        """The largest real rank-local batch before graph padding (host twin, no loop)."""
+        num_scheduled = host_row("input_batch.num_scheduled_tokens", num_scheduled_tokens)
+        prefilling = host_row("input_batch.is_prefilling_np", is_prefilling, num_scheduled.size)
+        return self.segments(num_scheduled, prefilling)[1]
+
+    def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> tuple[Any, int]:
+        """The host twin's segments of a schedule (every rank's counts, this rank's rows) and
+        the largest rank's token count, remembered: vLLM's runner asks
+        ``get_num_tokens_for_dispatch`` and then ``partition_batch`` of the same schedule, and
+        a busy server's decode steps repeat theirs. The cached arrays are only read."""
+        key = (num_scheduled.dtype, is_prefilling.dtype, num_scheduled.tobytes(), is_prefilling.tobytes())
+        found = self._segments_of.get(key)
+        if found is None:
+            if num_scheduled.size and int(np.bitwise_or.reduce(num_scheduled)) < 0:
+                host_ints("num_scheduled_tokens", num_scheduled)  # raises, naming the negative entry
+            seg = self.host.segments(num_scheduled, is_prefilling)
+            # max over P ints in Python: a numpy reduction costs more than the list
+            widest = max(seg.per_rank_num_tokens.tolist()) if num_scheduled.size else 0
+            found = self.schedule_cache.put("segments", key, (seg, widest))
+        return found
+
+    def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
+        """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
+
+        ``batch_desc.cg_mode``: ``NONE`` pads the local tokens to the largest
+        rank; ``PIECEWISE``/``FULL`` to ``batch_desc.num_tokens``; ``FULL``
+        also pads the local request rows to ``batch_desc.num_reqs`` -- for
+        mixed prefill + decode batches too, unlike vLLM -- or, for a mixed
+        FULL graph capped at ``max_num_reqs`` requests, to the rows a split
+        prefill can give a rank (:meth:`full_rows`; the capture stages the
+        same rows).
+
+        Raises:
+            ValueError: more requests or tokens than the capacities, arrays
+                of the wrong length, a padded size below what a rank holds
+                or beyond the buffers.
+        """
+        graphs = self.require("partition_batch")
+        g = input_batch
+        arrays = self.check(g)
+        shape = self.plan(arrays.num_scheduled, arrays.is_prefilling, batch_desc)
+        graphs.partition(
+            arrays.num_scheduled,
+            arrays.num_computed,
+            arrays.prefill_len,
+            arrays.is_prefilling,
+            arrays.idx_mapping,
+            g.input_ids,
+            g.positions,
+            shape.total,
+            shape.plan,
+        )
+        self.decode_only = shape.decode_only  # of the global batch just partitioned
+        return self.local_batch(g, self.host_fields(g, shape, arrays), shape.fixed)
+
+    # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
+    # check, twin + plan, staging + graph (StepGraphs.partition), host fields, local batch.
+
+    def check(self, g: Any) -> GlobalArrays:
+        """The global batch's host arrays, checked."""
+        R = self.max_num_reqs
+        num_scheduled = host_row("input_batch.num_scheduled_tokens", g.num_scheduled_tokens)
+        num_reqs = num_scheduled.size
+        if num_reqs > R:
+            raise ValueError(f"input_batch has {num_reqs} requests; max_num_reqs is {R}")
+        computed = host_row("input_batch.num_computed_tokens_np", g.num_computed_tokens_np, num_reqs)
+        prefilling = host_row("input_batch.is_prefilling_np", g.is_prefilling_np, num_reqs)
+        prefill_len = host_row("input_batch.prefill_len_np", g.prefill_len_np, num_reqs)
+        idx_mapping = host_row("input_batch.idx_mapping_np", g.idx_mapping_np, num_reqs)
+        if prefilling.dtype != np.bool_:
+            raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {prefilling.dtype}")
+        ints = (computed, prefill_len, idx_mapping)
+        if not all(a.dtype.kind in "iu" for a in ints):
+            name, arr = next((k, a) for k, a in zip(_INT_FIELDS, ints) if a.dtype.kind not in "iu")
+            raise ValueError(f"input_batch.{name} must hold integers, got {arr.dtype}")
+        # their values (none negative or past int32) are checked where they are staged
+        return GlobalArrays(num_scheduled, computed, prefilling, prefill_len, idx_mapping)
+
+    def plan(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: Any) -> StepShape:
+        """The step's :class:`StepShape`: made from the host twin's segments and vLLM's padded
+        sizes ``(Lp, Rpad)`` (checked against what the ranks hold) the first time this schedule
+        and descriptor are seen, then looked up (a busy server's decode steps repeat their
+        schedule: all ones, none prefilling)."""
+        last_desc, desc_id = self._last_desc
+        if batch_desc is not last_desc:  # vLLM's dispatcher hands out one object per graph
+            desc_id = self._desc_id(batch_desc)
+        # (is_prefilling: one byte a request, so its length is the request count)
+        key = (num_scheduled.dtype, num_scheduled.tobytes(), is_prefilling.tobytes(), desc_id)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self.schedule_cache.put(
+                "shapes", key, self._new_shape(num_scheduled, is_prefilling, batch_desc)
+            )
+        return shape  # (StepGraphs.partition checks input_ids and positions hold its tokens)
+
+    def _desc_id(self, batch_desc: Any) -> int:
+        """A small int naming what ``batch_desc`` says of the step's sizes (equal descriptors,
+        one id), remembered with the object: the shape key's part for it."""
+        fields = (
+            batch_desc.cg_mode,
+            batch_desc.num_tokens,
+            batch_desc.num_reqs,
+            getattr(batch_desc, "max_query_len", None),
+            getattr(batch_desc, "uniform_token_count", None),
+        )
+        desc_id = self._desc_ids.get(fields)
+        if desc_id is None:
+            desc_id = self.schedule_cache.put("descriptors", fields, next(self._desc_count))
+        self._last_desc = (batch_desc, desc_id)
+        return desc_id
+
+    def _padded_sizes(self, widest: int, batch_desc: Any) -> tuple[int, int | None]:
+        """``(Lp, FULL graph rows or None)`` of a descriptor, ``Lp`` checked against the largest
+        rank's ``widest`` tokens and the capacity."""
+        Mode = self.engine.CUDAGraphMode
+        Lp, pad_reqs = widest, None
+        mode = batch_desc.cg_mode
+        if mode != Mode.NONE:
+            Lp = batch_desc.num_tokens
+            if mode == Mode.FULL and batch_desc.num_reqs is not None:
+                # the query bound vLLM's capture gave this graph (prepare_inputs_to_capture)
+                bound = (
+                    getattr(batch_desc, "max_query_len", None)
+                    or getattr(batch_desc, "uniform_token_count", None)
+                    or Lp
+                )
+                pad_reqs = self.full_rows(batch_desc.num_reqs, Lp, bound)
+        if Lp < widest:
+            raise ValueError(
+                "PCP padded token count is smaller than the largest rank-local batch: "
+                f"{Lp} < {widest} (batch_desc.num_tokens)."
+            )
+        if Lp > self.max_num_tokens:
+            raise ValueError(f"batch_desc.num_tokens={Lp} exceeds max_num_tokens={self.max_num_tokens}")
+        return Lp, pad_reqs
+
+    def _check_rows(self, rows: int, n: int) -> None:
+        """A FULL graph's ``rows`` must hold this rank's ``n`` request rows and fit the buffers."""
+        if rows < n:
+            raise ValueError(
+                f"batch_desc.num_reqs={rows} (the FULL graph's request capacity) must cover "
+                f"the {n} rank-local request rows (a split prefill gives a head and a tail row)"
+            )
+        if rows > 2 * self.max_num_reqs:
+            raise ValueError(
+                f"batch_desc.num_reqs={rows} exceeds the local request capacity "
+                f"2 * max_num_reqs = {2 * self.max_num_reqs}"
+            )
+
+    def _new_shape(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: Any) -> StepShape:
+        total = int(np.add.reduce(num_scheduled, dtype=np.int64))  # (R int32 counts can pass int32)
+        if total > self.max_num_tokens:
+            raise ValueError(
+                f"input_batch.num_scheduled_tokens sums to {total} tokens; "
+                f"max_num_tokens is {self.max_num_tokens}"
+            )
+        seg, widest = self.segments(num_scheduled, is_prefilling)
+        Lp, pad_reqs = self._padded_sizes(widest, batch_desc)
+        rows, offset, length = seg.request, seg.offset, seg.length
+        n = rows.size
+        if n == 0:  # a rank without tokens keeps one empty row of request 0, like vLLM
+            rows, offset, length, n = _NO_ROW, _NO_TOKENS, _NO_TOKENS, 1
+        Rpad = n if pad_reqs is None else pad_reqs
+        self._check_rows(Rpad, n)
+        # the graph bucket holds every rank's rows (the layout covers all ranks) and vLLM's sizes
+        widest_rows = max(seg.per_rank_num_reqs.tolist()) if num_scheduled.size else 1
+        key = (Lp, Rpad, n, widest_rows)
+        plan, views = self._views.get(key) or self._step_views(key)
+        local_scheduled = length.astype(np.int32)
+        num_local_tokens = int(np.add.reduce(length))
+        qsl = np.empty(Rpad + 1, dtype=np.int32)
+        qsl[0] = 0
+        np.add.accumulate(local_scheduled, out=qsl[1 : n + 1])
+        qsl[n + 1 :] = num_local_tokens
+        cu = np.arange(n + 1, dtype=np.int32) if num_local_tokens else np.zeros(n + 1, np.int32)
+        fixed = dict(
+            views,
+            num_reqs=n,
+            num_reqs_after_padding=Rpad,
+            num_tokens=num_local_tokens,
+            num_tokens_after_padding=Lp,
+            num_draft_tokens=0,
+            num_draft_tokens_per_req=None,
+            dcp_local_seq_lens=None,
+            max_seq_len_np=None,
+            prefill_runs_as_decode_np=None,
+            prompt_lens=None,
+        )
+        shifted = bool(np.count_nonzero(offset))
+        decode_only = not np.count_nonzero(is_prefilling)
+        return StepShape(
+            plan, fixed, rows, rows.tolist(), offset, local_scheduled, qsl, cu, total, shifted, decode_only
+        )
+
+    def host_fields(self, g: Any, shape: StepShape, arrays: GlobalArrays) -> dict[str, Any]:
+        """The local batch's host fields: the shape's (copied), and the per-request values of
+        this step's local rows (never a device read)."""
+        rows, local_scheduled = shape.rows, shape.num_scheduled
+        computed = arrays.num_computed
+        n, Rpad = rows.size, shape.plan.Rpad
+        start = computed[rows] if computed.dtype == np.int32 else computed[rows].astype(np.int32)
+        if shape.shifted:  # a segment starting inside its request (a split prefill's chunk)
+            np.add(start, shape.offset, out=start, casting="unsafe")
+        local_prefill_len = arrays.prefill_len[rows]
+        computed_prefill = np.minimum(start, local_prefill_len)
+        if Rpad == n:  # (no padding rows: one numpy call per field fewer)
+            is_prefilling = np.less(computed_prefill, local_prefill_len)
+            upper = np.add(start, local_scheduled)
+        else:
+            is_prefilling = np.zeros(Rpad, dtype=np.bool_)
+            np.less(computed_prefill, local_prefill_len, out=is_prefilling[:n])
+            upper = np.zeros(Rpad, dtype=np.int32)
+            np.add(start, local_scheduled, out=upper[:n])
+        has_prefill = bool(np.count_nonzero(is_prefilling))  # (cheaper than ndarray.any)
+        dcp_upper = None
+        if self.dcp_world_size > 1:
+            # DCP rank 0's share of the whole request's KV, the same on every PCP rank
+            dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
+            whole = (computed + arrays.num_scheduled)[rows]
+            dcp_upper[:n] = torch.from_numpy(self.graphs.dcp_rank0_seq_lens(whole).astype(np.int32))
+        req_ids = g.req_ids
+        self.local_rows = rows  # each local row's global request (host)
+        return dict(
+            req_ids=[req_ids[i] for i in shape.row_list],
+            idx_mapping_np=arrays.idx_mapping[rows],
+            num_scheduled_tokens=local_scheduled.copy(),
+            query_start_loc_np=shape.query_start_loc.copy(),
+            seq_lens_cpu_upper_bound=torch.from_numpy(upper),
+            **self.engine.contract.metadata_fields(g, arrays.num_scheduled, rows, dcp_upper),
+            num_computed_tokens_np=start,
+            prefill_len_np=local_prefill_len,
+            num_computed_prefill_tokens_np=computed_prefill,
+            is_prefilling_np=is_prefilling,
+            has_prefill=has_prefill,
+            decode_graph_eligible=not has_prefill,
+            cu_num_logits_np=shape.cu_num_logits.copy(),
+        )
+
+    def local_batch(self, g: Any, fields: dict[str, Any], fixed: dict[str, Any]) -> Any:
+        """The local ``InputBatch``: the global one with the shape's fields (``fixed``: the
+        device views, the sizes) and this step's host fields."""
+        self.last_local_batch = self._replace(g, fixed, fields)
+        self.last_global_batch = g
+        self._capture_rows = (0, 0)
+        # draft_prefill_batch is left as it is, like vLLM's partition_batch (a draft prefill
+        # that was prepared but not restored stays prepared until prepare_draft_prefill)
+        return self.last_local_batch
+
+    def _step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
+        """The graphs' plan and the local batch's device fields (views of the persistent
+        buffers) for a step of these sizes: made once, steady steps repeat their sizes."""
+        Lp, Rpad, n, rows = key
+        ib = self.input_buffers
+        idx_mapping = self.idx_mapping[:n]
+        # the MoE's gathered rank-major mask when it all-gathers the tokens (vLLM 0.33+)
+        moe = self.moe
+        is_padding = ib.is_padding[:Lp] if moe is None else moe[: self.pcp_world_size * Lp]
+        views = dict(
+            idx_mapping=idx_mapping,
+            expanded_idx_mapping=idx_mapping,
+            expanded_local_pos=self.expanded_local_pos[:n],
+            query_start_loc=ib.query_start_loc[: Rpad + 1],
+            seq_lens=ib.seq_lens[:Rpad],
+            input_ids=ib.input_ids[:Lp],
+            positions=ib.positions[:Lp],
+            is_padding=is_padding,
+            logits_indices=self.logits_indices[:Rpad],
+            cu_num_logits=self.cu_num_logits[: n + 1],
+        )
+        return self.schedule_cache.put("views", key, (self.graphs.plan(Lp, Rpad, rows), views))
+
+    # ------------------------------------------------------------ attention
+
+    def gather_block_tables(self, input_batch: Any) -> tuple[torch.Tensor, ...]:
+        """The local batch's block tables, gathered into the persistent local tables (the first
+        half of vLLM's ``prepare_attn``; the manager adds its slot mappings)."""
+        if self.block_tables is None or self.local_block_table_ptrs is None:
+            raise RuntimeError("prepare_attn needs the block_tables given to the constructor")
+        return self.block_tables.gather_block_tables(
+            input_batch.idx_mapping,
+            input_batch.num_reqs_after_padding,
+            out=self.local_block_tables,
+            out_ptrs=self.local_block_table_ptrs,
+        )
+
+    def prepare_slot_mappings(self) -> torch.Tensor:
+        """``[K, P * Lp]``: the KV slot of every all-gathered row (``PAD_SLOT_ID`` where it must
+        not write: padding, and replicated rows other than rank 0's)."""
+        if self.block_tables is None:
+            raise RuntimeError("prepare_slot_mappings needs the block_tables given to the constructor")
+        g = self.global_batch
+        # vLLM's kernel writes the first num_tokens columns of the persistent [K, T + 1] buffer
+        # (and PAD_SLOT_ID after them: the pad column stays PAD_SLOT_ID)
+        self.block_tables.compute_slot_mappings(
+            g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self.global_slot_mappings
+        )
+        return self.graphs.gathered_slot_mappings(g.num_tokens)
+
+    def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
+        """Zeroed views of the persistent local block tables (capture and dummy runs)."""
+        if self.local_block_tables is None:
+            raise RuntimeError(
+                "get_dummy_block_tables needs the block_tables, max_num_reqs and max_num_tokens "
+                "given to the constructor"
+            )
+        asked, staged = self._capture_rows
+        rows = staged if num_reqs == asked else num_reqs  # the capture batch's rows
+        return tuple(t[:rows].zero_() for t in self.local_block_tables)
+
+    def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
+        self.require("get_dummy_slot_mappings")
+        self.gathered_slot_mappings.fill_(self.engine.PAD_SLOT_ID)
+        return self.gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
+
+    def stage_capture(self, input_batch: Any) -> Any:
+        """Stage a capture or dummy batch in the persistent local buffers; a mixed FULL graph's
+        batch gets the rows ``partition_batch`` pads its steps to (:meth:`full_rows`)."""
+        ib = self.input_buffers
+        r, t = input_batch.num_reqs_after_padding, input_batch.num_tokens_after_padding
+        bound = getattr(input_batch, "max_query_len", None)  # None: no FULL capture
+        rows = self.full_rows(r, t, bound)
+        self._capture_rows = (r, rows)
+        if rows > r:
+            input_batch = type(input_batch).make_dummy(rows, t, ib, max_query_len=bound)
+            r = rows
+        return dataclasses.replace(
+            input_batch,
+            input_ids=ib.input_ids[:t].copy_(input_batch.input_ids),
+            positions=ib.positions[:t].copy_(input_batch.positions),
+            is_padding=ib.is_padding[:t].copy_(input_batch.is_padding),
+            query_start_loc=ib.query_start_loc[: r + 1].copy_(input_batch.query_start_loc),
+            seq_lens=ib.seq_lens[:r].copy_(input_batch.seq_lens),
+        )
+
+    def moe_is_padding(self, is_padding: torch.Tensor) -> torch.Tensor:
+        """A capture/dummy padding mask ``[n]``, the same on every rank, as the ``[P * n]`` rows the
+        MoE routes (rank-major), in the persistent MoE mask; unchanged without ``moe_gathers_tokens``."""
+        if self.moe is None:
+            return is_padding
+        out = self.moe[: self.pcp_world_size * is_padding.shape[0]]
+        out.view(self.pcp_world_size, -1).copy_(is_padding)
+        return out
+
+    # ------------------------------------------------------------ hidden states
+
+    def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """All-gather the ranks' ``[Lp, ...]`` rows and put them in global token order
+        ``[num_tokens, ...]`` (unchanged before the first ``partition_batch``)."""
+        if not self.has_layout:
+            return hidden_states
+        gathered = self.engine.get_pcp_group().all_gather(hidden_states, dim=0)
+        return self.graphs.restore(gathered, self.global_batch.num_tokens)
+
+    def restore_for_sampling(
+        self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, Any]:
+        """Restored hidden (and auxiliary) states with the global batch to sample with."""
+        g = self.global_batch
+        group = self.engine.get_pcp_group()
+        gathered = group.all_gather(hidden_states, dim=0)  # collectives in vLLM's order
+        aux = None if aux_hidden_states is None else [group.all_gather(a, dim=0) for a in aux_hidden_states]
+        hidden, aux = self.require("restore_for_sampling").restore_for_sampling(gathered, aux, g.num_tokens)
+        return hidden, aux, g
+
+    # ------------------------------------------------------------ drafter
+
+    def prepare_draft_prefill(self, input_batch: Any, input_ids: torch.Tensor) -> None:
+        """Point the drafter at this rank's rows of ``input_ids`` (global order), when
+        ``input_batch`` is the batch last partitioned."""
+        self.draft_prefill_batch = None
+        if input_batch is not self.last_global_batch or self.last_local_batch is None:
+            return
+        local = self.last_local_batch
+        self.graphs.draft_input_ids(input_ids, local.input_ids)
+        self.draft_prefill_batch = local
+
+    def draft_input_buffers(self, input_buffers: Any, num_tokens: int | None = None) -> Any:
+        """vLLM ``get_draft_input_buffers``: the local batch while a draft prefill is prepared,
+        else ``input_buffers``; with ``num_tokens`` (vLLM 0.33+) also the MoE routing mask."""
+        batch = self.draft_prefill_batch
+        if num_tokens is None:
+            return batch if batch is not None else input_buffers
+        if batch is not None:
+            return batch, batch.is_padding
+        return input_buffers, self.moe_is_padding(input_buffers.is_padding[:num_tokens])
+
+    def restore_draft_prefill(
+        self, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Restore the drafter's outputs to global order (once when both are the same tensor)."""
+        if self.draft_prefill_batch is None:
+            return last_hidden_states, hidden_states
+        group = self.engine.get_pcp_group()
+        last = group.all_gather(last_hidden_states, dim=0)
+        other = last if hidden_states is last_hidden_states else group.all_gather(hidden_states, dim=0)
+        self.draft_prefill_batch = None
+        return self.graphs.restore_draft_prefill(last, other, self.global_batch.num_tokens)

@@ -1,0 +1,268 @@
+"""``FunctionalPCPManager``'s methods, over any ``PCPManager`` base: vLLM's, or a test stand-in.
+
+vLLM builds its model runner V2's manager as ``pcp_manager_cls(pcp_world_size,
+pcp_rank, device, ...)`` and calls its public methods; this module is the class
+body a drop-in needs on top of vLLM's base, and nothing else: every method
+forwards to the composed :class:`~pcp_fn.adapters.vllm.bookkeeper.MRV2Bookkeeper`
+(which holds the state), and the vLLM attribute names vLLM's own code and tests
+read (``_input_buffers``, ``_block_tables``, ``draft_prefill_batch``, ...) are
+views of the bookkeeper's. The methods whose names or signatures differ between
+vLLM releases come from :mod:`pcp_fn.adapters.vllm.contract`.
+
+The concrete class is ``contract.methods + FunctionalPCPManagerMixin + PCPManager``
+(:data:`pcp_fn.adapters.vllm.FunctionalPCPManager` over the installed vLLM;
+:func:`make_functional_manager` over any base).
+
+``validate_config`` accepts FULL CUDA graphs for mixed prefill + decode batches:
+the bookkeeping is inside a graph, nothing in it depends on the batch's composition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..backend import GraphStats, default_graph_backend
+from ..schedule_cache import ScheduleCache
+from .bookkeeper import EngineNames, MRV2Bookkeeper
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class VllmApi(EngineNames):
+    """The engine's names (:class:`~pcp_fn.adapters.vllm.bookkeeper.EngineNames`) and the base
+    class, ``PCPManager`` (``vllm.v1.worker.gpu.pcp_manager.PCPManager``)."""
+
+    PCPManager: type
+
+
+class _Override:
+    """A read-only view of ``inner`` with some attributes replaced (for ``validate_config``)."""
+
+    def __init__(self, inner: Any, **overrides: Any) -> None:
+        self._inner = inner
+        self._overrides = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        overrides = self.__dict__["_overrides"]
+        return overrides[name] if name in overrides else getattr(self.__dict__["_inner"], name)
+
+
+class BookkeeperAttribute:
+    """A vLLM attribute name of the manager whose value is the bookkeeper's ``name``: one copy of
+    the state. Before the bookkeeper exists (vLLM's constructor runs first) it is a plain attribute."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        bookkeeper = obj.__dict__.get("bookkeeper")
+        if bookkeeper is None:
+            return obj.__dict__.get(self.attr)
+        return getattr(bookkeeper, self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        bookkeeper = obj.__dict__.get("bookkeeper")
+        if bookkeeper is None:
+            obj.__dict__[self.attr] = value
+        else:
+            setattr(bookkeeper, self.name, value)
+
+
+class FunctionalPCPManagerMixin:
+    """Drop-in for vLLM's MRV2 ``PCPManager``: the same constructor, methods and results
+    (checked in lockstep), with the bookkeeping in one captured graph per bucket.
+
+    Class attributes (set on a subclass or the class to change every instance):
+        vllm_api: the engine's names and base (:class:`VllmApi`).
+        bookkeeper_cls: the bookkeeper class (a subclass changes a policy, e.g.
+            :meth:`~pcp_fn.adapters.vllm.bookkeeper.MRV2Bookkeeper.full_rows`).
+        graph_backend: ``"auto"``, ``"aoti"``, a ``torch.compile`` backend, or
+            ``None`` for plain calls (default ``$PCP_FN_GRAPH_BACKEND``, else
+            ``auto``; :func:`pcp_fn.adapters.backend.resolve_graph_backend`). Every
+            graph is made in the constructor (the engine's start-up), never at a step.
+        token_buckets: the graph ladder's token sizes (default powers of two
+            from 16; :func:`pcp_fn.adapters.backend.graph_ladder`).
+        check_host_syncs: run the device part under ``pcp_fn.no_host_syncs``.
+
+    Attributes:
+        bookkeeper: the :class:`~pcp_fn.adapters.vllm.bookkeeper.MRV2Bookkeeper`.
+    """
+
+    vllm_api: VllmApi
+    bookkeeper_cls: type[MRV2Bookkeeper] = MRV2Bookkeeper
+    graph_backend: str | None = default_graph_backend()
+    token_buckets: tuple[int, ...] | None = None
+    check_host_syncs = False
+
+    # vLLM's names for the bookkeeper's state
+    _input_buffers = BookkeeperAttribute("input_buffers")
+    _block_tables = BookkeeperAttribute("block_tables")
+    _local_block_tables = BookkeeperAttribute("local_block_tables")
+    _local_block_table_ptrs = BookkeeperAttribute("local_block_table_ptrs")
+    _global_batch = BookkeeperAttribute("last_global_batch")
+    _local_batch = BookkeeperAttribute("last_local_batch")
+    draft_prefill_batch = BookkeeperAttribute("draft_prefill_batch")
+    cp_interleave = BookkeeperAttribute("cp_interleave")
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: torch.device,
+        shard_decode_requests: bool,
+        max_num_reqs: int | None = None,
+        max_num_tokens: int | None = None,
+        block_tables: Any = None,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+        moe_gathers_tokens: bool = False,
+    ) -> None:
+        api = self.vllm_api
+        if moe_gathers_tokens and not api.contract.moe_mask:
+            raise ValueError(
+                f"moe_gathers_tokens=True: vLLM {api.contract.name}'s PCPManager has no MoE routing mask"
+            )
+        # vLLM's own state first, without its capacities: the base allocates no buffer, and every
+        # attribute its inherited helpers (_build_batch_layout, ...) read or write exists as in
+        # vLLM; the block tables are attached by the bookkeeper (vLLM 0.33+: by the runner, later)
+        api.PCPManager.__init__(
+            self, pcp_world_size, pcp_rank, device, shard_decode_requests, None, None, None,
+            dcp_world_size, dcp_rank, cp_interleave,
+        )  # fmt: skip
+        self.pcp_world_size, self.pcp_rank, self.device = pcp_world_size, pcp_rank, torch.device(device)
+        self.dcp_world_size, self.dcp_rank = dcp_world_size, dcp_rank
+        self.shard_decode_requests = shard_decode_requests
+        self.max_num_reqs, self.max_num_tokens = max_num_reqs, max_num_tokens
+        for name in _BOOKKEEPER_ATTRIBUTES:  # vLLM's constructor's values: the bookkeeper's from now on
+            self.__dict__.pop(name, None)
+        self.bookkeeper = self.bookkeeper_cls(
+            pcp_world_size, pcp_rank, device, shard_decode_requests, max_num_reqs, max_num_tokens,
+            block_tables, dcp_world_size, dcp_rank, cp_interleave, moe_gathers_tokens,
+            engine=api, graph_backend=self.graph_backend, token_buckets=self.token_buckets,
+            check_host_syncs=self.check_host_syncs,
+        )  # fmt: skip
+
+    @classmethod
+    def validate_config(cls, vllm_config: Any, supports_mm_inputs: bool) -> None:
+        """vLLM's checks, except that FULL CUDA graphs serve mixed batches too.
+
+        vLLM rejects ``FULL`` (one FULL routine for every batch) with PCP; the
+        bookkeeping here is one graph per bucket, so the base class checks the
+        config as if it said ``FULL_DECODE_ONLY``, which passes every other
+        check unchanged (the mode is still not ``NONE``).
+        """
+        Mode = cls.vllm_api.CUDAGraphMode
+        if vllm_config.compilation_config.cudagraph_mode == Mode.FULL:
+            compilation = _Override(vllm_config.compilation_config, cudagraph_mode=Mode.FULL_DECODE_ONLY)
+            vllm_config = _Override(vllm_config, compilation_config=compilation)
+        cls.vllm_api.PCPManager.validate_config(vllm_config, supports_mm_inputs)
+
+    # ------------------------------------------------------------ state
+
+    @property
+    def input_buffers(self) -> Any:
+        """The persistent local ``InputBuffers`` (``2 * max_num_reqs`` rows, ``max_num_tokens``)."""
+        self.bookkeeper.require("input_buffers")
+        return self.bookkeeper.input_buffers
+
+    @property
+    def global_batch(self) -> Any:
+        """The global ``InputBatch`` of the last ``partition_batch``."""
+        return self.bookkeeper.global_batch
+
+    @property
+    def schedule_cache(self) -> ScheduleCache:
+        """What repeated schedules reuse (:mod:`pcp_fn.adapters.schedule_cache`): its ``made``
+        counts, by table, what was computed rather than looked up."""
+        return self.bookkeeper.schedule_cache
+
+    @property
+    def graph_stats(self) -> GraphStats:
+        """Graphs prepared at construction and their time, steps partitioned, eager fallbacks."""
+        return self.bookkeeper.graph_stats
+
+    def persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
+        return self.bookkeeper.persistent_buffers()
+
+    # ------------------------------------------------------------ vLLM's methods
+
+    def get_num_tokens_for_dispatch(self, num_scheduled_tokens: np.ndarray, is_prefilling: np.ndarray) -> int:
+        """The largest real rank-local batch before graph padding (host twin, no loop)."""
+        return self.bookkeeper.get_num_tokens_for_dispatch(num_scheduled_tokens, is_prefilling)
+
+    def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
+        """This rank's local ``InputBatch`` (:meth:`MRV2Bookkeeper.partition_batch`)."""
+        return self.bookkeeper.partition_batch(input_batch, batch_desc)
+
+    def prepare_attn(self, input_batch: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Local block tables (gathered into the persistent tables) and the gathered slot mappings
+        (this class's :meth:`prepare_slot_mappings`: a subclass's override is honoured)."""
+        return self.bookkeeper.gather_block_tables(input_batch), self.prepare_slot_mappings()
+
+    def prepare_slot_mappings(self) -> torch.Tensor:
+        """``[K, P * Lp]``: the KV slot of every all-gathered row (``PAD_SLOT_ID``: must not write)."""
+        return self.bookkeeper.prepare_slot_mappings()
+
+    def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
+        """Zeroed views of the persistent local block tables (capture and dummy runs)."""
+        return self.bookkeeper.get_dummy_block_tables(num_reqs)
+
+    def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
+        """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
+        return self.bookkeeper.get_dummy_slot_mappings(num_tokens)
+
+    def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """All-gather the ranks' ``[Lp, ...]`` rows, in global token order ``[num_tokens, ...]``."""
+        return self.bookkeeper.restore_hidden_states(hidden_states)
+
+    def restore_for_sampling(
+        self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, Any]:
+        """Restored hidden (and auxiliary) states with the global batch to sample with."""
+        return self.bookkeeper.restore_for_sampling(hidden_states, aux_hidden_states)
+
+    def prepare_draft_prefill(self, input_batch: Any, input_ids: torch.Tensor) -> None:
+        """Point the drafter at this rank's rows of ``input_ids`` (global order)."""
+        self.bookkeeper.prepare_draft_prefill(input_batch, input_ids)
+
+    def restore_draft_prefill(
+        self, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Restore the drafter's outputs to global order (once when both are the same tensor)."""
+        return self.bookkeeper.restore_draft_prefill(last_hidden_states, hidden_states)
+
+
+_BOOKKEEPER_ATTRIBUTES = tuple(
+    name for name, value in vars(FunctionalPCPManagerMixin).items() if isinstance(value, BookkeeperAttribute)
+)
+
+
+def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") -> type:
+    """``class name(api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)`` with
+    ``vllm_api = api``: the drop-in over any base (the installed vLLM's is
+    :data:`pcp_fn.adapters.vllm.FunctionalPCPManager`). Its ``graph_backend`` is
+    ``$PCP_FN_GRAPH_BACKEND`` now (the class built next follows the switch)."""
+    bases = (api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)
+    return type(name, bases, class_namespace(name, FunctionalPCPManagerMixin, vllm_api=api))
+
+
+def class_namespace(name: str, mixin: type, **attributes: Any) -> dict[str, Any]:
+    """The namespace of a drop-in class built over a base at run time: ``mixin``'s docstring,
+    this module's name and ``graph_backend`` read from the environment now."""
+    return {
+        "__doc__": mixin.__doc__,
+        "__module__": mixin.__module__,
+        "__qualname__": name,
+        "graph_backend": default_graph_backend(),
+        **attributes,
+    }
