@@ -1,10 +1,10 @@
-"""The vLLM drop-in (``pcp_fn.adapters``): one lockstep driver, two backends.
+"""The vLLM drop-in (``pcp_fn.adapters.vllm``): one lockstep driver, two backends.
 
 - ``standin``: the adapter built over ``vllm_standin`` (no vllm), checked
   against the slow oracle (``oracle_vllm.OracleManager``). Always runs.
-- ``vllm``: ``pcp_fn.adapters.vllm.FunctionalPCPManager`` against vLLM 0.32.0's
-  own ``PCPManager``. Runs when vllm is importable (see the README: "Use it in
-  vLLM"); skipped otherwise.
+- ``vllm``: ``pcp_fn.adapters.vllm.FunctionalPCPManager`` against the installed
+  vLLM's own ``PCPManager`` (0.32, 0.33 or 0.34). Runs when vllm is importable
+  (``tools/make_vllm_venv.sh``; CI's vLLM stages, ``pytest -m vllm``); skipped otherwise.
 """
 
 from __future__ import annotations
