@@ -43,8 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...core.checks import INT32_MAX, host_row
-from ..backend import GraphStats, default_graph_backend, package_cache_dir, resolve_graph_backend
+from ....core.checks import INT32_MAX, host_row
+from ...backend import GraphStats, default_graph_backend, package_cache_dir, resolve_graph_backend
 from . import _buffers, _host, _ops
 from ._metadata import MetadataMethods
 from ._multimodal import MultimodalMethods

@@ -40,8 +40,8 @@ from pcp_fn.core.entry import entry_op
 from pcp_fn.dcs.batch import token_rows
 from pcp_fn.dcs.packing import REQUESTS
 
-from ..backend import GraphStats, graph_ladder
-from ..runtime import GraphCall, GraphRuntime, Staging
+from ...backend import GraphStats, graph_ladder
+from ...runtime import GraphCall, GraphRuntime, Staging
 from ._host import HostLayout
 from ._settings import ManagerSettings
 
