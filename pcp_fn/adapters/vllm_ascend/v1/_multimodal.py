@@ -1,10 +1,10 @@
-"""The multimodal methods of the vllm-ascend manager, on :mod:`pcp_fn.multimodal`.
+"""The multimodal helpers of the vllm-ascend manager, on :mod:`pcp_fn.multimodal`.
 
 The runner hands these the scheduler's Python objects (request states, the
 encoder cache, the scheduler output) and its host buffers, and expects the
 reference's side effects on them (the localized scheduler output, the
 ``is_mm_embed`` mask, the M-RoPE buffer); pcp_fn's helpers are pure, so the
-methods here apply their results to those objects.
+helpers here apply their results to those objects.
 
 Duck-typed reads: a request state's ``mm_features`` (``identifier``,
 ``mm_position.offset/length/is_embed``), ``mrope_positions``,
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from . import _ops
+from ._record import RecordCell
 
 _LOCALIZED_FIELDS = (
     "total_num_scheduled_tokens",
@@ -41,46 +42,41 @@ def _prompt_length(req: Any) -> int:
     return int(length_from_prompt_token_ids_or_embeds(req.prompt_token_ids, req.prompt_embeds))
 
 
-class MultimodalMethods:
-    """Mixin of :class:`FunctionalDCSManager`: prompt embeds, M-RoPE and the local encoder schedule."""
+class Multimodal:
+    """Prompt embeds, M-RoPE and the local encoder schedule of :class:`FunctionalDCSManager`.
 
-    def cache_local_schedule_layout(
-        self, num_scheduled_tokens: np.ndarray, num_reqs: int, total_num_scheduled_tokens: int
-    ) -> None:
-        """Keep a read-only snapshot of this rank's scheduled counts (for the multimodal preprocess)."""
-        self._set(
-            local_schedule=_ops.local_schedule_layout(
-                num_scheduled_tokens, num_reqs, total_num_scheduled_tokens
-            )
-        )
+    Holds the manager's record cell (``cache_local_schedule_layout``'s snapshot is kept there);
+    the rest works on what the runner hands it.
+    """
 
-    def get_local_schedule_layout(self) -> tuple[np.ndarray | None, int | None]:
-        snap = self._record.local_schedule
+    def __init__(self, records: RecordCell) -> None:
+        self.records = records
+
+    def cache_layout(self, num_scheduled_tokens: np.ndarray, num_reqs: int, total: int) -> None:
+        """``cache_local_schedule_layout``: a read-only snapshot of this rank's scheduled counts."""
+        self.records.set(local_schedule=_ops.local_schedule_layout(num_scheduled_tokens, num_reqs, total))
+
+    def layout(self) -> tuple[np.ndarray | None, int | None]:
+        """``get_local_schedule_layout``."""
+        snap = self.records.current.local_schedule
         if snap is None:
             return None, None
         return snap.num_scheduled_tokens, snap.total_num_scheduled_tokens
 
-    def fill_prompt_embeds_for_pcp(
-        self, req_embeds: torch.Tensor, req_positions_np: np.ndarray, dst_slice: torch.Tensor
-    ) -> None:
-        """Write one request's prompt embeds at its local positions into ``dst_slice`` (rows past the
-        embeds are left as they are)."""
-        if req_embeds.shape[0] == 0 or dst_slice.shape[0] == 0:
+    @staticmethod
+    def fill_prompt_embeds(embeds: torch.Tensor, positions: np.ndarray, dst: torch.Tensor) -> None:
+        """``fill_prompt_embeds_for_pcp``: rows past the embeds are left as they are."""
+        if embeds.shape[0] == 0 or dst.shape[0] == 0:
             return
-        dst_slice.copy_(_ops.gather_prompt_embeds(req_embeds, req_positions_np, dst_slice))
+        dst.copy_(_ops.gather_prompt_embeds(embeds, positions, dst))
 
-    def remap_mrope_positions_for_pcp(
-        self,
-        positions_np: np.ndarray,
-        num_scheduled_tokens: np.ndarray,
-        num_reqs: int,
-        input_batch: Any,
-        requests: dict[str, Any],
-        mrope_positions: Any,
+    @staticmethod
+    def mrope(
+        positions_np: np.ndarray, counts: np.ndarray, input_batch: Any, requests: dict[str, Any], out: Any
     ) -> None:
-        """M-RoPE positions of this rank's tokens into ``mrope_positions.cpu[:, :num_local_tokens]``."""
+        """``remap_mrope_positions_for_pcp`` into ``out.cpu[:, :num_local_tokens]``."""
         req_ids = list(input_batch.req_ids)
-        counts = np.asarray(num_scheduled_tokens[: len(req_ids)], dtype=np.int64)
+        counts = np.asarray(counts[: len(req_ids)], dtype=np.int64)
         tables, deltas, prompts = [], [], []
         for req_id in req_ids:
             req = requests[req_id]
@@ -90,53 +86,21 @@ class MultimodalMethods:
             deltas.append(req.mrope_position_delta if has_table else None)
             prompts.append(_prompt_length(req) if has_table else 0)
         total = int(counts.sum())
-        out = _ops.remap_mrope(tables, deltas, np.asarray(prompts), positions_np[:total], counts)
-        mrope_positions.cpu[:, :total] = out
-
-    def build_local_mm_schedule(
-        self,
-        req_ids: list[str],
-        requests: dict[str, Any],
-        positions_np: np.ndarray,
-        local_num_scheduled_tokens: np.ndarray,
-        encoder_cache: dict[str, torch.Tensor],
-    ) -> tuple[dict[str, list[int]], set[str]]:
-        """Encoder inputs this rank's tokens need: ``({req_id: [missing features]}, needed hashes)``."""
-        return _ops.build_local_mm_schedule(
-            req_ids, requests, positions_np, local_num_scheduled_tokens, encoder_cache
+        out.cpu[:, :total] = _ops.remap_mrope(
+            tables, deltas, np.asarray(prompts), positions_np[:total], counts
         )
 
-    def gather_mm_embeddings_for_pcp(
-        self,
-        req_ids: list[str],
-        requests: dict[str, Any],
-        positions_np: np.ndarray,
-        local_num_scheduled_tokens: np.ndarray,
-        shift_computed_tokens: int,
-        encoder_cache: dict[str, torch.Tensor],
-        is_mm_embed: torch.Tensor,
-        model: Any,
-        is_multimodal_pruning_enabled: bool,
-        uses_mrope: bool,
-        warning_once: Callable[..., Any] | None = None,
-    ) -> tuple[list[torch.Tensor], bool, bool]:
-        """The encoder rows this rank's tokens consume, in local token order.
-
-        Marks them in ``is_mm_embed`` and, with multimodal pruning and M-RoPE,
-        writes the recomputed M-RoPE positions into the request states.
-        """
+    @staticmethod
+    def gather_embeddings(
+        req_ids: list[str], requests: dict[str, Any], positions_np: np.ndarray, local_counts: np.ndarray,
+        shift: int, encoder_cache: dict[str, torch.Tensor], is_mm_embed: torch.Tensor, model: Any,
+        pruning: bool, uses_mrope: bool, warning_once: Callable[..., Any] | None,
+    ) -> tuple[list[torch.Tensor], bool, bool]:  # fmt: skip
+        """``gather_mm_embeddings_for_pcp``: marks ``is_mm_embed``, writes the M-RoPE updates."""
         got = _ops.gather_mm_embeddings(
-            req_ids,
-            requests,
-            positions_np,
-            local_num_scheduled_tokens,
-            shift_computed_tokens,
-            encoder_cache,
-            model,
-            is_multimodal_pruning_enabled,
-            uses_mrope,
+            req_ids, requests, positions_np, local_counts, shift, encoder_cache, model, pruning, uses_mrope,
             warning_once,
-        )
+        )  # fmt: skip
         k = got.is_mm_embed.shape[0]
         is_mm_embed[:k] |= got.is_mm_embed.to(is_mm_embed.device)
         for req_id, (positions, delta) in got.mrope_updates.items():
@@ -144,27 +108,15 @@ class MultimodalMethods:
             requests[req_id].mrope_position_delta = delta
         return got.embeds, got.should_sync_mrope_positions, got.should_sync_xdrope_positions
 
-    def maybe_localize_scheduler_output_for_mm_preprocess(
-        self,
-        scheduler_output: Any,
-        req_ids: list[str],
-        requests: dict[str, Any],
-        positions_np: np.ndarray,
-        local_num_scheduled_tokens: np.ndarray | None,
-        local_total_num_scheduled_tokens: int | None,
-        encoder_cache: dict[str, torch.Tensor],
-    ) -> dict[str, Any] | None:
-        """Make ``scheduler_output`` this rank's view for the multimodal preprocess (in place, as the
-        runner reads the same object); returns what :meth:`restore_scheduler_output_after_mm_preprocess`
-        needs, or ``None`` when nothing differs."""
+    @staticmethod
+    def localize(
+        scheduler_output: Any, req_ids: list[str], requests: dict[str, Any], positions_np: np.ndarray,
+        local_counts: np.ndarray | None, local_total: int | None, encoder_cache: dict[str, torch.Tensor],
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """``maybe_localize_scheduler_output_for_mm_preprocess``: ``scheduler_output`` made this rank's
+        view in place; what the restore needs, or ``None`` when nothing differs."""
         local = _ops.localize_scheduler_output(
-            scheduler_output,
-            req_ids,
-            requests,
-            positions_np,
-            local_num_scheduled_tokens,
-            local_total_num_scheduled_tokens,
-            encoder_cache,
+            scheduler_output, req_ids, requests, positions_np, local_counts, local_total, encoder_cache
         )
         if local is scheduler_output:
             return None
@@ -173,9 +125,9 @@ class MultimodalMethods:
             setattr(scheduler_output, name, getattr(local, name))
         return saved
 
-    def restore_scheduler_output_after_mm_preprocess(
-        self, scheduler_output: Any, restore_state: dict[str, Any] | None
-    ) -> None:
+    @staticmethod
+    def restore(scheduler_output: Any, restore_state: dict[str, Any] | None) -> None:
+        """``restore_scheduler_output_after_mm_preprocess``."""
         if restore_state is None:
             return
         for name in _LOCALIZED_FIELDS:

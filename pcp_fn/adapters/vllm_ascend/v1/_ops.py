@@ -425,14 +425,14 @@ class DeviceGraphs:
         """The graphs' :class:`~pcp_fn.adapters.backend.GraphStats` (the runtime's, one object)."""
         return self.runtime.stats
 
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        """:func:`pcp_fn.no_host_syncs` with ``check_syncs``, else nothing (the runtime's)."""
+        return self.runtime.guard()
+
     @property
     def num_graphs(self) -> int:
         """Graphs made so far (``0`` with plain calls)."""
         return self.runtime.num_graphs
-
-    def guard(self) -> contextlib.AbstractContextManager[Any]:
-        """:func:`pcp_fn.no_host_syncs` with ``check_syncs``, else nothing (the runtime's)."""
-        return self.runtime.guard()
 
     def package_path(self, kind: str, bucket: Bucket) -> str:
         """The AOTInductor package of a graph in the package directory, named by all it depends

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _host, _ops
+from ._parts import ManagerParts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,94 +61,91 @@ def _isinstance_of(obj: Any, module: str, name: str) -> bool:
     return isinstance(obj, cls)
 
 
-class ProposerMethods:
-    """Mixin of :class:`FunctionalDCSManager`: the proposer-side spec-decode methods."""
+class Proposer:
+    """The proposer-side spec-decode helpers of :class:`FunctionalDCSManager`.
 
-    def get_spec_decode_decode_hidden_states(
-        self,
-        target_hidden_states_d_padded: torch.Tensor,
-        num_decode_reqs: int,
-        num_decode_tokens: int | None = None,
-    ) -> torch.Tensor:
-        """The decode tokens' rows of the restored hidden states (rank 0's copy of each)."""
-        D = self.num_decode_tokens if num_decode_tokens is None else num_decode_tokens
+    Holds what it reads and writes: the settings and config, the persistent buffers (the
+    step's decode rows and restore index, the full query lengths, ``mtp_slot_pad``), the
+    device graphs (their sync guard), the manager's record cell (the step and its MTP slot
+    rows), and the states the ops tied to no step read (the CPU's and the capacity bucket's).
+    """
+
+    def __init__(self, parts: ManagerParts) -> None:
+        self.settings, self.config, self.buffers = parts.settings, parts.config, parts.buffers
+        self.graphs, self.records = parts.graphs, parts.records
+        self.cpu_state, self.capacity_state = parts.cpu_state, parts.capacity_state
+
+    def decode_hidden_states(self, hidden: torch.Tensor, num_decode_tokens: int | None) -> torch.Tensor:
+        """``get_spec_decode_decode_hidden_states``."""
+        if num_decode_tokens is None:
+            host = self.records.current.host
+            num_decode_tokens = 0 if host is None else host.num_decode_tokens
+        D = num_decode_tokens
         if D == 0:
-            return target_hidden_states_d_padded
-        if self.pcp_use_hybrid_attn or self.pcp_world_size == 1:
-            return target_hidden_states_d_padded[:D]
-        with self._graphs.guard():
-            return target_hidden_states_d_padded.index_select(0, self._buffers.step["decode_rows"][:D])
+            return hidden
+        if self.settings.hybrid_attn or self.settings.pcp_size == 1:
+            return hidden[:D]
+        with self.graphs.guard():
+            return hidden.index_select(0, self.buffers.step["decode_rows"][:D])
 
-    def prepare_spec_decode_first_pass_inputs(
-        self,
-        input_ids: torch.Tensor,
-        target_positions: torch.Tensor,
-        target_hidden_states: torch.Tensor,
-        token_indices_to_sample: torch.Tensor,
-        common_attn_metadata: Any,
-        long_seq_metadata: Any | None,
-        req_scheduled_tokens: dict[str, int] | None,
-        req_ids: list[str],
-        logits_indices: torch.Tensor,
-        num_tokens: int,
-        num_prefill_reqs: int,
-        num_decode_reqs: int,
-        uses_mrope: bool,
-    ) -> PCPSpecDecodeFirstPassInputs:
-        """This rank's first draft pass: its own rows of the scheduler-order ids and restored hidden states.
-
-        As the reference, it sets ``common_attn_metadata.prefill_context_parallel_metadata``,
-        rewrites ``token_indices_to_sample`` in place (decodes: ``logits_indices[tis]``;
-        prefills: the last ``num_prefill_reqs`` logits indices) and, with prefills,
-        the metadata's ``num_actual_tokens``, ``max_query_len``, ``seq_lens`` and
-        ``query_start_loc`` (host values from the twin). ``input_ids`` are the
-        scheduler-order ids (``num_tokens`` of them); ``target_hidden_states`` the
-        restored rows; ``token_indices_to_sample`` has one entry per request.
-        """
+    def first_pass(
+        self, input_ids: torch.Tensor, target_positions: torch.Tensor, hidden: torch.Tensor,
+        tis: torch.Tensor, cam: Any, long_seq_metadata: Any | None, logits_indices: torch.Tensor,
+        num_tokens: int, num_prefill_reqs: int, num_decode_reqs: int, uses_mrope: bool,
+    ) -> PCPSpecDecodeFirstPassInputs:  # fmt: skip
+        """``prepare_spec_decode_first_pass_inputs`` (``tis``: ``token_indices_to_sample``, ``cam``:
+        ``common_attn_metadata``)."""
         s = self.settings
-        unchanged = PCPSpecDecodeFirstPassInputs(
-            num_tokens, input_ids, target_positions, target_hidden_states, token_indices_to_sample, None
-        )
+        unchanged = PCPSpecDecodeFirstPassInputs(num_tokens, input_ids, target_positions, hidden, tis, None)
         if s.cp_size <= 1:
             return unchanged
         if long_seq_metadata is None:
             raise ValueError("long_seq_metadata is required when pcp * dcp > 1")
-        common_attn_metadata.prefill_context_parallel_metadata = long_seq_metadata
-        long_seq_args = (self.query_lens_pcp_full.cpu[:num_decode_reqs], token_indices_to_sample.clone())
+        cam.prefill_context_parallel_metadata = long_seq_metadata
+        long_seq_args = (self.buffers.query_lens_pcp_full.cpu[:num_decode_reqs], tis.clone())
         if s.pcp_size <= 1:
             return dataclasses.replace(unchanged, long_seq_args=long_seq_args)
-
-        h, bucket = self._host(), self._bucket()
-        n, D = num_decode_reqs + num_prefill_reqs, h.num_decode_tokens
+        h = self.records.host()
         N = h.num_tokens  # this rank's rows: the decodes' tokens and its prefill chunks
-        with self._graphs.guard():
-            ids_full = F.pad(input_ids[:num_tokens], (0, _ops.full_rows(self.config, bucket) - num_tokens))
-            tis = F.pad(token_indices_to_sample[:n].to(torch.int64), (0, bucket.num_reqs - n))
-            ids, rows, new_tis = _ops.first_pass_selection(self._record.state, ids_full, tis, logits_indices)
-            if not self.pcp_use_hybrid_attn:
-                new_ids = ids[:N]
-                new_hidden = target_hidden_states.index_select(0, rows[:N])
-            else:  # decodes replicated (FA order, rank-major), prefills split linearly for the drafter
-                new_ids, new_hidden = input_ids[:D], target_hidden_states[:D]
-                if num_prefill_reqs:
-                    # vllm-ascend's _split_spec_decode_pcp_prefill_input_hybrid takes the prefill parts
-                    # (ids from token D, restored rows from D * P); the op takes the whole buffers
-                    split = _ops.split_prefill(self._record.state, ids_full, target_hidden_states)
-                    new_ids = torch.cat([new_ids, split.input_ids[: N - D]])
-                    new_hidden = torch.cat([new_hidden, split.hidden_states[: N - D]])
-            token_indices_to_sample[:n].copy_(new_tis[:n])
+        n = num_decode_reqs + num_prefill_reqs
+        with self.graphs.guard():
+            new_ids, new_hidden = self._first_pass_rows(
+                h, input_ids, hidden, tis, logits_indices, num_tokens, n, num_prefill_reqs
+            )
         if num_prefill_reqs:
-            self._first_pass_metadata(common_attn_metadata, h, num_decode_reqs, N)
+            self._first_pass_metadata(cam, h, num_decode_reqs, N)
         positions = target_positions[:, :N] if uses_mrope else target_positions[:N]
-        return PCPSpecDecodeFirstPassInputs(
-            N, new_ids, positions, new_hidden, token_indices_to_sample, long_seq_args
-        )
+        return PCPSpecDecodeFirstPassInputs(N, new_ids, positions, new_hidden, tis, long_seq_args)
+
+    def _first_pass_rows(
+        self, h: _host.HostLayout, input_ids: torch.Tensor, hidden: torch.Tensor, tis: torch.Tensor,
+        logits_indices: torch.Tensor, num_tokens: int, n: int, num_prefill_reqs: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """This rank's ids and hidden rows of the first pass; ``tis[:n]`` rewritten in place."""
+        bucket, state = self.records.bucket(), self.records.current.state
+        D, N = h.num_decode_tokens, h.num_tokens
+        ids_full = F.pad(input_ids[:num_tokens], (0, _ops.full_rows(self.config, bucket) - num_tokens))
+        tis_b = F.pad(tis[:n].to(torch.int64), (0, bucket.num_reqs - n))
+        ids, rows, new_tis = _ops.first_pass_selection(state, ids_full, tis_b, logits_indices)
+        if not self.settings.hybrid_attn:
+            new_ids = ids[:N]
+            new_hidden = hidden.index_select(0, rows[:N])
+        else:  # decodes replicated (FA order, rank-major), prefills split linearly for the drafter
+            new_ids, new_hidden = input_ids[:D], hidden[:D]
+            if num_prefill_reqs:
+                # vllm-ascend's _split_spec_decode_pcp_prefill_input_hybrid takes the prefill parts
+                # (ids from token D, restored rows from D * P); the op takes the whole buffers
+                split = _ops.split_prefill(state, ids_full, hidden)
+                new_ids = torch.cat([new_ids, split.input_ids[: N - D]])
+                new_hidden = torch.cat([new_hidden, split.hidden_states[: N - D]])
+        tis[:n].copy_(new_tis[:n])
+        return new_ids, new_hidden
 
     def _first_pass_metadata(self, cam: Any, h: _host.HostLayout, nd: int, num_tokens: int) -> None:
         seq_p = h.pcp_tokens[nd:]
         k = seq_p.shape[0]
         cam.num_actual_tokens = num_tokens
-        cam.max_query_len = max(self.decode_threshold, int(seq_p.max()))
+        cam.max_query_len = max(self.settings.decode_threshold, int(seq_p.max()))
         lens = torch.from_numpy(seq_p.copy())
         cam.seq_lens[-k:] = lens
         if cam.seq_lens_cpu is not None:
@@ -158,84 +156,50 @@ class ProposerMethods:
         cam.query_start_loc[-k:] = qsl
         cam.query_start_loc_cpu[-k:] = qsl
 
-    def prepare_spec_decode_mtp_drafting_inputs(
-        self,
-        common_attn_metadata: Any,
-        attn_metadata: Any,
-        ori_token_indices_to_sample: torch.Tensor | None,
-        batch_size: int,
-        num_decode_reqs: int,
-        is_prefill_batch: bool,
-        num_speculative_tokens: int,
-    ) -> PCPSpecDecodeMTPInputs | None:
-        """MTP draft-step slots for decode-only batches (or DCP-only prefills); ``None`` otherwise."""
+    def mtp_drafting(
+        self, cam: Any, attn_metadata: Any, ori_tis: torch.Tensor | None, batch_size: int,
+        num_decode_reqs: int, is_prefill_batch: bool, k: int,
+    ) -> PCPSpecDecodeMTPInputs | None:  # fmt: skip
+        """``prepare_spec_decode_mtp_drafting_inputs`` (``k``: ``num_speculative_tokens``)."""
         s = self.settings
         decode_only = num_decode_reqs > 0 and not is_prefill_batch
         dcp_prefill = s.pcp_size == 1 and s.dcp_size > 1 and is_prefill_batch
-        if num_speculative_tokens <= 1 or not (decode_only or dcp_prefill):
+        if k <= 1 or not (decode_only or dcp_prefill):
             return None
-        if ori_token_indices_to_sample is None:
+        if ori_tis is None:
             raise ValueError("ori_token_indices_to_sample is required for the MTP drafting inputs")
-        slot_mapping = self.mtp_slot_pad
+        slot_mapping = self.buffers.mtp_slot_view(self.records.current.mtp_rows, s.pcp_size)
         if slot_mapping is None:
             raise RuntimeError("no MTP slot mapping was built (generate_pcp_mtp_input of a decode batch)")
-        bucket = self._bucket()
+        bucket = self.records.bucket()
         num_reqs = batch_size if dcp_prefill else num_decode_reqs
-        with self._graphs.guard():
-            tis = F.pad(
-                ori_token_indices_to_sample[:num_reqs].to(torch.int64), (0, bucket.num_reqs - num_reqs)
-            )
+        with self.graphs.guard():
+            tis = F.pad(ori_tis[:num_reqs].to(torch.int64), (0, bucket.num_reqs - num_reqs))
             # the op checks the layout's [M_b * P] rows; only the step's real rows are ever built
             layout_rows = _ops.mtp_rows(self.config, bucket) * s.pcp_size
             slot_indices = _ops.mtp_slot_indices(
-                self._record.state,
-                tis,
-                self._buffers.mtp_slot_pad[:layout_rows],
-                num_reqs,
-                num_speculative_tokens,
+                self.records.current.state, tis, self.buffers.mtp_slot_pad[:layout_rows], num_reqs, k
             )[: num_reqs * s.pcp_size]
-        seq_lens = getattr(attn_metadata, "seq_lens", None)
-        seq_lens_cpu = getattr(attn_metadata, "seq_lens_cpu", None)
-        if seq_lens is None:
-            if seq_lens_cpu is None:
-                raise ValueError("attn_metadata has neither seq_lens nor seq_lens_cpu")
-            seq_lens = seq_lens_cpu
-        seq_lens = seq_lens[:batch_size].clone()
-        if seq_lens_cpu is not None:
-            seq_lens_cpu = seq_lens_cpu[:batch_size].clone()
-        common_attn_metadata.block_table_tensor = common_attn_metadata.block_table_tensor[:batch_size]
+        seq_lens, seq_lens_cpu = _draft_seq_lens(attn_metadata, batch_size)
+        cam.block_table_tensor = cam.block_table_tensor[:batch_size]
         return PCPSpecDecodeMTPInputs(seq_lens, seq_lens_cpu, slot_indices, slot_mapping)
 
-    def mask_spec_decode_restore_idx_for_graph(self, pcp_allgather_restore_idx: torch.Tensor) -> None:
-        """Zero the restore rows a graph-padded draft batch never reads (in place), and make it the
-        manager's restore index (the rest of the buffer zero)."""
-        buf = self.pcp_allgather_restore_idx.gpu
+    def mask_restore(self, pcp_allgather_restore_idx: torch.Tensor) -> None:
+        """``mask_spec_decode_restore_idx_for_graph``."""
+        buf = self.buffers.step["restore"]
         length = pcp_allgather_restore_idx.shape[0]
         if length > buf.shape[0]:
             raise ValueError(f"the restore index has {length} rows; the buffer holds {buf.shape[0]}")
-        with self._graphs.guard():
-            pcp_allgather_restore_idx.copy_(
-                _ops.mask_restore(self._capacity_state, pcp_allgather_restore_idx)
-            )
+        with self.graphs.guard():
+            pcp_allgather_restore_idx.copy_(_ops.mask_restore(self.capacity_state, pcp_allgather_restore_idx))
             buf[:length].copy_(pcp_allgather_restore_idx)
             buf[length:].zero_()
 
-    def update_spec_decode_drafting_cp_metadata(
-        self,
-        attn_metadata: Any,
-        kv_cache_spec: Any,
-        seq_lens: torch.Tensor,
-        draft_index: int,
-        seq_lens_cpu: torch.Tensor | None = None,
-        attn_metadata_builder: Any | None = None,
-    ) -> None:
-        """Per-draft-step CP sequence lengths into the drafter's attention metadata.
-
-        MLA (``AscendMLAAttentionSpec``): ``attn_metadata.decode.cp_seq_len``;
-        SFA DCP builder: copied into ``attn_metadata.dcp_context.seq_lens``;
-        otherwise ``attn_metadata.decode_meta.num_computed_tokens_of_pcp_dcp``
-        (numpy, from ``seq_lens_cpu`` when given).
-        """
+    def drafting_cp_metadata(
+        self, attn_metadata: Any, kv_cache_spec: Any, seq_lens: torch.Tensor, draft_index: int,
+        seq_lens_cpu: torch.Tensor | None, attn_metadata_builder: Any | None,
+    ) -> None:  # fmt: skip
+        """``update_spec_decode_drafting_cp_metadata``."""
         is_mla = _isinstance_of(
             kv_cache_spec, "vllm_ascend.core.kv_cache_interface", "AscendMLAAttentionSpec"
         )
@@ -245,7 +209,7 @@ class ProposerMethods:
             "AscendSFADCPMetadataBuilder",
         )
         lens_in = seq_lens if is_mla or seq_lens_cpu is None else seq_lens_cpu
-        state = self._cpu_state if lens_in.device.type == "cpu" else self._capacity_state
+        state = self.cpu_state if lens_in.device.type == "cpu" else self.capacity_state
         out = _ops.drafting_lens(state, lens_in, draft_index)
         if is_sfa:
             target = attn_metadata.dcp_context.seq_lens
@@ -258,3 +222,17 @@ class ProposerMethods:
             attn_metadata.decode_meta.num_computed_tokens_of_pcp_dcp = (
                 out.num_computed_tokens_of_pcp_dcp.numpy()
             )
+
+
+def _draft_seq_lens(attn_metadata: Any, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Copies of the draft batch's ``seq_lens`` (``seq_lens_cpu`` where it has none) and ``seq_lens_cpu``."""
+    seq_lens = getattr(attn_metadata, "seq_lens", None)
+    seq_lens_cpu = getattr(attn_metadata, "seq_lens_cpu", None)
+    if seq_lens is None:
+        if seq_lens_cpu is None:
+            raise ValueError("attn_metadata has neither seq_lens nor seq_lens_cpu")
+        seq_lens = seq_lens_cpu
+    seq_lens = seq_lens[:batch_size].clone()
+    if seq_lens_cpu is not None:
+        seq_lens_cpu = seq_lens_cpu[:batch_size].clone()
+    return seq_lens, seq_lens_cpu
