@@ -251,7 +251,7 @@ def run_config(
     loader: Any, P: int, k: int, kinds: list[str], iters: int, aoti: bool, device_columns: bool = True
 ) -> tuple[list[str], list[str]]:
     """The table lines and per-phase lines of every batch class at ``P`` ranks and ``k`` drafts."""
-    from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager
+    from pcp_fn.adapters.vllm_ascend.v1 import FunctionalDCSManager
 
     margs = (P, 0, 1, 0, T * P + 2 * P * R, R, torch.device("cpu"), vllm_config(k), False)
     ref = loader.make_manager(P, 0, R, T, num_spec_tokens=k, max_model_len=MAX_MODEL_LEN)

@@ -63,7 +63,7 @@ from torch._dynamo.utils import counters
 
 import pcp_fn
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager, install
-from pcp_fn.adapters.vllm_ascend.manager import graph_backend
+from pcp_fn.adapters.vllm_ascend.v1.manager import graph_backend
 
 SEED_FIELDS = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 
@@ -603,7 +603,7 @@ def test_step_and_slot_graphs_read_their_persistent_staging_in_place(monkeypatch
     call passes the very tensors the graph was captured on; the MTP mask's graph, whose two
     variants pass different tensors, keeps static copies. Recorded through ``graph.capture``
     (the graphs then run as plain calls) over a schedule, checked against the eager manager."""
-    from pcp_fn.adapters.vllm_ascend import _ops
+    from pcp_fn.adapters.vllm_ascend.v1 import _ops
 
     made, real = [], pcp_fn.graph.capture
 

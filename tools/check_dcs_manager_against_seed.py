@@ -55,7 +55,7 @@ from ascend_runner import (  # noqa: E402
 )
 from oracle_spec import oracle_mtp_mask  # noqa: E402
 
-from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager  # noqa: E402
+from pcp_fn.adapters.vllm_ascend.v1 import FunctionalDCSManager  # noqa: E402
 
 
 class _Metadata:

@@ -9,7 +9,7 @@ buffer (:class:`pcp_fn.core.packing.PackedRequests`), ``R = max_num_reqs``::
 Rows past the requests are zero. ``num_prompt`` is the prompt count the device
 batch sees (vllm-ascend's ``HostLayout.device_prompt``: the runner's prompt
 lengths, but for a late decode of a dummy run, staged as ``num_computed + 2``).
-vllm-ascend's device graphs (``pcp_fn.adapters.vllm_ascend._ops.DeviceGraphs``)
+vllm-ascend's device graphs (``pcp_fn.adapters.vllm_ascend.v1._ops.DeviceGraphs``)
 pack it on the host each step; ``_ops.unpack_batch`` (inside a graph) gives the
 batch of a bucket over it.
 """

@@ -1,30 +1,26 @@
-"""vllm-ascend adapters: :class:`FunctionalDCSManager`, a drop-in for the 0.23 ``PCPManager``.
+"""vllm-ascend adapters.
 
-vllm-ascend's released line (0.23.x) runs the DualChunkSwap ``PCPManager`` of
-``vllm_ascend/worker/pcp_utils.py`` from ``model_runner_v1.py``. This package
-gives the same class on pcp_fn: every index map is built by pcp_fn's fixed-shape
-ops (captured once per bucket on an NPU with ``torch.npu.NPUGraph``), every
-host value the runner reads comes from an O(R) numpy twin, and the state
-carried across steps is one frozen record. Switch it in with :func:`install`
-before the runner is built::
-
-    from pcp_fn.adapters.vllm_ascend import install
-    install()  # vllm_ascend.worker.pcp_utils.PCPManager -> FunctionalDCSManager
+- :mod:`.v1`, vllm-ascend's released line (0.23.x): :class:`FunctionalDCSManager`, a drop-in
+  for the DualChunkSwap ``PCPManager`` of ``vllm_ascend/worker/pcp_utils.py`` that
+  ``model_runner_v1.py`` runs; :func:`install` switches it in before the runner is built.
+- :mod:`.v2`, vllm-ascend main (vLLM's model runner V2): ``FunctionalAscendPCPManager``, built
+  on first access over the installed vLLM's ``PCPManager`` by :func:`make_functional_ascend_manager`.
 
 Nothing here imports vllm, vllm_ascend or torch_npu at import time; the
-methods that need them (the PCP group's all-gather, vllm-ascend's metadata
-class) import them when called and fall back to stand-ins when absent.
+methods that need them import them when called.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
 
-from ._spec_inputs import PCPAsyncSpecDecodeRebuildResult
-from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs
-from .manager import FunctionalDCSManager
+from .v1 import (
+    FunctionalDCSManager,
+    PCPAsyncSpecDecodeRebuildResult,
+    PCPSpecDecodeFirstPassInputs,
+    PCPSpecDecodeMTPInputs,
+    install,
+)
 from .v2 import AscendApi, PCPAttentionContext, make_functional_ascend_manager
 
 __all__ = [
@@ -42,8 +38,7 @@ __all__ = [
 
 def __getattr__(name: str) -> type:
     """``FunctionalAscendPCPManager``: built on first access over vLLM and vllm-ascend main (imports
-    both), a subclass of vLLM's MRV2 ``PCPManager`` through the class body of
-    ``pcp_fn.adapters.vllm.FunctionalPCPManager``."""
+    both), ``FunctionalAscendPCPManagerMixin`` over the vLLM drop-in and vLLM's MRV2 ``PCPManager``."""
     if name != "FunctionalAscendPCPManager":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from vllm.distributed import parallel_state
@@ -70,27 +65,3 @@ def __getattr__(name: str) -> type:
     cls.__module__ = __name__
     globals()[name] = cls
     return cls
-
-
-def install(**manager_kwargs) -> type:
-    """Make vllm-ascend's runner build :class:`FunctionalDCSManager` instead of its ``PCPManager``.
-
-    Replaces ``PCPManager`` in ``vllm_ascend.worker.pcp_utils`` (and in
-    ``vllm_ascend.worker.model_runner_v1`` if it was imported already: it imports
-    the name), so call it before the model runner is constructed, e.g. from a
-    vLLM general plugin. ``manager_kwargs`` (``capture=``, ``token_buckets=``...)
-    go to every manager. Returns the class that was replaced.
-    """
-    utils = importlib.import_module("vllm_ascend.worker.pcp_utils")
-    original = utils.PCPManager
-
-    class _Configured(FunctionalDCSManager):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{**manager_kwargs, **kwargs})
-
-    _Configured.__name__ = _Configured.__qualname__ = "FunctionalDCSManager"
-    utils.PCPManager = _Configured
-    runner = sys.modules.get("vllm_ascend.worker.model_runner_v1")
-    if runner is not None:
-        runner.PCPManager = _Configured
-    return original

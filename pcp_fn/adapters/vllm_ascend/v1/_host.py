@@ -26,7 +26,7 @@ import functools
 
 import numpy as np
 
-from ...core.checks import INT32_MAX
+from ....core.checks import INT32_MAX
 from ._settings import ManagerSettings
 
 _ARANGES: dict[type, np.ndarray] = {}

@@ -63,3 +63,37 @@ class StepRecord:
     mtp_rows: int | None = None
     local_schedule: Any = None
     long_seq_metadata: Any = None
+
+
+_new = object.__new__
+
+
+class RecordCell:
+    """The manager's current :class:`StepRecord`, shared with its helpers (the one place it is replaced).
+
+    ``current`` is read-only to its readers; :meth:`set` replaces it by a copy with some fields
+    changed. :meth:`host` and :meth:`bucket` are the last ``init_batch_info``'s, or a
+    ``RuntimeError`` before the first.
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self, record: StepRecord) -> None:
+        self.current = record
+
+    def set(self, **changes: Any) -> None:
+        # dataclasses.replace of the frozen record, without its per-field Python loop
+        record = _new(StepRecord)
+        record.__dict__.update(self.current.__dict__)
+        record.__dict__.update(changes)
+        self.current = record
+
+    def host(self) -> HostLayout:
+        if self.current.host is None:
+            raise RuntimeError("init_batch_info must run before this call")
+        return self.current.host
+
+    def bucket(self) -> _ops.Bucket:
+        if self.current.batch is None:
+            raise RuntimeError("init_batch_info must run before this call")
+        return self.current.batch.bucket

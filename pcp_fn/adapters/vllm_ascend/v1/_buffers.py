@@ -10,6 +10,7 @@ hands out views of them (``buffer[:length]``, the length a host int).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,6 +76,41 @@ class Buffers:
     dcp_mtp_attn_mask: DeviceBuffer | None
     # [R, 1 + k, k] int64: where each row's True entries of that mask may be (column 0 where none)
     mtp_mask_cells: torch.Tensor | None
+
+    def mtp_slot_view(self, rows: int | None, pcp_size: int) -> torch.Tensor | None:
+        """``mtp_slot_pad[: rows * P]``: the MTP slot mapping of ``rows`` rows (``None``: never built)."""
+        if rows is None:
+            return None
+        return self.mtp_slot_pad[: rows * pcp_size]
+
+
+class ViewCache:
+    """Views of persistent buffers, the same view object as last time when its rows are (a view costs
+    a few microseconds; a steady decode batch asks the same ones every step). One per manager,
+    shared by its helpers: a key names one buffer."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[Any, tuple[Any, Any]] = {}
+
+    def view(self, key: Any, buffer: torch.Tensor, rows: int) -> torch.Tensor:
+        """``buffer[:rows]``."""
+        last = self._last.get(key)
+        if last is not None and last[0] == rows:
+            return last[1]
+        view = buffer[:rows]
+        self._last[key] = (rows, view)
+        return view
+
+    def get(self, key: Any, tag: Any) -> Any:
+        """What :meth:`put` last stored under ``key`` with this ``tag``, else ``None``."""
+        last = self._last.get(key)
+        return None if last is None or last[0] != tag else last[1]
+
+    def put(self, key: Any, tag: Any, value: Any) -> Any:
+        self._last[key] = (tag, value)
+        return value
 
 
 def allocate(

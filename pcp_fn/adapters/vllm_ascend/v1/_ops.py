@@ -40,8 +40,8 @@ from pcp_fn.core.entry import entry_op
 from pcp_fn.dcs.batch import token_rows
 from pcp_fn.dcs.packing import REQUESTS
 
-from ..backend import GraphStats, graph_ladder
-from ..runtime import GraphCall, GraphRuntime, Staging
+from ...backend import GraphStats, graph_ladder
+from ...runtime import GraphCall, GraphRuntime, Staging
 from ._host import HostLayout
 from ._settings import ManagerSettings
 
@@ -425,14 +425,14 @@ class DeviceGraphs:
         """The graphs' :class:`~pcp_fn.adapters.backend.GraphStats` (the runtime's, one object)."""
         return self.runtime.stats
 
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        """:func:`pcp_fn.no_host_syncs` with ``check_syncs``, else nothing (the runtime's)."""
+        return self.runtime.guard()
+
     @property
     def num_graphs(self) -> int:
         """Graphs made so far (``0`` with plain calls)."""
         return self.runtime.num_graphs
-
-    def guard(self) -> contextlib.AbstractContextManager[Any]:
-        """:func:`pcp_fn.no_host_syncs` with ``check_syncs``, else nothing (the runtime's)."""
-        return self.runtime.guard()
 
     def package_path(self, kind: str, bucket: Bucket) -> str:
         """The AOTInductor package of a graph in the package directory, named by all it depends

@@ -76,19 +76,20 @@ def _positive(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def read_settings(
-    pcp_world_size: int,
-    pcp_rank: int,
-    dcp_world_size: int,
-    dcp_rank: int,
+    vllm_config: Any,
+    device: torch.device | str,
+    pcp: tuple[int, int],
+    dcp: tuple[int, int],
+    *,
     max_buffer_num_tokens: int,
     max_num_reqs: int,
-    device: torch.device | str,
-    vllm_config: Any,
     use_async_scheduling: bool,
     pin_memory: bool,
     use_sparse: bool,
 ) -> ManagerSettings:
-    """Read the ``PCPManager`` constructor arguments; ``ValueError`` names a bad field."""
+    """Read the ``PCPManager`` constructor arguments (``pcp``, ``dcp``: world size and rank);
+    ``ValueError`` names a bad field."""
+    (pcp_world_size, pcp_rank), (dcp_world_size, dcp_rank) = pcp, dcp
     spec = vllm_config.speculative_config
     sched = vllm_config.scheduler_config
     model = vllm_config.model_config

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import _host, _ops
+from ._parts import ManagerParts
 
 
 class _LongSeqMetadata:
@@ -51,101 +52,90 @@ def _check_query_lens(query_lens: Any, expected: np.ndarray, dummy: bool) -> Non
         )
 
 
-class MetadataMethods:
-    """Mixin of :class:`FunctionalDCSManager`: the attention metadata of a step."""
+class MetadataBuilder:
+    """The attention metadata of a step (``generate_pcp_metadata``), for :class:`FunctionalDCSManager`.
 
-    def generate_pcp_metadata(
-        self,
-        total_num_scheduled_tokens: int,
-        query_lens: torch.Tensor,
-        input_batch: Any,
-        num_scheduled_tokens: np.ndarray | None,
-        block_table_tensor: torch.Tensor,
-        num_reqs_padded: int,
-        num_reqs: int,
-        fixed_decode_seq_lens_cpu: np.ndarray | None = None,
-    ) -> tuple[Any, torch.Tensor]:
-        """vllm-ascend's ``AscendPrefillContextParallelMetadata`` of the step, and the block table.
+    Holds what it reads: the settings, the persistent buffers (the step's index tensors, the
+    full query lengths, the MTP mask and its staging), the device graphs (the MTP mask's), the
+    manager's record cell (the step it describes; it records the metadata there) and view cache;
+    its own: vllm-ascend's metadata class (found on first use) and the decode-only step's empty
+    index views (made once).
+    """
 
-        Reads ``input_batch.num_computed_tokens_cpu`` (the context of the
-        prefills, and of the decodes without ``fixed_decode_seq_lens_cpu``).
-        Device fields are views of the manager's persistent buffers.
+    def __init__(self, parts: ManagerParts) -> None:
+        self.settings, self.buffers, self.graphs = parts.settings, parts.buffers, parts.graphs
+        self.records, self.views = parts.records, parts.views
+        self.metadata_cls: Any = None
+        self.empty_indices: dict[str, torch.Tensor] | None = None
 
-        ``query_lens`` (host) must hold the step's local token counts per request
-        (``update_tokens_for_pcp``'s, or ``num_scheduled_tokens_padded`` with hybrid
-        attention), as the runner passes them. In a ``_dummy_run``
-        (``init_batch_info`` without ``update_tokens_for_pcp``; the runner then passes
-        the dummy batch's own counts, checked against them) the metadata is the
-        one the real step of the dummy batch gets: every field, the hybrid index
-        fields included, shaped as that step's (a graph captured in a dummy run
-        sees what a real step of that batch sees).
-
-        Raises:
-            ValueError: ``query_lens`` (or ``num_scheduled_tokens``) missing, or not those counts.
-        """
-        s, h = self.settings, self._host()
+    def generate(
+        self, total: int, query_lens: Any, input_batch: Any, num_scheduled: np.ndarray | None,
+        num_reqs_padded: int, num_reqs: int, fixed_decode: np.ndarray | None,
+    ) -> Any:  # fmt: skip
+        """``generate_pcp_metadata``'s metadata (``None`` when ``pcp * dcp == 1``); recorded in the cell."""
+        s, h = self.settings, self.records.host()
         P = s.pcp_size
         # a _dummy_run: no update_tokens_for_pcp since init_batch_info; the step's layout is h
-        dummy = P > 1 and self._record.updated is not h
-        u = h if dummy else self._record.updated
+        dummy = P > 1 and self.records.current.updated is not h
+        u = h if dummy else self.records.current.updated
         if P > 1:
             _check_query_lens(query_lens, h.num_scheduled if dummy else h.pcp_tokens, dummy)
             if dummy:
-                total_num_scheduled_tokens = h.num_tokens
-            elif self.pcp_use_hybrid_attn:
-                total_num_scheduled_tokens = int(self.num_scheduled_tokens_padded.sum())
-        num_actual = int(total_num_scheduled_tokens) * P
+                total = h.num_tokens
+            elif s.hybrid_attn:  # the FA query lengths (update_tokens_for_pcp's layout is h)
+                total = int(h.pcp_tokens.sum())
+        num_actual = int(total) * P
         meta = None
         if s.cp_size > 1:
-            if num_scheduled_tokens is None:
+            if num_scheduled is None:
                 raise ValueError("num_scheduled_tokens is required when pcp * dcp > 1")
-            nd, n = h.num_decode_reqs, h.num_reqs
             computed_cpu = np.asarray(input_batch.num_computed_tokens_cpu)
-            if fixed_decode_seq_lens_cpu is not None:
-                decode_context = np.asarray(fixed_decode_seq_lens_cpu)[:nd]
-            else:
-                decode_context = computed_cpu[:nd] + np.asarray(num_scheduled_tokens)[:nd]
-            prefill_context = computed_cpu[nd:n]
-            if prefill_context.size or decode_context.dtype != prefill_context.dtype:
-                context = np.concatenate([decode_context, prefill_context])
-            else:  # only decodes: nothing to join (a fresh array already)
-                context = decode_context if fixed_decode_seq_lens_cpu is None else decode_context.copy()
-            ori_query_lens = self._view("query_lens", self.query_lens_pcp_full.cpu, num_reqs_padded)
-            ql = self.query_lens_pcp_full.np[:num_reqs_padded]  # the same memory, read by numpy
-            fla = u.padded_tokens_fla if self.pcp_use_hybrid_attn and u is not None else 0
-            fields = dict(
-                pcp_use_hybrid_attn=self.pcp_use_hybrid_attn,
-                num_actual_tokens_pcp_padded=num_actual,
-                num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
-                pcp_unpad_mask=self._view(
-                    "unpad_mask", self.pcp_unpad_mask, 0 if u is None else P * u.num_tokens
-                ),
-                pcp_padded_tokens_fla=fla,
-                query_lens_pcp_full_cpu=ori_query_lens,
-                max_query_len_pcp_full=int(ql.max()) if ql.size else ori_query_lens.max().item(),
-            )
-            if self._metadata_cls is None:  # found once (an import attempt per step costs)
-                self._metadata_cls = _metadata_class()
-            meta = self._metadata_cls(**fields)
+            context = _context_lengths(h, computed_cpu, num_scheduled, fixed_decode)
+            meta = self._metadata(self._fields(h, u, context, num_actual, num_reqs_padded))
             if P > 1:
                 self._attach_attention_indices(meta, h, u, num_actual)
-            if s.has_spec_config and num_scheduled_tokens is not None:
+            if s.has_spec_config:
                 meta.dcp_mtp_attn_mask = self._mtp_attention_mask(
-                    h, computed_cpu, np.asarray(num_scheduled_tokens), fixed_decode_seq_lens_cpu, num_reqs
+                    h, computed_cpu, np.asarray(num_scheduled), fixed_decode, num_reqs
                 )
             else:
                 meta.dcp_mtp_attn_mask = None
-        self._set(num_actual_tokens_pcp_padded=num_actual, long_seq_metadata=meta)
-        return meta, block_table_tensor
+        self.records.set(num_actual_tokens_pcp_padded=num_actual, long_seq_metadata=meta)
+        return meta
+
+    def _fields(
+        self, h: _host.HostLayout, u: _host.HostLayout | None, context: np.ndarray, num_actual: int,
+        num_reqs_padded: int,
+    ) -> dict[str, Any]:  # fmt: skip
+        s, P = self.settings, self.settings.pcp_size
+        full = self.buffers.query_lens_pcp_full
+        ori_query_lens = self.views.view("query_lens", full.cpu, num_reqs_padded)
+        ql = full.np[:num_reqs_padded]  # the same memory, read by numpy
+        fla = u.padded_tokens_fla if s.hybrid_attn and u is not None else 0
+        unpad = self.buffers.step["unpad_mask"]
+        return dict(
+            pcp_use_hybrid_attn=s.hybrid_attn,
+            num_actual_tokens_pcp_padded=num_actual,
+            num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
+            pcp_unpad_mask=self.views.view("unpad_mask", unpad, 0 if u is None else P * u.num_tokens),
+            pcp_padded_tokens_fla=fla,
+            query_lens_pcp_full_cpu=ori_query_lens,
+            max_query_len_pcp_full=int(ql.max()) if ql.size else ori_query_lens.max().item(),
+        )
+
+    def _metadata(self, fields: dict[str, Any]) -> Any:
+        if self.metadata_cls is None:  # found once (an import attempt per step costs)
+            self.metadata_cls = _metadata_class()
+        return self.metadata_cls(**fields)
 
     def _attach_attention_indices(
         self, meta: Any, h: _host.HostLayout, u: _host.HostLayout | None, num_actual: int
     ) -> None:
-        step = self._buffers.step
+        step = self.buffers.step
         if h.num_prefill_reqs == 0:  # a decode-only step: every index empty, every list too
-            views = self._empty_indices
+            views = self.empty_indices
             if views is None:  # made once (a view costs microseconds; ten of them, every step)
-                views = self._empty_indices = {f: step[k][:0] for k, f in _ops.ATTENTION_INDEX_FIELDS.items()}
+                views = self.empty_indices = {f: step[k][:0] for k, f in _ops.ATTENTION_INDEX_FIELDS.items()}
             meta.__dict__.update(views)
             meta.attn_mask_seqlens, meta.head_attn_nomask_seqlens, meta.tail_attn_nomask_seqlens = [], [], []
             meta.head_actual_seq_lengths_kv, meta.tail_actual_seq_lengths_kv = [], []
@@ -153,28 +143,20 @@ class MetadataMethods:
         else:
             lists = h.attention  # shared with the steps of the same shape: copies handed out
             C = lists.lengths["q_head_idx"]  # every length is a multiple of it
-            last = self._last_views.get("indices")
-            if last is None or last[0] != C:
+            views = self.views.get("indices", C)
+            if views is None:
                 views = {f: step[k][: lists.lengths[k]] for k, f in _ops.ATTENTION_INDEX_FIELDS.items()}
-                last = self._last_views["indices"] = (C, views)
-            meta.__dict__.update(last[1])
+                self.views.put("indices", C, views)
+            meta.__dict__.update(views)
             meta.attn_mask_seqlens = list(lists.attn_mask_seqlens)
             meta.head_attn_nomask_seqlens = list(lists.head_attn_nomask_seqlens)
             meta.tail_attn_nomask_seqlens = list(lists.tail_attn_nomask_seqlens)
             meta.head_actual_seq_lengths_kv = list(lists.head_actual_seq_lengths_kv)
             meta.tail_actual_seq_lengths_kv = list(lists.tail_actual_seq_lengths_kv)
             meta.attn_chunk_seqlens = torch.from_numpy(lists.chunk_seqlens.copy())
-        meta.pcp_allgather_restore_idx = self._view("restore", self.pcp_allgather_restore_idx.gpu, num_actual)
-        if self.pcp_use_hybrid_attn and u is not None:
-            P, D = self.pcp_world_size, u.num_decode_tokens
-            meta.pcp_exit_fa_scatter_idx = self.pcp_exit_fa_scatter_idx.gpu[: u.num_linear_tokens - D]
-            meta.pcp_fa_query_idx = self.pcp_fa_query_idx[: num_actual // P - D]
-            meta.pcp_enter_fa_restore_idx = self.pcp_enter_fa_restore_idx[: u.enter_fa_len]
-            meta.pcp_fa_padding_restore_idx = (
-                self.pcp_fa_padding_restore_idx[:num_actual] if u.enter_fa_len < num_actual else None
-            )
-            meta.max_num_tokens_across_pcp = u.max_tokens_across_pcp
-            meta.total_num_scheduled_tokens = u.num_linear_tokens
+        meta.pcp_allgather_restore_idx = self.views.view("restore", step["restore"], num_actual)
+        if self.settings.hybrid_attn and u is not None:
+            _attach_hybrid_indices(meta, step, u, num_actual, self.settings.pcp_size)
 
     def _mtp_attention_mask(
         self,
@@ -195,7 +177,7 @@ class MetadataMethods:
         written, zeros where never written). The values written are the
         interleave-aware mask (for ``cp_kv_cache_interleave_size = 1`` vllm-ascend's).
         """
-        buf = self._buffers.dcp_mtp_attn_mask
+        buf = self.buffers.dcp_mtp_attn_mask
         assert buf is not None
         s = self.settings
         nd = h.num_decode_reqs
@@ -209,11 +191,41 @@ class MetadataMethods:
                 corrected = not _host.same_ints(decode_computed, h.num_computed[:nd])
                 if corrected:
                     # async spec decode corrected the histories: the [R_b] counts staged
-                    Rb = self._record.batch.bucket.num_reqs
+                    Rb = self.records.bucket().num_reqs
                     host = np.zeros(Rb, dtype=np.int32)  # the batch's dtype: the same graph serves both
                     host[: h.num_reqs] = h.num_computed
                     host[:nd] = decode_computed
-                    with self._graphs.guard():
-                        self._buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
-                self._graphs.mtp_mask(corrected)  # rows [:nd], at the step's bucket
+                    with self.graphs.guard():
+                        self.buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
+                self.graphs.mtp_mask(corrected)  # rows [:nd], at the step's bucket
         return buf.gpu[: nd if nd > 0 else num_reqs]
+
+
+def _context_lengths(
+    h: _host.HostLayout, computed_cpu: np.ndarray, num_scheduled: Any, fixed_decode: np.ndarray | None
+) -> np.ndarray:
+    """Each request's context: the decodes' (``fixed_decode_seq_lens_cpu``, else computed plus
+    scheduled), then the prefills' computed tokens."""
+    nd, n = h.num_decode_reqs, h.num_reqs
+    if fixed_decode is not None:
+        decode_context = np.asarray(fixed_decode)[:nd]
+    else:
+        decode_context = computed_cpu[:nd] + np.asarray(num_scheduled)[:nd]
+    prefill_context = computed_cpu[nd:n]
+    if prefill_context.size or decode_context.dtype != prefill_context.dtype:
+        return np.concatenate([decode_context, prefill_context])
+    # only decodes: nothing to join (a fresh array already)
+    return decode_context if fixed_decode is None else decode_context.copy()
+
+
+def _attach_hybrid_indices(
+    meta: Any, step: dict[str, torch.Tensor], u: _host.HostLayout, num_actual: int, P: int
+) -> None:
+    """Hybrid attention's index fields (views of the step's buffers) and counts."""
+    D = u.num_decode_tokens
+    meta.pcp_exit_fa_scatter_idx = step["exit"][: u.num_linear_tokens - D]
+    meta.pcp_fa_query_idx = step["fa_query"][: num_actual // P - D]
+    meta.pcp_enter_fa_restore_idx = step["enter"][: u.enter_fa_len]
+    meta.pcp_fa_padding_restore_idx = step["fa_padding"][:num_actual] if u.enter_fa_len < num_actual else None
+    meta.max_num_tokens_across_pcp = u.max_tokens_across_pcp
+    meta.total_num_scheduled_tokens = u.num_linear_tokens
