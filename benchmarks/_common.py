@@ -73,17 +73,17 @@ def inductor_kernels(fn: Callable[..., object], *args: object) -> tuple[int, int
     return fused, fallback
 
 
-def seed_loader_or_none(seed_path: str | None):
-    """``tools/seed_loader`` when the vllm-ascend reference is reachable (``--seed PATH``, or
+def reference_loader_or_none(reference_path: str | None):
+    """``tools/reference_loader`` when the vllm-ascend reference is reachable (``--reference PATH``, or
     found by ``tools/reference.py``), else ``None``: the benchmarks then skip the reference timings."""
-    if seed_path:
-        os.environ["PCP_FN_REF_VLLM_ASCEND_PCP_UTILS"] = seed_path
+    if reference_path:
+        os.environ["PCP_FN_REF_VLLM_ASCEND_PCP_UTILS"] = reference_path
     sys.path.insert(0, os.path.join(HERE, "..", "tools"))
     try:
-        import seed_loader
+        import reference_loader
     except ImportError:
         return None
-    return seed_loader if seed_loader.seed_path() is not None else None
+    return reference_loader if reference_loader.reference_file() is not None else None
 
 
 def cpu_options(args: tuple) -> dict:

@@ -1,10 +1,10 @@
 """Host time per step of vllm-ascend 0.23's ``PCPManager`` against ``FunctionalDCSManager``.
 
     python benchmarks/bench_ascend.py [--iters 60] [--pcp 2,4,8] [--spec 0,1] [--classes decode,mixed]
-                                      [--no-aoti] [--no-phases] [--ref PATH]
+                                      [--no-aoti] [--no-phases] [--reference PATH]
 
 Needs the reference ``vllm_ascend/worker/pcp_utils.py`` (``tools/reference.py`` finds
-it, or ``--ref PATH``); without it the benchmark says so and exits. One step is
+it, or ``--reference PATH``); without it the benchmark says so and exits. One step is
 what ``model_runner_v1.py`` asks of the manager around one forward, in its order
 (rank 0, ``R = 256``, ``T = 8192``, one thread):
 
@@ -54,7 +54,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import R, T, seed_loader_or_none  # noqa: E402
+from _common import R, T, reference_loader_or_none  # noqa: E402
 
 H = 128
 MAX_MODEL_LEN = 4096  # the MTP attention mask's width
@@ -350,11 +350,11 @@ def main() -> None:
     ap.add_argument("--no-aoti", action="store_true", help="skip the AOTInductor column")
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase medians")
     ap.add_argument("--host-only", action="store_true", help="only the host-time columns")
-    ap.add_argument("--ref", default=None, help="path of the vllm-ascend pcp_utils reference")
+    ap.add_argument("--reference", default=None, help="path of the vllm-ascend pcp_utils reference")
     args = ap.parse_args()
     torch.set_num_threads(1)
 
-    loader = seed_loader_or_none(args.ref)
+    loader = reference_loader_or_none(args.reference)
     if loader is None:
         print(
             "bench_ascend: the vllm-ascend 0.23 pcp_utils.py reference is not reachable "

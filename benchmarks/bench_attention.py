@@ -1,6 +1,6 @@
-"""attention_metadata timings against the seed's host generate_pcp_metadata.
+"""attention_metadata timings against the reference's host generate_pcp_metadata.
 
-    python benchmarks/bench_attention.py [--iters 200] [--no-compile] [--seed PATH]
+    python benchmarks/bench_attention.py [--iters 200] [--no-compile] [--reference PATH]
 
 Batches (rank 0, max_num_reqs R = 256):
 
@@ -12,7 +12,7 @@ eager, through ``torch.compile`` and through ``graph.capture(backend="aoti")``
 on the CPU (one thread), its kernel-launching aten ops as a GPU/NPU dispatches
 them (``dev``, counted on meta tensors) and as the CPU does (``cpu``), and
 inductor's CPU kernels (``fused+fallback``); and, when the vllm-ascend
-reference is found (``--seed``, or ``tools/reference.py``), the median of its
+reference is found (``--reference``, or ``tools/reference.py``), the median of its
 host ``generate_pcp_metadata`` for the same step (after ``init_batch_info`` +
 ``update_tokens_for_pcp``, as the runner calls it) with each path's ratio to it.
 Issue 5's targets: compiled <= 0.1x the reference for (a), <= 0.05x for (b).
@@ -31,7 +31,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import R, cpu_options, inductor_kernels, median_us, seed_loader_or_none  # noqa: E402
+from _common import R, cpu_options, inductor_kernels, median_us, reference_loader_or_none  # noqa: E402
 from bench_core import on_meta  # noqa: E402
 
 import pcp_fn  # noqa: E402
@@ -47,19 +47,19 @@ def batches():
     return {"a": (4, 8192, a), "b": (8, 16384, b)}
 
 
-def seed_generate_pcp_metadata(P, T, sched, comp, prompt, iters, seed_path):
-    """Median us of the seed's generate_pcp_metadata, or None without the seed file."""
-    seed_loader = seed_loader_or_none(seed_path)
-    if seed_loader is None:
+def reference_generate_pcp_metadata(P, T, sched, comp, prompt, iters, reference_path):
+    """Median us of the reference's generate_pcp_metadata, or None without the reference file."""
+    reference_loader = reference_loader_or_none(reference_path)
+    if reference_loader is None:
         return None
 
     class _Metadata:  # stand-in for vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata
         def __init__(self, **kwargs):
             self.__dict__.update(kwargs)
 
-    seed_loader._module("vllm_ascend.attention")
-    seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
-    m = seed_loader.make_manager(P, 0, R, T)
+    reference_loader._module("vllm_ascend.attention")
+    reference_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+    m = reference_loader.make_manager(P, 0, R, T)
     sched = np.asarray(sched, np.int32)
     comp = np.asarray(comp, np.int32)
     prompt = np.asarray(prompt, np.int32)
@@ -83,7 +83,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
-    ap.add_argument("--seed", default=None, help="path of seed 000 (the host path to compare with)")
+    ap.add_argument(
+        "--reference", default=None, help="path of the vllm-ascend pcp_utils reference (the host path)"
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     for name, (P, T, (sched, comp, prompt)) in batches().items():
@@ -101,14 +103,15 @@ def main():
         fused = "" if args.no_compile else " inductor {}+{}".format(*inductor_kernels(op, state, batch))
         print(f"\nbatch {name}: P={P}, T={T}, {len(sched)} requests, bucket {batch.bucket}")
         print(f"  attention_metadata kernels: dev {dev}, cpu {cpu};{fused}")
-        seed_us = seed_generate_pcp_metadata(P, T, sched, comp, prompt, args.iters, args.seed)
+        reference_us = reference_generate_pcp_metadata(P, T, sched, comp, prompt, args.iters, args.reference)
         for label, fn in paths.items():
             us = median_us(lambda fn=fn, state=state, batch=batch: fn(state, batch), args.iters)
-            ratio = "" if seed_us is None else f"  {us / seed_us:.3f}x the reference"
+            ratio = "" if reference_us is None else f"  {us / reference_us:.3f}x the reference"
             print(f"  {label:8s} {us:10.1f} us{ratio}")
-        if seed_us is not None:
+        if reference_us is not None:
             print(
-                f"  reference generate_pcp_metadata {seed_us:10.1f} us (target <= {TARGETS[name]}x compiled)"
+                f"  reference generate_pcp_metadata {reference_us:10.1f} us "
+                f"(target <= {TARGETS[name]}x compiled)"
             )
 
 

@@ -1,7 +1,7 @@
 """Core op, host boundary and composed-step timings on the DESIGN.md reference batches.
 
     taskset -c 1 python benchmarks/bench_core.py [--iters 300] [--backends eager,compile,aoti]
-                                                 [--batches A,B,C] [--seed PATH] [--per-octave N]
+                                                 [--batches A,B,C] [--reference PATH] [--per-octave N]
 
 For each batch (R=256, T=8192, hidden 128, rank 0):
 
@@ -31,7 +31,7 @@ it prints, on one thread:
   ``compile`` (``torch.compile``'s wrapper) and ``aoti`` (AOTInductor, one
   package per bucket); all paths and the reference are timed in interleaved
   rounds, so load on the machine hits them alike;
-- when the vllm-ascend reference is found (``--seed``, or ``tools/reference.py``),
+- when the vllm-ascend reference is found (``--reference``, or ``tools/reference.py``),
   its host path for the same composed step, timed in the same run (``PCPManager``
   init_batch_info, update_tokens_for_pcp, get_logits_indices,
   get_padded_slot_mapping, get_restore_hidden_states), and each backend's ratio
@@ -48,7 +48,7 @@ import tempfile
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from _common import H, R, T, inductor_kernels, reference_batches, seed_loader_or_none, spread, timings_us
+from _common import H, R, T, inductor_kernels, reference_batches, reference_loader_or_none, spread, timings_us
 
 import pcp_fn
 from pcp_fn.core.buckets import geometric_buckets
@@ -88,12 +88,12 @@ def interleaved(paths, iters, rounds=10):
     return samples
 
 
-def reference_host_path(P, sched, comp, prompt, seed_path):
+def reference_host_path(P, sched, comp, prompt, reference_path):
     """``(with_restore, bookkeeping)`` callables of the vllm-ascend host path, or ``None``."""
-    seed_loader = seed_loader_or_none(seed_path)
-    if seed_loader is None:
+    reference_loader = reference_loader_or_none(reference_path)
+    if reference_loader is None:
         return None
-    m = seed_loader.make_manager(P, 0, R, T)
+    m = reference_loader.make_manager(P, 0, R, T)
     sched = np.asarray(sched, np.int32)
     comp = np.asarray(comp, np.int32)
     prompt = np.asarray(prompt, np.int32)
@@ -104,7 +104,7 @@ def reference_host_path(P, sched, comp, prompt, seed_path):
     m.init_batch_info(sched, n, comp, prompt)
     N = int(np.asarray(probe(sched.copy(), arange)[0]).sum())
     local = torch.randn(N, H)
-    seed_loader.PCP_GROUP.gathered = torch.randn(N * P, H)
+    reference_loader.PCP_GROUP.gathered = torch.randn(N * P, H)
 
     def bookkeeping():
         s = sched.copy()
@@ -128,7 +128,7 @@ def main():
     ap.add_argument("--backends", default="eager,compile,aoti", help="of step and the composed step")
     ap.add_argument("--batches", default="A,B,C")
     ap.add_argument("--no-inductor-counts", action="store_true", help="skip inductor's kernel counts")
-    ap.add_argument("--seed", default=None, help="path of the vllm-ascend pcp_utils reference")
+    ap.add_argument("--reference", default=None, help="path of the vllm-ascend pcp_utils reference")
     ap.add_argument(
         "--per-octave",
         type=int,
@@ -189,7 +189,7 @@ def main():
             print(f"  {op:24s} {eager:>20s} {kernels[op][0]:5d} {kernels[op][1]:5d} {ind:>9s}")
         torch._dynamo.reset()
 
-        ref = reference_host_path(P, sched, comp, prompt, args.seed)
+        ref = reference_host_path(P, sched, comp, prompt, args.reference)
         paths = {}
         for op in ("step", "composed step"):
             fn, fargs = ops[op]

@@ -30,7 +30,7 @@ The entry ops are given the state of the previous batch's step (another
 bucket), as a serving loop would: they read only its config and rank. Every
 kernel count is checked against batches of other compositions in the same
 bucket (prefills only, decodes only, one decode and one prefill): it must not
-change. When vLLM's ``pcp_manager.py`` is found (``tools/check_mrv2_against_seed.py``),
+change. When vLLM's ``pcp_manager.py`` is found (``tools/check_mrv2_against_reference.py``),
 its host ``PCPManager.partition_batch`` is timed for the same step too.
 """
 
@@ -95,7 +95,7 @@ def reference_partition(P, shard, sched, comp, plen, bucket, iters):
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     sys.argv = sys.argv[:1]
     try:
-        import check_mrv2_against_seed as ref
+        import check_mrv2_against_reference as ref
     except (ImportError, FileNotFoundError):
         return None
     total = sum(sched)
@@ -112,7 +112,7 @@ def reference_partition(P, shard, sched, comp, plen, bucket, iters):
         first=first,
     )
     mgr = ref.PCPManager(P, 0, torch.device("cpu"), shard, max_num_reqs=R, max_num_tokens=T)
-    gb = ref.seed_global_batch(case, total)
+    gb = ref.reference_global_batch(case, total)
     desc = types.SimpleNamespace(
         cg_mode=ref.CUDAGraphMode.PIECEWISE, num_tokens=bucket.num_tokens, num_reqs=None
     )
