@@ -154,14 +154,14 @@ def _portable(arg: str) -> str:
 
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The command that ran this benchmark, as run from the repository's root: ``python
-    benchmarks/bench_x.py ARGS``, after ``taskset -c CPUS`` when it ran on fewer CPUs than the
-    machine has and the :data:`COMMAND_ENV` variables that were set; no absolute path of this
+    benchmarks/bench_x.py ARGS``, after the :data:`COMMAND_ENV` variables that were set and
+    ``taskset -c CPUS`` when it ran on fewer CPUs than the machine has; no absolute path of this
     machine in it."""
     argv = list(sys.argv if argv is None else argv)
     words = [f"{k}={_portable(os.environ[k])}" for k in COMMAND_ENV if os.environ.get(k)]
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if cpus and len(cpus) < (os.cpu_count() or len(cpus)):
-        words = ["taskset", "-c", ",".join(map(str, cpus)), *words]
+        words += ["taskset", "-c", ",".join(map(str, cpus))]
     script = os.path.relpath(os.path.abspath(argv[0]), ROOT)
     return shlex.join([*words, "python", script, *(_portable(a) for a in argv[1:])])
 
