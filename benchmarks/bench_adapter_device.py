@@ -1,6 +1,6 @@
 """The vLLM drop-in on a GPU: host time per step, device time per step, the kernels a step runs.
 
-    python benchmarks/bench_adapter_device.py [--device cuda] [--iters 200]
+    python benchmarks/bench_adapter_device.py [--device cuda] [--iters 200] [--batches ABCD] [--markdown PATH]
 
 For a machine without vLLM (the GPU machines this project is lent have none):
 ``FunctionalPCPManager`` built over the test stand-in of the vLLM classes it
@@ -29,7 +29,8 @@ Per batch, medians of ``--iters`` steps:
 
 Without a GPU (``--device cpu``) the same runs with the graph replay replaced
 by nothing (:func:`bench_vllm.graph_replayed`), the host time ``bench_vllm.py``
-reports; the device columns are empty.
+reports; the device columns are empty. ``--markdown PATH`` writes the table to a markdown
+fragment too (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ sys.path.insert(0, HERE)
 
 import bench_vllm  # noqa: E402
 import vllm_standin as standin  # noqa: E402
-from _common import R, T  # noqa: E402
+from _common import R, T, Tables, add_markdown_option  # noqa: E402
 from vllm_lockstep import GlobalStep, make_global_batch  # noqa: E402
 
 from pcp_fn.adapters.vllm import VllmApi, make_functional_manager  # noqa: E402
@@ -82,21 +83,23 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--batches", default="ABCD", help="which of bench_vllm.py's batches")
+    add_markdown_option(parser)
     args = parser.parse_args()
+    tables = Tables(args.markdown)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     torch.set_num_threads(1)
     api = SimpleNamespace(InputBatch=standin.InputBatch)
     Manager = make_functional_manager(VllmApi(**standin.vllm_api_fields()))
     group = standin.PCP_GROUP
-    print(
+    if cuda:
+        tables.versions["GPU"] = torch.cuda.get_device_name()
+    title = (
         f"FunctionalPCPManager over the vLLM stand-in on {device} "
-        f"({torch.cuda.get_device_name() if cuda else 'no GPU: graph replays replaced by nothing'}), "
-        f"torch {torch.__version__}, graph backend {Manager.graph_backend!r}; R={R}, T={T}, rank 0, "
-        f"median of {args.iters} steps; load average {os.getloadavg()[0]:.2f}"
+        f"({'' if cuda else 'no GPU: graph replays replaced by nothing; '}graph backend "
+        f"{Manager.graph_backend!r}); R={R}, T={T}, rank 0, median of {args.iters} steps"
     )
-    print("| batch | P | descriptor | graphs made (s) | host us | device us | kernels | host by phase (us) |")
-    print("|---|---|---|---|---|---|---|---|")
+    rows = []
     for name, (P, (sched, comp, plen)) in bench_vllm.batches().items():
         if name not in args.batches:
             continue
@@ -157,12 +160,21 @@ def main() -> None:
                     print(f"  (profiler: {type(e).__name__}: {e})")
         stats = manager.graph_stats
         phases = " / ".join(f"{k} {median_us(bench_vllm.PHASES[k]) / 1e3:.1f}" for k in PHASES)
-        print(
-            f"| {name} | {P} | {desc.cg_mode.name}({desc.num_tokens}) | {stats.prepared} ({made:.1f}) | "
-            f"{median_us(host_us):.1f} | {median_us(device_us):.1f} | {kernels} | {phases} |"
+        print(f"batch {name} done", flush=True)
+        device_median = f"{median_us(device_us):.1f}" if device_us else None
+        rows.append(
+            [name, P, f"{desc.cg_mode.name}({desc.num_tokens})", f"{stats.prepared} ({made:.1f})"]
+            + [f"{median_us(host_us):.1f}", device_median, kernels, phases]
         )
         assert stats.fallbacks == 0, f"{name}: a step ran without its graph ({stats})"
         group.clear()
+    tables.table(
+        title,
+        ["batch", "P", "descriptor", "graphs made (s)", "host us", "device us", "kernels"]
+        + ["host by phase (us)"],
+        rows,
+    )
+    tables.write()
 
 
 if __name__ == "__main__":

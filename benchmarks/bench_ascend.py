@@ -1,10 +1,11 @@
 """Host time per step of vllm-ascend 0.23's ``PCPManager`` against ``FunctionalDCSManager``.
 
     python benchmarks/bench_ascend.py [--iters 60] [--pcp 2,4,8] [--spec 0,1] [--classes decode,mixed]
-                                      [--no-aoti] [--no-phases] [--ref PATH]
+                                      [--no-aoti] [--no-phases] [--reference PATH]
+                                      [--host-only] [--markdown PATH]
 
 Needs the reference ``vllm_ascend/worker/pcp_utils.py`` (``tools/reference.py`` finds
-it, or ``--ref PATH``); without it the benchmark says so and exits. One step is
+it, or ``--reference PATH``); without it the benchmark says so and exits. One step is
 what ``model_runner_v1.py`` asks of the manager around one forward, in its order
 (rank 0, ``R = 256``, ``T = 8192``, one thread):
 
@@ -35,7 +36,8 @@ the step and slot-mapping graphs, which read their persistent staging in place;
 the copy of the MTP mask graph's input into its static buffer); ``host/ref``:
 the last two's ratio. Before timing, one step of every adapter column is checked equal to the
 reference's (every return value and metadata field). Per-phase medians follow
-the table (``--no-phases`` to skip them).
+the table (``--no-phases`` to skip them). ``--markdown PATH`` writes the tables to a markdown
+fragment too (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import R, T, seed_loader_or_none  # noqa: E402
+from _common import R, T, Tables, add_markdown_option, reference_loader_or_none  # noqa: E402
 
 H = 128
 MAX_MODEL_LEN = 4096  # the MTP attention mask's width
@@ -247,10 +249,20 @@ class Group:
         return self.rows
 
 
+def _us(med: dict[str, float], name: str) -> str | None:
+    """Column ``name``'s median, or an empty cell for a column not run."""
+    return f"{med[name]:.0f}" if name in med else None
+
+
+def _ratio(med: dict[str, float], a: str, b: str) -> str | None:
+    return f"{med[a] / med[b]:.2f}" if a in med and b in med else None
+
+
 def run_config(
     loader: Any, P: int, k: int, kinds: list[str], iters: int, aoti: bool, device_columns: bool = True
-) -> tuple[list[str], list[str]]:
-    """The table lines and per-phase lines of every batch class at ``P`` ranks and ``k`` drafts."""
+) -> tuple[list[list[str]], list[list[str]], str]:
+    """The table rows and per-phase rows of every batch class at ``P`` ranks and ``k`` drafts, and
+    what making the ``aoti`` graphs took ("" without them)."""
     from pcp_fn.adapters.vllm_ascend.v1 import FunctionalDCSManager
 
     margs = (P, 0, 1, 0, T * P + 2 * P * R, R, torch.device("cpu"), vllm_config(k), False)
@@ -282,8 +294,8 @@ def run_config(
                 os.environ["PCP_FN_GRAPH_BACKEND"] = before
         stats = m.graph_stats
         made = (
-            f"  (aoti: {stats.prepared} graphs at construction, {stats.loaded} loaded from the cache, "
-            f"{time.perf_counter() - t0:.0f} s)"
+            f"P={P} k={k}: {stats.prepared} aoti graphs at construction, {stats.loaded} loaded from the "
+            f"cache, {time.perf_counter() - t0:.0f} s"
         )
     managers["ref host"] = ref
     managers["host"] = graph_replayed(ours(capture=False))
@@ -327,18 +339,13 @@ def run_config(
             for st in steps.values():
                 st.run(record=i >= 10)
         med = {name: st.median() for name, st in steps.items()}
-        for name in ("ref", "eager"):
-            med.setdefault(name, float("nan"))
-        t_aoti = med.get("aoti", float("nan"))
-        line = f"{kind:7} {P:>2} {k:>2} | {med['ref']:6.0f} {med['eager']:6.0f} {t_aoti:6.0f} "
-        line += f"{t_aoti / med['ref']:8.2f} | {med['ref host']:6.0f} {med['host']:6.0f} "
-        lines.append(line + f"{med['host'] / med['ref host']:8.2f}")
+        lines.append(
+            [kind, P, k, _us(med, "ref"), _us(med, "eager"), _us(med, "aoti"), _ratio(med, "aoti", "ref")]
+            + [_us(med, "ref host"), _us(med, "host"), _ratio(med, "host", "ref host")]
+        )
         for name, st in steps.items():
-            cells = " ".join(f"{st.median(p):8.1f}" for p in PHASES)
-            phase_lines.append(f"{kind:7} {P:>2} {k:>2} {name:>8} | {cells}")
-    if made:
-        lines[-1] += made
-    return lines, phase_lines
+            phase_lines.append([kind, P, k, name, *(f"{st.median(p):.1f}" for p in PHASES)])
+    return lines, phase_lines, made
 
 
 def main() -> None:
@@ -350,11 +357,13 @@ def main() -> None:
     ap.add_argument("--no-aoti", action="store_true", help="skip the AOTInductor column")
     ap.add_argument("--no-phases", action="store_true", help="skip the per-phase medians")
     ap.add_argument("--host-only", action="store_true", help="only the host-time columns")
-    ap.add_argument("--ref", default=None, help="path of the vllm-ascend pcp_utils reference")
+    ap.add_argument("--reference", default=None, help="path of the vllm-ascend pcp_utils reference")
+    add_markdown_option(ap)
     args = ap.parse_args()
+    tables = Tables(args.markdown)
     torch.set_num_threads(1)
 
-    loader = seed_loader_or_none(args.ref)
+    loader = reference_loader_or_none(args.reference)
     if loader is None:
         print(
             "bench_ascend: the vllm-ascend 0.23 pcp_utils.py reference is not reachable "
@@ -367,22 +376,37 @@ def main() -> None:
     print(f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)")
     print(
         f"R={R}, T={T}, rank 0, median us per step over {args.iters} steps; "
-        f"CPU as the device: H={H}; host: H=1, device graph replays copying what they copy on a device"
+        f"CPU as the device: H={H}; host: H=1, device graph replays copying what they copy on a device",
+        flush=True,
     )
-    head = f"{'class':7} {'P':>2} {'k':>2} | {'ref':>6} {'eager':>6} {'aoti':>6} {'aoti/ref':>8} "
-    print(head + f"| {'ref':>6} {'host':>6} {'host/ref':>8}", flush=True)
-    phase_lines = []
+    rows, phase_lines, made = [], [], []
     for P in (int(x) for x in args.pcp.split(",")):
         for k in (int(x) for x in args.spec.split(",")):
             kinds = args.classes.split(",")
-            lines, phases = run_config(loader, P, k, kinds, args.iters, not args.no_aoti, not args.host_only)
-            print("\n".join(lines), flush=True)
+            lines, phases, note = run_config(
+                loader, P, k, kinds, args.iters, not args.no_aoti, not args.host_only
+            )
+            print(f"P={P} k={k} done", flush=True)
+            rows += lines
             phase_lines += phases
+            made += [note] if note else []
+    tables.table(
+        f"median us per step: the CPU as the device (H={H}): the reference, the adapter's plain calls and "
+        "its aoti graphs; host time (H=1, device graph replays copying what they copy on a device)",
+        ["class", "P", "k", "ref us", "eager us", "aoti us", "aoti / ref", "ref (host) us"]
+        + ["adapter (host) us", "host / ref"],
+        rows,
+    )
+    if made:
+        tables.note("; ".join(made) + ".")
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if not args.no_phases:
-        print("\nper phase, median us:")
-        print(f"{'class':7} {'P':>2} {'k':>2} {'column':>8} | " + " ".join(f"{p:>8}" for p in PHASES))
-        print("\n".join(phase_lines))
+        tables.table(
+            "per phase, median us",
+            ["class", "P", "k", "column", *(f"{p} us" for p in PHASES)],
+            phase_lines,
+        )
+    tables.write()
     from reference import reference_path  # tools/ (on the path once the reference loader is)
 
     v2 = reference_path("vllm_ascend_v2_pcp_manager")

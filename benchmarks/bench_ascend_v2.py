@@ -2,6 +2,7 @@
 
     PCP_FN_REF_VLLM_ASCEND_V2_PCP_MANAGER=/path/vllm_ascend_v2_pcp_manager.txt \\
         .vllm-venv/bin/python benchmarks/bench_ascend_v2.py [--iters 300] [--no-aoti] [--classes A,B,C,D,E]
+                                                             [--markdown PATH]
 
 The reference, vllm-ascend main's ``vllm_ascend/worker/v2/pcp_manager.py``, is
 not in the repository: without ``PCP_FN_REF_VLLM_ASCEND_V2_PCP_MANAGER``
@@ -53,7 +54,8 @@ before); then the adapter's step by phase (us): ``dispatch``
 ``ascend`` (what the drop-in adds to ``partition_batch``: the graph padding,
 ``seq_lens_np``, ``attn_state``),
 ``attn`` (``prepare_attn``), ``ctx`` (``build_attention_context``) and
-``restore``. Every column's calls are interleaved (``bench_vllm.interleaved_medians``).
+``restore``. Every column's calls are interleaved (``bench_vllm.interleaved_medians``). ``--markdown PATH``
+writes both tables to a markdown fragment too (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 
-from _common import print_wall_table  # noqa: E402
+from _common import Tables, add_markdown_option, wall_table  # noqa: E402
 from reference import reference_path  # noqa: E402
 
 REF = "vllm_ascend_v2_pcp_manager"
@@ -217,7 +219,9 @@ def main() -> int:
         action="store_true",
         help="skip the PCP_FN_GRAPH_BACKEND=aoti column (~150 s a config cold)",
     )
+    add_markdown_option(parser)
     args = parser.parse_args()
+    tables = Tables(args.markdown)
 
     if reference_path(REF) is None:
         print(
@@ -227,10 +231,11 @@ def main() -> int:
         )
         return 0
     try:
-        import vllm  # noqa: F401
+        import vllm
     except ImportError as e:
         print(f"bench_ascend_v2: skipped: vLLM 0.32.0 is not importable ({e}); run it with the vLLM venv")
         return 0
+    tables.versions["vLLM"] = vllm.__version__
     torch.set_num_threads(1)
     # torch's pytree, loading the AOTInductor packages: not ours to act on
     warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
@@ -378,22 +383,25 @@ def main() -> int:
             rows2.append((name, P, mode, t))
 
     cols = ["ref", "eager"] + (["aoti"] if aoti is not None else [])
-    print(f"\n1. the CPU as the device, H={bench_vllm.H}: wall time per step (us), ratios to the reference")
-    print_wall_table(rows1, cols, "graph", 21)
-    print("\n2. host time per step (us), H=1, the adapter's graph replay counted as nothing; its phases")
-    print(
-        f"{'batch':5} {'P':>2} {'graph':>21} | {'ref':>6} {'adapter':>7} {'ratio':>6} {'new':>5} "
-        f"{'ratio':>6} | " + " ".join(f"{p:>7}" for p in PHASES)
+    tables.table(
+        f"1. the CPU as the device, H={bench_vllm.H}: wall time per step (us), ratios to the reference",
+        *wall_table(rows1, cols, "graph"),
     )
-    for name, P, mode, t in rows2:
-        print(
-            f"{name:5} {P:>2} {mode:>21} | {t['ref']:6.0f} {t['adapter']:7.0f} "
-            f"{t['adapter'] / t['ref']:6.2f} {t['new']:5.0f} {t['new'] / t['ref']:6.2f} | "
-            + " ".join(f"{t[p]:7.1f}" for p in PHASES)
-        )
-    for note in notes:
-        print(note)
+    tables.table(
+        "2. host time per step (us), H=1, the adapter's graph replay counted as nothing; its phases (us)",
+        ["batch", "P", "graph", "ref us", "adapter us", "adapter / ref", "new us", "new / ref"]
+        + [f"{p} us" for p in PHASES],
+        [
+            [name, P, mode, f"{t['ref']:.0f}", f"{t['adapter']:.0f}", f"{t['adapter'] / t['ref']:.2f}"]
+            + [f"{t['new']:.0f}", f"{t['new'] / t['ref']:.2f}"]
+            + [f"{t[p]:.1f}" for p in PHASES]
+            for name, P, mode, t in rows2
+        ],
+    )
+    if notes:
+        tables.note("; ".join(notes) + ".")
     print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    tables.write()
     return 0
 
 

@@ -1,6 +1,7 @@
-"""attention_metadata timings against the seed's host generate_pcp_metadata.
+"""attention_metadata timings against the reference's host generate_pcp_metadata.
 
-    python benchmarks/bench_attention.py [--iters 200] [--no-compile] [--seed PATH]
+    python benchmarks/bench_attention.py [--iters 200] [--no-compile] [--reference PATH]
+                                         [--markdown PATH]
 
 Batches (rank 0, max_num_reqs R = 256):
 
@@ -12,10 +13,11 @@ eager, through ``torch.compile`` and through ``graph.capture(backend="aoti")``
 on the CPU (one thread), its kernel-launching aten ops as a GPU/NPU dispatches
 them (``dev``, counted on meta tensors) and as the CPU does (``cpu``), and
 inductor's CPU kernels (``fused+fallback``); and, when the vllm-ascend
-reference is found (``--seed``, or ``tools/reference.py``), the median of its
+reference is found (``--reference``, or ``tools/reference.py``), the median of its
 host ``generate_pcp_metadata`` for the same step (after ``init_batch_info`` +
 ``update_tokens_for_pcp``, as the runner calls it) with each path's ratio to it.
-Issue 5's targets: compiled <= 0.1x the reference for (a), <= 0.05x for (b).
+Issue 5's targets: compiled <= 0.1x the reference for (a), <= 0.05x for (b). The tables are
+printed (``--markdown PATH`` writes them to a markdown fragment too: ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,15 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import R, cpu_options, inductor_kernels, median_us, seed_loader_or_none  # noqa: E402
+from _common import (  # noqa: E402
+    R,
+    Tables,
+    add_markdown_option,
+    cpu_options,
+    inductor_kernels,
+    median_us,
+    reference_loader_or_none,
+)
 from bench_core import on_meta  # noqa: E402
 
 import pcp_fn  # noqa: E402
@@ -47,19 +57,19 @@ def batches():
     return {"a": (4, 8192, a), "b": (8, 16384, b)}
 
 
-def seed_generate_pcp_metadata(P, T, sched, comp, prompt, iters, seed_path):
-    """Median us of the seed's generate_pcp_metadata, or None without the seed file."""
-    seed_loader = seed_loader_or_none(seed_path)
-    if seed_loader is None:
+def reference_generate_pcp_metadata(P, T, sched, comp, prompt, iters, reference_path):
+    """Median us of the reference's generate_pcp_metadata, or None without the reference file."""
+    reference_loader = reference_loader_or_none(reference_path)
+    if reference_loader is None:
         return None
 
     class _Metadata:  # stand-in for vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata
         def __init__(self, **kwargs):
             self.__dict__.update(kwargs)
 
-    seed_loader._module("vllm_ascend.attention")
-    seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
-    m = seed_loader.make_manager(P, 0, R, T)
+    reference_loader._module("vllm_ascend.attention")
+    reference_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+    m = reference_loader.make_manager(P, 0, R, T)
     sched = np.asarray(sched, np.int32)
     comp = np.asarray(comp, np.int32)
     prompt = np.asarray(prompt, np.int32)
@@ -83,9 +93,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--no-compile", action="store_true", help="skip the inductor timings")
-    ap.add_argument("--seed", default=None, help="path of seed 000 (the host path to compare with)")
+    ap.add_argument(
+        "--reference", default=None, help="path of the vllm-ascend pcp_utils reference (the host path)"
+    )
+    add_markdown_option(ap)
     args = ap.parse_args()
+    tables = Tables(args.markdown)
     torch.set_num_threads(1)
+    kernel_rows, rows = [], []
     for name, (P, T, (sched, comp, prompt)) in batches().items():
         cfg = pcp_fn.PCPConfig(P, 0, R, T)
         state = pcp_fn.init_state(cfg)
@@ -98,18 +113,29 @@ def main():
             paths["compile"] = torch.compile(op, fullgraph=True, dynamic=False, options=options)
             paths["aoti"] = pcp_fn.graph.capture(op, state, batch, backend="aoti")
         dev, cpu = count_kernels(op, *on_meta((state, batch))), count_kernels(op, state, batch)
-        fused = "" if args.no_compile else " inductor {}+{}".format(*inductor_kernels(op, state, batch))
-        print(f"\nbatch {name}: P={P}, T={T}, {len(sched)} requests, bucket {batch.bucket}")
-        print(f"  attention_metadata kernels: dev {dev}, cpu {cpu};{fused}")
-        seed_us = seed_generate_pcp_metadata(P, T, sched, comp, prompt, args.iters, args.seed)
+        fused = "" if args.no_compile else "{}+{}".format(*inductor_kernels(op, state, batch))
+        print(f"batch {name}: P={P}, T={T}, {len(sched)} requests, bucket {batch.bucket}", flush=True)
+        kernel_rows.append([name, P, T, len(sched), dev, cpu, fused])
+        reference_us = reference_generate_pcp_metadata(P, T, sched, comp, prompt, args.iters, args.reference)
         for label, fn in paths.items():
             us = median_us(lambda fn=fn, state=state, batch=batch: fn(state, batch), args.iters)
-            ratio = "" if seed_us is None else f"  {us / seed_us:.3f}x the reference"
-            print(f"  {label:8s} {us:10.1f} us{ratio}")
-        if seed_us is not None:
-            print(
-                f"  reference generate_pcp_metadata {seed_us:10.1f} us (target <= {TARGETS[name]}x compiled)"
-            )
+            ratio = "" if reference_us is None else f"{us / reference_us:.3f}"
+            rows.append([name, label, f"{us:.1f}", ratio])
+        if reference_us is not None:
+            rows.append([name, "reference generate_pcp_metadata", f"{reference_us:.1f}", None])
+    tables.table(
+        "attention_metadata's kernel-launching aten ops on a GPU/NPU (dev) and on the CPU, inductor's CPU "
+        "kernels (fused+fallback)",
+        ["batch", "P", "T", "requests", "dev", "cpu", "inductor"],
+        kernel_rows,
+    )
+    tables.table(
+        "attention_metadata (median us) and its ratio to vllm-ascend's host generate_pcp_metadata "
+        f"(targets for compiled: a <= {TARGETS['a']}, b <= {TARGETS['b']})",
+        ["batch", "path", "us", "/ reference"],
+        rows,
+    )
+    tables.write()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Core op, host boundary and composed-step timings on the DESIGN.md reference batches.
 
     taskset -c 1 python benchmarks/bench_core.py [--iters 300] [--backends eager,compile,aoti]
-                                                 [--batches A,B,C] [--seed PATH] [--per-octave N]
+                                                 [--batches A,B,C] [--reference PATH] [--per-octave N]
+                                                 [--markdown PATH]
 
 For each batch (R=256, T=8192, hidden 128, rank 0):
 
@@ -31,11 +32,14 @@ it prints, on one thread:
   ``compile`` (``torch.compile``'s wrapper) and ``aoti`` (AOTInductor, one
   package per bucket); all paths and the reference are timed in interleaved
   rounds, so load on the machine hits them alike;
-- when the vllm-ascend reference is found (``--seed``, or ``tools/reference.py``),
+- when the vllm-ascend reference is found (``--reference``, or ``tools/reference.py``),
   its host path for the same composed step, timed in the same run (``PCPManager``
   init_batch_info, update_tokens_for_pcp, get_logits_indices,
   get_padded_slot_mapping, get_restore_hidden_states), and each backend's ratio
   to it.
+
+It prints them as tables (``--markdown PATH`` writes them to a markdown fragment, headed by the
+date, machine, load, torch version and command: ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +52,18 @@ import tempfile
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from _common import H, R, T, inductor_kernels, reference_batches, seed_loader_or_none, spread, timings_us
+from _common import (
+    H,
+    R,
+    T,
+    Tables,
+    add_markdown_option,
+    inductor_kernels,
+    reference_batches,
+    reference_loader_or_none,
+    spread,
+    timings_us,
+)
 
 import pcp_fn
 from pcp_fn.core.buckets import geometric_buckets
@@ -88,12 +103,12 @@ def interleaved(paths, iters, rounds=10):
     return samples
 
 
-def reference_host_path(P, sched, comp, prompt, seed_path):
+def reference_host_path(P, sched, comp, prompt, reference_path):
     """``(with_restore, bookkeeping)`` callables of the vllm-ascend host path, or ``None``."""
-    seed_loader = seed_loader_or_none(seed_path)
-    if seed_loader is None:
+    reference_loader = reference_loader_or_none(reference_path)
+    if reference_loader is None:
         return None
-    m = seed_loader.make_manager(P, 0, R, T)
+    m = reference_loader.make_manager(P, 0, R, T)
     sched = np.asarray(sched, np.int32)
     comp = np.asarray(comp, np.int32)
     prompt = np.asarray(prompt, np.int32)
@@ -104,7 +119,7 @@ def reference_host_path(P, sched, comp, prompt, seed_path):
     m.init_batch_info(sched, n, comp, prompt)
     N = int(np.asarray(probe(sched.copy(), arange)[0]).sum())
     local = torch.randn(N, H)
-    seed_loader.PCP_GROUP.gathered = torch.randn(N * P, H)
+    reference_loader.PCP_GROUP.gathered = torch.randn(N * P, H)
 
     def bookkeeping():
         s = sched.copy()
@@ -128,19 +143,22 @@ def main():
     ap.add_argument("--backends", default="eager,compile,aoti", help="of step and the composed step")
     ap.add_argument("--batches", default="A,B,C")
     ap.add_argument("--no-inductor-counts", action="store_true", help="skip inductor's kernel counts")
-    ap.add_argument("--seed", default=None, help="path of the vllm-ascend pcp_utils reference")
+    ap.add_argument("--reference", default=None, help="path of the vllm-ascend pcp_utils reference")
     ap.add_argument(
         "--per-octave",
         type=int,
         default=1,
         help="token buckets per doubling (core.buckets.geometric_buckets; 1: powers of two, the default)",
     )
+    add_markdown_option(ap)
     args = ap.parse_args()
+    tables = Tables(args.markdown)
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
     backends = [b for b in args.backends.split(",") if b]
     package_dir = tempfile.mkdtemp(prefix="pcp_fn_aoti_")
     summary = []
+    host_rows, op_rows, path_rows = [], [], []
     for name, (P, (sched, comp, prompt)) in reference_batches().items():
         if name not in args.batches.split(","):
             continue
@@ -165,7 +183,7 @@ def main():
             ),
         }
         for label, fn in host.items():
-            print(f"  {label:28s} {spread(timings_us(fn, args.iters)):>22s} us")
+            host_rows.append([name, label, spread(timings_us(fn, args.iters))])
         make_us = statistics.median(timings_us(host["make_batch (numpy in)"], args.iters))
 
         ops = {
@@ -177,7 +195,6 @@ def main():
             "step": (pcp_fn.step, (state, batch)),
             "composed step": (composed, (state, batch, gathered)),
         }
-        print(f"  {'op':24s} {'eager us':>20s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s}")
         kernels = {}
         for op, (fn, fargs) in ops.items():
             eager = spread(timings_us(lambda fn=fn, fargs=fargs: fn(*fargs), args.iters))
@@ -186,10 +203,10 @@ def main():
             ind = (
                 "" if args.no_inductor_counts or not fused else "{}+{}".format(*inductor_kernels(fn, *fargs))
             )
-            print(f"  {op:24s} {eager:>20s} {kernels[op][0]:5d} {kernels[op][1]:5d} {ind:>9s}")
+            op_rows.append([name, op, eager, kernels[op][0], kernels[op][1], ind])
         torch._dynamo.reset()
 
-        ref = reference_host_path(P, sched, comp, prompt, args.seed)
+        ref = reference_host_path(P, sched, comp, prompt, args.reference)
         paths = {}
         for op in ("step", "composed step"):
             fn, fargs = ops[op]
@@ -208,28 +225,48 @@ def main():
         if ref is not None:
             paths[("reference", "with restore")], paths[("reference", "bookkeeping")] = ref
         timed = interleaved(paths, args.iters)
-        print(f"  {'path':38s} {'us':>20s} {'/ reference':>12s}")
         for (op, backend), samples in timed.items():
             ratio = ""
             if ref is not None and op != "reference":
                 key = "bookkeeping" if op == "step" else "with restore"
                 ratio = f"{statistics.median(samples) / statistics.median(timed[('reference', key)]):.2f}"
-            print(f"  {op + ' / ' + backend:38s} {spread(samples):>20s} {ratio:>12s}")
+            path_rows.append([name, f"{op} / {backend}", spread(samples), ratio])
         summary.append((name, kernels, make_us, {k: statistics.median(v) for k, v in timed.items()}))
 
-    print("\nsummary (medians, us; kernels = kernel-launching aten ops on a GPU/NPU, on the CPU)")
+    tables.table("host boundaries (us, median [p10-p90])", ["batch", "boundary", "us"], host_rows)
+    tables.table(
+        "ops: eager us (median [p10-p90]), kernel-launching aten ops on a GPU/NPU (dev) and on the CPU, "
+        "inductor's CPU kernels (fused+fallback)",
+        ["batch", "op", "eager us", "dev", "cpu", "inductor"],
+        op_rows,
+    )
+    tables.table(
+        "paths, timed in interleaved rounds (us, median [p10-p90]), and the ratio to the reference "
+        "(step: to its bookkeeping; the others: to its path with the restore)",
+        ["batch", "path", "us", "/ reference"],
+        path_rows,
+    )
+    rows = []
     for name, kernels, make_us, med in summary:
         both = [a + b for a, b in zip(kernels["update_tokens"], kernels["attention_metadata"])]
-        print(f"  {name}: make_batch {make_us:.1f}; kernels step {kernels['step']}, update+attention {both}")
         ref = med.get(("reference", "with restore"))
+        cells = [name, f"{make_us:.1f}", "{} / {}".format(*kernels["step"]), "{} / {}".format(*both)]
         for op in ("composed step", "step + restore"):
-            line = f"     {op}:"
             for backend in backends:
                 us = med[(op, backend)]
-                line += f" {backend} {us:.0f}" + (f" ({us / ref:.2f}x)" if ref else "")
-            print(line + (f"; reference {ref:.0f}" if ref else ""))
+                cells.append(f"{us:.0f}" + (f" ({us / ref:.2f}x)" if ref else ""))
+        rows.append([*cells, f"{ref:.0f}" if ref else ""])
+    tables.table(
+        "summary (medians, us, the ratio to the reference's path with the restore in brackets; "
+        "kernels on a GPU/NPU / on the CPU)",
+        ["batch", "make_batch (numpy in)", "step kernels", "update_tokens + attention_metadata kernels"]
+        + [f"{op}: {backend}" for op in ("composed step", "step + restore") for backend in backends]
+        + ["reference"],
+        rows,
+    )
     counts = {tuple(k.values()) for _, k, _, _ in summary}
-    print(f"kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch")
+    tables.note(f"Kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch.")
+    tables.write()
 
 
 if __name__ == "__main__":

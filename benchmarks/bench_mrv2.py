@@ -4,6 +4,7 @@ the gathered rows.
 
     taskset -c 1 python benchmarks/bench_mrv2.py [--iters 200] [--no-compile] [--no-inductor-counts]
                                                  [--shard] [--no-reference] [--batches A,B,C]
+                                                 [--markdown PATH]
 
 For each batch (R=256, T=8192, rank 0; decodes have 500 computed tokens and a
 100-token prompt, prefills start from 0):
@@ -30,8 +31,9 @@ The entry ops are given the state of the previous batch's step (another
 bucket), as a serving loop would: they read only its config and rank. Every
 kernel count is checked against batches of other compositions in the same
 bucket (prefills only, decodes only, one decode and one prefill): it must not
-change. When vLLM's ``pcp_manager.py`` is found (``tools/check_mrv2_against_seed.py``),
-its host ``PCPManager.partition_batch`` is timed for the same step too.
+change. When vLLM's ``pcp_manager.py`` is found (``tools/check_mrv2_against_reference.py``),
+its host ``PCPManager.partition_batch`` is timed for the same step too. The tables are printed
+(``--markdown PATH`` writes them to a markdown fragment too: ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -50,7 +52,19 @@ import torch.utils._pytree as pytree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import H, R, T, cpu_options, inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
+from _common import (  # noqa: E402
+    H,
+    R,
+    T,
+    Tables,
+    add_markdown_option,
+    cpu_options,
+    inductor_kernels,
+    median_us,
+    reference_batches,
+    spread,
+    timings_us,
+)
 
 from pcp_fn import mrv2  # noqa: E402
 from pcp_fn.graph import count_kernels  # noqa: E402
@@ -95,7 +109,7 @@ def reference_partition(P, shard, sched, comp, plen, bucket, iters):
     sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     sys.argv = sys.argv[:1]
     try:
-        import check_mrv2_against_seed as ref
+        import check_mrv2_against_reference as ref
     except (ImportError, FileNotFoundError):
         return None
     total = sum(sched)
@@ -112,7 +126,7 @@ def reference_partition(P, shard, sched, comp, plen, bucket, iters):
         first=first,
     )
     mgr = ref.PCPManager(P, 0, torch.device("cpu"), shard, max_num_reqs=R, max_num_tokens=T)
-    gb = ref.seed_global_batch(case, total)
+    gb = ref.reference_global_batch(case, total)
     desc = types.SimpleNamespace(
         cg_mode=ref.CUDAGraphMode.PIECEWISE, num_tokens=bucket.num_tokens, num_reqs=None
     )
@@ -127,11 +141,14 @@ def main():
     ap.add_argument("--shard", action="store_true", help="shard decodes round-robin instead of replicating")
     ap.add_argument("--no-reference", action="store_true", help="do not time vLLM's host path")
     ap.add_argument("--batches", default="A,B,C")
+    add_markdown_option(ap)
     args = ap.parse_args()
+    tables = Tables(args.markdown)
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
     previous = {}  # P -> the state of the previous batch's step (another bucket)
     summary = []
+    host_rows, op_rows = [], []
     for name, (P, (sched, comp, plen)) in reference_batches().items():
         if name not in args.batches.split(","):
             continue
@@ -155,14 +172,13 @@ def main():
         for label, fn in host.items():
             samples = timings_us(fn, max(args.iters, 1000))
             host_us[label] = statistics.median(samples)
-            print(f"  {label:24s} {spread(samples):>22s} us")
+            host_rows.append([name, label, spread(samples)])
 
         ops = op_table(state, batch, entry_state, P, Lp)
         others = []
         for other in other_compositions(cfg, bucket).values():
             other_state, _ = mrv2.partition_batch(entry_state, other)
             others.append(op_table(other_state, other, entry_state, P, Lp))
-        print(f"  {'op':24s} {'eager us':>10s} {'compiled us':>12s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s}")
         kernels = {}
         for op, (fn, fargs) in ops.items():
             eager = median_us(lambda fn=fn, a=fargs: fn(*a), args.iters)
@@ -180,7 +196,8 @@ def main():
             ind = ""
             if not args.no_inductor_counts and op in ("build_layout", "partition_batch"):
                 ind = "{}+{}".format(*inductor_kernels(fn, *fargs))
-            print(f"  {op:24s} {eager:10.1f} {compiled:12.1f} {count[0]:5d} {count[1]:5d} {ind:>9s}")
+            compiled_us = "" if args.no_compile else f"{compiled:.1f}"
+            op_rows.append([name, op, f"{eager:.1f}", compiled_us, count[0], count[1], ind])
         torch._dynamo.reset()
         ref_us = (
             None
@@ -188,19 +205,36 @@ def main():
             else reference_partition(P, args.shard, sched, comp, plen, bucket, args.iters)
         )
         if ref_us is not None:
-            print(f"  {'vLLM host partition':24s} {ref_us:10.1f}")
+            op_rows.append([name, "vLLM's host partition_batch", f"{ref_us:.1f}", None, None, None, None])
         summary.append((name, host_us, kernels))
 
-    print("\nsummary (medians, us; kernels = kernel-launching aten ops on a GPU/NPU, on the CPU)")
-    for name, host_us, kernels in summary:
-        line = ", ".join(f"{op} {k[0]}/{k[1]}" for op, k in kernels.items())
-        print(f"  {name}: make_batch {host_us['make_batch (numpy in)']:.1f} (numpy), ", end="")
-        print(f"{host_us['make_batch (lists in)']:.1f} (lists); kernels {line}")
-    counts = {tuple(k.values()) for _, _, k in summary}
-    print(
-        f"kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch "
-        "(and for three other compositions in each bucket)"
+    tables.table("host boundary mrv2.make_batch (us, median [p10-p90])", ["batch", "input", "us"], host_rows)
+    tables.table(
+        "ops (median us, eager and inductor-compiled), kernel-launching aten ops on a GPU/NPU (dev) and "
+        "on the CPU, inductor's CPU kernels (fused+fallback); vLLM's host partition_batch for the same step",
+        ["batch", "op", "eager us", "compiled us", "dev", "cpu", "inductor"],
+        op_rows,
     )
+    ops = list(summary[0][2]) if summary else []
+    tables.table(
+        "summary (medians, us; kernels on a GPU/NPU / on the CPU)",
+        ["batch", "make_batch (numpy in)", "make_batch (lists in)", *(f"{op} kernels" for op in ops)],
+        [
+            [
+                name,
+                f"{host_us['make_batch (numpy in)']:.1f}",
+                f"{host_us['make_batch (lists in)']:.1f}",
+                *("{} / {}".format(*kernels[op]) for op in ops),
+            ]
+            for name, host_us, kernels in summary
+        ],
+    )
+    counts = {tuple(k.values()) for _, _, k in summary}
+    tables.note(
+        f"Kernel counts {'the same' if len(counts) == 1 else 'NOT the same'} for every batch "
+        "(and for three other compositions in each bucket)."
+    )
+    tables.write()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The spec-decode step: eager and compiled medians, kernel and aten op counts, the host boundary.
 
     python benchmarks/bench_spec.py [--iters 200] [--no-compile] [--no-inductor-counts]
-                                    [--max-model-len 1024] [--dcp 2] [--hybrid]
+                                    [--max-model-len 1024] [--dcp 2] [--hybrid] [--markdown PATH]
 
 Batch (DESIGN.md §7 sizes): ``P = 4``, rank 0, ``R = 256``, ``T = 8192``, two
 spec tokens (MTP), 256 decodes of 3 tokens (1 + 2 drafts) with 500 computed
@@ -30,7 +30,8 @@ a runner has them, with the token table's shape and the slot mapping; one
 packed copy, staged on a GPU/NPU), beside ``make_batch`` of the same arrays,
 on this batch and on the DESIGN.md mixed batches B (P=4, 64 decodes + fresh
 prefills of 2048 and 1000 tokens) and C (P=8, 255 decodes + one 4096-token
-prefill), all paths interleaved.
+prefill), all paths interleaved. The tables are printed (``--markdown PATH`` writes them to a
+markdown fragment too: ``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,16 @@ import torch.utils._pytree as pytree
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-from _common import cpu_options, inductor_kernels, median_us, reference_batches, spread, timings_us  # noqa: E402
+from _common import (  # noqa: E402
+    Tables,
+    add_markdown_option,
+    cpu_options,
+    inductor_kernels,
+    median_us,
+    reference_batches,
+    spread,
+    timings_us,
+)
 
 import pcp_fn  # noqa: E402
 from pcp_fn.core.entry import entry_op  # noqa: E402
@@ -137,7 +147,9 @@ def main():
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--dcp", type=int, default=1)
     ap.add_argument("--hybrid", action="store_true", help="the hybrid-attention layout (hybrid_attn=True)")
+    add_markdown_option(ap)
     args = ap.parse_args()
+    tables = Tables(args.markdown)
     torch.set_num_threads(1)
     torch._dynamo.config.recompile_limit = 64
 
@@ -193,10 +205,7 @@ def main():
         f"bucket {b}, F_b={token_rows(cfg, b)}, S_b={sampled_rows(cfg, b)}, M_b={mtp_rows(cfg, b)}, "
         f"token table [{R}, {args.max_model_len}]"
     )
-    print(
-        f"  {'op':18s} {'eager us':>10s} {'compiled us':>12s} {'dev':>5s} {'cpu':>5s} {'inductor':>9s} "
-        f"{'aten ops':>9s}   other batch: {'dev':>5s} {'cpu':>5s} {'aten ops':>9s}"
-    )
+    rows = []
     same = True
     for name, fn in ops.items():
         fargs = main_args[name]
@@ -217,15 +226,24 @@ def main():
         same &= counts[0] == counts[1]
         ind = "" if args.no_inductor_counts else "{}+{}".format(*inductor_kernels(own_code(fn), *fargs))
         (dev, cpu, aten), (dev2, cpu2, aten2) = counts
-        print(
-            f"  {name:18s} {eager:10.1f} {compiled:12.1f} {dev:5d} {cpu:5d} {ind:>9s} {aten:9d}"
-            f"                {dev2:5d} {cpu2:5d} {aten2:9d}"
-        )
-    print(f"kernel and aten op counts {'do not depend' if same else 'DEPEND'} on the batch composition")
-
-    print("host boundary (numpy in; median [p10-p90] us, interleaved):")
-    for (name, path), text in host_boundary(args).items():
-        print(f"  {name:10s} {path:16s} {text:>22s}")
+        compiled_us = "" if args.no_compile else f"{compiled:.1f}"
+        rows.append([name, f"{eager:.1f}", compiled_us, dev, cpu, ind, aten, dev2, cpu2, aten2])
+    tables.table(
+        "ops (median us, eager and inductor-compiled), kernel-launching aten ops on a GPU/NPU (dev) and on "
+        "the CPU, inductor's CPU kernels (fused+fallback), all aten ops; the same counts on a batch of "
+        "another composition in the same bucket",
+        ["op", "eager us", "compiled us", "dev", "cpu", "inductor", "aten ops", "other: dev", "other: cpu"]
+        + ["other: aten ops"],
+        rows,
+    )
+    depend = "do not depend" if same else "DEPEND"
+    tables.note(f"Kernel and aten op counts {depend} on the batch composition.")
+    tables.table(
+        "host boundary (numpy in; us, median [p10-p90], interleaved)",
+        ["batch", "boundary", "us"],
+        [[name, path, text] for (name, path), text in host_boundary(args).items()],
+    )
+    tables.write()
 
 
 if __name__ == "__main__":

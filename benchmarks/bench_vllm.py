@@ -1,6 +1,7 @@
 """Host time per step of vLLM's MRV2 ``PCPManager`` against ``pcp_fn``'s ``FunctionalPCPManager``.
 
     python benchmarks/bench_vllm.py [--iters 200] [--replicated] [--moe] [--backend aoti|inductor|none]
+                                    [--markdown PATH]
 
 Run it where vLLM is importable (``tools/make_vllm_venv.sh [VENV] [VERSION]``; 0.33.0 / 0.34.0
 with ``VLLM_TARGET_DEVICE=cpu``; ``--moe``: both managers with ``moe_gathers_tokens=True``). One step
@@ -48,7 +49,8 @@ keeps what a step's schedule decides (the twin, the plan, some host fields)
 per distinct schedule; every step here repeats its batch, like a busy
 server's decode steps, and ``new`` is the same step with those memos emptied
 first (a schedule never seen before: its dispatch computes the twin, which its
-partition then reuses).
+partition then reuses). ``--markdown PATH`` writes both tables to a markdown fragment too
+(``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-from _common import R, T, print_wall_table, reference_batches  # noqa: E402
+from _common import R, T, Tables, add_markdown_option, reference_batches, wall_table  # noqa: E402
 
 H = 128
 
@@ -219,10 +221,13 @@ def main() -> None:
         default="aoti",
         help="the adapter's graphs in table 1: aoti (default), inductor, or none to skip the column",
     )
+    add_markdown_option(parser)
     args = parser.parse_args()
+    tables = Tables(args.markdown)
     torch.set_num_threads(1)
 
     try:
+        import vllm
         from vllm.config.compilation import CUDAGraphMode
         from vllm.distributed import parallel_state
         from vllm.v1.worker.gpu import pcp_manager as vllm_pcp
@@ -230,6 +235,7 @@ def main() -> None:
         from vllm.v1.worker.gpu.input_batch import InputBatch
     except ImportError as e:
         sys.exit(f"bench_vllm needs vLLM (tools/make_vllm_venv.sh): {e}")
+    tables.versions["vLLM"] = vllm.__version__
     import vllm_standin
     from vllm_lockstep import GlobalStep, make_global_batch
 
@@ -306,23 +312,28 @@ def main() -> None:
             rows2[-1][3].update({k: float(np.median(v[10:])) / 1e3 for k, v in PHASES.items()})
 
     cols = ["vLLM", "eager"] + ([backend] if backend else [])
-    print(f"\n1. the CPU as the device, H={H}: wall time per step (us), and the ratio to vLLM's")
-    print_wall_table(rows1, cols, "desc", 15)
-    print("\n2. host time per step (us), H=1, the adapter's graph replay not counted; phases of the adapter")
-    print(
-        f"{'batch':5} {'P':>2} {'desc':>15} | {'vLLM':>6} {'adapter':>7} {'ratio':>6} "
-        f"{'new':>5} {'ratio':>6} | " + " ".join(f"{p:>7}" for p in phases) + " | vLLM dispatch, partition"
+    tables.table(
+        f"1. the CPU as the device, H={H}: wall time per step (us), and the ratio to vLLM's",
+        *wall_table(rows1, cols, "descriptor"),
     )
-    for name, P, mode, t in rows2:
-        print(
-            f"{name:5} {P:>2} {mode:>15} | {t['vLLM']:6.0f} {t['adapter']:7.0f} "
-            f"{t['adapter'] / t['vLLM']:6.2f} {t['new']:5.0f} {t['new'] / t['vLLM']:6.2f} | "
-            + " ".join(f"{t[p]:7.1f}" for p in phases)
-            + f" | {t['vLLM dispatch']:.0f}, {t['vLLM partition']:.0f}"
-        )
-    for note in notes:
-        print(note)
+    tables.table(
+        "2. host time per step (us), H=1, the adapter's graph replay not counted; the adapter's phases "
+        "(us, the repeated step); vLLM's own get_num_tokens_for_dispatch and partition_batch",
+        ["batch", "P", "descriptor", "vLLM us", "adapter us", "adapter / vLLM", "new us", "new / vLLM"]
+        + [f"{p} us" for p in phases]
+        + ["vLLM dispatch us", "vLLM partition us"],
+        [
+            [name, P, mode, f"{t['vLLM']:.0f}", f"{t['adapter']:.0f}", f"{t['adapter'] / t['vLLM']:.2f}"]
+            + [f"{t['new']:.0f}", f"{t['new'] / t['vLLM']:.2f}"]
+            + [f"{t[p]:.1f}" for p in phases]
+            + [f"{t['vLLM dispatch']:.0f}", f"{t['vLLM partition']:.0f}"]
+            for name, P, mode, t in rows2
+        ],
+    )
+    if notes:
+        tables.note("; ".join(notes) + ".")
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
+    tables.write()
 
 
 if __name__ == "__main__":

@@ -209,3 +209,27 @@ def test_library_text_names_vllm_not_the_word_seed():
             if re.search(r"\bseeds?\b", line, re.I) and not random_seed.search(line)
         ]
         assert not hits, f"{path.relative_to(ROOT)} lines {hits}"
+
+
+def test_tools_benchmarks_and_docs_name_the_references_not_the_word_seed():
+    # users know vLLM / vllm-ascend's functions and files: the reference checks, their loaders and
+    # the benchmarks' flags are named after the reference; random-number seeds keep their name, and
+    # shared/seeds is the folder the reference files sit in beside a checkout (tools/reference.py)
+    allowed = re.compile(
+        r"--seed|seed=|\.seed\b|random seed|seed: int|_rng\(seed\)|manual_seed|, seed\)"
+        r"|MODEL_SEED|shared/seeds|\"shared\", \"seeds\"",
+        re.I,
+    )
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / ".ci" / "run", ROOT / "mkdocs.yml"]
+    for folder in ("tools", "benchmarks", "docs"):
+        files += [p for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".md", ".sh")]
+    for path in files:
+        assert "seed" not in path.name.lower(), path.relative_to(ROOT)
+        hits = [
+            i + 1
+            for i, line in enumerate(path.read_text().splitlines())
+            if re.search(r"(?<![a-z])seeds?(?![a-z])", line, re.I) and not allowed.search(line)
+        ]
+        assert not hits, f"{path.relative_to(ROOT)} lines {hits}"
+    for path in (ROOT / "benchmarks").glob("*.py"):
+        assert 'add_argument("--seed"' not in path.read_text(), f"{path.name}: use --reference"

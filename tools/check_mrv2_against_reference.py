@@ -1,19 +1,19 @@
-"""Differential check: pcp_fn.mrv2 (and the test oracle) against the REAL seed 001 (vLLM MRV2 ``PCPManager``).
+"""Differential check: pcp_fn.mrv2 (and the test oracle) against vLLM's REAL MRV2 ``PCPManager``.
 
 Development only: needs vLLM's ``pcp_manager.py`` reference (found by ``reference.py``). Run:
 
-    python tools/check_mrv2_against_seed.py [num_examples]
+    python tools/check_mrv2_against_reference.py [num_examples]
 
-The seed imports vllm; small stand-ins for those imports go into ``sys.modules``
-(through ``seed_loader._module``), then the seed text minus its first line (a
+The reference imports vllm; small stand-ins for those imports go into ``sys.modules``
+(through ``reference_loader._module``), then the reference text minus its first line (a
 path header) is executed. For each random global batch, configuration (P, replicated /
 sharded decodes, DCP 1 or 2, interleave, MoE gather) and graph mode (NONE,
 PIECEWISE, FULL), every rank's ``partition_batch`` and the consumers of its
-layout are compared with pcp_fn.mrv2 on the seed's rows, and pcp_fn's padding
+layout are compared with pcp_fn.mrv2 on the reference's rows, and pcp_fn's padding
 rows with their documented values. Each rank builds its batch with its own config
 (even ranks keep the rank static, odd ones give it as data); the global inputs
 are handed over at the bucket's ``F_b = min(T, P * Lp)`` rows and the restored
-hidden states come back at ``F_b`` rows (the seed's ``num_tokens`` rows first).
+hidden states come back at ``F_b`` rows (the reference's ``num_tokens`` rows first).
 It prints how many batches matched.
 """
 
@@ -36,7 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-import seed_loader  # noqa: E402
+import reference_loader  # noqa: E402
 from oracle_mrv2 import oracle_layout, oracle_local  # noqa: E402
 from reference import reference_source  # noqa: E402
 
@@ -106,9 +106,9 @@ class _Group:
 GROUP = _Group()
 
 
-def load_seed_manager():
+def load_reference_manager():
     path, text = reference_source("vllm_pcp_manager")
-    m = seed_loader._module
+    m = reference_loader._module
     m("vllm")
     m("vllm.config", CUDAGraphMode=CUDAGraphMode, VllmConfig=object)
     m("vllm.distributed")
@@ -122,13 +122,13 @@ def load_seed_manager():
     m("vllm.v1.worker.gpu")
     m("vllm.v1.worker.gpu.block_table", BlockTables=object)
     m("vllm.v1.worker.gpu.input_batch", InputBatch=InputBatch, InputBuffers=InputBuffers)
-    mod = types.ModuleType("seed_mrv2_pcp_manager")
+    mod = types.ModuleType("reference_mrv2_pcp_manager")
     sys.modules[mod.__name__] = mod  # dataclasses look their module up
     exec(compile(text, path, "exec"), mod.__dict__)
     return mod.PCPManager
 
 
-PCPManager = load_seed_manager()
+PCPManager = load_reference_manager()
 
 # --------------------------------------------------------------------------- random cases
 
@@ -187,16 +187,16 @@ def cases(draw):
     )
 
 
-STATS = {"batches": 0, "rank_checks": 0, "full_mixed_refused_by_seed": 0, "too_small_both_raise": 0}
+STATS = {"batches": 0, "rank_checks": 0, "full_mixed_refused_by_reference": 0, "too_small_both_raise": 0}
 
 
 def _eq(name, got, want):
     got = got.tolist() if isinstance(got, (torch.Tensor, np.ndarray)) else got
     want = want.tolist() if isinstance(want, (torch.Tensor, np.ndarray)) else want
-    assert got == want, f"{name}: pcp_fn {got} != seed {want}"
+    assert got == want, f"{name}: pcp_fn {got} != reference {want}"
 
 
-def seed_global_batch(c, Tg):
+def reference_global_batch(c, Tg):
     n, total = len(c["sched"]), sum(c["sched"])
     qsl = np.asarray(c["first"], dtype=np.int32)
     pad = Tg - total
@@ -262,7 +262,7 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
         cp_interleave=c["interleave"],
         moe_gathers_tokens=c["moe"],
     )
-    gb = seed_global_batch(c, Tg)
+    gb = reference_global_batch(c, Tg)
     desc = types.SimpleNamespace(cg_mode=CUDAGraphMode[mode], num_tokens=Lp, num_reqs=Rl)
     # alternate a static rank and rank as data
     state = mrv2.init_state(rank_cfg) if rank % 2 == 0 else mrv2.init_state(rank_cfg, rank=rank)
@@ -272,14 +272,14 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
     if mode == "FULL" and gb.has_prefill:
         try:
             mgr.partition_batch(gb, desc)
-        except RuntimeError as e:  # the seed's FULL graphs are decode-only; pcp_fn serves mixed batches
+        except RuntimeError as e:  # the reference's FULL graphs are decode-only; pcp_fn serves mixed batches
             assert "decode-only" in str(e)
-            STATS["full_mixed_refused_by_seed"] += 1
+            STATS["full_mixed_refused_by_reference"] += 1
             return
-        raise AssertionError("the seed accepted a mixed batch in a FULL graph")
+        raise AssertionError("the reference accepted a mixed batch in a FULL graph")
     loc = mgr.partition_batch(gb, desc)
-    seed = {f: getattr(loc, f) for f in _BATCH_FIELDS}
-    seed = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in seed.items()}
+    theirs = {f: getattr(loc, f) for f in _BATCH_FIELDS}
+    theirs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in theirs.items()}
 
     # the layout
     _eq("padded_gather_idx", lay.padded_gather_idx, mgr._padded_gather_idx)
@@ -293,11 +293,11 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
         mgr.get_num_tokens_for_dispatch(gb.num_scheduled_tokens, gb.is_prefilling_np),
     )
 
-    # the local batch on the seed's rows; pcp_fn's extra rows hold the documented padding
-    nl, nrp = seed["num_reqs"], seed["num_reqs_after_padding"]
-    n_tok = seed["num_tokens"]
+    # the local batch on the reference's rows; pcp_fn's extra rows hold the documented padding
+    nl, nrp = theirs["num_reqs"], theirs["num_reqs_after_padding"]
+    n_tok = theirs["num_tokens"]
     assert int(ours.num_reqs) == nl and int(ours.num_tokens) == n_tok
-    assert seed["num_tokens_after_padding"] == Lp and nrp == (Rl if mode == "FULL" else nl)
+    assert theirs["num_tokens_after_padding"] == Lp and nrp == (Rl if mode == "FULL" else nl)
     for name, s_name, rows in (
         ("idx_mapping", "idx_mapping", nl),
         ("idx_mapping", "idx_mapping_np", nl),
@@ -314,7 +314,7 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
         ("cu_num_logits", "cu_num_logits", nl + 1),
         ("cu_num_logits", "cu_num_logits_np", nl + 1),
     ):
-        _eq(name, getattr(ours, name)[:rows], seed[s_name])
+        _eq(name, getattr(ours, name)[:rows], theirs[s_name])
     for name in ("idx_mapping", "num_scheduled_tokens", "num_computed_tokens", "prefill_len", "seq_lens"):
         _eq(f"{name} padding", getattr(ours, name)[nl:], [0] * (Rl - nl))
     _eq("query_start_loc padding", ours.query_start_loc[nl + 1 :], [n_tok] * (Rl - nl))
@@ -323,26 +323,26 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
         _eq(
             "dcp bound",
             ours.dcp_local_seq_lens_cpu_upper_bound[:nrp],
-            seed["dcp_local_seq_lens_cpu_upper_bound"],
+            theirs["dcp_local_seq_lens_cpu_upper_bound"],
         )
     else:
         assert (
-            seed["dcp_local_seq_lens_cpu_upper_bound"] is None
+            theirs["dcp_local_seq_lens_cpu_upper_bound"] is None
             and ours.dcp_local_seq_lens_cpu_upper_bound is None
         )
-    assert bool(ours.has_prefill) == seed["has_prefill"] and seed["decode_graph_eligible"] == (
-        not seed["has_prefill"]
+    assert bool(ours.has_prefill) == theirs["has_prefill"] and theirs["decode_graph_eligible"] == (
+        not theirs["has_prefill"]
     )
-    _eq("input_ids", ours.input_ids, seed["input_ids"])
-    _eq("positions", ours.positions, seed["positions"])
-    _eq("is_padding", ours.moe_is_padding if c["moe"] else ours.is_padding, seed["is_padding"])
+    _eq("input_ids", ours.input_ids, theirs["input_ids"])
+    _eq("positions", ours.positions, theirs["positions"])
+    _eq("is_padding", ours.moe_is_padding if c["moe"] else ours.is_padding, theirs["is_padding"])
 
-    # the oracle agrees with the seed too
+    # the oracle agrees with the reference too
     orc = oracle_local(
         P, rank, c, Lp, Rl, shard=c["shard"], dcp=c["dcp"], interleave=c["interleave"], moe=c["moe"]
     )
-    assert orc.query_start_loc[: nrp + 1] == seed["query_start_loc"].tolist()
-    assert orc.seq_lens[:nrp] == seed["seq_lens"].tolist() and orc.input_ids == seed["input_ids"].tolist()
+    assert orc.query_start_loc[: nrp + 1] == theirs["query_start_loc"].tolist()
+    assert orc.seq_lens[:nrp] == theirs["seq_lens"].tolist() and orc.input_ids == theirs["input_ids"].tolist()
     orc_lay = oracle_layout(P, c["sched"], c["prefilling"], Lp, c["shard"], c["dcp"])
     assert orc_lay.hidden_restore_idx == mgr._hidden_restore_idx.tolist()
     assert orc_lay.padded_gather_idx == mgr._padded_gather_idx.tolist()
@@ -352,7 +352,7 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
     _, got = mrv2.gathered_slot_mappings(state, _rows(slots, F))
     _eq("gathered slot mappings", got, mgr._convert_to_gathered_slot_mappings(slots))
 
-    # hidden-state restores (the seed all-gathers; we hand both the same gathered rows)
+    # hidden-state restores (the reference all-gathers; we hand both the same gathered rows)
     H = 3
     local_h, local_a = torch.randn(Lp, H, dtype=torch.float64), torch.randn(Lp, H, dtype=torch.float64)
     gathered_h = torch.randn(P * Lp, H, dtype=torch.float64)
@@ -361,10 +361,10 @@ def check_rank(c, cfg, rank, mode, Lp, Rl):
     _, got = mrv2.restore_hidden_states(state, gathered_h)
     assert got.shape == (F, H) and torch.equal(got[:N], mgr.restore_hidden_states(local_h))
     assert all(torch.equal(row, gathered_h[0]) for row in got[N:])  # the documented padding rows
-    seed_h, seed_aux, _ = mgr.restore_for_sampling(local_h, [local_a])
+    ref_h, ref_aux, _ = mgr.restore_for_sampling(local_h, [local_a])
     _, got = mrv2.restore_for_sampling(state, gathered_h, [gathered_a])
-    assert torch.equal(got.hidden_states[:N], seed_h)
-    assert torch.equal(got.aux_hidden_states[0][:N], seed_aux[0])
+    assert torch.equal(got.hidden_states[:N], ref_h)
+    assert torch.equal(got.aux_hidden_states[0][:N], ref_aux[0])
 
     # draft prefill: gather the drafter's ids, then restore its outputs
     draft_ids = torch.randint(0, 30_000, (Tg,), dtype=torch.int32)
@@ -390,7 +390,7 @@ def check_too_small(c, cfg, need):
         dcp_world_size=c["dcp"],
         cp_interleave=c["interleave"],
     )
-    gb = seed_global_batch(c, sum(c["sched"]))
+    gb = reference_global_batch(c, sum(c["sched"]))
     desc = types.SimpleNamespace(cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=need - 1, num_reqs=None)
     messages = []
     for call in (
@@ -435,7 +435,7 @@ def check(c):
     need_tokens, need_reqs = int(tokens.max()), max(int(segs.max()), 1)
     mode = c["graph"]
     if mode == "NONE" and need_tokens == 0:
-        mode = "PIECEWISE"  # the seed would size its buffers 0; a bucket has at least one row
+        mode = "PIECEWISE"  # the reference would size its buffers 0; a bucket has at least one row
     Lp = need_tokens if mode == "NONE" else min(max(need_tokens, 1) + c["slack_tokens"], c["T"])
     Rl = min(need_reqs + c["slack_reqs"], cfg.max_local_reqs)
     for rank in range(c["P"]):
@@ -446,10 +446,10 @@ def check(c):
 
 if __name__ == "__main__":
     check()
-    print(f"pcp_fn.mrv2 == oracle == seed 001 on {STATS['batches']} random batches")
+    print(f"pcp_fn.mrv2 == oracle == vLLM's pcp_manager.py on {STATS['batches']} random batches")
     print(f"  {STATS['rank_checks']} rank checks equal on every compared output")
     print(
-        f"  {STATS['full_mixed_refused_by_seed']} rank checks where the seed refused a mixed batch "
+        f"  {STATS['full_mixed_refused_by_reference']} rank checks where the reference refused a mixed batch "
         "in a FULL graph (pcp_fn serves it)"
     )
     print(f"  {STATS['too_small_both_raise']} too-small buckets rejected by both")

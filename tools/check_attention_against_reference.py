@@ -1,14 +1,14 @@
-"""Differential check: attention metadata and the multimodal helpers against the real seed code.
+"""Differential check: attention metadata and the multimodal helpers against the real reference code.
 
-Development only (needs the seed file; see seed_loader.py). Run:
+Development only (needs the reference file; see reference_loader.py). Run:
 
-    python tools/check_attention_against_seed.py [num_examples]
+    python tools/check_attention_against_reference.py [num_examples]
 
-Part 1 runs the seed's ``generate_pcp_metadata`` the way the runner calls it
+Part 1 runs the reference's ``generate_pcp_metadata`` the way the runner calls it
 (after ``init_batch_info`` and ``update_tokens_for_pcp``, with the post-split
 local query lengths) on random mixed batches, every rank, P in {1, 2, 3, 4, 8},
 DCP in {1, 2}, interleave 1 or 64, and compares every field with
-``pcp_fn.attention_metadata``. Part 2 runs the seed's multimodal helpers
+``pcp_fn.attention_metadata``. Part 2 runs the reference's multimodal helpers
 (``remap_mrope_positions_for_pcp``, ``fill_prompt_embeds_for_pcp``,
 ``build_local_mm_schedule``, ``gather_mm_embeddings_for_pcp``,
 ``maybe_localize_scheduler_output_for_mm_preprocess`` +
@@ -31,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-import seed_loader  # noqa: E402
-from seed_batches import seed_batches  # noqa: E402
+import reference_loader  # noqa: E402
+from reference_batches import reference_batches  # noqa: E402
 
 import pcp_fn  # noqa: E402
 from pcp_fn import multimodal as mm  # noqa: E402
@@ -48,8 +48,8 @@ class _Metadata:
         self.__dict__.update(kwargs)
 
 
-seed_loader._module("vllm_ascend.attention")
-seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+reference_loader._module("vllm_ascend.attention")
+reference_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
 
 HEAD_TAIL = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 PER_REQUEST = [
@@ -65,16 +65,16 @@ PER_REQUEST = [
 @st.composite
 def batches(draw):
     P, spec, R, T, sched, comp, prompt = draw(
-        seed_batches(pcp_sizes=(1, 2, 3, 4, 8), max_reqs=10, max_context=300)
+        reference_batches(pcp_sizes=(1, 2, 3, 4, 8), max_reqs=10, max_context=300)
     )
     D = draw(st.sampled_from([1, 2]))
     if P * D == 1:
-        D = 2  # the seed builds no metadata without context parallelism
+        D = 2  # the reference builds no metadata without context parallelism
     interleave = draw(st.sampled_from([1, 64]))
     return P, D, interleave, spec, R, T, sched, comp, prompt
 
 
-def seed_metadata(m, sched, comp, prompt, num_reqs_padded):
+def reference_metadata(m, sched, comp, prompt, num_reqs_padded):
     """The runner's calls: init_batch_info, update_tokens_for_pcp (P > 1), generate_pcp_metadata."""
     sched = np.asarray(sched, dtype=np.int32).copy()
     comp = np.asarray(comp, dtype=np.int32)
@@ -112,30 +112,30 @@ def check_attention(b):
             batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
             Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
             _, ours = pcp_fn.attention_metadata(pcp_fn.init_state(cfg), batch)
-            m = seed_loader.make_manager(
+            m = reference_loader.make_manager(
                 P, rank, R, T, num_spec_tokens=spec, dcp=D, dcp_rank=dcp_rank, interleave=interleave
             )
-            seed, N = seed_metadata(m, sched, comp, prompt, Rb)
+            theirs, N = reference_metadata(m, sched, comp, prompt, Rb)
             np.testing.assert_array_equal(
-                ours.num_computed_tokens_of_pcp_dcp[:n].numpy(), seed.num_computed_tokens_of_pcp_dcp
+                ours.num_computed_tokens_of_pcp_dcp[:n].numpy(), theirs.num_computed_tokens_of_pcp_dcp
             )
             assert ours.num_computed_tokens_of_pcp_dcp.dtype == torch.int32
             assert not ours.num_computed_tokens_of_pcp_dcp[n:].any()
-            assert int(ours.num_actual_tokens_pcp_padded) == seed.num_actual_tokens_pcp_padded
-            assert torch.equal(ours.query_lens_pcp_full, seed.query_lens_pcp_full_cpu)
-            assert int(ours.max_query_len_pcp_full) == seed.max_query_len_pcp_full
+            assert int(ours.num_actual_tokens_pcp_padded) == theirs.num_actual_tokens_pcp_padded
+            assert torch.equal(ours.query_lens_pcp_full, theirs.query_lens_pcp_full_cpu)
+            assert int(ours.max_query_len_pcp_full) == theirs.max_query_len_pcp_full
             if P == 1:
-                # the seed leaves its unpad mask empty at P = 1 (the runner never splits there)
-                assert seed.pcp_unpad_mask.numel() == 0 and ours.q_head_idx is None
+                # the reference leaves its unpad mask empty at P = 1 (the runner never splits there)
+                assert theirs.pcp_unpad_mask.numel() == 0 and ours.q_head_idx is None
                 COUNT["ranks"] += 1
                 continue
-            assert torch.equal(ours.pcp_unpad_mask[: P * N], seed.pcp_unpad_mask)
+            assert torch.equal(ours.pcp_unpad_mask[: P * N], theirs.pcp_unpad_mask)
             restore = ours.pcp_allgather_restore_idx[: P * N]
-            # ours addresses fixed [Lb] rank buffers, the seed's compact [N] ones
-            assert torch.equal(restore - (restore // Lb) * (Lb - N), seed.pcp_allgather_restore_idx)
-            for name, seed_name in HEAD_TAIL.items():
+            # ours addresses fixed [Lb] rank buffers, the reference's compact [N] ones
+            assert torch.equal(restore - (restore // Lb) * (Lb - N), theirs.pcp_allgather_restore_idx)
+            for name, ref_name in HEAD_TAIL.items():
                 padded = getattr(ours, name)
-                ref = getattr(seed, seed_name)
+                ref = getattr(theirs, ref_name)
                 k = int(padded.length)
                 assert k == ref.numel(), name
                 assert padded.index.dtype == ref.dtype == torch.int32, name
@@ -144,7 +144,7 @@ def check_attention(b):
             npf = int(ours.num_prefill_reqs)
             assert npf == n - m.num_decode_reqs
             for name in PER_REQUEST:
-                ref = getattr(seed, name)
+                ref = getattr(theirs, name)
                 ref = ref.tolist() if isinstance(ref, torch.Tensor) else list(ref)
                 assert getattr(ours, name)[:npf].tolist() == ref, name
             COUNT["ranks"] += 1
@@ -240,7 +240,7 @@ def check_multimodal(step):
     N = int(out.layout.num_tokens)
     local = out.layout.pcp_tokens[:n].numpy().astype(np.int32)
     positions_np = out.positions[:N].numpy().astype(np.int64)
-    m = seed_loader.make_manager(P, rank, max(n, 1), 256)
+    m = reference_loader.make_manager(P, rank, max(n, 1), 256)
 
     # M-RoPE remap
     buf = SimpleNamespace(cpu=torch.full((3, N), -7, dtype=torch.int64))
@@ -255,13 +255,13 @@ def check_multimodal(step):
 
     # prompt embeds: the runner's loop over requests with embeds
     base = torch.randn(out.positions.shape[0], H)
-    seed_out = base.clone()
+    ref_out = base.clone()
     start = 0
     for i in range(n):
         k = int(local[i])
         if i in embeds and k > 0:
             m.fill_prompt_embeds_for_pcp(
-                embeds[i], positions_np[start : start + k], seed_out[start : start + k]
+                embeds[i], positions_np[start : start + k], ref_out[start : start + k]
             )
         start += k
     cap = max(sum(e.shape[0] for e in embeds.values()), 1)
@@ -269,7 +269,7 @@ def check_multimodal(step):
     got = mm.gather_prompt_embeds(
         packed_embeds, out.positions, out.layout.request_index, out.layout.num_tokens, base
     )
-    assert torch.equal(got, seed_out)
+    assert torch.equal(got, ref_out)
     COUNT["embeds"] += 1
 
     # the host-side schedule helpers
@@ -283,15 +283,15 @@ def check_multimodal(step):
     full_cache = {f.identifier: torch.randn(64, H) for r in reqs.values() for f in r.mm_features}
     shift = rng.choice([0, 0, 1])
     is_mm = torch.zeros(N, dtype=torch.bool)
-    seed_embeds, sync_m, sync_x = m.gather_mm_embeddings_for_pcp(
+    ref_embeds, sync_m, sync_x = m.gather_mm_embeddings_for_pcp(
         req_ids, reqs, positions_np, local, shift, full_cache, is_mm, None, False, False
     )
     got_mm = mm.gather_mm_embeddings(req_ids, reqs, positions_np, local, shift, full_cache)
-    assert len(got_mm.embeds) == len(seed_embeds)
-    assert all(torch.equal(a, b) for a, b in zip(got_mm.embeds, seed_embeds))
+    assert len(got_mm.embeds) == len(ref_embeds)
+    assert all(torch.equal(a, b) for a, b in zip(got_mm.embeds, ref_embeds))
     assert torch.equal(got_mm.is_mm_embed, is_mm)
     assert (got_mm.should_sync_mrope_positions, got_mm.should_sync_xdrope_positions) == (sync_m, sync_x)
-    COUNT["mm_rows"] += sum(e.shape[0] for e in seed_embeds) > 0
+    COUNT["mm_rows"] += sum(e.shape[0] for e in ref_embeds) > 0
     COUNT["needed"] += bool(needed)
 
     global_sched = {rid: int(s) for rid, s in zip(req_ids, sched)}
@@ -309,8 +309,8 @@ def check_multimodal(step):
     restore = m.maybe_localize_scheduler_output_for_mm_preprocess(
         so, req_ids, reqs, positions_np, local, N, cache
     )
-    seed_view = {k: getattr(so, k) for k in vars(before)}
-    assert {k: getattr(got_so, k) for k in vars(before)} == seed_view
+    ref_view = {k: getattr(so, k) for k in vars(before)}
+    assert {k: getattr(got_so, k) for k in vars(before)} == ref_view
     m.restore_scheduler_output_after_mm_preprocess(so, restore)
     assert vars(so) == vars(before)
     COUNT["schedule"] += 1
@@ -319,12 +319,12 @@ def check_multimodal(step):
 if __name__ == "__main__":
     check_attention()
     print(
-        f"attention_metadata == seed generate_pcp_metadata on {COUNT['attention']} random batches "
+        f"attention_metadata == reference generate_pcp_metadata on {COUNT['attention']} random batches "
         f"({COUNT['ranks']} (pcp rank, dcp rank) views)"
     )
     check_multimodal()
     print(
-        f"multimodal == seed on {COUNT['mrope']} random steps (M-RoPE remap), {COUNT['embeds']} "
+        f"multimodal == reference on {COUNT['mrope']} random steps (M-RoPE remap), {COUNT['embeds']} "
         f"(prompt embeds), {COUNT['schedule']} (local mm schedule, mm embeddings, localized "
         f"scheduler output; "
         f"{COUNT['needed']} with encoder inputs needed, {COUNT['mm_rows']} with mm embedding rows)"

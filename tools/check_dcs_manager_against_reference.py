@@ -3,11 +3,11 @@
 Development only (needs the reference files: ``reference.py`` finds them, or
 says which environment variable to set). Run:
 
-    python tools/check_dcs_manager_against_seed.py [steps_per_config]
+    python tools/check_dcs_manager_against_reference.py [steps_per_config]
 
 For every configuration in CONFIGS and every (pcp rank, dcp rank), it builds
 the reference ``PCPManager`` (vllm-ascend ``pcp_utils.py``, with the stand-ins
-of seed_loader.py and check_spec_against_seed.py) and ``FunctionalDCSManager`` with the same
+of reference_loader.py and check_spec_against_reference.py) and ``FunctionalDCSManager`` with the same
 constructor arguments, drives each with its own simulated ``model_runner_v1``
 (tests/ascend_runner.py: the runner's call order, each runner feeding its
 manager its own earlier outputs; the spec-decode logits come from the real
@@ -42,8 +42,8 @@ _missing = [
 if _missing:
     sys.exit(f"reference files not found: {_missing} (see tools/reference.py)")
 
-import check_spec_against_seed as spec_tool  # noqa: E402  (stand-ins, the reference module, the runner's CALC)
-import seed_loader  # noqa: E402
+import check_spec_against_reference as spec_tool  # noqa: E402  (stand-ins, the reference module, the runner's CALC)
+import reference_loader  # noqa: E402
 import test_vllm_ascend_adapter as adapter_tests  # noqa: E402  (the real-step twin of a dummy run)
 from ascend_runner import (  # noqa: E402
     Kinds,
@@ -65,10 +65,10 @@ class _Metadata:
         self.__dict__.update(kwargs)
 
 
-seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+reference_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
 sys.modules["vllm_ascend.spec_decode.utils"].correct_optimistic_seq_lens_cpu = correct_optimistic_seq_lens_cpu
-spec_tool.SEED_MOD.correct_optimistic_seq_lens_cpu = correct_optimistic_seq_lens_cpu
-REF_CLASS = seed_loader.load_pcp_manager_class()
+spec_tool.REFERENCE_MOD.correct_optimistic_seq_lens_cpu = correct_optimistic_seq_lens_cpu
+REF_CLASS = reference_loader.load_pcp_manager_class()
 
 CONFIGS = [
     SimConfig("mixed P2", pcp=2),
@@ -251,9 +251,9 @@ def _dummies(cfg, st, rank, dcp_rank, ref_runner, our_runner, twin) -> None:
     runs; ours also against the real step of the dummy batch (field by field, on ``twin``)."""
     for num_tokens, uniform, capturing in SimRunner.dummy_plan(cfg, st.index):
         ctx = f"[{cfg.name}] dummy run {num_tokens} before step {st.index} rank {rank}/{dcp_rank}"
-        seed_loader.PCP_GROUP.all_gather = our_runner.gather
+        reference_loader.PCP_GROUP.all_gather = our_runner.gather
         ours = our_runner.dummy_run(num_tokens, uniform, capturing)
-        seed_loader.PCP_GROUP.all_gather = ref_runner.gather
+        reference_loader.PCP_GROUP.all_gather = ref_runner.gather
         try:
             ref = ref_runner.dummy_run(num_tokens, uniform, capturing)
         except RuntimeError as e:
@@ -316,9 +316,9 @@ def run_config(cfg: SimConfig, num_steps: int, seed: int) -> None:
             ptrs = {k: v.data_ptr() for k, v in ours._buffers.step.items()}
             for st in steps:
                 _dummies(cfg, st, rank, dcp_rank, ref_runner, our_runner, twin)
-                seed_loader.PCP_GROUP.all_gather = ref_runner.gather
+                reference_loader.PCP_GROUP.all_gather = ref_runner.gather
                 ref_obs = ref_runner.step(st)
-                seed_loader.PCP_GROUP.all_gather = our_runner.gather
+                reference_loader.PCP_GROUP.all_gather = our_runner.gather
                 our_obs = our_runner.step(st)
                 compare(cfg, st, rank, dcp_rank, ref_obs, our_obs)
                 cover(cfg, st, our_obs)

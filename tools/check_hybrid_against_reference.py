@@ -1,19 +1,19 @@
-"""Differential check of the hybrid-attention layout: pcp_fn and the hybrid oracle against the real seed.
+"""Differential check of the hybrid-attention layout: pcp_fn and the hybrid oracle against the real reference.
 
-Development only (needs the seed file; see seed_loader.py). Run:
+Development only (needs the reference file; see reference_loader.py). Run:
 
-    python tools/check_hybrid_against_seed.py [num_examples]
+    python tools/check_hybrid_against_reference.py [num_examples]
 
 For random batches (P in {2, 3, 4, 8}, spec tokens 0-2, decodes, fresh and
-chunked prefills, every rank) it runs the seed's hybrid path
+chunked prefills, every rank) it runs the reference's hybrid path
 (``make_manager(..., hybrid=True)``: ``init_batch_info``,
 ``update_tokens_for_pcp``, ``get_logits_indices(..., tokens_original)``,
 ``get_padded_slot_mapping``, ``get_restore_hidden_states``,
 ``adjust_cu_num_scheduled_tokens_for_pcp``, ``generate_pcp_metadata``'s hybrid
 fields, ``_split_spec_decode_pcp_prefill_input_hybrid``) and compares every
 output with pcp_fn and with tests/oracle_hybrid.py. Prints how many batches
-matched. P = 1 is left out (the runner never calls the seed's PCP path there);
-every request has at least one token (the seed's DCS code and its token-major
+matched. P = 1 is left out (the runner never calls the reference's PCP path there);
+every request has at least one token (the reference's DCS code and its token-major
 decode order assume it).
 """
 
@@ -34,25 +34,25 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
-import seed_loader  # noqa: E402
+import reference_loader  # noqa: E402
 from oracle_hybrid import oracle_draft_split, oracle_hybrid  # noqa: E402
-from seed_batches import seed_batches  # noqa: E402
+from reference_batches import reference_batches  # noqa: E402
 
 
 class _Metadata(SimpleNamespace):
     """Stand-in for vllm_ascend.attention.utils.AscendPrefillContextParallelMetadata."""
 
 
-seed_loader._module("vllm_ascend.attention")
-seed_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
+reference_loader._module("vllm_ascend.attention")
+reference_loader._module("vllm_ascend.attention.utils", AscendPrefillContextParallelMetadata=_Metadata)
 
 import pcp_fn  # noqa: E402
 
 COUNT = {"batches": 0, "ranks": 0, "fa_padding_none": 0}
 
 
-def seed_hybrid_step(m, sched, comp, prompt, slots):
-    """The runner's hybrid host path for one step on one rank; the seed's outputs as numpy."""
+def reference_hybrid_step(m, sched, comp, prompt, slots):
+    """The runner's hybrid host path for one step on one rank; the reference's outputs as numpy."""
     sched = np.asarray(sched, dtype=np.int32).copy()
     comp = np.asarray(comp, dtype=np.int32)
     prompt = np.asarray(prompt, dtype=np.int32)
@@ -108,13 +108,13 @@ def seed_hybrid_step(m, sched, comp, prompt, slots):
     return out
 
 
-def _to_seed_rows(ours: np.ndarray, Lb: int, stride: int) -> np.ndarray:
-    """Our ``rank * Lb + row`` indices as the seed's ``rank * stride + row``."""
+def _to_reference_rows(ours: np.ndarray, Lb: int, stride: int) -> np.ndarray:
+    """Our ``rank * Lb + row`` indices as the reference's ``rank * stride + row``."""
     return (ours // Lb) * stride + ours % Lb
 
 
 def batches():
-    return seed_batches(max_reqs=12, max_context=40)
+    return reference_batches(max_reqs=12, max_context=40)
 
 
 def check_draft_split(m, cfg, state, rng):
@@ -163,9 +163,9 @@ def check(b, seed):
     n = len(sched)
     slots = torch.randint(0, 10_000, (sum(sched),), dtype=torch.int32)
     H = 3
-    seeds = [
-        seed_hybrid_step(
-            seed_loader.make_manager(P, r, R, T, num_spec_tokens=spec, hybrid=True),
+    refs = [
+        reference_hybrid_step(
+            reference_loader.make_manager(P, r, R, T, num_spec_tokens=spec, hybrid=True),
             sched,
             comp,
             prompt,
@@ -173,98 +173,97 @@ def check(b, seed):
         )
         for r in range(P)
     ]
-    M = seeds[0]["max_num_tokens_across_pcp"]
-    local = [torch.randn(s["num_tokens"], H, dtype=torch.float64) for s in seeds]
+    M = refs[0]["max_num_tokens_across_pcp"]
+    local = [torch.randn(s["num_tokens"], H, dtype=torch.float64) for s in refs]
     for rank in range(P):
-        seed = seeds[rank]
-        m = seed_loader.make_manager(P, rank, R, T, num_spec_tokens=spec, hybrid=True)
-        seed_hybrid_step(m, sched, comp, prompt, slots)  # leave this manager in the step's state
+        theirs = refs[rank]
+        m = reference_loader.make_manager(P, rank, R, T, num_spec_tokens=spec, hybrid=True)
+        reference_hybrid_step(m, sched, comp, prompt, slots)  # leave this manager in the step's state
         cfg = pcp_fn.PCPConfig(P, rank, R, T, num_spec_tokens=spec, hybrid_attn=True)
         batch = pcp_fn.make_batch(cfg, sched, comp, prompt, slot_mapping=slots)
         state, lay = pcp_fn.update_tokens(pcp_fn.init_state(cfg), batch)
         Lb = batch.bucket.num_tokens
-        N, D, N_dcs = seed["num_tokens"], seed["num_decode_tokens"], seed["num_tokens_padded"]
+        N, D, N_dcs = theirs["num_tokens"], theirs["num_decode_tokens"], theirs["num_tokens_padded"]
         assert isinstance(lay, pcp_fn.HybridLayout)
-        assert lay.pcp_tokens[:n].tolist() == seed["pcp_tokens"].tolist()
-        assert int(lay.num_tokens) == N == seed["total_num_scheduled_tokens"]
-        assert lay.positions[:N].tolist() == seed["positions"].tolist()
-        assert lay.num_pads[:n].tolist() == seed["num_pads"].tolist()
-        assert lay.unpad_mask[: P * N_dcs].tolist() == seed["unpad_mask"].tolist()
+        assert lay.pcp_tokens[:n].tolist() == theirs["pcp_tokens"].tolist()
+        assert int(lay.num_tokens) == N == theirs["total_num_scheduled_tokens"]
+        assert lay.positions[:N].tolist() == theirs["positions"].tolist()
+        assert lay.num_pads[:n].tolist() == theirs["num_pads"].tolist()
+        assert lay.unpad_mask[: P * N_dcs].tolist() == theirs["unpad_mask"].tolist()
         assert (
-            _to_seed_rows(lay.restore_index[: P * N_dcs].numpy(), Lb, N_dcs).tolist()
-            == seed["restore_index"].tolist()
+            _to_reference_rows(lay.restore_index[: P * N_dcs].numpy(), Lb, N_dcs).tolist()
+            == theirs["restore_index"].tolist()
         )
-        assert lay.pcp_tokens_padded[:n].tolist() == seed["pcp_tokens_padded"].tolist()
+        assert lay.pcp_tokens_padded[:n].tolist() == theirs["pcp_tokens_padded"].tolist()
         assert int(lay.num_tokens_padded) == N_dcs
         assert int(lay.max_num_tokens_across_pcp) == M
-        assert int(lay.pcp_padded_tokens_fla) == seed["pcp_padded_tokens_fla"]
-        assert int(lay.total_pcp_padding_tokens_fla) == seed["total_pcp_padding_tokens_fla"]
-        assert int(lay.num_decode_reqs) == seed["num_decode_reqs"] and int(lay.num_decode_tokens) == D
+        assert int(lay.pcp_padded_tokens_fla) == theirs["pcp_padded_tokens_fla"]
+        assert int(lay.total_pcp_padding_tokens_fla) == theirs["total_pcp_padding_tokens_fla"]
+        assert int(lay.num_decode_reqs) == theirs["num_decode_reqs"] and int(lay.num_decode_tokens) == D
         fa_len = int(lay.enter_fa_len)
-        assert fa_len == len(seed["enter"]) == sum(sched) + D * (P - 1)
-        assert (
-            _to_seed_rows(lay.enter_fa_restore_idx[:fa_len].numpy(), Lb, M).tolist() == seed["enter"].tolist()
-        )
+        assert fa_len == len(theirs["enter"]) == sum(sched) + D * (P - 1)
+        enter = _to_reference_rows(lay.enter_fa_restore_idx[:fa_len].numpy(), Lb, M)
+        assert enter.tolist() == theirs["enter"].tolist()
         fa_pad = lay.fa_padding_restore_idx[: P * N_dcs].numpy()
-        if seed["fa_padding"] is None:
+        if theirs["fa_padding"] is None:
             COUNT["fa_padding_none"] += 1
             assert fa_pad.tolist() == list(range(P * N_dcs))
         else:
-            assert fa_pad.tolist() == seed["fa_padding"].tolist()
+            assert fa_pad.tolist() == theirs["fa_padding"].tolist()
         assert int(lay.fa_query_len) == N_dcs - D
-        assert lay.fa_query_idx[: N_dcs - D].tolist() == seed["fa_query"].tolist()
+        assert lay.fa_query_idx[: N_dcs - D].tolist() == theirs["fa_query"].tolist()
         assert int(lay.exit_fa_len) == N - D
-        if N > D:  # the seed writes the exit index only when there are prefills
-            exit_ = _to_seed_rows(lay.exit_fa_scatter_idx[: N - D].numpy(), Lb, N_dcs - D)
-            assert exit_.tolist() == seed["exit"].tolist()
+        if N > D:  # the reference writes the exit index only when there are prefills
+            exit_ = _to_reference_rows(lay.exit_fa_scatter_idx[: N - D].numpy(), Lb, N_dcs - D)
+            assert exit_.tolist() == theirs["exit"].tolist()
         # generate_pcp_metadata hands the same slices to the attention backend
-        meta = seed["meta"]
+        meta = theirs["meta"]
         assert meta.num_actual_tokens_pcp_padded == P * N_dcs
-        assert meta.pcp_enter_fa_restore_idx.tolist() == seed["enter"].tolist()
-        assert meta.pcp_fa_query_idx.tolist() == seed["fa_query"].tolist()
-        assert meta.pcp_exit_fa_scatter_idx.tolist() == seed["exit"].tolist()
+        assert meta.pcp_enter_fa_restore_idx.tolist() == theirs["enter"].tolist()
+        assert meta.pcp_fa_query_idx.tolist() == theirs["fa_query"].tolist()
+        assert meta.pcp_exit_fa_scatter_idx.tolist() == theirs["exit"].tolist()
         assert meta.max_num_tokens_across_pcp == M and meta.total_num_scheduled_tokens == N
         if meta.pcp_fa_padding_restore_idx is None:
-            assert seed["fa_padding"] is None
+            assert theirs["fa_padding"] is None
         else:
             assert meta.pcp_fa_padding_restore_idx.tolist() == fa_pad.tolist()
 
         _, logits = pcp_fn.get_logits_indices(state)
-        assert logits[:n].tolist() == seed["logits"].tolist()
+        assert logits[:n].tolist() == theirs["logits"].tolist()
         cu = np.zeros(batch.bucket.num_reqs, dtype=np.int64)
-        cu[:n] = np.cumsum(seed["pcp_tokens"])
+        cu[:n] = np.cumsum(theirs["pcp_tokens"])
         _, adjusted = pcp_fn.adjust_cu_num_scheduled_tokens(state, torch.from_numpy(cu))
-        assert adjusted[:n].tolist() == seed["adjusted_cu"].tolist()
+        assert adjusted[:n].tolist() == theirs["adjusted_cu"].tolist()
         _, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
-        assert sm[: P * N_dcs].tolist() == seed["slot_mapping"].tolist() and (sm[P * N_dcs :] == -1).all()
+        assert sm[: P * N_dcs].tolist() == theirs["slot_mapping"].tolist() and (sm[P * N_dcs :] == -1).all()
 
-        # restore: the seed pads each rank to M and all-gathers; ours reads fixed [Lb] buffers
-        seed_loader.PCP_GROUP.gathered = torch.cat([F.pad(x, (0, 0, 0, M - x.shape[0])) for x in local])
-        seed_restored = m.get_restore_hidden_states(local[rank].clone())
+        # restore: the reference pads each rank to M and all-gathers; ours reads fixed [Lb] buffers
+        reference_loader.PCP_GROUP.gathered = torch.cat([F.pad(x, (0, 0, 0, M - x.shape[0])) for x in local])
+        ref_restored = m.get_restore_hidden_states(local[rank].clone())
         fixed = torch.zeros(P * Lb, H, dtype=torch.float64)
         for r in range(P):
             fixed[r * Lb : r * Lb + local[r].shape[0]] = local[r]
         _, restored = pcp_fn.restore_hidden_states(state, fixed)
-        assert torch.equal(restored[:fa_len], seed_restored)
+        assert torch.equal(restored[:fa_len], ref_restored)
 
         _, out = pcp_fn.step(pcp_fn.init_state(cfg), batch)
-        req = np.repeat(np.arange(n), seed["pcp_tokens"])
-        assert out.positions[:N].tolist() == (np.asarray(comp)[req] + seed["positions"]).tolist()
-        assert out.logits_indices[:n].tolist() == seed["logits"].tolist()
+        req = np.repeat(np.arange(n), theirs["pcp_tokens"])
+        assert out.positions[:N].tolist() == (np.asarray(comp)[req] + theirs["positions"]).tolist()
+        assert out.logits_indices[:n].tolist() == theirs["logits"].tolist()
 
-        # the oracle agrees with the seed too
+        # the oracle agrees with the reference too
         orc = oracle_hybrid(P, sched, comp, prompt, spec)
-        assert orc.linear_tokens[rank] == seed["pcp_tokens"].tolist()
-        assert orc.linear_positions[rank] == seed["positions"].tolist()
+        assert orc.linear_tokens[rank] == theirs["pcp_tokens"].tolist()
+        assert orc.linear_positions[rank] == theirs["positions"].tolist()
         assert orc.max_tokens == M
-        assert orc.enter_fa(M) == seed["enter"].tolist()
-        assert orc.fa_query[rank] == seed["fa_query"].tolist()
+        assert orc.enter_fa(M) == theirs["enter"].tolist()
+        assert orc.fa_query[rank] == theirs["fa_query"].tolist()
         if N > D:
-            assert orc.exit_fa(rank, N_dcs - D) == seed["exit"].tolist()
-        if seed["fa_padding"] is not None:
-            assert orc.fa_padding == seed["fa_padding"].tolist()
-        assert orc.logits == seed["logits"].tolist()
-        assert orc.adjust_cu(np.cumsum(seed["pcp_tokens"]).tolist()) == seed["adjusted_cu"].tolist()
+            assert orc.exit_fa(rank, N_dcs - D) == theirs["exit"].tolist()
+        if theirs["fa_padding"] is not None:
+            assert orc.fa_padding == theirs["fa_padding"].tolist()
+        assert orc.logits == theirs["logits"].tolist()
+        assert orc.adjust_cu(np.cumsum(theirs["pcp_tokens"]).tolist()) == theirs["adjusted_cu"].tolist()
 
         if rank == 0 or rng.integers(0, 2):
             check_draft_split(m, cfg, state, rng)
@@ -275,7 +274,7 @@ def check(b, seed):
 if __name__ == "__main__":
     check()
     print(
-        f"pcp_fn == oracle_hybrid == seed (hybrid) on {COUNT['batches']} random batches, "
+        f"pcp_fn == oracle_hybrid == reference (hybrid) on {COUNT['batches']} random batches, "
         f"{COUNT['ranks']} rank views "
-        f"({COUNT['fa_padding_none']} where the seed's fa_padding_restore_idx is None)"
+        f"({COUNT['fa_padding_none']} where the reference's fa_padding_restore_idx is None)"
     )

@@ -2,7 +2,7 @@
 
 Development only (needs the reference files; see reference.py). Run:
 
-    python tools/check_spec_against_seed.py [num_examples]
+    python tools/check_spec_against_reference.py [num_examples]
 
 For every random batch (P in {1, 2, 4}, DCP in {1, 2, 4}, interleave 1 or
 128 (vllm-ascend's MTP mask ignores the interleave: compared at 1 only), 1-3
@@ -15,7 +15,7 @@ runner, which switches to ``adjust_cu_num_scheduled_tokens_for_pcp`` under
 hybrid attention) next to the pcp_fn ops and asserts equality on the real
 rows. It prints how many (batch, rank) pairs matched per function and layout.
 
-Stand-ins added here (not in seed_loader): the vLLM runner helper
+Stand-ins added here (not in reference_loader): the vLLM runner helper
 ``_get_cumsum_and_arange`` (returns the cumsum, writes the per-request arange
 into its scratch buffer), a block table whose slot of ``(request, position)``
 is ``request * 100_000 + 3 * position + 1`` (pcp_fn gets the same rule as
@@ -41,7 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, ".."))
 
-import seed_loader  # noqa: E402
+import reference_loader  # noqa: E402
 from reference import reference_source  # noqa: E402
 
 import pcp_fn  # noqa: E402
@@ -68,17 +68,19 @@ class _SFABuilder:
     pass
 
 
-seed_loader._module("vllm_ascend.core")
-seed_loader._module("vllm_ascend.core.kv_cache_interface", AscendMLAAttentionSpec=_MLASpec)
-seed_loader._module("vllm_ascend.attention")
-seed_loader._module("vllm_ascend.attention.context_parallel")
-seed_loader._module("vllm_ascend.attention.context_parallel.sfa_cp", AscendSFADCPMetadataBuilder=_SFABuilder)
+reference_loader._module("vllm_ascend.core")
+reference_loader._module("vllm_ascend.core.kv_cache_interface", AscendMLAAttentionSpec=_MLASpec)
+reference_loader._module("vllm_ascend.attention")
+reference_loader._module("vllm_ascend.attention.context_parallel")
+reference_loader._module(
+    "vllm_ascend.attention.context_parallel.sfa_cp", AscendSFADCPMetadataBuilder=_SFABuilder
+)
 
 torch.Tensor.pin_memory = lambda self, *a, **k: self  # CPU-only machine: pinning is the identity here
 
 
 class _TorchNoPin(types.ModuleType):
-    """``torch`` for the seed module, with ``pin_memory=`` dropped from ``torch.full``."""
+    """``torch`` for the reference module, with ``pin_memory=`` dropped from ``torch.full``."""
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -111,9 +113,9 @@ class BlockTable:
         self.full_calls.append((num_reqs, query_start_loc.clone(), torch.as_tensor(positions).clone()))
 
 
-def _load_seed_module():
-    seed_loader.load_pcp_manager_class()
-    mod = sys.modules["seed_pcp_utils"]
+def _load_reference_module():
+    reference_loader.load_pcp_manager_class()
+    mod = sys.modules["reference_pcp_utils"]
     mod.torch = _TorchNoPin("torch")
     return mod
 
@@ -146,7 +148,7 @@ def _vllm_cumsum_and_arange(arange_np):
     return get
 
 
-SEED_MOD = _load_seed_module()
+REFERENCE_MOD = _load_reference_module()
 CALC = _load_calc_spec_decode_metadata()
 
 
@@ -204,19 +206,19 @@ def check_spec_decode_indices(cfg, batch, spec, state, m, sched, drafts, local, 
         input_ids=SimpleNamespace(gpu=ids),
         device="cpu",
     )
-    seed = CALC(runner, np.asarray(drafts, dtype=np.int32), np.cumsum(local), pads)
+    theirs = CALC(runner, np.asarray(drafts, dtype=np.int32), np.cumsum(local), pads)
     _, ours = pcp_fn.spec_decode_indices(state, spec.num_draft_tokens, ids)
     S, D = int(ours.num_sampled), int(ours.num_drafts)
-    assert ours.logits_indices[:S].tolist() == seed.logits_indices.tolist()
+    assert ours.logits_indices[:S].tolist() == theirs.logits_indices.tolist()
     assert ours.local_logits_indices[:S].tolist() == np.maximum(_local_logits(local, drafts), 0).tolist()
-    assert ours.target_logits_indices[:D].tolist() == seed.target_logits_indices.tolist()
-    assert ours.bonus_logits_indices[:n].tolist() == seed.bonus_logits_indices.tolist()
-    assert ours.cu_num_draft_tokens[:n].tolist() == seed.cu_num_draft_tokens.tolist()
-    assert ours.cu_num_sampled_tokens[:n].tolist() == seed.cu_num_sampled_tokens.tolist()
-    assert ours.draft_token_ids[:D].tolist() == seed.draft_token_ids.tolist()
+    assert ours.target_logits_indices[:D].tolist() == theirs.target_logits_indices.tolist()
+    assert ours.bonus_logits_indices[:n].tolist() == theirs.bonus_logits_indices.tolist()
+    assert ours.cu_num_draft_tokens[:n].tolist() == theirs.cu_num_draft_tokens.tolist()
+    assert ours.cu_num_sampled_tokens[:n].tolist() == theirs.cu_num_sampled_tokens.tolist()
+    assert ours.draft_token_ids[:D].tolist() == theirs.draft_token_ids.tolist()
     assert N <= batch.bucket.num_tokens
     count("spec_decode_indices")
-    return seed, ours
+    return theirs, ours
 
 
 def _local_logits(local, drafts):
@@ -305,23 +307,23 @@ def check_full_input_ids(cfg, batch, state, m, sched, comp, table, rng, with_pre
 
 def _restored(cfg, batch, N, rng):
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
-    seed_h = torch.from_numpy(rng.standard_normal((P * N, H)))
+    ref_h = torch.from_numpy(rng.standard_normal((P * N, H)))
     ours = torch.zeros(P * Lb, H, dtype=torch.float64)
-    ours[: P * N] = seed_h
-    return seed_h, ours
+    ours[: P * N] = ref_h
+    return ref_h, ours
 
 
-def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng):
+def check_drafts(cfg, batch, state, m, sched, full_ids, ref_idx, ours_idx, rng):
     n, P = len(sched), cfg.pcp_size
     N = int(m.pcp_tokens[:n].sum()) if P > 1 else sum(sched)
-    seed_h, ours_h = _restored(cfg, batch, N, rng)
+    ref_h, ours_h = _restored(cfg, batch, N, rng)
     D = m.num_decode_reqs
     Dt = m.num_decode_tokens
     # decode_hidden_states
     _, dh = pcp_fn.decode_hidden_states(state, ours_h)
     if Dt:
-        seed_dh = m.get_spec_decode_decode_hidden_states(seed_h[: Dt * P], D, Dt)
-        assert torch.equal(dh[:Dt], seed_dh)
+        ref_dh = m.get_spec_decode_decode_hidden_states(ref_h[: Dt * P], D, Dt)
+        assert torch.equal(dh[:Dt], ref_dh)
     count("decode_hidden_states")
 
     F = sum(sched)
@@ -330,9 +332,9 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
     # split_prefill_for_draft (vllm-ascend dispatches to its _hybrid variant under hybrid attention)
     if P > 1:
         req_p = {str(i): sched[i] for i in range(D, n)}
-        seed_split = m._split_spec_decode_pcp_prefill_input(req_p, ids_full[Dt:F], seed_h[Dt * P :])
+        ref_split = m._split_spec_decode_pcp_prefill_input(req_p, ids_full[Dt:F], ref_h[Dt * P :])
         _, split = pcp_fn.split_prefill_for_draft(state, ids_full, ours_h)
-        num_tokens, s_ids, s_h, s_max, s_lens, s_cu = seed_split
+        num_tokens, s_ids, s_h, s_max, s_lens, s_cu = ref_split
         assert int(split.num_tokens) == num_tokens
         assert split.input_ids[:num_tokens].tolist() == s_ids.tolist()
         assert torch.equal(split.hidden_states[:num_tokens], s_h)
@@ -345,7 +347,7 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
     # first_pass_inputs
     if P * cfg.dcp_size > 1:
         qsl_full = torch.tensor([0, *np.cumsum(sched)], dtype=torch.int32)
-        logits = seed_idx.logits_indices.clone()
+        logits = ref_idx.logits_indices.clone()
         cu_s = ours_idx.cu_num_sampled_tokens[:n].tolist()
         tis = []
         for i in range(n):
@@ -363,10 +365,10 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
             num_actual_tokens=F,
             max_query_len=-7,
         )
-        seed_fp = m.prepare_spec_decode_first_pass_inputs(
+        ref_fp = m.prepare_spec_decode_first_pass_inputs(
             ids_full[:F].clone(),
             local_positions.clone(),
-            seed_h.clone(),
+            ref_h.clone(),
             tis.clone(),
             cam,
             object(),
@@ -393,14 +395,14 @@ def check_drafts(cfg, batch, state, m, sched, full_ids, seed_idx, ours_idx, rng)
             ours_idx.num_sampled,
             seq_lens=seq_b,
         )
-        K = seed_fp.num_tokens
+        K = ref_fp.num_tokens
         assert int(fp.num_tokens) == K
-        assert fp.input_ids[:K].tolist() == seed_fp.input_ids.tolist()
-        assert fp.positions[:K].tolist() == seed_fp.target_positions[:K].tolist()
-        assert torch.equal(fp.hidden_states[:K], seed_fp.target_hidden_states[:K])
-        assert fp.token_indices_to_sample[:n].tolist() == seed_fp.token_indices_to_sample.tolist()
-        assert fp.decode_query_lens[:D].tolist() == seed_fp.long_seq_args[0].tolist()
-        assert fp.ori_token_indices_to_sample[:n].tolist() == seed_fp.long_seq_args[1].tolist()
+        assert fp.input_ids[:K].tolist() == ref_fp.input_ids.tolist()
+        assert fp.positions[:K].tolist() == ref_fp.target_positions[:K].tolist()
+        assert torch.equal(fp.hidden_states[:K], ref_fp.target_hidden_states[:K])
+        assert fp.token_indices_to_sample[:n].tolist() == ref_fp.token_indices_to_sample.tolist()
+        assert fp.decode_query_lens[:D].tolist() == ref_fp.long_seq_args[0].tolist()
+        assert fp.ori_token_indices_to_sample[:n].tolist() == ref_fp.long_seq_args[1].tolist()
         if P > 1 and n > D:
             assert fp.seq_lens[:n].tolist() == cam.seq_lens.tolist()
             assert fp.query_start_loc[: n + 1].tolist() == cam.query_start_loc.tolist()
@@ -420,27 +422,27 @@ def check_mtp(cfg, batch, state, m, sched, comp, full, rng):
     Rb = batch.bucket.num_reqs
     ori_b = torch.zeros(Rb, dtype=torch.int64)
     ori_b[:n] = ori
-    built = m.mtp_slot_pad is not None  # the seed built the MTP slots (decode-only, or DCP-only prefill)
+    built = m.mtp_slot_pad is not None  # the reference built the MTP slots (decode-only, or DCP-only prefill)
     if built:
-        seed_idx, _ = m._get_spec_decode_mtp_slot_inputs(ori.clone(), n, k)
+        ref_idx, _ = m._get_spec_decode_mtp_slot_inputs(ori.clone(), n, k)
         _, ours = pcp_fn.mtp_slot_inputs(state, ori_b, full.mtp.slot_mapping)
-        assert ours.slot_indices[: n * P].tolist() == seed_idx.tolist()
+        assert ours.slot_indices[: n * P].tolist() == ref_idx.tolist()
         assert (ours.slot_indices[n * P :] == 0).all()
         count("mtp_slot_inputs")
     seq = torch.from_numpy(rng.integers(1, 500, size=Rb, dtype=np.int32))
     cam = SimpleNamespace(block_table_tensor=torch.zeros(Rb, 4))
     attn = SimpleNamespace(seq_lens=seq.clone(), seq_lens_cpu=None)
-    seed_in = m.prepare_spec_decode_mtp_drafting_inputs(cam, attn, ori.clone(), n, D, D < n, k)
+    ref_in = m.prepare_spec_decode_mtp_drafting_inputs(cam, attn, ori.clone(), n, D, D < n, k)
     slots = full.mtp.slot_mapping if full.mtp is not None else torch.zeros(1, dtype=torch.int32)
     _, ours_in = pcp_fn.mtp_drafting_inputs(state, ori_b, seq, slots)
-    if seed_in is None:
+    if ref_in is None:
         assert ours_in is None or not bool(ours_in.active)
         count("mtp_drafting_inputs (vllm-ascend: None)")
     else:
         assert built and bool(ours_in.active)
         r = int(ours_in.num_reqs)
-        assert ours_in.slot_indices[: r * P].tolist() == seed_in.slot_indices.tolist()
-        assert ours_in.seq_lens[:n].tolist() == seed_in.seq_lens.tolist()
+        assert ours_in.slot_indices[: r * P].tolist() == ref_in.slot_indices.tolist()
+        assert ours_in.seq_lens[:n].tolist() == ref_in.seq_lens.tolist()
         assert torch.equal(ours_in.slot_mapping, full.mtp.slot_mapping)
         count("mtp_drafting_inputs (active)")
     count("mtp_drafting_inputs")
@@ -492,7 +494,7 @@ def check_drafting_seq_lens(cfg, state, m, rng):
 def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
     """vllm-ascend's device branch (decode-only batches, P * dcp > 1, async)."""
     n, P = len(sched), cfg.pcp_size
-    m = seed_loader.make_manager(
+    m = reference_loader.make_manager(
         P,
         rank,
         cfg.max_num_reqs,
@@ -560,8 +562,8 @@ def check_rebuild(cfg, batch, state, sched, comp, table, rank, rng):
     assert (ours.positions[N:] == 0).all()
     F = int(cu_full[-1])
     if P > 1:
-        num_reqs, qsl, pos_full_seed = ib.block_table.full_calls[-1]
-        assert ours.positions_full[:F].tolist() == pos_full_seed.tolist()
+        num_reqs, qsl, pos_full_ref = ib.block_table.full_calls[-1]
+        assert ours.positions_full[:F].tolist() == pos_full_ref.tolist()
         assert ours.query_start_loc_full[: n + 1].tolist() == qsl.tolist()
     if cfg.decode_threshold > 2:
         M = int(ours.mtp.num_tokens)
@@ -592,7 +594,7 @@ def check(b, seed):
             )
             batch, sp = pcp_fn.make_spec_batch(cfg, sched, comp, prompt, drafts, token_ids=table)
             state, _ = pcp_fn.update_tokens(init_state(cfg), batch)
-            m = seed_loader.make_manager(
+            m = reference_loader.make_manager(
                 P,
                 rank,
                 R,

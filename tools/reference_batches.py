@@ -1,8 +1,8 @@
-"""Random scheduler batches for the development checks against the seed (hypothesis).
+"""Random scheduler batches for the development checks against the reference (hypothesis).
 
 Decodes first (1 .. 1 + spec tokens, with context and the prompt done), then
 fresh, chunked and long prefills; every request schedules at least one token
-(the seed's update_tokens_for_pcp cannot take an empty prefill).
+(the reference's update_tokens_for_pcp cannot take an empty prefill).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 
 @st.composite
-def seed_batches(draw, pcp_sizes=(2, 3, 4, 8), max_reqs=12, max_context=50):
+def reference_batches(draw, pcp_sizes=(2, 3, 4, 8), max_reqs=12, max_context=50):
     """``(P, spec, R, T, num_scheduled, num_computed, num_prompt)``."""
     P = draw(st.sampled_from(pcp_sizes))
     spec = draw(st.integers(0, 2))

@@ -1,8 +1,8 @@
-"""Load the reference ``PCPManager`` from the seed file, for development checks only.
+"""Load the reference ``PCPManager`` from the reference file, for development checks only.
 
-The seed (vllm-ascend ``worker/pcp_utils.py``) imports vllm and vllm_ascend.
+The reference (vllm-ascend ``worker/pcp_utils.py``) imports vllm and vllm_ascend.
 This loader puts small stand-ins for those imports in ``sys.modules`` and
-executes the seed text, so benchmarks and ``tools/check_against_seed.py`` can
+executes the reference text, so benchmarks and ``tools/check_against_reference.py`` can
 run the real host path next to pcp_fn. Nothing in ``pcp_fn`` or ``tests``
 imports it; it finds the reference through :mod:`reference`.
 """
@@ -38,7 +38,7 @@ class _Group:
     gathered = None
 
     def all_gather(self, t, dim=0):
-        assert self.gathered is not None, "set seed_loader.PCP_GROUP.gathered first"
+        assert self.gathered is not None, "set reference_loader.PCP_GROUP.gathered first"
         return self.gathered
 
 
@@ -58,7 +58,7 @@ def _install_stubs():
 
     _module("vllm")
     _module("vllm.config", VllmConfig=object)
-    _module("vllm.logger", logger=logging.getLogger("seed"))
+    _module("vllm.logger", logger=logging.getLogger("reference"))
     _module("vllm.utils", length_from_prompt_token_ids_or_embeds=lambda ids, emb: len(ids))
     _module("vllm.utils.math_utils", cdiv=lambda a, b: -(-a // b))
     _module("vllm.v1")
@@ -74,7 +74,7 @@ def _install_stubs():
     _module("vllm_ascend.worker.utils", copy_snapshot_to_gpu=lambda buf: buf.copy_to_gpu())
 
 
-def seed_path() -> str | None:
+def reference_file() -> str | None:
     """The vllm-ascend ``pcp_utils.py`` reference (:mod:`reference`), or ``None``."""
     return reference_path("vllm_ascend_pcp_utils")
 
@@ -88,8 +88,8 @@ def load_pcp_manager_class():
         return _CLASS
     path, text = reference_source("vllm_ascend_pcp_utils")
     _install_stubs()
-    mod = types.ModuleType("seed_pcp_utils")
-    sys.modules["seed_pcp_utils"] = mod  # dataclasses look their module up
+    mod = types.ModuleType("reference_pcp_utils")
+    sys.modules["reference_pcp_utils"] = mod  # dataclasses look their module up
     exec(compile(text, path, "exec"), mod.__dict__)
     _CLASS = mod.PCPManager
     return _CLASS
@@ -127,8 +127,8 @@ def make_manager(
     return m
 
 
-def seed_step(m, sched, comp, prompt, slot_mapping=None, num_tokens_padded=None):
-    """The runner's host path for one step: returns the seed's outputs as numpy/torch."""
+def reference_step(m, sched, comp, prompt, slot_mapping=None, num_tokens_padded=None):
+    """The runner's host path for one step: returns the reference's outputs as numpy/torch."""
     sched = np.asarray(sched, dtype=np.int32).copy()
     comp = np.asarray(comp, dtype=np.int32)
     prompt = np.asarray(prompt, dtype=np.int32)
