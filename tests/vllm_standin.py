@@ -380,7 +380,8 @@ _RELEASES = {
 
 def release(name: str) -> tuple[type, Any]:
     """The stand-in ``PCPManager`` class and ``pcp_manager`` module (its names only) of vLLM release
-    ``name`` (``"0.32"``, ``"0.33-dev"``, ``"0.33"``, ``"0.34"``), for ``pcp_fn.adapters.vllm.contract.detect``."""
+    ``name`` (``"0.32"``, ``"0.33-dev"``, ``"0.33"``, ``"0.34"``), for
+    ``pcp_fn.adapters.vllm.contract.detect``."""
     cls, has_metadata = _RELEASES[name]
     module = types.SimpleNamespace(PCPManager=cls)
     if has_metadata:

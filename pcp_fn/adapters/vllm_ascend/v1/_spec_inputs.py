@@ -242,7 +242,8 @@ class SpecInputs:
         # The draft slots are computed first (inside rebuild_positions) and the main model's last:
         # vllm-ascend's BlockTable writes both into slot_mapping.gpu for device inputs, and the
         # runner reads that buffer for the main model's padded slot mapping. (vllm-ascend calls
-        # them the other way round, so its main model gets the MTP layout: see the README.)
+        # them the other way round, so its main model gets the MTP layout: a deviation listed in
+        # docs/adapters/vllm-ascend.md.)
         out = _ops.rebuild_positions(self.records.current.state, computed, slot_fn)
         total = a.total_num_scheduled_tokens
         a.positions[:total].copy_(out.positions[:total])

@@ -33,8 +33,8 @@ forward -> ``get_restore_hidden_states`` -> the proposer's helpers. A
 ``init_batch_info`` -> ``get_padded_slot_mapping`` -> ``generate_pcp_metadata``
 without ``update_tokens_for_pcp``: its metadata is the real step's of the dummy batch.
 
-Differences from the reference (see the README's table): the restore index
-and metadata index tensors are views of device buffers built by pcp_fn (the
+Differences from vllm-ascend's ``PCPManager`` (docs/adapters/vllm-ascend.md's deviation
+table): the restore index and metadata index tensors are views of device buffers built by pcp_fn (the
 host ``.np`` copies are not kept); ``pcp_unpad_mask`` in the metadata is the
 device mask; the MTP attention mask is the interleave-aware one (with the
 reference's buffer semantics: rows it does not recompute keep their last values).
