@@ -20,9 +20,29 @@ def test_readme_starts_with_two_commands_and_ci_runs_the_second():
 
 
 def test_tests_do_not_read_outside_the_repository():
-    for path in (ROOT / "tests").glob("*.py"):
+    for path in (ROOT / "tests").rglob("*.py"):
         assert OUTSIDE not in path.read_text(), path.name
         assert "tools" not in re.findall(r"^(?:from|import) (\w+)", path.read_text(), re.M), path.name
+
+
+# the test layers: the primitives, the layouts and their ops, the engine adapters, whole runs;
+# beside them, the repository's own promises (this file, the docs, the benchmarks' output)
+TEST_GROUPS = ("core", "layouts", "adapters", "e2e")
+REPOSITORY_TESTS = {"test_repo.py", "test_docs.py", "test_benchmark_markdown.py"}
+
+
+def test_tests_are_grouped_by_layer():
+    tests = (ROOT / "tests").rglob("test_*.py")
+    stray = [
+        p.relative_to(ROOT)
+        for p in tests
+        if p.parent.name not in TEST_GROUPS and p.name not in REPOSITORY_TESTS
+    ]
+    assert not stray, f"put these in tests/{{{','.join(TEST_GROUPS)}}}/: {stray}"
+    # the oracles and stand-ins they share stay at tests/ (conftest.py puts it on sys.path)
+    assert not [
+        p for g in TEST_GROUPS for p in (ROOT / "tests" / g).glob("*.py") if not p.name.startswith("test_")
+    ]
 
 
 # ---------------------------------------------------------------- the package's shape

@@ -1,4 +1,4 @@
-"""pytest plugin for vLLM's own unit tests: ``-p vllm_upstream_plugin`` (``tests/test_vllm_upstream.py``).
+"""pytest plugin for vLLM's own unit tests, ``-p vllm_upstream_plugin`` (test_vllm_upstream.py).
 
 With ``PCP_FN_UPSTREAM_MANAGER=functional`` it puts ``FunctionalPCPManager`` in the
 place of ``vllm.v1.worker.gpu.pcp_manager.PCPManager`` when pytest loads it, before

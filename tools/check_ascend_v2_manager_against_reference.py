@@ -37,7 +37,7 @@ The driver (``tests/ascend_v2_lockstep.py``) compares every return value and eve
 attribute the runner reads; ``DEVIATIONS`` there lists what may differ and how
 it is mapped. This lockstep is a tool, not a test: the default suite reads
 nothing outside the repository and imports nothing from tools/ (the reference
-lives outside it); ``tests/test_vllm_ascend_v2_adapter.py`` runs the same driver
+lives outside it); ``tests/adapters/test_vllm_ascend_v2_adapter.py`` runs the same driver
 against the plain-Python oracle.
 """
 

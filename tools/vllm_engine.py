@@ -14,7 +14,7 @@ with ``PCP_FN_PCP_MANAGER=1``), and drives the engine one ``step()`` at a time
 over a workload whose requests join while others decode. Writes JSON: every
 step's new tokens and their full-precision logprobs (``float.hex``) per
 request, each worker's manager class and graph counters, start-up and serving
-times. ``tests/test_vllm_engine.py`` compares the runs.
+times. ``tests/e2e/test_vllm_engine.py`` compares the runs.
 
 Settings a CPU needs (set here unless already set; see docs/adapters/vllm.md, "Enable"):
 

@@ -5,7 +5,7 @@
 The index is ``$PCP_FN_PYPI_SIMPLE``, else ``$PIP_INDEX_URL``, else ``pip config get
 global.index-url``, else pip's own default; its PEP 691 JSON page gives the file's URL and
 sha256 (checked). ``pip download --no-binary :all: vllm`` cannot fetch it: pip prepares the
-sdist's metadata, which builds cmake from source. ``tests/test_vllm_upstream.py`` (vLLM's own
+sdist's metadata, which builds cmake from source. ``tests/adapters/test_vllm_upstream.py`` (vLLM's own
 manager tests) and ``tools/make_vllm_venv.sh`` (``requirements/common.txt``) use it.
 """
 

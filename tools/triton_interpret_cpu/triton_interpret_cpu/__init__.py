@@ -8,6 +8,6 @@ interpreted kernels that run on CPU tensors through numpy, so every kernel is
 executed exactly, only slowly. Nothing is ever compiled: :meth:`compiler.CPUInterpretBackend.add_stages`
 raises if Triton tries.
 
-Used by pcp_fn's real-engine test (``tests/test_vllm_engine.py``), installed by
+Used by pcp_fn's real-engine test (``tests/e2e/test_vllm_engine.py``), installed by
 ``tools/make_vllm_venv.sh``. Not for production serving.
 """

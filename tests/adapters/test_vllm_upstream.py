@@ -68,7 +68,7 @@ FILES = [
 #: Helpers the test files of some releases import (0.34: ``tests/v1/spec_decode/utils.py``).
 OPTIONAL_FILES = ["tests/v1/spec_decode/__init__.py", "tests/v1/spec_decode/utils.py"]
 TEST_FILES = [f for f in FILES if Path(f).name.startswith("test_")]
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO = Path(pcp_fn.__file__).resolve().parent.parent
 
 #: vLLM tests that fail with the drop-in on purpose: test id -> why (the README's deviations).

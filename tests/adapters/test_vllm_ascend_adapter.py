@@ -845,7 +845,7 @@ def test_import_pcp_fn_does_not_import_the_adapters_or_the_frameworks():
         "bad = [m for m in ('vllm', 'vllm_ascend', 'torch_npu') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run(
-        [sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1])
+        [sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2])
     )
 
 

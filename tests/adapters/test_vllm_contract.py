@@ -1,6 +1,6 @@
 """The vLLM release contracts (``pcp_fn.adapters.vllm.contract``) without vLLM: version policy,
 detection, and the 0.33+ contract (late block tables, the gathered MoE mask) in lockstep with
-the oracle over the stand-in. The real releases: ``tests/test_vllm_adapter.py`` in CI's stages."""
+the oracle over the stand-in. The real releases: ``tests/adapters/test_vllm_adapter.py`` in CI's stages."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ from pcp_fn.sim.trace import (
 
 pytestmark = pytest.mark.timeout(240)
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUNDLED = ROOT / "examples" / "traces" / "mixed_p4.jsonl"
 BUNDLED_DIGEST = "77fe3f9815100c087350e96b0fab41650f46bb1b53a05d6446aab515aca16c27"
 

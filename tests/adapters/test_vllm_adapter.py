@@ -859,7 +859,7 @@ def test_the_device_benchmark_runs_here_too():
     # its CPU path shares everything but the CUDA timing, so a change that breaks it fails here
     import os
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = os.path.join(root, "benchmarks", "bench_adapter_device.py")
     proc = subprocess.run(
         [sys.executable, script, "--device", "cpu", "--iters", "3", "--batches", "BD"],

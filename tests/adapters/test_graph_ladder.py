@@ -1,7 +1,7 @@
 """The vLLM adapter's graphs: one ladder of buckets, all made at construction, none at a step.
 
 Driven through the drop-in built over the stand-in of vLLM's classes (no vLLM
-needed); the real engine does the same in ``tests/test_vllm_engine.py``.
+needed); the real engine does the same in ``tests/e2e/test_vllm_engine.py``.
 """
 
 from __future__ import annotations

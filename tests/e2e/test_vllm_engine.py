@@ -42,7 +42,7 @@ pytestmark = [
     ),
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "tools", "vllm_engine.py")
 RUN_TIMEOUT_S = 900
 
