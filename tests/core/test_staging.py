@@ -1,6 +1,7 @@
 """The host boundary's staging: pinned buffers used in turn, never refilled while a copy may read them."""
 
 import itertools
+import threading
 import typing
 
 import numpy as np
@@ -40,7 +41,9 @@ class _FakeDevice:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    # the CPU plays the device: pinned buffers are plain memory, events are the fakes above
+    # the CPU plays the device: pinned buffers are plain memory, events are the fakes above; the
+    # fake stagings the boundaries make go into a table of their own (a later test's "cuda" is real)
+    monkeypatch.setattr(st, "_local", threading.local())
     monkeypatch.setattr(st, "_device_module", lambda device: _FakeDevice)
     monkeypatch.setattr(st, "_pinned", lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
     _FakeEvent.log = []

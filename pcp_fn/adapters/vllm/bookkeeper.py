@@ -52,7 +52,7 @@ from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_gra
 from ..schedule_cache import ScheduleCache
 from .contract import VLLM_0_32, VllmContract
 from .graphs import Destinations, HostLayout, StepGraphs
-from .replace import BatchReplacer
+from .replace import dict_copy_ok, replace_fields
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -181,7 +181,7 @@ class MRV2Bookkeeper:
         self._init_cache()
         # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
         self._capture_rows = (0, 0)
-        self._replace = BatchReplacer()
+        self._dict_copy_class: type | None = None  # the batch class replace_fields may copy by __dict__
         self.moe: torch.Tensor | None = None  # the MoE's gathered padding mask [P * T]
         if max_num_tokens is not None:
             # the graph writes the gathered MoE mask every step; it is the local batch's
@@ -483,8 +483,10 @@ class MRV2Bookkeeper:
         idx_mapping = host_row("input_batch.idx_mapping_np", g.idx_mapping_np, num_reqs)
         if prefilling.dtype != np.bool_:
             raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {prefilling.dtype}")
-        ints = (computed, prefill_len, idx_mapping)
-        if not all(a.dtype.kind in "iu" for a in ints):
+        if not (
+            computed.dtype.kind in "iu" and prefill_len.dtype.kind in "iu" and idx_mapping.dtype.kind in "iu"
+        ):
+            ints = (computed, prefill_len, idx_mapping)
             name, arr = next((k, a) for k, a in zip(_INT_FIELDS, ints) if a.dtype.kind not in "iu")
             raise ValueError(f"input_batch.{name} must hold integers, got {arr.dtype}")
         # their values (none negative or past int32) are checked where they are staged
@@ -653,7 +655,12 @@ class MRV2Bookkeeper:
     def local_batch(self, g: Any, fields: dict[str, Any], fixed: dict[str, Any]) -> Any:
         """The local ``InputBatch``: the global one with the shape's fields (``fixed``: the
         device views, the sizes) and this step's host fields."""
-        self.last_local_batch = self._replace(g, fixed, fields)
+        # the keys of fixed and fields are the same every step: checked once per batch class
+        cls = type(g)
+        checked = cls is self._dict_copy_class
+        if not checked and dict_copy_ok(cls, fixed, fields):
+            self._dict_copy_class, checked = cls, True
+        self.last_local_batch = replace_fields(g, fixed, fields, checked=checked)
         self.last_global_batch = g
         self._capture_rows = (0, 0)
         # draft_prefill_batch is left as it is, like vLLM's partition_batch (a draft prefill

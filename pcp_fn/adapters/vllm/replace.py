@@ -36,7 +36,7 @@ def replace_fields(obj: Any, *changes: dict[str, Any], checked: bool = False) ->
     """``dataclasses.replace(obj, **changes[0], **changes[1], ...)`` (later dicts win).
 
     ``checked``: the caller knows :func:`dict_copy_ok` holds for ``type(obj)`` and these keys
-    (:class:`BatchReplacer` checks once per class). Otherwise an unknown field raises, as
+    (a caller whose keys are the same every call checks once per class). Otherwise an unknown field raises, as
     ``dataclasses.replace`` does.
     """
     cls = type(obj)
@@ -51,18 +51,3 @@ def replace_fields(obj: Any, *changes: dict[str, Any], checked: bool = False) ->
     new = object.__new__(cls)
     new.__dict__ = merged
     return new
-
-
-class BatchReplacer:
-    """:func:`replace_fields` for a caller whose change keys are the same every call: the
-    check is made once per batch class."""
-
-    def __init__(self) -> None:
-        self._checked: type | None = None
-
-    def __call__(self, obj: Any, *changes: dict[str, Any]) -> Any:
-        cls = type(obj)
-        checked = cls is self._checked
-        if not checked and dict_copy_ok(cls, *changes):
-            self._checked, checked = cls, True
-        return replace_fields(obj, *changes, checked=checked)
