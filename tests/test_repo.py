@@ -35,6 +35,7 @@ LAYERS = {
     "mrv2": 2,
     "multimodal": 2,
     "hybrid": 3,
+    "partition": 3,
     "layouts": 4,
     "logits": 5,
     "slots": 5,
@@ -44,6 +45,7 @@ LAYERS = {
     "distributed": 6,
     "__init__": 7,
     "sim": 8,
+    "testing": 8,
     "adapters": 8,
 }
 # imported lazily on purpose: optional extras and heavy or process-wide machinery
