@@ -62,7 +62,8 @@ def rows_from_segments(first: torch.Tensor, length: torch.Tensor, num_rows: int)
     S = first.shape[1]
     starts = offsets(length.flatten())  # [R_b * S + 1]
     row = arange_of(num_rows, first.device)
-    run = segment_of(starts[1:], row).clamp(max=starts.shape[0] - 2)  # rows past the end: the last run
+    # runs past num_rows are cut off (a layout over its capacity loses tokens: check_layout says so)
+    run = segment_of(starts[1:].clamp(max=num_rows), row).clamp(max=starts.shape[0] - 2)
     valid = row < starts[-1]
     position = take(first.flatten(), run) + row - take(starts, run)
     return LocalRows(torch.where(valid, run // S, 0), torch.where(valid, position, 0), valid)

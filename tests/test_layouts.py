@@ -32,7 +32,7 @@ def test_registry_holds_the_three_builtins_and_configs_select_by_name():
     with pytest.raises(TypeError, match=r"not a pcp_fn\.Layout"):
         pcp_fn.register_layout(object())
     with pytest.raises(ValueError, match="already registered"):
-        pcp_fn.register_layout(pcp_fn.MRV2Partition())
+        pcp_fn.register_layout(pcp_fn.PackageLayout("mrv2", pcp_fn.dcs))
     cfg = PCPConfig(2, 1, 4, 32, layout="mrv2")
     assert pickle.loads(pickle.dumps(cfg)) == cfg and hash(cfg) != hash(PCPConfig(2, 1, 4, 32))
 

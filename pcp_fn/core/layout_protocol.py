@@ -130,8 +130,8 @@ _REGISTRY: dict[str, Layout] = {}  # name -> layout, in registration order
 def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
     """Make ``layout`` selectable as ``PCPConfig(..., layout=layout.name)``; returns it.
 
-    Raises ``ValueError`` when another object holds the name (``replace=True``
-    overrides, for a researcher iterating on one layout in a notebook), and
+    Raises ``ValueError`` when an object of another class holds the name
+    (``replace=True`` overrides; another instance of the same class replaces it), and
     ``TypeError`` when ``layout`` does not implement :class:`Layout`.
     """
     if not isinstance(layout, Layout):
@@ -141,7 +141,8 @@ def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
     if not isinstance(name, str) or not name:
         raise TypeError(f"a layout's name must be a non-empty str, got {name!r}")
     held = _REGISTRY.get(name)
-    if held is not None and held is not layout and not replace:
+    # another instance of the same class takes the name over (a notebook re-running its cell)
+    if held is not None and type(held) is not type(layout) and not replace:
         raise ValueError(f"layout name {name!r} is already registered to {held!r}")
     _REGISTRY[name] = layout
     return layout
