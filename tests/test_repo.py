@@ -50,7 +50,16 @@ LAYERS = {
 }
 # imported lazily on purpose: optional extras and heavy or process-wide machinery
 # fcntl: POSIX only, imported where a package cache is locked
-LAZY_OK = {"torch_npu", "vllm", "vllm_ascend", "tqdm", "torch.distributed", "torch._dynamo", "fcntl"}
+LAZY_OK = {
+    "torch_npu",
+    "vllm",
+    "vllm_ascend",
+    "tqdm",
+    "matplotlib",  # the plot extra: only `pcp-fn compare --plot` imports it
+    "torch.distributed",
+    "torch._dynamo",
+    "fcntl",
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
