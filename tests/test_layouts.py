@@ -104,3 +104,28 @@ def test_a_trace_records_the_layout_by_name(tmp_path):
     cfg = PCPConfig(2, 0, 4, 32, layout="mrv2")
     write_trace(tmp_path / "t.jsonl", cfg, [TraceStep((3, 5), (0, 0), (3, 5))])
     assert read_trace(tmp_path / "t.jsonl").config.layout_impl is pcp_fn.get_layout("mrv2")
+
+
+def test_spec_decode_indices_go_through_the_layout():
+    """The runner's comment example at P = 2: the rows of each request's last 1 + drafts tokens in the
+    layout's restored order (DualChunkSwap's padded order, MRV2's scheduler order)."""
+    drafts = torch.tensor([3, 2, 0, 0, 1, 0, 0, 0], dtype=torch.int32)
+    expected = {
+        "dcs": [0, 1, 2, 3, 8, 9, 10, 113, 213, 214, 215],
+        "mrv2": [0, 1, 2, 3, 4, 5, 6, 106, 206, 207, 208],  # token_start [0, 4, 7, 107, 207] + n - s ..
+    }
+    for name, rows in expected.items():
+        cfg = PCPConfig(2, 0, 8, 256, num_spec_tokens=3, layout=name)
+        batch = make_batch(cfg, [4, 3, 100, 100, 2], [50, 30, 0, 0, 0], [10, 20, 100, 100, 2])
+        state, _ = pcp_fn.update_tokens(init_state(cfg), batch)
+        ids = torch.zeros(batch.bucket.num_tokens, dtype=torch.int64)
+        _, idx = pcp_fn.spec_decode_indices(state, drafts, ids)
+        assert idx.logits_indices[:11].tolist() == rows, name
+
+
+def test_attention_metadata_refuses_a_layout_it_does_not_describe():
+    cfg = PCPConfig(2, 0, 4, 32, layout="mrv2")
+    batch = make_batch(cfg, [5], [0], [5])
+    state, _ = pcp_fn.update_tokens(init_state(cfg), batch)
+    with pytest.raises(ValueError, match="DualChunkSwap"):
+        pcp_fn.attention_metadata(state, batch)
