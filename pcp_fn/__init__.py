@@ -4,8 +4,11 @@ Every op is ``op(state, ...) -> (state, outputs)`` on fixed-shape device
 tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. Documentation: ``docs/`` (https://pcp-fn.github.io/pcp_fn/).
 
-The facade (this module) serves the DualChunkSwap layout and its hybrid-attention
-variant, chosen by ``PCPConfig.hybrid_attn``. Peers and tools:
+The facade (this module) serves any :class:`Layout` (the public layout protocol),
+chosen by ``PCPConfig(..., layout=name)``: ``"dcs"`` (DualChunkSwap, the default),
+``"hybrid"`` (``hybrid_attn``), ``"mrv2"`` (model runner V2's unpadded chunks) or a
+researcher's :class:`PartitionLayout` (checked by :func:`pcp_fn.testing.check_layout`).
+Peers and tools:
 
 - :mod:`pcp_fn.dcs`, :mod:`pcp_fn.hybrid`, :mod:`pcp_fn.mrv2`: the three layouts;
 - :mod:`pcp_fn.spec`: speculative-decode (MTP) prep; :mod:`pcp_fn.multimodal`;
@@ -31,7 +34,15 @@ from .dcs import (
 from .distributed import all_gather_and_restore, process_group_all_gather
 from .graph import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
 from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
-from .layouts import layout_of, update_tokens
+from .layouts import (
+    Layout,
+    PackageLayout,
+    available_layouts,
+    get_layout,
+    layout_of,
+    register_layout,
+    update_tokens,
+)
 from .logits import get_logits_indices
 from .mrv2 import MRV2Config
 from .multimodal import (
@@ -42,6 +53,7 @@ from .multimodal import (
     pack_prompt_embeds,
     remap_mrope_positions,
 )
+from .partition import MRV2Partition, PartitionLayout, rows_from_segments
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
 from .spec import (
@@ -72,11 +84,15 @@ __all__ = [
     "DraftSplit",
     "HostSyncError",
     "HybridLayout",
+    "Layout",
     "MRV2Config",
+    "MRV2Partition",
     "MRopeTables",
     "PCPConfig",
     "PCPState",
+    "PackageLayout",
     "PaddedIndex",
+    "PartitionLayout",
     "PrevStep",
     "PromptEmbeds",
     "SchedulerBatch",
@@ -89,6 +105,7 @@ __all__ = [
     "all_ranks",
     "assert_no_host_syncs",
     "attention_metadata",
+    "available_layouts",
     "count_aten_ops",
     "cp_local_seq_lens",
     "dcs",
@@ -97,6 +114,7 @@ __all__ = [
     "first_pass_inputs",
     "full_input_ids",
     "gather_prompt_embeds",
+    "get_layout",
     "get_logits_indices",
     "graph",
     "hybrid",
@@ -116,9 +134,11 @@ __all__ = [
     "padded_slot_mapping",
     "process_group_all_gather",
     "rebuild_spec_positions",
+    "register_layout",
     "remap_mrope_positions",
     "repair_full_input_ids",
     "restore_hidden_states",
+    "rows_from_segments",
     "spec",
     "spec_decode_indices",
     "spec_step",

@@ -1,51 +1,99 @@
-"""The one place a ``PCPConfig``'s layout is chosen: DualChunkSwap or hybrid.
+"""The public layout protocol (:class:`Layout`), its registry, and the facade's entry op.
 
-Both layout packages offer the same interface, which the facade ops
-(:func:`update_tokens`, ``get_logits_indices``, ``restore_hidden_states``,
-``step``) and the spec-decode prep use:
+A *layout* decides which rank holds which scheduled token, and everything that
+follows from it: positions, the restore of the all-gathered hidden states, the
+padded KV slot mapping, the logits rows, the spec-decode prep's row maps. The
+facade ops (:func:`update_tokens`, :func:`pcp_fn.step`, :func:`pcp_fn.get_logits_indices`,
+:func:`pcp_fn.padded_slot_mapping`, :func:`pcp_fn.restore_hidden_states`), the
+spec-decode prep (:mod:`pcp_fn.spec`), :func:`pcp_fn.graph.capture` and
+:func:`pcp_fn.all_ranks` talk to it only through :class:`Layout`; which one serves a
+config is ``PCPConfig(..., layout=name)`` (default ``"dcs"``, or ``"hybrid"`` when
+``hybrid_attn``), looked up in a registry keyed by name.
 
-- ``build(state, batch) -> LayoutUpdate``: the next state, the public layout
-  (``TokenLayout`` / ``HybridLayout``) and the maps ``step`` reuses;
-- ``logits_from_geometry(config, geometry, num_reqs) -> [R_b]``: the rows to sample;
-- ``restore_index(state) -> [P*L_b]``: the gathered row of each row
-  ``restore_hidden_states`` returns.
-
-and, for the spec-decode (MTP) prep of :mod:`pcp_fn.spec`, at the state's bucket
-(each also takes ``geometry=``, the state's request geometry when the caller has
-it, e.g. the step's own, so that several maps share one scan):
-
-- ``state_local_rows(state) -> LocalRows``: request and offset of each of this
-  rank's ``[L_b]`` local rows (the DualChunkSwap rows / the linear rows);
-- ``state_local_start(state) -> [R_b + 1]``: first local row of each request
-  (the runner's ``cu_num_tokens``, with a leading 0);
-- ``restored_spans(state) -> RestoredSpans``: where each request's tokens sit
-  in what ``restore_hidden_states`` returns (padded order / FA order), so
-  request ``i``'s last ``s`` tokens are rows ``start + n - s ..``: the
-  runner's PCP-adjusted ``cu_num_scheduled_tokens`` (``cu * P - num_pcp_pads``
-  / vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``);
-- ``first_pass_rows(state) -> LocalRows``: this rank's rows of the drafter's
-  first pass (decode tokens, then each prefill's head and tail chunks / its
-  linear slice of the ``2P``-padded tokens).
-
-The MRV2 layout (:mod:`pcp_fn.mrv2`) has its own config and state and is used
-through its own package.
+Built-in layouts: ``"dcs"`` (DualChunkSwap, :mod:`pcp_fn.dcs`), ``"hybrid"``
+(:mod:`pcp_fn.hybrid`), ``"mrv2"`` (the vLLM model-runner-V2 partition, unpadded
+chunks, :class:`pcp_fn.partition.MRV2Partition`). A new partitioning subclasses
+:class:`pcp_fn.partition.PartitionLayout` (it writes only which local rows hold
+which token; restore, slots, logits and the spec maps are inherited) and checks
+itself with :func:`pcp_fn.testing.check_layout`.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
+import numpy as np
+
 from . import dcs, hybrid
 from .core.entry import entry_op
-from .dcs.batch import SchedulerBatch
+from .core.layout_protocol import Layout, available_layouts, get_layout, register_layout
+from .dcs.batch import SchedulerBatch, dcs_num_local_tokens
 from .dcs.config import PCPConfig
-from .dcs.layout import TokenLayout
+from .dcs.layout import (
+    GatheredOrder,
+    RequestGeometry,
+    TokenLayout,
+    state_geometry,
+    state_order,
+)
 from .dcs.state import PCPState
+from .partition import MRV2_PARTITION
 
 
-def layout_of(config: PCPConfig) -> ModuleType:
-    """The layout package serving ``config``: :mod:`pcp_fn.hybrid` or :mod:`pcp_fn.dcs`."""
-    return hybrid if config.hybrid_attn else dcs
+class PackageLayout:
+    """A :class:`Layout` served by a package's functions (the built-in ``dcs`` and ``hybrid``).
+
+    Both keep the DualChunkSwap request geometry and KV order (the hybrid layout
+    writes its FA layers' KV in the DualChunkSwap order too).
+    """
+
+    def __init__(self, name: str, package: ModuleType) -> None:
+        self.name = name
+        self.package = package
+        # bound once: the facade calls them every step
+        self.build = package.build
+        self.logits_from_geometry = package.logits_from_geometry
+        self.restore_index = package.restore_index
+        self.state_local_rows = package.state_local_rows
+        self.state_local_start = package.state_local_start
+        self.restored_spans = package.restored_spans
+        self.first_pass_rows = package.first_pass_rows
+
+    def __repr__(self) -> str:
+        return f"PackageLayout({self.name!r}, {self.package.__name__})"
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return get_layout, (self.name,)  # pickled by name (a config that holds it pickles)
+
+    def num_local_tokens(self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int:
+        return dcs_num_local_tokens(config, num_scheduled, num_decodes)
+
+    def state_geometry(self, state: PCPState) -> RequestGeometry:
+        return state_geometry(state)
+
+    def gathered_order(self, state: PCPState) -> GatheredOrder:
+        return state_order(state)
+
+
+DCS = PackageLayout("dcs", dcs)
+HYBRID = PackageLayout("hybrid", hybrid)
+__all__ = [
+    "DCS",
+    "HYBRID",
+    "Layout",
+    "PackageLayout",
+    "available_layouts",
+    "check_batch",
+    "get_layout",
+    "layout_of",
+    "register_layout",
+    "update_tokens",
+]
+
+
+def layout_of(config: PCPConfig) -> Layout:
+    """The :class:`Layout` serving ``config`` (``config.layout``, from the registry)."""
+    return config.layout_impl
 
 
 def check_batch(state: PCPState, batch: SchedulerBatch) -> None:
@@ -76,9 +124,15 @@ def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, Tok
     ``[1, 5, 8]`` (request 0 a decode): rank 0 gets ``pcp_tokens [1, 4, 4]`` and
     positions ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``; rank 1 ``[0, 2, 3, 4, 5, 2, 3, 4, 5]``.
 
-    With ``config.hybrid_attn`` the layout is a :class:`pcp_fn.hybrid.HybridLayout`
-    (the linear split for the local rows, plus the FA index maps).
+    The layout is the config's (:func:`layout_of`): with ``config.hybrid_attn`` a
+    :class:`pcp_fn.hybrid.HybridLayout` (the linear split for the local rows, plus
+    the FA index maps).
     """
     check_batch(state, batch)
     up = layout_of(state.config).build(state, batch)
     return up.state, up.layout
+
+
+register_layout(DCS)
+register_layout(HYBRID)
+register_layout(MRV2_PARTITION)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from .dcs.layout import state_geometry
 from .dcs.state import PCPState
 from .layouts import layout_of
 
@@ -29,5 +28,6 @@ def get_logits_indices(state: PCPState) -> tuple[PCPState, torch.Tensor]:
     Rows past the batch's requests hold 0, and a request with no scheduled
     token (nothing to sample) is clamped to 0.
     """
-    geo = state_geometry(state)
-    return state, layout_of(state.config).logits_from_geometry(state.config, geo, state.num_reqs)
+    layout = layout_of(state.config)
+    geo = layout.state_geometry(state)
+    return state, layout.logits_from_geometry(state.config, geo, state.num_reqs)

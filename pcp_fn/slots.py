@@ -6,8 +6,8 @@ import torch
 
 from .core.ragged import masked_gather
 from .dcs.batch import check_token_input
-from .dcs.layout import state_order
 from .dcs.state import PCPState
+from .layouts import layout_of
 
 
 def padded_slot_mapping(state: PCPState, slot_mapping: torch.Tensor) -> tuple[PCPState, torch.Tensor]:
@@ -31,7 +31,9 @@ def padded_slot_mapping(state: PCPState, slot_mapping: torch.Tensor) -> tuple[PC
     With ``config.hybrid_attn`` the KV cache is written in the DualChunkSwap
     order of the FA layers, so the result is the same (vllm-ascend's hybrid
     branch fills ``sum(num_scheduled_tokens_padded) * P`` rows by the same mask).
+    Any other layout: its :meth:`pcp_fn.Layout.gathered_order` (``"mrv2"`` and a
+    :class:`pcp_fn.PartitionLayout`: token ``t``'s slot at row ``t``).
     """
     check_token_input("slot_mapping", slot_mapping, state.config, state.bucket)
-    order = state_order(state)
+    order = layout_of(state.config).gathered_order(state)  # the rows the layout writes to the KV cache
     return state, masked_gather(slot_mapping, order.token, order.unpad_mask, state.config.pad_slot_id)

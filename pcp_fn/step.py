@@ -30,8 +30,9 @@ class StepOutputs:
 
     Fields (``R_b``, ``L_b`` from the batch's bucket, ``G_b = P * L_b``):
         layout: the :class:`TokenLayout` (per-request counts, position offsets,
-            request of each row, unpad mask, restore index); a
-            :class:`pcp_fn.hybrid.HybridLayout` when ``config.hybrid_attn``.
+            request of each row, unpad mask, restore index) of the config's
+            :class:`pcp_fn.Layout`; a :class:`pcp_fn.hybrid.HybridLayout` when
+            ``config.hybrid_attn``.
         positions: ``[L_b]`` int64 absolute positions
             (``num_computed[request] + offset``); 0 on padding rows.
         query_start_loc: ``[R_b + 1]`` int32 start of each request's local

@@ -55,6 +55,7 @@ LAYERS = {
     "mrv2": 2,
     "multimodal": 2,
     "hybrid": 3,
+    "partition": 3,
     "layouts": 4,
     "logits": 5,
     "slots": 5,
@@ -64,11 +65,21 @@ LAYERS = {
     "distributed": 6,
     "__init__": 7,
     "sim": 8,
+    "testing": 8,
     "adapters": 8,
 }
 # imported lazily on purpose: optional extras and heavy or process-wide machinery
 # fcntl: POSIX only, imported where a package cache is locked
-LAZY_OK = {"torch_npu", "vllm", "vllm_ascend", "tqdm", "torch.distributed", "torch._dynamo", "fcntl"}
+LAZY_OK = {
+    "torch_npu",
+    "vllm",
+    "vllm_ascend",
+    "tqdm",
+    "matplotlib",  # the plot extra: only `pcp-fn compare --plot` imports it
+    "torch.distributed",
+    "torch._dynamo",
+    "fcntl",
+}
 # pcp_fn modules that import an engine at module level (the drop-in over the installed vLLM):
 # the adapter packages import them lazily, so importing an adapter package imports no engine
 ENGINE_MODULES = {"pcp_fn.adapters.vllm.installed"}

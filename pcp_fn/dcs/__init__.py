@@ -11,7 +11,7 @@ A prefill is padded to a multiple of ``2P`` and cut into ``2P`` chunks; rank
 
 The facade (``pcp_fn.update_tokens``, ``pcp_fn.step``...) and :mod:`pcp_fn.spec`
 serve this layout and the hybrid one (:mod:`pcp_fn.hybrid`), chosen by
-``config.hybrid_attn`` (:func:`pcp_fn.layouts.layout_of` lists the interface).
+``config.hybrid_attn`` (both are :class:`pcp_fn.Layout` implementations, ``"dcs"`` and ``"hybrid"``).
 """
 
 from .attention import AttentionMetadata, PaddedIndex, attention_metadata

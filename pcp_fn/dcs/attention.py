@@ -240,6 +240,11 @@ def attention_metadata(
         head_actual_seq_lengths_kv [4, 12]     tail_actual_seq_lengths_kv [5, 15]
     """
     cfg = state.config
+    if cfg.layout_name not in ("dcs", "hybrid"):  # the chunk rules below are DualChunkSwap's
+        raise ValueError(
+            f"attention_metadata follows the DualChunkSwap chunks; the {cfg.layout_name!r} layout "
+            "builds its own attention metadata"
+        )
     P, D = cfg.pcp_size, cfg.dcp_size
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     if decode_seq_lens is not None:  # static: a wrong shape would broadcast or fail inside torch.where

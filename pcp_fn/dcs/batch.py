@@ -138,6 +138,20 @@ def local_token_counts(config: PCPConfig, num_scheduled: np.ndarray, is_decode: 
     return np.where(is_decode | (config.pcp_size == 1), num_scheduled, split)
 
 
+def dcs_num_local_tokens(config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int:
+    """Local rows of every rank in the DualChunkSwap layout (and the hybrid one's DCS rows).
+
+    ``num_scheduled``: ``[n]`` int64, decodes first (``num_decodes`` of them). A decode
+    keeps its ``n`` rows; a prefill's ``n`` become ``2 * ceil(n / 2P)``.
+    """
+    num_local = int(np.add.reduce(num_scheduled))
+    if config.pcp_size > 1 and num_decodes < num_scheduled.shape[0]:
+        m = config.pad_multiple
+        prefills = num_scheduled[num_decodes:]  # int64: n + m - 1 stays exact
+        num_local += 2 * int(np.add.reduce((prefills + (m - 1)) // m)) - int(np.add.reduce(prefills))
+    return num_local
+
+
 def make_batch(
     config: PCPConfig,
     num_scheduled_tokens: ArrayLike,
@@ -213,11 +227,8 @@ def build_batch(
             f"num_prompt_tokens={prompt[late]}) but comes after prefill request {first}; "
             "decodes must come first"
         )
-    num_local = total
-    if config.pcp_size > 1 and num_decodes < num_reqs:  # a prefill's n rows become 2 * ceil(n / 2P)
-        m = config.pad_multiple
-        prefills = rows[0, num_decodes:]  # int64: n + m - 1 stays exact
-        num_local += 2 * int(np.add.reduce((prefills + (m - 1)) // m)) - int(np.add.reduce(prefills))
+    # the config's layout bounds the rows a rank holds (pcp_fn.Layout.num_local_tokens)
+    num_local = config.layout_impl.num_local_tokens(config, rows[0], num_decodes)
     if bucket is None:
         bucket = config.bucket_for(num_reqs, num_local)
     else:

@@ -41,6 +41,7 @@ import dataclasses
 
 from ..core.buckets import Bucket, normalise_buckets, smallest_bucket
 from ..core.checks import SHARED_INTS, check_config_fields
+from ..core.layout_protocol import Layout, get_layout, register_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,12 @@ class PCPConfig:
             :func:`pcp_fn.core.buckets.geometric_buckets` makes finer ladders.
         pd_decode_recompute: PD-disaggregated decode with the recompute
             scheduler: ``num_computed == num_prompt - 1`` also counts as done.
+        layout: the registered :class:`pcp_fn.Layout` that partitions the tokens
+            (``"dcs"``, ``"hybrid"``, ``"mrv2"`` or a researcher's; a Layout object is
+            registered and stored by name). Default ``None``: ``"hybrid"`` when
+            ``hybrid_attn``, else ``"dcs"`` (both are stored as ``None``; read
+            :attr:`layout_name`). Capacities (``L``, ``G``) are the same
+            for every layout: a layout must fit its rows in them.
     """
 
     pcp_size: int
@@ -82,6 +89,7 @@ class PCPConfig:
     request_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
     token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
     pd_decode_recompute: bool = dataclasses.field(default=False, kw_only=True)
+    layout: str | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         check_config_fields(
@@ -89,6 +97,7 @@ class PCPConfig:
             dict(SHARED_INTS, num_spec_tokens=0, cp_kv_cache_interleave_size=1),
             ("hybrid_attn", "pd_decode_recompute"),
         )
+        self._resolve_layout()
         # Frozen: normalise the bucket lists in place once, so equal configs hash equal.
         object.__setattr__(
             self,
@@ -106,6 +115,46 @@ class PCPConfig:
         if self.pcp_rank or self.dcp_rank:
             shared = dataclasses.replace(self, pcp_rank=0, dcp_rank=0)
         object.__setattr__(self, "_shared", shared)
+
+    def _resolve_layout(self) -> None:
+        """Bind the :class:`pcp_fn.Layout` that ``layout`` names (``layout_impl``).
+
+        The two built-in DualChunkSwap-family layouts are told apart by
+        ``hybrid_attn`` alone: ``layout="hybrid"`` sets it, and ``"dcs"`` / ``"hybrid"``
+        are stored as ``None``, so ``dataclasses.replace(cfg, hybrid_attn=...)``
+        keeps working and equal configs compare equal. Any other layout is stored
+        by name (a :class:`pcp_fn.Layout` object is registered first), so configs
+        stay hashable, comparable and serialisable (a trace records the name).
+        """
+        layout = self.layout
+        if isinstance(layout, Layout) and not isinstance(layout, str):
+            layout = register_layout(layout).name
+        elif layout is not None and not isinstance(layout, str):
+            raise TypeError(f"layout must be a registered name or a pcp_fn.Layout, got {layout!r}")
+        if layout == "hybrid":
+            object.__setattr__(self, "hybrid_attn", True)
+        elif layout == "dcs" and self.hybrid_attn:
+            raise ValueError("layout='dcs' contradicts hybrid_attn=True (the 'hybrid' layout)")
+        if layout in ("dcs", "hybrid"):
+            layout = None
+        if layout is None:
+            impl = get_layout("hybrid" if self.hybrid_attn else "dcs")
+        else:
+            impl = get_layout(layout)
+            if self.hybrid_attn:
+                raise ValueError(f"hybrid_attn=True selects the 'hybrid' layout, not {layout!r}")
+        object.__setattr__(self, "layout", layout)
+        object.__setattr__(self, "_layout_impl", impl)
+
+    @property
+    def layout_impl(self) -> Layout:
+        """The :class:`pcp_fn.Layout` serving this config."""
+        return self._layout_impl
+
+    @property
+    def layout_name(self) -> str:
+        """The registry name of :attr:`layout_impl` (``"dcs"``, ``"hybrid"``, ``"mrv2"``...)."""
+        return self._layout_impl.name
 
     # -- derived ------------------------------------------------------------
     @property

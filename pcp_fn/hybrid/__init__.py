@@ -8,7 +8,7 @@ layout (:mod:`.layout`: :class:`HybridLayout` and its index maps) and its
 ops (:mod:`.ops`); the draft model's linear prefill split is
 :func:`pcp_fn.spec.split_prefill_for_draft` on a hybrid config.
 ``pcp_fn.update_tokens``, the other facade ops and :mod:`pcp_fn.spec` pick it
-by the config (:func:`pcp_fn.layouts.layout_of` lists the interface).
+by the config (both are :class:`pcp_fn.Layout` implementations, ``"dcs"`` and ``"hybrid"``).
 """
 
 from .layout import HybridLayout, build

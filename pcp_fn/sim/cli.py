@@ -1,8 +1,9 @@
-"""``pcp-fn``: simulate PCP scheduling, record traces, replay them.
+"""``pcp-fn``: simulate PCP scheduling, record traces, replay them, compare layouts.
 
 pcp-fn simulate                          # a synthetic workload at P=4, every rank, checked
 pcp-fn record trace.jsonl [--force]      # the same, written as a trace (never overwrites unless told)
 pcp-fn replay trace.jsonl [--expect D]   # replay through the pure step; prints the SHA-256 digest
+pcp-fn compare trace.jsonl --plot a.png  # every layout's per-rank cost at P = 2..8 (trace optional)
 
 Exit status: 0 on success, 1 when ``replay --expect`` meets another digest, 2 on bad input
 (a malformed trace, a bad flag, a file that cannot be read or written: one line on stderr, no
@@ -12,6 +13,7 @@ traceback), 130 / 143 when interrupted (SIGINT / SIGTERM; ``record`` leaves no f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import signal
@@ -23,9 +25,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from .. import PCPConfig, __version__, init_state, make_batch, step
+from .. import PCPConfig, __version__, available_layouts, init_state, make_batch, step
+from .compare import compare_layouts, format_table, plot
 from .engine import Runner, synthetic_requests
-from .trace import TraceError, TraceStep, replay, write_trace
+from .trace import TraceError, TraceStep, read_trace, replay, write_trace
 
 
 def _progress(iterable, total: int, enabled: bool, desc: str):
@@ -272,6 +275,46 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_layouts(paths: Sequence[str]) -> None:
+    """Run each Python file once (as a module named after it): its layouts register themselves."""
+    for path in paths:
+        name = os.path.splitext(os.path.basename(path))[0]
+        if name in sys.modules:
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"--load {path}: not a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # by name: torch.compile reads a layout's source through its module
+        spec.loader.exec_module(module)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    _load_layouts(args.load)
+    if args.trace is not None:
+        trace = read_trace(args.trace)
+        cfg, steps = trace.config, list(trace.steps)
+        source = f"{args.trace} ({len(steps)} steps)"
+    else:
+        cfg, runner = _simulate_schedule(args)
+        steps = [
+            TraceStep(r.sched.num_scheduled, r.sched.num_computed, r.sched.num_prompt)
+            for r in _schedule(args, runner, "schedule")
+        ]
+        source = f"a simulated workload ({args.requests} requests, {len(steps)} steps, seed {args.seed})"
+    layouts = args.layouts.split(",") if args.layouts else list(available_layouts())
+    lo, hi = args.pcp_sizes
+    costs = compare_layouts(
+        steps, layouts, range(lo, hi + 1), cfg.max_num_reqs, cfg.max_num_tokens, cfg.num_spec_tokens
+    )
+    print(f"layouts on {source}, R={cfg.max_num_reqs}, T={cfg.max_num_tokens}; summed over the steps")
+    print(format_table(costs))
+    if args.plot:
+        plot(costs, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def _digest(text: str) -> str:
     if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
         raise argparse.ArgumentTypeError(f"expected a SHA-256 digest (64 hex digits), got {text!r}")
@@ -333,6 +376,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit with status 1 unless the digest is DIGEST",
     )
     rep.set_defaults(func=cmd_replay)
+
+    cmp_ = sub.add_parser(
+        "compare",
+        help="compare the layouts' per-rank tokens, work, padding and gathered rows",
+        description="For a trace (or a simulated workload), every layout's per-rank tokens, causal "
+        "attention work (key-query pairs), padding rows and gathered rows at each P, summed over "
+        "the steps, as a table (and a figure with --plot).",
+    )
+    cmp_.add_argument("trace", nargs="?", default=None, help="trace file (default: simulate a workload)")
+    cmp_.add_argument(
+        "--layouts", default=None, help="comma-separated layout names (default: all registered)"
+    )
+    cmp_.add_argument("--pcp-sizes", type=_range, default=(2, 8), help="P values, N or LO:HI (default 2:8)")
+    cmp_.add_argument("--plot", default=None, metavar="PNG", help="also write a figure (needs matplotlib)")
+    cmp_.add_argument(
+        "--load", action="append", default=[], metavar="FILE", help="a Python file registering layouts"
+    )
+    _add_workload_flags(cmp_)
+    cmp_.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmp_.set_defaults(func=cmd_compare)
     return p
 
 

@@ -33,7 +33,7 @@ from .. import (
 from ..dcs import classify_decodes
 from ..distributed import AllGather, CollectiveError, batch_digest, check_same_batch
 from .mrv2_path import MRV2Path
-from .tiny_model import PagedKVCache, TinyModel, dcs_wiring
+from .tiny_model import PagedKVCache, TinyModel, Wiring, dcs_wiring
 
 
 @dataclasses.dataclass
@@ -209,7 +209,10 @@ class Runner:
     bucket); ``layout="mrv2"`` runs :func:`pcp_fn.mrv2.partition_batch`
     (:class:`pcp_fn.sim.mrv2_path.MRV2Path`). ``step_fn`` replaces either: a
     compiled one (:func:`pcp_fn.graph.compile_per_bucket`) or a captured one
-    (:func:`pcp_fn.graph.capture`).
+    (:func:`pcp_fn.graph.capture`). ``wiring`` maps the step's outputs to the tiny
+    model's K/V writes and samples (default :func:`pcp_fn.sim.tiny_model.dcs_wiring`;
+    :func:`pcp_fn.sim.tiny_model.restored_wiring` for a layout restoring to scheduler
+    order, e.g. any :class:`pcp_fn.PartitionLayout` chosen by ``config.layout``).
 
     With ``model=None`` it runs the bookkeeping only and samples tokens (and
     drafts) from a numpy generator. With ``config.num_spec_tokens > 0`` the
@@ -245,8 +248,10 @@ class Runner:
         max_model_len: int = 512,
         seed: int = 0,
         verify_batches: bool = True,
+        wiring: Callable[..., Wiring] = dcs_wiring,
     ) -> None:
         self.config = config
+        self.wiring = wiring
         self.device = torch.device(device)
         self.scheduler = Scheduler(
             config, [dataclasses.replace(r, output=list(r.output)) for r in requests], token_budget
@@ -325,7 +330,7 @@ class Runner:
         tokens, tables, seq_lens = self._model_inputs(sched, batch.bucket.num_reqs)
         input_ids = tokens[out.layout.request_index, out.positions.clamp(max=self.max_model_len - 1)]
         rows = self._spec_rows(sched, batch, input_ids) if self.config.num_spec_tokens else None
-        wiring = dcs_wiring(out, input_ids, self.cache.trash, rows)
+        wiring = self.wiring(out, input_ids, self.cache.trash, rows)
         return out, (wiring, tables, seq_lens)
 
     def _spec_rows(self, sched: ScheduledStep, batch: SchedulerBatch, input_ids: torch.Tensor):

@@ -92,6 +92,32 @@ class Wiring(NamedTuple):
     sample_rows: Callable[[torch.Tensor], torch.Tensor]  # all-gathered hidden -> [R_b, ...] to sample
 
 
+def restored_wiring(
+    out: StepOutputs,
+    input_ids: torch.Tensor,
+    trash: int,
+    logits_indices: torch.Tensor | None = None,
+) -> Wiring:
+    """Any layout whose padded slot mapping row ``k`` is restored row ``k``'s slot (every
+    :class:`pcp_fn.PartitionLayout`; DualChunkSwap without speculative tokens): K/V of every
+    token from the restored rows, sampling rows at ``logits_indices`` of them.
+
+    Args: as :func:`dcs_wiring` (``[L_b]`` local rows, ``[P * L_b]`` slot mapping).
+    """
+    lay = out.layout
+    restore = lay.restore_index
+    dest = out.slot_mapping.to(torch.int64)
+    rows = out.logits_indices if logits_indices is None else logits_indices
+    return Wiring(
+        input_ids=input_ids,
+        positions=out.positions,
+        request=lay.request_index,
+        kv_dest=torch.where(dest < 0, trash, dest),
+        kv_rows=lambda local, gathered: gathered[restore],
+        sample_rows=lambda gathered: gathered[restore][rows],
+    )
+
+
 def dcs_wiring(
     out: StepOutputs,
     input_ids: torch.Tensor,

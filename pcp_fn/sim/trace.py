@@ -87,6 +87,8 @@ def config_to_json(config: PCPConfig) -> dict[str, Any]:
     out = {name: getattr(config, name) for name in _CONFIG_FIELDS}
     for name in _CONFIG_LISTS:
         out[name] = list(getattr(config, name))
+    if out["layout"] is None:  # the DualChunkSwap family (hybrid_attn says which): traces stay as they were
+        del out["layout"]
     return out
 
 
@@ -327,7 +329,12 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
     kwargs: dict[str, Any] = {}
     for name, value in raw.items():
         field = f"'config.{name}'"
-        if name in _CONFIG_FLAGS:
+        if name == "layout":  # a registered layout's name (pcp_fn.available_layouts())
+            if value is not None and not isinstance(value, str):
+                raise TraceError(
+                    f"line {lineno}: field {field} must be a layout name, got {_type_name(value)}"
+                )
+        elif name in _CONFIG_FLAGS:
             if not isinstance(value, bool):
                 raise TraceError(f"line {lineno}: field {field} must be a boolean, got {_type_name(value)}")
         elif name in _CONFIG_LISTS:

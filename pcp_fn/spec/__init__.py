@@ -27,10 +27,14 @@ pre-forward spec inputs into one capturable entry op. The ops take no size:
 they read the bucket of the state's last update, and every per-request or
 per-token input must have exactly its rows (capacities: :mod:`.inputs`).
 
-Both PCP layouts are served, DualChunkSwap and hybrid attention
-(``PCPConfig(..., hybrid_attn=True)``): what depends on the layout (local
-rows, where each request sits in the restored hidden states, the drafter's
-prefill split) comes from :func:`pcp_fn.layouts.layout_of`'s package.
+What depends on the layout (local rows, where each request sits in the
+restored hidden states, the drafter's prefill split) comes from the config's
+:class:`pcp_fn.Layout` (:func:`pcp_fn.layouts.layout_of`): verified against the
+vllm-ascend references for DualChunkSwap and hybrid attention
+(``PCPConfig(..., hybrid_attn=True)``); a :class:`pcp_fn.PartitionLayout`
+(``"mrv2"``, a researcher's) serves ``spec_decode_indices`` in its scheduler
+order. The MTP attention-mask and KV-split helpers (:mod:`.mtp`) and
+:func:`pcp_fn.attention_metadata` keep the DualChunkSwap chunk rules.
 """
 
 from .draft import (

@@ -41,8 +41,9 @@ from ..core.checks import ArrayLike, host_int_rows, host_ints
 from ..core.pytree import pytree_dataclass, static_field
 from ..dcs.batch import SchedulerBatch, build_batch, token_rows
 from ..dcs.config import PCPConfig
-from ..dcs.layout import RequestGeometry, state_geometry
+from ..dcs.layout import RequestGeometry
 from ..dcs.state import PCPState
+from ..layouts import layout_of
 
 
 def sampled_rows(config: PCPConfig, bucket: Bucket) -> int:
@@ -109,7 +110,7 @@ class StateView(NamedTuple):
 def state_view(state: PCPState, geometry: RequestGeometry | None = None) -> StateView:
     """:class:`StateView` of ``state``; ``geometry``: its :func:`pcp_fn.dcs.layout.state_geometry`
     when the caller already has it (``spec_step``: the step's own)."""
-    geo = state_geometry(state) if geometry is None else geometry
+    geo = layout_of(state.config).state_geometry(state) if geometry is None else geometry
     return StateView(geo, geo.request_ids < state.num_reqs)
 
 

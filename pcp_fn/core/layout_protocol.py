@@ -1,0 +1,176 @@
+"""The public layout protocol, :class:`Layout`, and the registry that names layouts.
+
+It lives at the bottom layer so that a config (:class:`pcp_fn.PCPConfig`) can
+resolve its ``layout=`` name; the built-in layouts register themselves in
+:mod:`pcp_fn.layouts`, a researcher's with :func:`register_layout` (or by passing
+the object as ``PCPConfig(..., layout=obj)``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the protocol names the DualChunkSwap family's types (no run-time import)
+    import numpy as np
+    import torch
+
+    from ..dcs.batch import SchedulerBatch
+    from ..dcs.config import PCPConfig
+    from ..dcs.layout import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, RestoredSpans
+    from ..dcs.state import PCPState
+
+
+@runtime_checkable
+class Layout(Protocol):
+    """What a PCP layout computes, for one rank, from ``(config, bucket)``-shaped buffers.
+
+    Sizes: ``P = config.pcp_size``; a batch's bucket gives ``R_b`` request rows and
+    ``L_b`` local rows per rank; ``G_b = P * L_b`` gathered rows (the ranks' local
+    ``[L_b, ...]`` buffers stacked rank-major, what ``all_gather`` returns). Every
+    method is a pure, capturable function (``DESIGN.md`` §4): no host sync, no
+    data-dependent shape, no Python branch on a tensor value; ``state.pcp_rank``
+    may be an int or a 0-d tensor (rank as data, :func:`pcp_fn.all_ranks` vmaps
+    over it). The state is :class:`pcp_fn.PCPState` (the per-request record of the
+    last update: ``num_reqs``, ``num_scheduled``, ``is_decode``, at the bucket
+    ``state.bucket``); every layout shares it.
+
+    Methods:
+        name: the registry key (``PCPConfig(layout=name)``).
+        num_local_tokens(config, num_scheduled, num_decodes) -> int: host (numpy)
+            only, called by :func:`pcp_fn.make_batch` to pick the bucket: an upper
+            bound on the local rows any rank holds (``num_scheduled``: ``[n]``
+            int64, decodes first, ``num_decodes`` of them). Must not exceed
+            ``config.max_local_tokens`` for any valid batch.
+        build(state, batch) -> LayoutUpdate: the entry map; reads only the state's
+            rank and constants. ``LayoutUpdate``: next state (recording the batch,
+            :func:`pcp_fn.dcs.layout.next_state`), the public ``TokenLayout``
+            (``pcp_tokens [R_b]``, ``positions [L_b]``, ``request_index [L_b]``,
+            ``num_tokens`` 0-d, ``unpad_mask [G_b]``, ``restore_index [G_b]``...),
+            the request geometry ``[R_b]``, absolute positions ``[L_b]``, the
+            scheduler-order token of each slot row ``[G_b]`` (read under
+            ``unpad_mask``) and the local starts ``[R_b + 1]``.
+        state_geometry(state) -> RequestGeometry: the per-request sizes at ``R_b``
+            rows (``token_start``, ``num_scheduled``, ``local``, ``local_start``...;
+            ``local`` / ``local_start``: this rank's rows per request).
+        logits_from_geometry(config, geometry, num_reqs) -> [R_b] int64: the row of
+            the restored hidden states holding each request's last token; 0 past
+            ``num_reqs``.
+        restore_index(state) -> [G_b] int64: the gathered row of each restored row
+            (``restore_hidden_states = gathered[restore_index]``).
+        gathered_order(state) -> GatheredOrder: ``restore_index``, ``unpad_mask [G_b]``
+            (the rows written to the KV cache) and ``token [G_b]`` (the
+            scheduler-order token of each such row): ``padded_slot_mapping``.
+        state_local_rows(state, *, geometry=None) -> LocalRows: request, offset
+            (inside the request's scheduled tokens; ``>= n`` for a pad row) and
+            ``valid`` of each of this rank's ``[L_b]`` local rows.
+        state_local_start(state, *, geometry=None) -> [R_b + 1] int64: first local
+            row of each request on this rank, then the total (``query_start_loc``).
+        restored_spans(state, *, geometry=None) -> RestoredSpans: ``start``,
+            ``length`` ``[R_b]``: request ``i``'s tokens are restored rows
+            ``start[i] .. start[i] + n_i - 1``, in order.
+        first_pass_rows(state, *, geometry=None) -> LocalRows: this rank's rows of the
+            MTP drafter's first pass (usually :meth:`state_local_rows`).
+
+    Invariants (what :func:`pcp_fn.testing.check_layout` verifies):
+
+    1. every output's shape depends on ``(config, bucket)`` only;
+    2. ownership: a request the geometry marks ``replicated`` (decodes when
+       ``P > 1``) is on every rank; every other scheduled token is on exactly one
+       rank; each rank lists its rows request by request (``state_local_start``),
+       real rows first, padding (``valid`` False) at the tail;
+    3. restore: ``gathered[restore_index]`` puts every token once, in request
+       order, at the rows ``restored_spans`` names;
+    4. slots: the rows ``unpad_mask`` marks carry every scheduled token's slot
+       exactly once; the others get ``pad_slot_id``;
+    5. logits: ``logits[i]`` is the restored row of request ``i``'s last token;
+    6. positions: ``positions = num_computed[request] + offset`` on real rows.
+
+    Worked example, ``P = 2``, ``L_b = 9``, tokens ``[1, 5, 8]`` (request 0 a decode),
+    the ``"dcs"`` layout: rank 0's local rows are ``(request, offset)``
+    ``(0,0) (1,0) (1,1) (1,6) (1,7) (2,0) (2,1) (2,6) (2,7)``, rank 1's
+    ``(0,0) (1,2) (1,3) (1,4) (1,5) (2,2) ..``; ``state_local_start [0, 1, 5, 9]``;
+    the restored (padded) order is ``restore_index [0, 9, 1, 2, 10, 11, 12, 13, 3, 4, 5,
+    6, 14, 15, 16, 17, 7, 8]`` with ``restored_spans.start [0, 2, 10]``, logits
+    ``[0, 6, 17]``. The ``"mrv2"`` layout cuts the same chunks at the request's end
+    (no pads) and restores to scheduler order: logits ``[0, 5, 13]``.
+    """
+
+    name: str
+
+    def num_local_tokens(self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int: ...
+
+    def build(self, state: PCPState, batch: SchedulerBatch) -> LayoutUpdate: ...
+
+    def state_geometry(self, state: PCPState) -> RequestGeometry: ...
+
+    def logits_from_geometry(
+        self, config: PCPConfig, geometry: RequestGeometry, num_reqs: torch.Tensor
+    ) -> torch.Tensor: ...
+
+    def restore_index(self, state: PCPState) -> torch.Tensor: ...
+
+    def gathered_order(self, state: PCPState) -> GatheredOrder: ...
+
+    def state_local_rows(self, state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows: ...
+
+    def state_local_start(
+        self, state: PCPState, *, geometry: RequestGeometry | None = None
+    ) -> torch.Tensor: ...
+
+    def restored_spans(
+        self, state: PCPState, *, geometry: RequestGeometry | None = None
+    ) -> RestoredSpans: ...
+
+    def first_pass_rows(self, state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows: ...
+
+
+_REGISTRY: dict[str, Layout] = {}  # name -> layout, in registration order
+
+
+def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
+    """Make ``layout`` selectable as ``PCPConfig(..., layout=layout.name)``; returns it.
+
+    Raises ``ValueError`` when an object of another class holds the name
+    (``replace=True`` overrides; another instance of the same class replaces it), and
+    ``TypeError`` when ``layout`` does not implement :class:`Layout`.
+    """
+    if not isinstance(layout, Layout):
+        missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(layout, m)]
+        raise TypeError(f"{layout!r} is not a pcp_fn.Layout: it lacks {missing}")
+    name = layout.name
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a layout's name must be a non-empty str, got {name!r}")
+    held = _REGISTRY.get(name)
+    # another instance of the same class takes the name over (a notebook re-running its cell)
+    if held is not None and type(held) is not type(layout) and not replace:
+        raise ValueError(f"layout name {name!r} is already registered to {held!r}")
+    _REGISTRY[name] = layout
+    return layout
+
+
+def get_layout(name: str) -> Layout:
+    """The registered layout called ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown layout {name!r}; registered: {sorted(_REGISTRY)}") from None
+
+
+def available_layouts() -> tuple[str, ...]:
+    """Names of the registered layouts, in registration order."""
+    return tuple(_REGISTRY)
+
+
+_PROTOCOL_MEMBERS = (
+    "name",
+    "num_local_tokens",
+    "build",
+    "state_geometry",
+    "logits_from_geometry",
+    "restore_index",
+    "gathered_order",
+    "state_local_rows",
+    "state_local_start",
+    "restored_spans",
+    "first_pass_rows",
+)

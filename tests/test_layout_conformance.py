@@ -1,0 +1,74 @@
+"""pcp_fn.testing.check_layout: the three built-in layouts pass it, broken layouts fail it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pcp_fn
+from pcp_fn.testing import LayoutCheckError, check_layout
+
+
+@pytest.mark.parametrize("name", ["dcs", "hybrid", "mrv2"])
+def test_builtin_layouts_conform(name):
+    # P = 1..8 hypothesis batches and the capacity edges; graphs (compile, export, syncs) at P = 3
+    check_layout(name, max_examples=8, graph_pcp_sizes=(3,))
+
+
+class _Overlapping(pcp_fn.MRV2Partition):
+    """Each rank's head chunk runs one chunk too far: the next rank's tokens are held twice."""
+
+    name = "test-broken-overlap"
+
+    def segments(self, config, geometry, rank):
+        first, length = super().segments(config, geometry, rank)
+        n = geometry.num_scheduled[:, None]
+        longer = torch.minimum(length * 2, (n - first).clamp(min=0))
+        return first, torch.where(geometry.replicated[:, None], length, longer)
+
+
+class _Dropping(pcp_fn.MRV2Partition):
+    """Rank 0 forgets its tail chunk: those tokens are on no rank."""
+
+    name = "test-broken-drop"
+
+    def segments(self, config, geometry, rank):
+        first, length = super().segments(config, geometry, rank)
+        dropped = torch.stack([length[:, 0], length[:, 1] * (rank != 0)], 1)  # rank may be a tensor
+        return first, torch.where(geometry.replicated[:, None], length, dropped)
+
+
+class _Reversed(pcp_fn.MRV2Partition):
+    """A restore index that reads the gathered rows backwards."""
+
+    name = "test-broken-restore"
+
+    def gathered_order(self, state):
+        order = super().gathered_order(state)
+        return order._replace(restore_index=order.restore_index.flip(0))
+
+
+class _HostSync(pcp_fn.MRV2Partition):
+    """Exact, but reads a device value on the host to size a run (uncapturable)."""
+
+    name = "test-broken-sync"
+
+    def segments(self, config, geometry, rank):
+        first, length = super().segments(config, geometry, rank)
+        longest = int(geometry.num_scheduled.max())  # a host sync
+        return first, length.clamp(max=max(longest, 1))
+
+
+@pytest.mark.parametrize(
+    ("layout", "rule"),
+    [(_Overlapping(), "(capacity|ownership)"), (_Dropping(), "ownership"), (_Reversed(), "restore")],
+)
+def test_a_broken_layout_fails_with_the_rule_it_breaks(layout, rule):
+    with pytest.raises(LayoutCheckError, match=f"breaks {rule}"):
+        check_layout(layout, pcp_sizes=(2, 3), max_examples=30, graph_pcp_sizes=())
+
+
+def test_a_layout_that_syncs_with_the_host_fails_the_graph_checks():
+    check_layout(_HostSync(), pcp_sizes=(2,), max_examples=2, edges=False, graph_pcp_sizes=())  # exact
+    with pytest.raises(LayoutCheckError, match="host sync"):
+        check_layout(_HostSync(), pcp_sizes=(2,), max_examples=1, edges=False, graph_pcp_sizes=(2,))
