@@ -154,13 +154,9 @@ def phased_step(manager: Any, g: Any, desc: Any, hidden: torch.Tensor) -> None:
     t0 = clock()
     arrays = bookkeeper.check(g)
     t1 = clock()
-    shape = bookkeeper.plan(arrays.num_scheduled, arrays.is_prefilling, desc)
+    shape = bookkeeper.plan(arrays[0], arrays[3], desc)
     t2 = clock()
-    a = arrays
-    bookkeeper.graphs.partition(
-        a.num_scheduled, a.num_computed, a.prefill_len, a.is_prefilling, a.idx_mapping,
-        g.input_ids, g.positions, shape.total, shape.plan,
-    )  # fmt: skip
+    bookkeeper.graphs.partition(arrays, g.input_ids, g.positions, shape.total, shape.plan)
     t3 = clock()
     fields = bookkeeper.host_fields(g, shape, arrays)
     t4 = clock()

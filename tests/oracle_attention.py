@@ -19,7 +19,7 @@ class OracleAttention:
     num_actual_tokens_pcp_padded: int
     num_decode_reqs: int
     unpad_mask: list[bool]
-    restore_index_compact: list[int]  # the seed's (rank * num_tokens + local)
+    restore_index_compact: list[int]  # vllm-ascend's (rank * num_tokens + local)
     index: dict[str, list[int]]  # P > 1 only
     per_request: dict[str, list[int]]  # P > 1 only
 

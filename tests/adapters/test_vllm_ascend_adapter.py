@@ -65,7 +65,7 @@ import pcp_fn
 from pcp_fn.adapters.vllm_ascend import FunctionalDCSManager, install
 from pcp_fn.adapters.vllm_ascend.v1.manager import graph_backend
 
-SEED_FIELDS = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
+REFERENCE_FIELDS = pcp_fn.dcs.attention.VLLM_ASCEND_INDEX_FIELDS
 
 CONFIGS = [
     SimConfig("mixed P2, 2 KV groups", pcp=2, kv_groups=2, R=6, T=64, num_requests=6, max_prompt=30),
@@ -247,7 +247,7 @@ def check_step(cfg: SimConfig, st, rank: int, dcp_rank: int, obs: dict, tr: Trac
     eq(meta["max_query_len_pcp_full"], max(sched))
     if P > 1:
         eq(L(meta["pcp_allgather_restore_idx"]), oa.restore_index_compact)
-        for name, field in SEED_FIELDS.items():
+        for name, field in REFERENCE_FIELDS.items():
             eq(L(meta[field]), oa.index[name])
         for name, values in oa.per_request.items():
             eq(L(meta[name]), values)

@@ -38,14 +38,14 @@ def test_vllm_ascend_hybrid_golden_two_fresh_prefills():
     assert int(lay.max_num_tokens_across_pcp) == 5
     assert int(lay.pcp_padded_tokens_fla) == 0 and int(lay.total_pcp_padding_tokens_fla) == 2
     assert int(lay.enter_fa_len) == 8
-    # the seed's rank stride is M = 5, ours L_b = 6
+    # vllm-ascend's rank stride is M = 5, ours L_b = 6
     assert _ref_rows(lay.enter_fa_restore_idx[:8].tolist(), 6, 5) == [0, 1, 5, 2, 3, 4, 6, 7]
     assert lay.enter_fa_restore_idx.tolist() == [0, 1, 6, 2, 3, 4, 7, 8, 0, 0, 0, 0]
     assert lay.fa_padding_restore_idx.tolist() == [0, 1, 2, 8, 3, 4, 5, 6, 7, 8, 8, 8]
     assert int(lay.exit_fa_len) == 5 and lay.exit_fa_scatter_idx[:5].tolist() == [0, 6, 2, 3, 8]
     assert int(lay.fa_query_len) == 6 and lay.fa_query_idx.tolist() == [0, 3, 4, 5, 10, 11]
     assert lay.restore_index.tolist() == [0, 6, 7, 1, 2, 3, 8, 9, 10, 11, 4, 5]
-    # slot mapping (seed test: independent KV-group buffers, same values)
+    # slot mapping (vllm-ascend's test: independent KV-group buffers, same values)
     _, sm = pcp_fn.padded_slot_mapping(state, batch.slot_mapping)
     assert sm.tolist() == [0, 1, 2, -1, 3, 4, 5, 6, 7, -1, -1, -1]
 
@@ -76,21 +76,21 @@ def test_adjust_cu_num_scheduled_tokens_goldens(P, sched, num_decodes, expected)
     assert got.tolist() == expected and got.dtype == torch.int32
 
 
-def test_seed_comment_single_prefill_3_2():
-    # seed comments: one prefill of 5 at P=2 -> per-rank counts [[3, 2]]
+def test_vllm_ascend_comment_single_prefill_3_2():
+    # vllm-ascend's comments: one prefill of 5 at P=2 -> per-rank counts [[3, 2]]
     expected = {0: ([3], [0, 1, 2]), 1: ([2], [3, 4])}
     for rank, (tokens, positions) in expected.items():
         _, batch, _, lay = _hybrid(2, rank, [5], [0], [5], R=1, bucket=Bucket(1, 4))
         assert lay.pcp_tokens.tolist() == tokens
         assert lay.positions.tolist()[: len(positions)] == positions
         assert int(lay.max_num_tokens_across_pcp) == 3
-        # seed comment: enter index [0, 1, 2, 3, 4] with rank stride M = 3 (ours L_b = 4)
+        # vllm-ascend's comment: enter index [0, 1, 2, 3, 4] with rank stride M = 3 (ours L_b = 4)
         assert _ref_rows(lay.enter_fa_restore_idx[:5].tolist(), 4, 3) == [0, 1, 2, 3, 4]
         assert int(lay.total_pcp_padding_tokens_fla) == 1
 
 
-def test_seed_comment_two_prefills_at_p4():
-    # seed comments: prefills [7, 5] at P=4 -> [[2, 2, 2, 1], [2, 1, 1, 1]]
+def test_vllm_ascend_comment_two_prefills_at_p4():
+    # vllm-ascend's comments: prefills [7, 5] at P=4 -> [[2, 2, 2, 1], [2, 1, 1, 1]]
     expected = {0: [0, 1, 0, 1], 1: [2, 3, 2], 2: [4, 5, 3], 3: [6, 4]}
     tokens = {0: [2, 2], 1: [2, 1], 2: [2, 1], 3: [1, 1]}
     for rank in range(4):
@@ -98,7 +98,7 @@ def test_seed_comment_two_prefills_at_p4():
         assert lay.pcp_tokens.tolist() == tokens[rank]
         assert lay.positions.tolist()[: len(expected[rank])] == expected[rank]
         assert int(lay.pcp_padded_tokens_fla) == 4 - sum(tokens[rank])
-        M = 4  # = L_b here, so the enter index is the seed's value for value
+        M = 4  # = L_b here, so the enter index is vllm-ascend's value for value
         assert int(lay.max_num_tokens_across_pcp) == M
         assert lay.enter_fa_restore_idx.tolist()[:7] == [0, 1, M, M + 1, 2 * M, 2 * M + 1, 3 * M]
         assert lay.enter_fa_restore_idx.tolist()[7:12] == [2, 3, M + 2, 2 * M + 2, 3 * M + 1]
@@ -109,7 +109,7 @@ def test_decode_order_token_major_without_spec_rank_major_with_spec():
     for spec, decode_rows in ((0, [0, 4, 1, 5]), (1, [0, 1, 4, 5])):
         _, _, _, lay = _hybrid(2, 0, [1, 1, 4], [5, 5, 0], [5, 5, 4], spec=spec, bucket=Bucket(4, 4))
         assert lay.enter_fa_restore_idx[:8].tolist() == decode_rows + [2, 3, 6, 7]
-        assert lay.fa_padding_restore_idx.tolist() == list(range(8))  # no pads: the seed's None
+        assert lay.fa_padding_restore_idx.tolist() == list(range(8))  # no pads: vllm-ascend's None
         assert lay.exit_fa_scatter_idx[:2].tolist() == [
             0,
             4,
@@ -219,7 +219,7 @@ def test_restore_puts_every_token_in_fa_order(case, H):
         r, row = divmod(int(restored[k, 0]), Lb)
         assert r == q and orc.linear[r][row] == tok
     assert (restored[len(order) :] == 0).all()
-    # without speculative tokens (and with no empty decode, which the seed's per-request
+    # without speculative tokens (and with no empty decode, which vllm-ascend's per-request
     # decode padding miscounts) the logits rows hold each request's last token
     if not case.spec and all(n for n, d in zip(case.sched, orc.decode) if d):
         for i, row in enumerate(pcp_fn.get_logits_indices(state)[1][: case.num_reqs].tolist()):

@@ -105,14 +105,10 @@ class StepShape(NamedTuple):
     decode_only: bool  # no global request is prefilling
 
 
-class GlobalArrays(NamedTuple):
-    """The global batch's host arrays, checked (:meth:`MRV2Bookkeeper.check`)."""
-
-    num_scheduled: np.ndarray
-    num_computed: np.ndarray
-    is_prefilling: np.ndarray
-    prefill_len: np.ndarray
-    idx_mapping: np.ndarray
+#: The global batch's host arrays, checked (:meth:`MRV2Bookkeeper.check`), in the staging order
+#: of :data:`pcp_fn.mrv2.packing.REQUESTS`: ``(num_scheduled, num_computed, prefill_len,
+#: is_prefilling, idx_mapping)``, each ``[num_reqs]`` (a plain tuple: it is made every step).
+GlobalArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 class MRV2Bookkeeper:
@@ -449,21 +445,13 @@ class MRV2Bookkeeper:
                 of the wrong length, a padded size below what a rank holds
                 or beyond the buffers.
         """
-        graphs = self.require("partition_batch")
+        graphs = self.graphs
+        if graphs is None:
+            self.require("partition_batch")
         g = input_batch
         arrays = self.check(g)
-        shape = self.plan(arrays.num_scheduled, arrays.is_prefilling, batch_desc)
-        graphs.partition(
-            arrays.num_scheduled,
-            arrays.num_computed,
-            arrays.prefill_len,
-            arrays.is_prefilling,
-            arrays.idx_mapping,
-            g.input_ids,
-            g.positions,
-            shape.total,
-            shape.plan,
-        )
+        shape = self.plan(arrays[0], arrays[3], batch_desc)
+        graphs.partition(arrays, g.input_ids, g.positions, shape.total, shape.plan)
         self.decode_only = shape.decode_only  # of the global batch just partitioned
         return self.local_batch(g, self.host_fields(g, shape, arrays), shape.fixed)
 
@@ -490,7 +478,7 @@ class MRV2Bookkeeper:
             name, arr = next((k, a) for k, a in zip(_INT_FIELDS, ints) if a.dtype.kind not in "iu")
             raise ValueError(f"input_batch.{name} must hold integers, got {arr.dtype}")
         # their values (none negative or past int32) are checked where they are staged
-        return GlobalArrays(num_scheduled, computed, prefilling, prefill_len, idx_mapping)
+        return num_scheduled, computed, prefill_len, prefilling, idx_mapping
 
     def plan(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: Any) -> StepShape:
         """The step's :class:`StepShape`: made from the host twin's segments and vLLM's padded
@@ -611,13 +599,13 @@ class MRV2Bookkeeper:
     def host_fields(self, g: Any, shape: StepShape, arrays: GlobalArrays) -> dict[str, Any]:
         """The local batch's host fields: the shape's (copied), and the per-request values of
         this step's local rows (never a device read)."""
+        num_scheduled, computed, prefill_len, _, idx_mapping = arrays
         rows, local_scheduled = shape.rows, shape.num_scheduled
-        computed = arrays.num_computed
         n, Rpad = rows.size, shape.plan.Rpad
         start = computed[rows] if computed.dtype == np.int32 else computed[rows].astype(np.int32)
         if shape.shifted:  # a segment starting inside its request (a split prefill's chunk)
             np.add(start, shape.offset, out=start, casting="unsafe")
-        local_prefill_len = arrays.prefill_len[rows]
+        local_prefill_len = prefill_len[rows]
         computed_prefill = np.minimum(start, local_prefill_len)
         if Rpad == n:  # (no padding rows: one numpy call per field fewer)
             is_prefilling = np.less(computed_prefill, local_prefill_len)
@@ -632,17 +620,17 @@ class MRV2Bookkeeper:
         if self.dcp_world_size > 1:
             # DCP rank 0's share of the whole request's KV, the same on every PCP rank
             dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
-            whole = (computed + arrays.num_scheduled)[rows]
+            whole = (computed + num_scheduled)[rows]
             dcp_upper[:n] = torch.from_numpy(self.graphs.dcp_rank0_seq_lens(whole).astype(np.int32))
         req_ids = g.req_ids
         self.local_rows = rows  # each local row's global request (host)
         return dict(
             req_ids=[req_ids[i] for i in shape.row_list],
-            idx_mapping_np=arrays.idx_mapping[rows],
+            idx_mapping_np=idx_mapping[rows],
             num_scheduled_tokens=local_scheduled.copy(),
             query_start_loc_np=shape.query_start_loc.copy(),
             seq_lens_cpu_upper_bound=torch.from_numpy(upper),
-            **self.engine.contract.metadata_fields(g, arrays.num_scheduled, rows, dcp_upper),
+            **self.engine.contract.metadata_fields(g, num_scheduled, rows, dcp_upper),
             num_computed_tokens_np=start,
             prefill_len_np=local_prefill_len,
             num_computed_prefill_tokens_np=computed_prefill,

@@ -475,11 +475,7 @@ class StepGraphs:
 
     def partition(
         self,
-        num_scheduled: np.ndarray,
-        num_computed: np.ndarray,
-        prefill_len: np.ndarray,
-        is_prefilling: np.ndarray,
-        idx_mapping: np.ndarray,
+        rows: tuple[np.ndarray, ...],
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         num_tokens: int,
@@ -487,8 +483,9 @@ class StepGraphs:
     ) -> None:
         """Lay out the global batch on every rank and write this rank's rows into ``out``.
 
-        The per-request arrays are ``[num_reqs]`` (checked by the caller: at most
-        ``max_num_reqs``, ints); ``input_ids`` / ``positions`` the global
+        ``rows``: the per-request arrays in :data:`STEP`'s row order (``num_scheduled,
+        num_computed, prefill_len, is_prefilling, idx_mapping``), each ``[num_reqs]`` (checked
+        by the caller: at most ``max_num_reqs``, ints); ``input_ids`` / ``positions`` the global
         ``[>= num_tokens]`` device tensors (not read on the host). ``plan``'s
         bucket must hold every rank (rows and tokens).
         """
@@ -499,7 +496,7 @@ class StepGraphs:
             raise ValueError(
                 f"input_batch.{short} has {rows} rows; it must cover the {num_tokens} scheduled tokens"
             )
-        host = self._stage((num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping), plan.Lp)
+        host = self._stage(rows, plan.Lp)
         if num_ids > T or num_pos > T:
             input_ids, positions = input_ids[:num_tokens], positions[:num_tokens]
             num_ids = num_pos = num_tokens

@@ -13,7 +13,7 @@ import torch
 import pcp_fn
 from pcp_fn.testing import check_layout
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PATH = ROOT / "examples" / "cost_balanced_layout.py"
 
 
