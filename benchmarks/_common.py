@@ -1,4 +1,4 @@
-"""What every benchmark shares: the DESIGN.md §7 reference batches, the timer, kernel counts,
+"""What every benchmark shares: the reference batches (docs/performance.md), the timer, kernel counts,
 and the one way a benchmark prints its tables and writes them as markdown (``--markdown PATH``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Core op, host boundary and composed-step timings on the DESIGN.md reference batches.
+"""Core op, host boundary and composed-step timings on the reference batches.
 
     taskset -c 1 python benchmarks/bench_core.py [--iters 300] [--backends eager,compile,aoti]
                                                  [--batches A,B,C] [--reference PATH] [--per-octave N]

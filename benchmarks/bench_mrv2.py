@@ -1,4 +1,4 @@
-"""MRV2 layout timings and kernel counts on the DESIGN.md reference batches: the host boundary
+"""MRV2 layout timings and kernel counts on the reference batches (docs/performance.md): the host boundary
 ``make_batch``, ``build_layout``, ``partition_batch`` and the consumers that restore or map
 the gathered rows.
 

@@ -3,7 +3,7 @@
     python benchmarks/bench_spec.py [--iters 200] [--no-compile] [--no-inductor-counts]
                                     [--max-model-len 1024] [--dcp 2] [--hybrid] [--markdown PATH]
 
-Batch (DESIGN.md §7 sizes): ``P = 4``, rank 0, ``R = 256``, ``T = 8192``, two
+Batch (the reference batches' sizes, docs/performance.md): ``P = 4``, rank 0, ``R = 256``, ``T = 8192``, two
 spec tokens (MTP), 256 decodes of 3 tokens (1 + 2 drafts) with 500 computed
 tokens and a 100-token prompt, a ``[256, max_model_len]`` token table and a
 paged block table (128-token blocks) as the MTP ``slot_fn``. It times
@@ -28,7 +28,7 @@ hybrid-attention layout (``hybrid_attn=True``) instead of DualChunkSwap.
 It also times the spec host boundary, ``make_spec_batch`` (numpy arrays in, as
 a runner has them, with the token table's shape and the slot mapping; one
 packed copy, staged on a GPU/NPU), beside ``make_batch`` of the same arrays,
-on this batch and on the DESIGN.md mixed batches B (P=4, 64 decodes + fresh
+on this batch and on the reference mixed batches B (P=4, 64 decodes + fresh
 prefills of 2048 and 1000 tokens) and C (P=8, 255 decodes + one 4096-token
 prefill), all paths interleaved. The tables are printed (``--markdown PATH`` writes them to a
 markdown fragment too: ``benchmarks/_common.py``).

@@ -16,7 +16,7 @@ token order (no pads between requests):
 A subclass implements :meth:`PartitionLayout.segments` (each request's local
 runs on a rank, ``[R_b, S]`` first offset and length: ``S`` runs per request,
 laid out request by request) or, for full control, :meth:`PartitionLayout.local_rows`.
-Both must be capturable (``DESIGN.md`` §4) and take ``rank`` as an int or a 0-d
+Both must be capturable (docs/concepts.md, "Capturability, checked") and take ``rank`` as an int or a 0-d
 tensor. :class:`MRV2Partition` (vLLM model runner V2's unpadded head/tail chunks,
 registered as ``"mrv2"``) is the example; ``examples/cost_balanced_layout.py``
 another.

@@ -27,7 +27,7 @@ class Layout(Protocol):
     Sizes: ``P = config.pcp_size``; a batch's bucket gives ``R_b`` request rows and
     ``L_b`` local rows per rank; ``G_b = P * L_b`` gathered rows (the ranks' local
     ``[L_b, ...]`` buffers stacked rank-major, what ``all_gather`` returns). Every
-    method is a pure, capturable function (``DESIGN.md`` §4): no host sync, no
+    method is a pure, capturable function (docs/concepts.md, "Capturability"): no host sync, no
     data-dependent shape, no Python branch on a tensor value; ``state.pcp_rank``
     may be an int or a 0-d tensor (rank as data, :func:`pcp_fn.all_ranks` vmaps
     over it). The state is :class:`pcp_fn.PCPState` (the per-request record of the
