@@ -154,6 +154,7 @@ def plot(costs: Sequence[LayoutCost], path: str) -> None:
             ax.plot([c.pcp_size for c in mine], [value(c) for c in mine], marker="o", label=name)
         ax.set_title(title)
         ax.set_xlabel("P")
+        ax.set_xticks(sorted({c.pcp_size for c in costs}))  # whole rank counts only
         ax.grid(True, alpha=0.3)
     axes.flat[0].legend()
     fig.savefig(path, dpi=80)
