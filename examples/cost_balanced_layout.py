@@ -20,8 +20,6 @@ runs the simulator with the tiny model at P = 1 and P = 3: same tokens.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import torch
 
@@ -70,25 +68,13 @@ def simulate(P: int, requests, *, max_num_reqs=8, budget=96):
     from pcp_fn.sim.tiny_model import TinyConfig, TinyModel, restored_wiring
 
     model = TinyModel(TinyConfig())
-    gather = ThreadedAllGather(P)
-    results, errors = [None] * P, []
 
-    def worker(r):
-        try:
-            cfg = pcp_fn.PCPConfig(P, r, max_num_reqs, budget, layout="cost-balanced")
-            runner = Runner(cfg, requests, model=model, all_gather=gather.for_rank(r), wiring=restored_wiring)
-            results[r] = [rec.sampled for rec in runner.run()]
-        except BaseException as e:  # surface a rank's failure, release the others
-            errors.append(e)
-            gather.abort()
+    def rank(r, all_gather):
+        cfg = pcp_fn.PCPConfig(P, r, max_num_reqs, budget, layout="cost-balanced")
+        runner = Runner(cfg, requests, model=model, all_gather=all_gather, wiring=restored_wiring)
+        return [rec.sampled for rec in runner.run()]
 
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(P)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    results = ThreadedAllGather(P).run(rank)
     assert all(res == results[0] for res in results), "ranks disagree"
     return results[0]
 

@@ -197,6 +197,29 @@ class ThreadedAllGather:
         """Break the collective: every rank waiting in it (or arriving later) raises."""
         self._barrier.abort()
 
+    def run(self, body: Callable[[int, AllGather], object]) -> list[object]:
+        """``body(rank, all_gather)`` for every rank, each on its own thread; their results in
+        rank order. A rank that raises breaks the collective (its peers stop waiting instead
+        of timing out) and the first failure is raised here once every thread has ended."""
+        results: list[object] = [None] * self.world_size
+        errors: list[BaseException] = []
+
+        def rank_thread(rank: int) -> None:
+            try:
+                results[rank] = body(rank, self.for_rank(rank))
+            except BaseException as e:  # surfaced below; the peers are released now
+                errors.append(e)
+                self.abort()
+
+        threads = [threading.Thread(target=rank_thread, args=(r,)) for r in range(self.world_size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
     def for_rank(self, rank: int) -> AllGather:
         def all_gather(local: torch.Tensor) -> torch.Tensor:
             self._slots[rank] = local

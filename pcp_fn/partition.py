@@ -152,18 +152,7 @@ class PartitionLayout:
         geo = self._rank_geometry(geo0, mine)
         order = self._order(cfg, geo0, Lb)
         computed = take(batch.num_computed.to(torch.int64), mine.request)
-        layout = TokenLayout(
-            pcp_tokens=geo.local.to(torch.int32),
-            positions=mine.position,
-            request_index=mine.request,
-            num_tokens=geo.local_start[-1],
-            num_pads=geo.num_pads,
-            is_decode=is_decode,
-            num_decode_reqs=geo.num_decode_reqs,
-            num_decode_tokens=geo.num_decode_tokens,
-            unpad_mask=order.unpad_mask,
-            restore_index=order.restore_index,
-        )
+        layout = TokenLayout.of(geo, mine, order, is_decode)
         positions = torch.where(mine.valid, computed + mine.position, 0)
         return LayoutUpdate(
             next_state(state, batch, is_decode), layout, geo, positions, order.token, geo.local_start

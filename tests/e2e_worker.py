@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 import warnings
 
@@ -58,25 +57,9 @@ def run_rank(P, rank, all_gather, step_fn=None, layout="dcs", k=0):
 
 def run_threads(P, step_fn=None, layout="dcs", k=0):
     """All P ranks in one process, one thread each."""
-    gather = ThreadedAllGather(P)
-    results = [None] * P
-    errors = []
-
-    def worker(r):
-        try:
-            results[r] = run_rank(P, r, gather.for_rank(r), step_fn, layout, k)
-        except BaseException as e:  # surface thread failures
-            errors.append(e)
-            gather.abort()
-
-    threads = [threading.Thread(target=worker, args=(r,)) for r in range(P)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
+    return ThreadedAllGather(P).run(
+        lambda rank, all_gather: run_rank(P, rank, all_gather, step_fn, layout, k)
+    )
 
 
 def compare(records, reference, tol=1e-9):

@@ -303,6 +303,24 @@ class TokenLayout:
     unpad_mask: torch.Tensor
     restore_index: torch.Tensor
 
+    @classmethod
+    def of(
+        cls, geo: RequestGeometry, mine: LocalRows, order: GatheredOrder, is_decode: torch.Tensor
+    ) -> TokenLayout:
+        """The public layout of a rank's request geometry, local rows and gathered order."""
+        return cls(
+            pcp_tokens=geo.local.to(torch.int32),
+            positions=mine.position,
+            request_index=mine.request,
+            num_tokens=geo.local_start[-1],
+            num_pads=geo.num_pads,
+            is_decode=is_decode,
+            num_decode_reqs=geo.num_decode_reqs,
+            num_decode_tokens=geo.num_decode_tokens,
+            unpad_mask=order.unpad_mask,
+            restore_index=order.restore_index,
+        )
+
 
 def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
     return F.pad(x, (0, rows - x.shape[0]))
@@ -356,18 +374,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     local_segment, chunk = segments_of((local.ends[:-1], row), (chunks.ends[:-1], padded_row))
     mine = paint_local(geo, local, local_segment, row)
     order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
-    layout = TokenLayout(
-        pcp_tokens=geo.local.to(torch.int32),
-        positions=mine.position,
-        request_index=mine.request,
-        num_tokens=geo.local_start[-1],
-        num_pads=geo.num_pads,
-        is_decode=is_decode,
-        num_decode_reqs=geo.num_decode_reqs,
-        num_decode_tokens=geo.num_decode_tokens,
-        unpad_mask=order.unpad_mask,
-        restore_index=order.restore_index,
-    )
+    layout = TokenLayout.of(geo, mine, order, is_decode)
     assert mine.absolute is not None
     return LayoutUpdate(
         next_state(state, batch, is_decode), layout, geo, mine.absolute, order.token, geo.local_start

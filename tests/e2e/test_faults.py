@@ -211,3 +211,19 @@ def test_gloo_dead_rank_ends_every_other_rank(tmp_path):
         seconds, kind, message = _error(outcomes["die", r])
         assert kind == "CollectiveError" and "stalled past the process group's timeout or died" in message
         assert seconds < TIMEOUT + 2.0, seconds
+
+
+def test_threaded_run_returns_rank_order_and_raises_a_rank_failure_without_waiting_out_the_timeout():
+    gather = ThreadedAllGather(3, timeout=30)
+    out = gather.run(lambda r, all_gather: all_gather(torch.full((1, 2), float(r))).sum().item() + r)
+    assert out == [6.0, 7.0, 8.0]  # each rank's own result: 2 * (0 + 1 + 2) + r
+
+    def body(r, all_gather):
+        if r == 1:
+            raise RuntimeError("rank 1 failed")
+        return all_gather(torch.zeros(1, 2))
+
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1 failed"):
+        ThreadedAllGather(3, timeout=30).run(body)
+    assert time.monotonic() - start < 10  # the peers were released, not timed out
