@@ -53,7 +53,7 @@ from .multimodal import (
     pack_prompt_embeds,
     remap_mrope_positions,
 )
-from .partition import MRV2Partition, PartitionLayout, rows_from_segments
+from .partition import MRV2Partition, PartitionLayout, Requests, rows_from_segments
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
 from .spec import (
@@ -95,6 +95,7 @@ __all__ = [
     "PartitionLayout",
     "PrevStep",
     "PromptEmbeds",
+    "Requests",
     "SchedulerBatch",
     "SpecInputs",
     "SpecStepOutputs",

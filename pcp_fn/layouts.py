@@ -11,8 +11,9 @@ config is ``PCPConfig(..., layout=name)`` (default ``"dcs"``, or ``"hybrid"`` wh
 ``hybrid_attn``), looked up in a registry keyed by name.
 
 Built-in layouts: ``"dcs"`` (DualChunkSwap, :mod:`pcp_fn.dcs`), ``"hybrid"``
-(:mod:`pcp_fn.hybrid`), ``"mrv2"`` (the vLLM model-runner-V2 partition, unpadded
-chunks, :class:`pcp_fn.partition.MRV2Partition`). A new partitioning subclasses
+(:mod:`pcp_fn.hybrid`), ``"mrv2"`` and ``"mrv2-sharded"`` (the vLLM model-runner-V2
+partition, unpadded chunks, decodes replicated or dealt round-robin,
+:class:`pcp_fn.partition.MRV2Partition`). A new partitioning subclasses
 :class:`pcp_fn.partition.PartitionLayout` (it writes only which local rows hold
 which token; restore, slots, logits and the spec maps are inherited) and checks
 itself with :func:`pcp_fn.testing.check_layout`.
@@ -37,7 +38,7 @@ from .dcs.layout import (
     state_order,
 )
 from .dcs.state import PCPState
-from .partition import MRV2_PARTITION
+from .partition import MRV2_PARTITION, MRV2_SHARDED
 
 
 class PackageLayout:
@@ -65,7 +66,9 @@ class PackageLayout:
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return get_layout, (self.name,)  # pickled by name (a config that holds it pickles)
 
-    def num_local_tokens(self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int:
+    def num_local_tokens(
+        self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
+    ) -> int:
         return dcs_num_local_tokens(config, num_scheduled, num_decodes)
 
     def state_geometry(self, state: PCPState) -> RequestGeometry:
@@ -136,3 +139,4 @@ def update_tokens(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, Tok
 register_layout(DCS)
 register_layout(HYBRID)
 register_layout(MRV2_PARTITION)
+register_layout(MRV2_SHARDED)

@@ -11,7 +11,8 @@ decodes, the empty batch), and checks the protocol's invariants
 (:class:`pcp_fn.Layout`) against an independent per-token count:
 
 - ownership: every scheduled token is on exactly the ranks the layout says
-  (a decode on every rank when ``P > 1``, any other token on exactly one), rows
+  (a request the layout's geometry marks ``replicated`` on every rank, typically
+  the decodes when ``P > 1``; any other token on exactly one), rows
   grouped by request, ``query_start_loc`` counting them, padding at the tail;
 - positions ``num_computed + offset`` on real rows, 0 on padding;
 - restore: ``restore_hidden_states`` of the rank-major all-gather puts every token
@@ -19,11 +20,23 @@ decodes, the empty batch), and checks the protocol's invariants
 - slots: every scheduled slot exactly once in ``padded_slot_mapping``, the other
   rows ``pad_slot_id``; logits rows land on each request's last token;
 - fixed shapes: every output's shapes are those of an empty batch of the same bucket;
-- ``all_ranks`` (``vmap`` over the rank) equals each rank's own static-rank step.
+- ``all_ranks`` (``vmap`` over the rank) equals each rank's own static-rank step;
+- spec decode (configs with speculative tokens, decodes drafting ``n - 1``): the rows
+  ``spec_decode_indices`` samples hold each request's last ``drafts + 1`` tokens and its
+  draft ids are the decodes' drafts; ``decode_hidden_states`` gives the decode tokens in
+  order; the drafter's first pass (``first_pass_rows``) holds every prefill token on
+  exactly one rank and the decodes on every rank, and ``first_pass_inputs`` /
+  ``split_prefill_for_draft`` give each of its rows its own token's id and restored
+  hidden state (pads 0) and sample each request's last token. The runner then samples
+  through ``spec_decode_indices``, so ``get_logits_indices``' rows are checked without
+  spec tokens only (the hybrid layout keeps vllm-ascend's token-major decode rows there).
 
 Then, for ``graph_pcp_sizes``: ``no_host_syncs``, ``torch.compile(fullgraph=True)``
 with one graph per bucket (two batches of a bucket: one graph; a third bucket: one
-more), compiled equal to eager, and ``torch.export`` with static shapes.
+more), compiled equal to eager, and ``torch.export`` with static shapes; with spec
+tokens, the post-forward spec-decode prep (``spec_decode_indices``,
+``decode_hidden_states``, ``split_prefill_for_draft``, ``first_pass_inputs``) under
+``no_host_syncs`` and ``fullgraph=True``, compiled equal to eager.
 Needs ``hypothesis`` (the ``test`` extra).
 """
 
@@ -41,7 +54,7 @@ from hypothesis import strategies as st
 
 from .core.layout_protocol import Layout, register_layout
 from .core.rank import all_ranks
-from .dcs.batch import classify_decodes, make_batch
+from .dcs.batch import classify_decodes, make_batch, token_rows
 from .dcs.config import PCPConfig
 from .dcs.state import init_state
 from .graph.export import export
@@ -49,6 +62,7 @@ from .graph.sync import no_host_syncs
 from .logits import get_logits_indices
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
+from .spec import decode_hidden_states, first_pass_inputs, spec_decode_indices, split_prefill_for_draft
 from .step import step
 
 SLOT_BASE = 1000  # slot of scheduler-order token t: SLOT_BASE + t (distinct, never pad_slot_id)
@@ -147,7 +161,9 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
     batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=[SLOT_BASE + t for t in range(total)])
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
     G = P * Lb
-    bound = cfg.layout_impl.num_local_tokens(cfg, np.asarray(b.sched, np.int64), _num_decodes(cfg, b))
+    bound = cfg.layout_impl.num_local_tokens(
+        cfg, np.asarray(b.sched, np.int64), _num_decodes(cfg, b), np.asarray(b.comp, np.int64)
+    )
     # vmap over ranks, and each rank's own (static-rank) step
     _, outs = all_ranks(step, init_state(cfg, rank=0), batch)
     statics = []
@@ -193,8 +209,10 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         for l in np.flatnonzero(real):
             held.setdefault((int(req[l]), int(pos[l])), []).append(r)
         codes[r, :n_r] = np.where(real, starts[np.minimum(req[:n_r], max(R - 1, 0))] + pos[:n_r], -1)
+    # the layout says which requests are whole on every rank (the decodes, for most layouts)
+    whole = _np(cfg.layout_impl.state_geometry(statics[0][0]).replicated)[:R].astype(bool)
     for i, n in enumerate(b.sched):
-        owners = list(range(P)) if (P > 1 and is_decode[i]) or P == 1 else None
+        owners = list(range(P)) if whole[i] else None
         for j in range(n):
             ranks = held.pop((i, j), [])
             if (owners is not None and sorted(ranks) != owners) or (owners is None and len(ranks) != 1):
@@ -229,7 +247,10 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
     _, via_op = get_logits_indices(st0)
     if not np.array_equal(_np(via_op), logits):
         _fail("logits", cfg, b, "get_logits_indices differs from step's logits_indices")
-    for i, n in enumerate(b.sched):
+    # with spec tokens configured the runner samples through spec_decode_indices (checked by
+    # _check_spec); the hybrid layout's get_logits_indices then keeps vllm-ascend's token-major
+    # decode rows although its decodes are rank-major (docs/layouts.md)
+    for i, n in enumerate(b.sched if cfg.num_spec_tokens == 0 else ()):
         # the row holds (a copy of) the last token: hybrid samples a decode from rank P-1's copy
         if n and (not 0 <= logits[i] < G or restored[logits[i]] != starts[i] + n - 1):
             _fail("logits", cfg, b, f"request {i}'s logits row {logits[i]} is not its last token's")
@@ -247,6 +268,107 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         _, again = padded_slot_mapping(st_r, batch.slot_mapping)
         if not np.array_equal(_np(again), sm):
             _fail("slots", cfg, b, "padded_slot_mapping differs from step's slot_mapping")
+    if cfg.num_spec_tokens > 0:
+        _check_spec(cfg, b, [st for st, _ in statics], codes, is_decode, whole)
+
+
+def _check_spec(
+    cfg: PCPConfig, b: Batch, states: list, codes: np.ndarray, is_decode: np.ndarray, whole: np.ndarray
+) -> None:
+    """The spec-decode prep (:mod:`pcp_fn.spec`) under the layout, against per-token codes.
+
+    Token ``t`` (scheduler order) has id and hidden state ``t + 1`` (0: none), so every row
+    the ops return says which token it carries. A decode drafts ``n - 1`` tokens.
+    """
+    P, R = cfg.pcp_size, len(b.sched)
+    st0 = states[0]
+    Rb, Lb = st0.bucket.num_reqs, st0.bucket.num_tokens
+    starts = np.concatenate([[0], np.cumsum(b.sched)]).astype(np.int64)
+    code = torch.from_numpy(codes + 1)  # [P, L_b] this rank's local ids (0 on pads)
+    _, hidden = restore_hidden_states(st0, code.reshape(-1))  # [G_b] restored hidden states
+    restored = _np(hidden)
+    full = torch.zeros(token_rows(cfg, st0.bucket), dtype=torch.int64)
+    full[: starts[-1]] = torch.arange(1, starts[-1] + 1)
+    sched = np.asarray(b.sched + (0,) * (Rb - R), np.int64)
+    decode = np.zeros(Rb, bool)
+    decode[:R] = is_decode
+    drafts = torch.from_numpy(np.where(decode, np.maximum(sched - 1, 0), 0).astype(np.int32))
+    want_dec = np.concatenate(
+        [starts[i] + 1 + np.arange(n) for i, n in enumerate(b.sched) if decode[i]] + [[]]
+    )
+    seen: dict[tuple[int, int], list[int]] = {}
+    for r, state in enumerate(states):
+        # what the runner samples: each request's last drafts + 1 tokens, drafts read locally
+        _, idx = spec_decode_indices(state, drafts, code[r])
+        ns, nd = int(idx.num_sampled), int(idx.num_drafts)
+        cu, got = _np(idx.cu_num_sampled_tokens), restored[_np(idx.logits_indices)]
+        for i, n in enumerate(b.sched):  # request i's sampled slots (an empty request's is never read)
+            s_i = int(drafts[i]) + 1
+            if n and (
+                cu[i] > ns
+                or not np.array_equal(got[cu[i] - s_i : cu[i]], starts[i] + n - s_i + 1 + np.arange(s_i))
+            ):
+                _fail(
+                    "spec-decode",
+                    cfg,
+                    b,
+                    f"rank {r}'s spec_decode_indices logits rows of request {i} are not its sampled tokens",
+                )
+        dec_drafts = [starts[i] + 2 + np.arange(int(drafts[i])) for i in range(R) if decode[i]]
+        if not np.array_equal(_np(idx.draft_token_ids)[:nd], np.concatenate(dec_drafts + [[]])):
+            _fail("spec-decode", cfg, b, f"rank {r}'s draft_token_ids are not the decodes' draft tokens")
+        # the decode tokens' hidden states, without the replication
+        _, dec = decode_hidden_states(state, hidden)
+        if not np.array_equal(_np(dec)[: want_dec.size], want_dec) or _np(dec)[want_dec.size :].any():
+            _fail("spec-decode", cfg, b, f"rank {r}'s decode_hidden_states are not the decode tokens")
+        # the drafter's first pass: the layout's rows, each with its own token's id and hidden state
+        rows = cfg.layout_impl.first_pass_rows(state)
+        req, off, valid = _np(rows.request), _np(rows.position), _np(rows.valid)
+        n_r = int(valid.sum())
+        real = valid & (off < sched[np.minimum(req, Rb - 1)])
+        tok = (
+            np.where(real, starts[np.minimum(req, max(R - 1, 0))] + off + 1, 0)
+            if R
+            else np.zeros(Lb, np.int64)
+        )
+        for l in np.flatnonzero(real):
+            seen.setdefault((int(req[l]), int(off[l])), []).append(r)
+        logits = idx.logits_indices
+        tis = idx.bonus_logits_indices  # a decode samples its bonus token
+        _, fp = first_pass_inputs(
+            state, full, torch.zeros(Lb, dtype=torch.int64), hidden, tis, logits, idx.num_sampled
+        )
+        qsl = np.concatenate([[0], np.cumsum(np.bincount(req[:n_r], minlength=Rb)[:Rb])])
+        ids, hid = _np(fp.input_ids), _np(fp.hidden_states)
+        if P > 1 and (int(fp.num_tokens) != n_r or not np.array_equal(_np(fp.query_start_loc), qsl)):
+            _fail("spec-decode", cfg, b, f"rank {r}'s first_pass_inputs rows are not first_pass_rows'")
+        if P > 1 and (
+            not np.array_equal(ids, tok) or not np.array_equal(hid[real], tok[real]) or hid[~real].any()
+        ):
+            _fail(
+                "spec-decode", cfg, b, f"rank {r}'s first-pass rows do not carry their tokens' ids and states"
+            )
+        sampled = restored[_np(fp.token_indices_to_sample)[:R]] if P > 1 else None  # P = 1: passed through
+        if P > 1 and R and not np.array_equal(sampled[sched[:R] > 0], starts[1:][sched[:R] > 0]):
+            _fail("spec-decode", cfg, b, f"rank {r}'s first pass does not sample each request's last token")
+        # the prefill part of the first pass (split_prefill_for_draft): the rows after the decodes'
+        _, sp = split_prefill_for_draft(state, full, hidden)
+        D = int(sched[decode].sum())
+        k = int(sp.num_tokens)
+        lens = np.bincount(req[:n_r], minlength=Rb)[:Rb][~decode[:Rb]][: int((~decode[:R]).sum())]
+        if k != n_r - D or not np.array_equal(_np(sp.seq_lens)[: lens.size], lens):
+            _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows are not its prefill rows")
+        if not np.array_equal(_np(sp.input_ids)[:k], tok[D:n_r]) or not np.array_equal(
+            _np(sp.hidden_states)[:k], tok[D:n_r]
+        ):
+            _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows do not carry their tokens")
+    for i, n in enumerate(b.sched):
+        for j in range(n):
+            ranks = seen.pop((i, j), [])
+            if (whole[i] and sorted(ranks) != list(range(P))) or (not whole[i] and len(ranks) != 1):
+                _fail(
+                    "spec-decode", cfg, b, f"the first pass holds token {j} of request {i} on ranks {ranks}"
+                )
 
 
 def _num_decodes(cfg: PCPConfig, b: Batch) -> int:
@@ -309,6 +431,54 @@ def check_graphs(cfg: PCPConfig, R: int, T: int) -> None:
         raise LayoutCheckError(f"layout {layout_name!r}: torch.export of step fails: {e}") from e
 
 
+def _draft_prep(
+    state: Any, drafts: torch.Tensor, ids: torch.Tensor, full: torch.Tensor, hidden: torch.Tensor
+):
+    """The post-forward spec-decode prep of one rank, composed (what a captured drafter step runs)."""
+    _, idx = spec_decode_indices(state, drafts, ids)
+    _, dec = decode_hidden_states(state, hidden)
+    _, split = split_prefill_for_draft(state, full, hidden)
+    positions = torch.zeros_like(ids)
+    _, fp = first_pass_inputs(
+        state, full, positions, hidden, idx.bonus_logits_indices, idx.logits_indices, idx.num_sampled
+    )
+    return idx, dec, split, fp
+
+
+def check_spec_graphs(cfg: PCPConfig, R: int, T: int) -> None:
+    """The spec-decode prep under the layout: no host sync, ``fullgraph=True``, compiled equal to eager."""
+    b = Batch((2, T - 2), (7, 0), (6, T - 2)) if T > 2 else Batch((1,), (0,), (1,))
+    batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=range(sum(b.sched)), bucket=cfg.capacity)
+    state, _ = step(init_state(cfg), batch)
+    Lb = state.bucket.num_tokens
+    drafts = torch.zeros(state.bucket.num_reqs, dtype=torch.int32)
+    drafts[0] = 1 if b.sched[0] == 2 else 0
+    ids = torch.arange(1, Lb + 1)
+    full = torch.arange(1, token_rows(cfg, state.bucket) + 1)
+    hidden = torch.arange(cfg.pcp_size * Lb, dtype=torch.float32)[:, None].expand(-1, 4).contiguous()
+    args = (state, drafts, ids, full, hidden)
+    try:
+        with no_host_syncs():
+            eager = _draft_prep(*args)
+    except Exception as e:
+        raise LayoutCheckError(
+            f"layout {cfg.layout_name!r}: a host sync inside the spec-decode prep: {e}"
+        ) from e
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(_draft_prep, fullgraph=True, dynamic=False, backend="eager")(*args)
+    except Exception as e:
+        raise LayoutCheckError(
+            f"layout {cfg.layout_name!r}: the spec-decode prep does not compile with fullgraph=True: {e}"
+        ) from e
+    finally:
+        torch._dynamo.reset()
+    if not all(torch.equal(a, c) for a, c in zip(_tensors(eager), _tensors(compiled))):
+        raise LayoutCheckError(
+            f"layout {cfg.layout_name!r}: the compiled spec-decode prep differs from eager"
+        )
+
+
 def check_layout(
     layout: Layout | str,
     *,
@@ -316,33 +486,39 @@ def check_layout(
     max_examples: int = 20,
     max_num_reqs: int = 6,
     max_num_tokens: int = 48,
-    num_spec_tokens: int = 0,
+    num_spec_tokens: int = 1,
     graph_pcp_sizes: Sequence[int] = (2,),
     edges: bool = True,
+    dcp_size: int = 1,
 ) -> None:
     """Check ``layout`` against the :class:`pcp_fn.Layout` invariants (module docstring).
 
     Args:
         layout: a :class:`pcp_fn.Layout` (registered by its name if it is not yet) or a name.
         pcp_sizes: the ``P`` values the hypothesis batches use (each example draws one).
-        max_examples: hypothesis examples (batches), spread over ``pcp_sizes``.
+        max_examples: hypothesis examples (batches), spread over ``pcp_sizes`` and the spec counts.
         max_num_reqs, max_num_tokens: the configs' ``R`` and ``T``.
-        num_spec_tokens: decodes of ``1 .. 1 + num_spec_tokens`` tokens.
+        num_spec_tokens: the configs have 0 or this many speculative tokens (each example
+            draws one; decodes of ``1 .. 1 + num_spec_tokens`` tokens, drafting ``n - 1``);
+            with spec tokens the spec-decode prep is checked too. 0: no speculative decoding.
         graph_pcp_sizes: the ``P`` values of the graph checks (compiles: seconds each).
-        edges: also run the capacity-edge batches at every ``P`` of ``pcp_sizes``.
+        edges: also run the capacity-edge batches at every ``P`` of ``pcp_sizes`` (and spec count).
+        dcp_size: the configs' decode context parallelism (a layout may split differently under it).
 
     Raises :class:`LayoutCheckError` naming the rule, the config and the smallest failing batch.
     """
     name = layout if isinstance(layout, str) else register_layout(layout).name
     R, T = max_num_reqs, max_num_tokens
+    spec_counts = sorted({0, num_spec_tokens})
 
-    def config(P: int) -> PCPConfig:
-        return PCPConfig(P, 0, R, T, num_spec_tokens=num_spec_tokens, layout=name)
+    def config(P: int, spec: int = 0) -> PCPConfig:
+        return PCPConfig(P, 0, R, T, num_spec_tokens=spec, dcp_size=dcp_size, layout=name)
 
     if edges:
         for P in pcp_sizes:
-            for b in edge_batches(R, T):
-                check_batch_exact(config(P), b)
+            for spec in spec_counts:
+                for b in edge_batches(R, T):
+                    check_batch_exact(config(P, spec), b)
 
     @settings(
         max_examples=max_examples,
@@ -350,13 +526,15 @@ def check_layout(
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(P=st.sampled_from(list(pcp_sizes)), b=batches(R, T, num_spec_tokens))
-    def exact(P: int, b: Batch) -> None:
-        check_batch_exact(config(P), b)
+    @given(P=st.sampled_from(list(pcp_sizes)), spec=st.sampled_from(spec_counts), data=st.data())
+    def exact(P: int, spec: int, data: Any) -> None:
+        check_batch_exact(config(P, spec), data.draw(batches(R, T, spec), label="batch"))
 
     exact()
     for P in graph_pcp_sizes:
         check_graphs(config(P), R, T)
+        if num_spec_tokens:
+            check_spec_graphs(config(P, num_spec_tokens), R, T)
 
 
 __all__ = ["Batch", "LayoutCheckError", "batches", "check_layout", "edge_batches"]

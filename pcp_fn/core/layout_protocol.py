@@ -31,16 +31,16 @@ class Layout(Protocol):
     data-dependent shape, no Python branch on a tensor value; ``state.pcp_rank``
     may be an int or a 0-d tensor (rank as data, :func:`pcp_fn.all_ranks` vmaps
     over it). The state is :class:`pcp_fn.PCPState` (the per-request record of the
-    last update: ``num_reqs``, ``num_scheduled``, ``is_decode``, at the bucket
+    last update: ``num_reqs``, ``num_scheduled``, ``num_computed``, ``is_decode``, at the bucket
     ``state.bucket``); every layout shares it.
 
     Methods:
         name: the registry key (``PCPConfig(layout=name)``).
-        num_local_tokens(config, num_scheduled, num_decodes) -> int: host (numpy)
-            only, called by :func:`pcp_fn.make_batch` to pick the bucket: an upper
-            bound on the local rows any rank holds (``num_scheduled``: ``[n]``
-            int64, decodes first, ``num_decodes`` of them). Must not exceed
-            ``config.max_local_tokens`` for any valid batch.
+        num_local_tokens(config, num_scheduled, num_decodes, num_computed) -> int: host
+            (numpy) only, called by :func:`pcp_fn.make_batch` to pick the bucket: an
+            upper bound on the local rows any rank holds (``num_scheduled``,
+            ``num_computed``: ``[n]`` int64, decodes first, ``num_decodes`` of them).
+            Must not exceed ``config.max_local_tokens`` for any valid batch.
         build(state, batch) -> LayoutUpdate: the entry map; reads only the state's
             rank and constants. ``LayoutUpdate``: next state (recording the batch,
             :func:`pcp_fn.dcs.layout.next_state`), the public ``TokenLayout``
@@ -51,7 +51,8 @@ class Layout(Protocol):
             ``unpad_mask``) and the local starts ``[R_b + 1]``.
         state_geometry(state) -> RequestGeometry: the per-request sizes at ``R_b``
             rows (``token_start``, ``num_scheduled``, ``local``, ``local_start``...;
-            ``local`` / ``local_start``: this rank's rows per request).
+            ``local`` / ``local_start``: this rank's rows per request). The state records
+            the last batch's ``num_scheduled``, ``num_computed`` and ``is_decode``.
         logits_from_geometry(config, geometry, num_reqs) -> [R_b] int64: the row of
             the restored hidden states holding each request's last token; 0 past
             ``num_reqs``.
@@ -74,7 +75,7 @@ class Layout(Protocol):
     Invariants (what :func:`pcp_fn.testing.check_layout` verifies):
 
     1. every output's shape depends on ``(config, bucket)`` only;
-    2. ownership: a request the geometry marks ``replicated`` (decodes when
+    2. ownership: a request the geometry marks ``replicated`` (for most layouts the decodes when
        ``P > 1``) is on every rank; every other scheduled token is on exactly one
        rank; each rank lists its rows request by request (``state_local_start``),
        real rows first, padding (``valid`` False) at the tail;
@@ -97,7 +98,9 @@ class Layout(Protocol):
 
     name: str
 
-    def num_local_tokens(self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int: ...
+    def num_local_tokens(
+        self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
+    ) -> int: ...
 
     def build(self, state: PCPState, batch: SchedulerBatch) -> LayoutUpdate: ...
 

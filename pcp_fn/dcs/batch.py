@@ -228,7 +228,7 @@ def build_batch(
             "decodes must come first"
         )
     # the config's layout bounds the rows a rank holds (pcp_fn.Layout.num_local_tokens)
-    num_local = config.layout_impl.num_local_tokens(config, rows[0], num_decodes)
+    num_local = config.layout_impl.num_local_tokens(config, rows[0], num_decodes, rows[1])
     if bucket is None:
         bucket = config.bucket_for(num_reqs, num_local)
     else:

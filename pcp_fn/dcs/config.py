@@ -145,6 +145,9 @@ class PCPConfig:
                 raise ValueError(f"hybrid_attn=True selects the 'hybrid' layout, not {layout!r}")
         object.__setattr__(self, "layout", layout)
         object.__setattr__(self, "_layout_impl", impl)
+        check = getattr(impl, "check_config", None)  # a layout's own limits (optional hook)
+        if check is not None:
+            check(self)
 
     @property
     def layout_impl(self) -> Layout:

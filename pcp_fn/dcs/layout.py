@@ -355,6 +355,7 @@ def next_state(state: PCPState, batch: SchedulerBatch, is_decode: torch.Tensor) 
         rank=state.rank,
         num_reqs=batch.num_reqs.to(torch.int64),
         num_scheduled=_to_capacity(batch.num_scheduled, R),
+        num_computed=_to_capacity(batch.num_computed, R),
         is_decode=_to_capacity(is_decode, R),
         constants=state.constants,
     )

@@ -42,6 +42,8 @@ class PCPState:
             ``torch.func.vmap`` can map over it).
         num_reqs: 0-d int64, requests of the last update.
         num_scheduled: ``[R]`` int32, scheduled tokens per request before the split.
+        num_computed: ``[R]`` int32, tokens of each request already in the KV cache
+            (a :class:`pcp_fn.PartitionLayout` may balance its split on them).
         is_decode: ``[R]`` bool, decode requests of the last update (a prefix).
         constants: small int64 tables that depend on the config only (the
             layout's chunk multipliers, the attention index coefficients), made on the device once here so
@@ -56,6 +58,7 @@ class PCPState:
     rank: torch.Tensor | None
     num_reqs: torch.Tensor
     num_scheduled: torch.Tensor
+    num_computed: torch.Tensor
     is_decode: torch.Tensor
     constants: dict[str, torch.Tensor]
 
@@ -92,6 +95,7 @@ def init_state(
         rank=rank_leaf(config.pcp_size, rank, device),
         num_reqs=torch.zeros((), dtype=torch.int64, device=device),
         num_scheduled=torch.zeros(R, dtype=torch.int32, device=device),
+        num_computed=torch.zeros(R, dtype=torch.int32, device=device),
         is_decode=torch.zeros(R, dtype=torch.bool, device=device),
         constants={
             name: torch.tensor(values, dtype=torch.int64, device=device)

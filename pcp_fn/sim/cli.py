@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .. import PCPConfig, __version__, available_layouts, init_state, make_batch, step
-from .compare import compare_layouts, format_table, plot
+from .compare import compare_layouts, format_table, plot, serving_layouts
 from .engine import Runner, synthetic_requests
 from .trace import TraceError, TraceStep, read_trace, replay, write_trace
 
@@ -302,7 +302,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             for r in _schedule(args, runner, "schedule")
         ]
         source = f"a simulated workload ({args.requests} requests, {len(steps)} steps, seed {args.seed})"
-    layouts = args.layouts.split(",") if args.layouts else list(available_layouts())
+    if args.layouts:
+        layouts = args.layouts.split(",")
+    else:  # every registered layout that serves the workload's config
+        layouts = serving_layouts(
+            available_layouts(), cfg.max_num_reqs, cfg.max_num_tokens, cfg.num_spec_tokens
+        )
     lo, hi = args.pcp_sizes
     costs = compare_layouts(
         steps, layouts, range(lo, hi + 1), cfg.max_num_reqs, cfg.max_num_tokens, cfg.num_spec_tokens

@@ -96,6 +96,21 @@ def compare_layouts(
     ]
 
 
+def serving_layouts(
+    names: Sequence[str], max_num_reqs: int, max_num_tokens: int, num_spec_tokens: int = 0
+) -> list[str]:
+    """The layouts of ``names`` that serve the workload's config (a layout may refuse one:
+    ``"mrv2-sharded"`` with spec tokens); the default set of ``pcp-fn compare``."""
+    served = []
+    for name in names:
+        try:
+            PCPConfig(2, 0, max_num_reqs, max_num_tokens, num_spec_tokens=num_spec_tokens, layout=name)
+        except ValueError:
+            continue
+        served.append(name)
+    return served
+
+
 HEADER = (
     "layout",
     "P",

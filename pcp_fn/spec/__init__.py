@@ -31,10 +31,12 @@ What depends on the layout (local rows, where each request sits in the
 restored hidden states, the drafter's prefill split) comes from the config's
 :class:`pcp_fn.Layout` (:func:`pcp_fn.layouts.layout_of`): verified against the
 vllm-ascend references for DualChunkSwap and hybrid attention
-(``PCPConfig(..., hybrid_attn=True)``); a :class:`pcp_fn.PartitionLayout`
-(``"mrv2"``, a researcher's) serves ``spec_decode_indices`` in its scheduler
-order. The MTP attention-mask and KV-split helpers (:mod:`.mtp`) and
-:func:`pcp_fn.attention_metadata` keep the DualChunkSwap chunk rules.
+(``PCPConfig(..., hybrid_attn=True)``), and for every layout (``"mrv2"``, a
+researcher's :class:`pcp_fn.PartitionLayout`) by :func:`pcp_fn.testing.check_layout`'s
+spec-decode rule: the sampled rows, the decode hidden states and the drafter's
+first pass, token by token. The MTP attention-mask and KV-split helpers
+(:mod:`.mtp`) read no layout; :func:`pcp_fn.attention_metadata` keeps the
+DualChunkSwap chunk rules.
 """
 
 from .draft import (

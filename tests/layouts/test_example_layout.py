@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 import pcp_fn
@@ -27,20 +28,28 @@ def _example():
     return module
 
 
-def test_the_cost_balanced_layout_conforms_and_balances_the_work():
+def _balanced_runs(n, k, P):
+    """Independent count: rank q's run ends at the last token where P * work <= q * total (brute force)."""
+    work = np.cumsum(np.concatenate([[0], k + 1 + np.arange(n)]))  # work[b]: first b tokens' key-query pairs
+    ends = [int(np.flatnonzero(P * work <= q * work[-1]).max()) for q in range(P + 1)]
+    return [ends[q + 1] - ends[q] for q in range(P)]
+
+
+@pytest.mark.parametrize(("n", "k", "runs"), [(256, 0, [127, 53, 41, 35]), (256, 1000, [69, 66, 62, 59])])
+def test_the_cost_balanced_layout_conforms_and_balances_the_work(n, k, runs):
     ex = _example()
-    check_layout(ex.COST_BALANCED, max_examples=8, graph_pcp_sizes=(2,))
+    if k == 0:
+        check_layout(ex.COST_BALANCED, max_examples=8, graph_pcp_sizes=(2,))
     cfg = pcp_fn.PCPConfig(4, 0, 4, 256, layout="cost-balanced")
-    batch = pcp_fn.make_batch(cfg, [256], [0], [256], slot_mapping=range(256))
+    batch = pcp_fn.make_batch(cfg, [n], [k], [n + k], slot_mapping=range(n))
     _, out = pcp_fn.all_ranks(pcp_fn.step, pcp_fn.init_state(cfg, rank=0), batch)
-    n = out.layout.num_tokens.tolist()
-    work = np.array([int((out.positions[r, : n[r]] + 1).sum()) for r in range(4)])
-    # an independent count: rank q holds [floor(256 sqrt(q/4)), floor(256 sqrt((q+1)/4)))
-    b = [int(np.floor(256 * np.sqrt(q / 4))) for q in range(5)]
-    assert n == [b[q + 1] - b[q] for q in range(4)] == [128, 53, 40, 35]
-    # within 4% (the floors); an equal-token linear split of the same prefill is 7x apart
-    assert work.max() / work.min() < 1.05
-    assert int(batch.bucket.num_tokens) >= max(n)
+    held = out.layout.num_tokens.tolist()
+    assert held == _balanced_runs(n, k, 4) == runs
+    # each rank's causal work within 4% of the others' (the integer cuts); the equal-token split of
+    # the fresh prefill is 6.9x apart, and behind a 1000-token context still 1.19x
+    work = np.array([int((out.positions[r, : held[r]] + 1).sum()) for r in range(4)])
+    assert work.max() / work.min() < 1.04
+    assert batch.bucket.num_tokens >= max(held)
 
 
 def test_the_cost_balanced_layout_is_captured_and_replays():

@@ -41,9 +41,9 @@ def test_a_layout_object_given_to_the_config_is_registered_by_name():
     class Whole(pcp_fn.PartitionLayout):  # every rank holds everything: a (wasteful) valid layout
         name = "test-whole-requests"
 
-        def segments(self, config, geometry, rank):
-            n = geometry.num_scheduled
-            return torch.zeros_like(n)[:, None], torch.where(geometry.replicated, n, n * (rank == 0))[:, None]
+        def segments(self, config, requests, rank):
+            n = requests.num_scheduled
+            return torch.zeros_like(n)[:, None], torch.where(requests.replicated, n, n * (rank == 0))[:, None]
 
     cfg = PCPConfig(2, 0, 4, 32, layout=Whole())
     assert cfg.layout == "test-whole-requests" and pcp_fn.get_layout(cfg.layout) is cfg.layout_impl
@@ -71,31 +71,55 @@ def test_mrv2_facade_layout_worked_example():
     assert restored[:14].tolist() == [0, 100, 101, 102, 103, 104, *range(200, 208)]
 
 
-@settings(max_examples=25)
+@settings(max_examples=60)
 @given(
     P=st.integers(1, 5),
     sched=st.lists(st.integers(0, 40), min_size=1, max_size=6),
     num_decodes=st.integers(0, 3),
+    mode=st.sampled_from(["replicated", "sharded", "dcp"]),
 )
-def test_mrv2_facade_layout_holds_the_tokens_mrv2_gives_each_rank(P, sched, num_decodes):
-    """The "mrv2" Layout against pcp_fn.mrv2's own numpy twin of vLLM's segment rules."""
+def test_mrv2_facade_layout_holds_the_tokens_mrv2_gives_each_rank(P, sched, num_decodes, mode):
+    """The "mrv2" / "mrv2-sharded" Layouts against pcp_fn.mrv2's own numpy twin of vLLM's segment
+    rules (vLLM's lockstep tests check that twin): decodes replicated, dealt round-robin
+    (shard_decode_requests), or with DCP the short prefills replicated too."""
     num_decodes = min(num_decodes, len(sched))
     sched = [min(n, 1) for n in sched[:num_decodes]] + sched[num_decodes:]
     comp = [5 if i < num_decodes else 0 for i in range(len(sched))]
     prompt = [5 if i < num_decodes else max(n, 1) for i, n in enumerate(sched)]
     R, T = len(sched), max(sum(sched), 1)
-    cfg = PCPConfig(P, 0, R, T, layout="mrv2")
+    shard, dcp = mode == "sharded", 2 if mode == "dcp" else 1
+    cfg = PCPConfig(P, 0, R, T, dcp_size=dcp, layout="mrv2-sharded" if shard else "mrv2")
     batch = make_batch(cfg, sched, comp, prompt)
     _, lay = pcp_fn.all_ranks(pcp_fn.update_tokens, init_state(cfg, rank=0), batch)
     is_decode = np.asarray(lay.is_decode[0, :R])
     for rank in range(P):
-        seg = local_segments(MRV2Config(P, rank, R, T), rank, np.array(sched), ~is_decode)
+        mrv2 = MRV2Config(P, rank, R, T, shard_decode_requests=shard, dcp_size=dcp)
+        seg = local_segments(mrv2, rank, np.array(sched), ~is_decode)
         expected = [
             (int(i), int(o) + k) for i, o, n in zip(seg.request, seg.offset, seg.length) for k in range(n)
         ]
         n = int(lay.num_tokens[rank])
         got = list(zip(lay.request_index[rank, :n].tolist(), lay.positions[rank, :n].tolist()))
         assert got == expected, (rank, sched)
+        # the bucket's bound is the fullest rank's rows (vLLM get_num_tokens_for_dispatch)
+        assert batch.bucket.num_tokens >= int(seg.per_rank_num_tokens.max())
+    bound = cfg.layout_impl.num_local_tokens(cfg, np.array(sched), int(is_decode.sum()), np.array(comp))
+    assert bound == int(seg.per_rank_num_tokens.max()) or P == 1
+
+
+def test_the_sharded_mrv2_layout_refuses_dcp_and_spec_tokens():
+    with pytest.raises(ValueError, match="requires dcp_size == 1"):
+        PCPConfig(2, 0, 4, 32, dcp_size=2, layout="mrv2-sharded")
+    with pytest.raises(ValueError, match="num_spec_tokens=1"):
+        PCPConfig(2, 0, 4, 32, num_spec_tokens=1, layout="mrv2-sharded")
+    # P = 2, decodes [1, 1, 1] dealt to ranks 0, 1, 0; the prefill of 8 split as in "mrv2"
+    cfg = PCPConfig(2, 0, 4, 32, layout="mrv2-sharded")
+    batch = make_batch(cfg, [1, 1, 1, 8], [7, 7, 7, 0], [3, 3, 3, 8], slot_mapping=range(11))
+    _, out = pcp_fn.all_ranks(pcp_fn.step, init_state(cfg, rank=0), batch)
+    n0, n1 = out.query_start_loc[:, -1].tolist()
+    assert out.layout.request_index[0, :n0].tolist() == [0, 2, 3, 3, 3, 3]
+    assert out.layout.request_index[1, :n1].tolist() == [1, 3, 3, 3, 3]
+    assert out.logits_indices[0].tolist() == [0, 1, 2, 10]  # scheduler order
 
 
 def test_a_trace_records_the_layout_by_name(tmp_path):
