@@ -192,6 +192,7 @@ def main():
             "padded_slot_mapping": (pcp_fn.padded_slot_mapping, (updated, batch.slot_mapping)),
             "restore_hidden_states": (pcp_fn.restore_hidden_states, (updated, gathered)),
             "attention_metadata": (pcp_fn.attention_metadata, (state, batch)),
+            "attention_runs": (pcp_fn.attention_runs, (updated,)),
             "step": (pcp_fn.step, (state, batch)),
             "composed step": (composed, (state, batch, gathered)),
         }

@@ -17,6 +17,7 @@ Peers and tools:
 """
 
 from . import dcs, graph, hybrid, mrv2, multimodal, spec
+from .attention_runs import AttentionRuns, attention_runs
 from .core.buckets import Bucket
 from .core.rank import all_ranks
 from .core.seqlens import cp_local_seq_lens
@@ -80,6 +81,7 @@ from .step import StepOutputs, step
 
 __all__ = [
     "AttentionMetadata",
+    "AttentionRuns",
     "Bucket",
     "DraftSplit",
     "HostSyncError",
@@ -106,6 +108,7 @@ __all__ = [
     "all_ranks",
     "assert_no_host_syncs",
     "attention_metadata",
+    "attention_runs",
     "available_layouts",
     "count_aten_ops",
     "cp_local_seq_lens",

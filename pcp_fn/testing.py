@@ -19,6 +19,9 @@ decodes, the empty batch), and checks the protocol's invariants
   once, in request order, at the rows ``restored_spans`` names;
 - slots: every scheduled slot exactly once in ``padded_slot_mapping``, the other
   rows ``pad_slot_id``; logits rows land on each request's last token;
+- attention runs: :func:`pcp_fn.attention_runs` (read from the layout's ``state_local_rows``)
+  cuts the rows ``step`` returns into maximal runs of consecutive tokens of one request,
+  real or pad, each run attending its last position + 1 keys (a pad run: the request's);
 - fixed shapes: every output's shapes are those of an empty batch of the same bucket;
 - ``all_ranks`` (``vmap`` over the rank) equals each rank's own static-rank step;
 - spec decode (configs with speculative tokens, decodes drafting ``n - 1``): the rows
@@ -33,7 +36,8 @@ decodes, the empty batch), and checks the protocol's invariants
 
 Then, for ``graph_pcp_sizes``: ``no_host_syncs``, ``torch.compile(fullgraph=True)``
 with one graph per bucket (two batches of a bucket: one graph; a third bucket: one
-more), compiled equal to eager, and ``torch.export`` with static shapes; with spec
+more), compiled equal to eager (``attention_runs`` after it too), and ``torch.export``
+with static shapes; with spec
 tokens, the post-forward spec-decode prep (``spec_decode_indices``,
 ``decode_hidden_states``, ``split_prefill_for_draft``, ``first_pass_inputs``) under
 ``no_host_syncs`` and ``fullgraph=True``, compiled equal to eager.
@@ -52,11 +56,12 @@ import torch.utils._pytree as pytree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from .attention_runs import attention_runs
 from .core.layout_protocol import Layout, register_layout
 from .core.rank import all_ranks
 from .dcs.batch import classify_decodes, make_batch, token_rows
 from .dcs.config import PCPConfig
-from .dcs.state import init_state
+from .dcs.state import PCPState, init_state
 from .graph.export import export
 from .graph.sync import no_host_syncs
 from .logits import get_logits_indices
@@ -268,8 +273,49 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         _, again = padded_slot_mapping(st_r, batch.slot_mapping)
         if not np.array_equal(_np(again), sm):
             _fail("slots", cfg, b, "padded_slot_mapping differs from step's slot_mapping")
+        _check_attention_runs(cfg, b, r, st_r, out)
     if cfg.num_spec_tokens > 0:
         _check_spec(cfg, b, [st for st, _ in statics], codes, is_decode, whole)
+
+
+def _expected_runs(b: Batch, req: np.ndarray, offset: np.ndarray) -> list[list[int]]:
+    """``[first_row, rows, request, is_pad, keys]`` of each run of a rank's real rows, one row at a time."""
+    sched = np.asarray(b.sched + (0,), np.int64)
+    comp = np.asarray(b.comp + (0,), np.int64)
+    runs: list[list[int]] = []
+    for row, (i, o) in enumerate(zip(req.tolist(), offset.tolist())):
+        pad = int(o >= sched[min(i, len(b.sched))])
+        last = runs[-1] if runs else None
+        if last is not None and last[2] == i and last[3] == pad and o == last[5] + 1:
+            last[1], last[5] = last[1] + 1, o
+        else:
+            runs.append([row, 1, i, pad, 0, o])
+    for run in runs:  # a real run sees up to its last token (bottom-right causal); a pad run, the request
+        i = min(run[2], len(b.sched))
+        run[4] = int(comp[i] + (sched[i] if run[3] else run[5] + 1))
+    return [run[:5] for run in runs]
+
+
+def _check_attention_runs(cfg: PCPConfig, b: Batch, r: int, st_r: PCPState, out: Any) -> None:
+    _, runs = attention_runs(st_r)
+    n_r = int(out.layout.num_tokens)
+    Lb = out.positions.shape[0]
+    want = _expected_runs(b, _np(out.layout.request_index)[:n_r], _np(out.layout.positions)[:n_r])
+    m = len(want)
+    qsl, keys = _np(runs.query_start_loc).astype(np.int64), _np(runs.seq_lens).astype(np.int64)
+    got = [
+        [int(qsl[j]), int(qsl[j + 1] - qsl[j]), int(runs.request[j]), int(runs.is_padding[j]), int(keys[j])]
+        for j in range(min(m, Lb))
+    ]
+    if int(runs.num_runs) != m or got != want:
+        _fail(
+            "attention runs",
+            cfg,
+            b,
+            f"rank {r}'s runs [first, rows, request, pad, keys] {got} != {want} (from step's rows)",
+        )
+    if (qsl[m:] != n_r).any() or (keys[m:] != 0).any() or (_np(runs.request)[m:] != 0).any():
+        _fail("attention runs", cfg, b, f"rank {r}'s runs past num_runs={m} are not empty")
 
 
 def _check_spec(
@@ -398,37 +444,50 @@ def check_graphs(cfg: PCPConfig, R: int, T: int) -> None:
         )
     small = make_batch(cfg, [1], [0], [1], slot_mapping=[0])
     state = init_state(cfg)
-    try:
-        with no_host_syncs():
-            eager = [step(state, x) for x in made]
-            step(state, small)
-    except Exception as e:
-        raise LayoutCheckError(f"layout {layout_name!r}: a host sync inside step: {e}") from e
-    graphs, backend = _counting_backend()
-    torch._dynamo.reset()
-    fn = torch.compile(step, fullgraph=True, dynamic=False, backend=backend)
-    try:
-        compiled = [fn(state, x) for x in made]
-        one = len(graphs)
-        fn(state, small)
-    except Exception as e:
+    eager, counts = _eager_and_compiled(layout_name, "step", step, [(state, x) for x in (*made, small)])
+    if counts[1] != 1 or counts[2] != 2 - (small.bucket == cfg.capacity):
         raise LayoutCheckError(
-            f"layout {layout_name!r}: step does not compile with fullgraph=True: {e}"
-        ) from e
-    finally:
-        torch._dynamo.reset()
-    if one != 1 or len(graphs) != 2 - (small.bucket == cfg.capacity):
-        raise LayoutCheckError(
-            f"layout {layout_name!r}: {one} graphs for two batches of one bucket, {len(graphs)} with a "
+            f"layout {layout_name!r}: {counts[1]} graphs for two batches of one bucket, {counts[2]} with a "
             "third bucket: a graph must depend on the bucket only"
         )
-    for e_out, c_out in zip(eager, compiled):
-        if not all(torch.equal(a, c) for a, c in zip(_tensors(e_out), _tensors(c_out))):
-            raise LayoutCheckError(f"layout {layout_name!r}: the compiled step differs from the eager one")
+    runs_states = [(st,) for st, _ in eager[:2]]
+    if _eager_and_compiled(layout_name, "attention_runs", attention_runs, runs_states)[1][-1] != 1:
+        raise LayoutCheckError(f"layout {layout_name!r}: attention_runs makes more than one graph a bucket")
     try:
         export(step, state, made[0])
     except Exception as e:
         raise LayoutCheckError(f"layout {layout_name!r}: torch.export of step fails: {e}") from e
+
+
+def _eager_and_compiled(
+    layout_name: str, what: str, fn: Any, calls: list[tuple[Any, ...]]
+) -> tuple[list[Any], list[int]]:
+    """``fn(*args)`` for each ``args`` of ``calls`` under ``no_host_syncs``, then compiled with
+    ``fullgraph=True`` (equal to eager); returns the eager outputs and the graphs made so far
+    after each compiled call."""
+    try:
+        with no_host_syncs():
+            eager = [fn(*args) for args in calls]
+    except Exception as e:
+        raise LayoutCheckError(f"layout {layout_name!r}: a host sync inside {what}: {e}") from e
+    graphs, backend = _counting_backend()
+    torch._dynamo.reset()
+    compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
+    compiled, counts = [], []
+    try:
+        for args in calls:
+            compiled.append(compiled_fn(*args))
+            counts.append(len(graphs))
+    except Exception as e:
+        raise LayoutCheckError(
+            f"layout {layout_name!r}: {what} does not compile with fullgraph=True: {e}"
+        ) from e
+    finally:
+        torch._dynamo.reset()
+    for e_out, c_out in zip(eager, compiled):
+        if not all(torch.equal(a, c) for a, c in zip(_tensors(e_out), _tensors(c_out))):
+            raise LayoutCheckError(f"layout {layout_name!r}: the compiled {what} differs from the eager one")
+    return eager, counts
 
 
 def _draft_prep(
@@ -457,26 +516,7 @@ def check_spec_graphs(cfg: PCPConfig, R: int, T: int) -> None:
     full = torch.arange(1, token_rows(cfg, state.bucket) + 1)
     hidden = torch.arange(cfg.pcp_size * Lb, dtype=torch.float32)[:, None].expand(-1, 4).contiguous()
     args = (state, drafts, ids, full, hidden)
-    try:
-        with no_host_syncs():
-            eager = _draft_prep(*args)
-    except Exception as e:
-        raise LayoutCheckError(
-            f"layout {cfg.layout_name!r}: a host sync inside the spec-decode prep: {e}"
-        ) from e
-    torch._dynamo.reset()
-    try:
-        compiled = torch.compile(_draft_prep, fullgraph=True, dynamic=False, backend="eager")(*args)
-    except Exception as e:
-        raise LayoutCheckError(
-            f"layout {cfg.layout_name!r}: the spec-decode prep does not compile with fullgraph=True: {e}"
-        ) from e
-    finally:
-        torch._dynamo.reset()
-    if not all(torch.equal(a, c) for a, c in zip(_tensors(eager), _tensors(compiled))):
-        raise LayoutCheckError(
-            f"layout {cfg.layout_name!r}: the compiled spec-decode prep differs from eager"
-        )
+    _eager_and_compiled(cfg.layout_name, "spec-decode prep", _draft_prep, [args])
 
 
 def check_layout(

@@ -60,6 +60,7 @@ LAYERS = {
     "logits": 5,
     "slots": 5,
     "restore": 5,
+    "attention_runs": 5,
     "step": 5,
     "spec": 6,
     "distributed": 6,

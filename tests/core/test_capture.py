@@ -44,6 +44,7 @@ def _ops(state, batch):
         (pcp_fn.get_logits_indices, (updated,)),
         (pcp_fn.padded_slot_mapping, (updated, batch.slot_mapping)),
         (pcp_fn.restore_hidden_states, (updated, gathered)),
+        (pcp_fn.attention_runs, (updated,)),
         (pcp_fn.step, (state, batch)),
     ]
 
