@@ -279,33 +279,31 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
 
 
 def _expected_runs(b: Batch, req: np.ndarray, offset: np.ndarray) -> list[list[int]]:
-    """``[first_row, rows, request, is_pad, keys]`` of each run of a rank's real rows, one row at a time."""
-    sched = np.asarray(b.sched + (0,), np.int64)
-    comp = np.asarray(b.comp + (0,), np.int64)
+    """``[first_row, rows, request, is_pad, keys]`` of each run of a rank's real rows, one row at a time
+    (the ownership rule has checked every ``req`` is a request of ``b``)."""
     runs: list[list[int]] = []
     for row, (i, o) in enumerate(zip(req.tolist(), offset.tolist())):
-        pad = int(o >= sched[min(i, len(b.sched))])
+        pad = int(o >= b.sched[i])
         last = runs[-1] if runs else None
         if last is not None and last[2] == i and last[3] == pad and o == last[5] + 1:
             last[1], last[5] = last[1] + 1, o
         else:
             runs.append([row, 1, i, pad, 0, o])
     for run in runs:  # a real run sees up to its last token (bottom-right causal); a pad run, the request
-        i = min(run[2], len(b.sched))
-        run[4] = int(comp[i] + (sched[i] if run[3] else run[5] + 1))
+        i = run[2]
+        run[4] = b.comp[i] + (b.sched[i] if run[3] else run[5] + 1)
     return [run[:5] for run in runs]
 
 
 def _check_attention_runs(cfg: PCPConfig, b: Batch, r: int, st_r: PCPState, out: Any) -> None:
     _, runs = attention_runs(st_r)
     n_r = int(out.layout.num_tokens)
-    Lb = out.positions.shape[0]
     want = _expected_runs(b, _np(out.layout.request_index)[:n_r], _np(out.layout.positions)[:n_r])
-    m = len(want)
+    m = len(want)  # <= n_r <= L_b
     qsl, keys = _np(runs.query_start_loc).astype(np.int64), _np(runs.seq_lens).astype(np.int64)
+    request, pad = _np(runs.request), _np(runs.is_padding)
     got = [
-        [int(qsl[j]), int(qsl[j + 1] - qsl[j]), int(runs.request[j]), int(runs.is_padding[j]), int(keys[j])]
-        for j in range(min(m, Lb))
+        [int(qsl[j]), int(qsl[j + 1] - qsl[j]), int(request[j]), int(pad[j]), int(keys[j])] for j in range(m)
     ]
     if int(runs.num_runs) != m or got != want:
         _fail(
@@ -314,7 +312,7 @@ def _check_attention_runs(cfg: PCPConfig, b: Batch, r: int, st_r: PCPState, out:
             b,
             f"rank {r}'s runs [first, rows, request, pad, keys] {got} != {want} (from step's rows)",
         )
-    if (qsl[m:] != n_r).any() or (keys[m:] != 0).any() or (_np(runs.request)[m:] != 0).any():
+    if (qsl[m:] != n_r).any() or (keys[m:] != 0).any() or (request[m:] != 0).any():
         _fail("attention runs", cfg, b, f"rank {r}'s runs past num_runs={m} are not empty")
 
 

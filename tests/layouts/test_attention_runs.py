@@ -150,10 +150,8 @@ def test_a_varlen_kernel_over_the_runs_is_the_models_attention(name):
     """The dense masked attention pcp_fn.sim's tiny model runs (keys at positions <= the
     query's, within the request's context) equals the varlen kernel over the runs."""
     P, R, T = 4, 6, 64
-    b = Batch((1, 2, 0, 13, 29), (9, 4, 0, 0, 17), (5, 4, 1, 13, 46))
-    cfg = _config(name, P, R, T, spec=1 if name != "mrv2-sharded" else 0)
-    if name == "mrv2-sharded":
-        b = Batch((1, 1, 0, 13, 29), (9, 4, 0, 0, 17), (5, 4, 1, 13, 46))
+    cfg = _config(name, P, R, T, spec=1)  # "mrv2-sharded" refuses spec tokens: one-token decodes there
+    b = Batch((1, 1 + cfg.num_spec_tokens, 0, 13, 29), (9, 4, 0, 0, 17), (5, 4, 1, 13, 46))
     g = torch.Generator().manual_seed(0)
     context = [c + n for c, n in zip(b.comp, b.sched)]
     k_cache = torch.randn(len(b.sched), max(context), 8, generator=g, dtype=torch.float64)
