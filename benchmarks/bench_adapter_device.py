@@ -58,7 +58,7 @@ from _common import R, T, Tables, add_markdown_option  # noqa: E402
 from vllm_lockstep import GlobalStep, make_global_batch  # noqa: E402
 
 from pcp_fn.adapters.vllm import VllmApi, make_functional_manager  # noqa: E402
-from pcp_fn.adapters.vllm.graphs import HostLayout  # noqa: E402
+from pcp_fn.adapters.vllm.graphs import HostSegments  # noqa: E402
 
 H = 128
 PHASES = ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "restore")
@@ -67,7 +67,9 @@ PHASES = ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "rest
 def descriptor(P: int, sched: list[int], comp: list[int], plen: list[int]) -> Any:
     """The descriptor ``bench_vllm.py`` gives the batch (:func:`bench_vllm.dispatched`), its
     largest rank from the host twin (vLLM's ``get_num_tokens_for_dispatch`` is not here)."""
-    host = HostLayout(P, 0, shard_decode_requests=True, dcp_size=1, dcp_rank=0, cp_interleave=1)
+    host = HostSegments(
+        P, 0, shard_decode_requests=True, dcp_size=1, dcp_rank=0, cp_kv_cache_interleave_size=1
+    )
     prefilling = np.minimum(comp, plen) < np.array(plen)
     widest = int(host.segments(np.array(sched, np.int32), prefilling).per_rank_num_tokens.max())
     Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor

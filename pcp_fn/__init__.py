@@ -4,13 +4,14 @@ Every op is ``op(state, ...) -> (state, outputs)`` on fixed-shape device
 tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
 vmaps and captures into one CUDA/ACL graph. Documentation: ``docs/`` (https://pcp-fn.github.io/pcp_fn/).
 
-The facade (this module) serves any :class:`Layout` (the public layout protocol),
+The facade (this module) serves any :class:`Layout` (the public layout protocol,
+:mod:`pcp_fn.protocol`: the config, state, batch and row types every layout shares),
 chosen by ``PCPConfig(..., layout=name)``: ``"dcs"`` (DualChunkSwap, the default),
 ``"hybrid"`` (``hybrid_attn``), ``"mrv2"`` (model runner V2's unpadded chunks) or a
-researcher's :class:`PartitionLayout` (checked by :func:`pcp_fn.testing.check_layout`).
-Peers and tools:
+researcher's (checked by :func:`pcp_fn.testing.check_layout`). Peers and tools:
 
-- :mod:`pcp_fn.dcs`, :mod:`pcp_fn.hybrid`, :mod:`pcp_fn.mrv2`: the three layouts;
+- :mod:`pcp_fn.protocol`: what every layout shares, and :class:`PartitionLayout`;
+- :mod:`pcp_fn.dcs`, :mod:`pcp_fn.hybrid`, :mod:`pcp_fn.mrv2`: the built-in layouts, one package each;
 - :mod:`pcp_fn.spec`: speculative-decode (MTP) prep; :mod:`pcp_fn.multimodal`;
 - :mod:`pcp_fn.graph`: capture per bucket, export, host-sync checks;
 - :mod:`pcp_fn.sim` (not imported here): the simulator, traces and the CLI.
@@ -21,31 +22,12 @@ from .attention_runs import AttentionRuns, attention_runs
 from .core.buckets import Bucket
 from .core.rank import all_ranks
 from .core.seqlens import cp_local_seq_lens
-from .dcs import (
-    AttentionMetadata,
-    PaddedIndex,
-    PCPConfig,
-    PCPState,
-    SchedulerBatch,
-    TokenLayout,
-    attention_metadata,
-    init_state,
-    make_batch,
-)
+from .dcs import AttentionMetadata, PaddedIndex, attention_metadata
 from .distributed import all_gather_and_restore, process_group_all_gather
 from .graph import HostSyncError, assert_no_host_syncs, count_aten_ops, no_host_syncs
 from .hybrid import HybridLayout, adjust_cu_num_scheduled_tokens
-from .layouts import (
-    Layout,
-    PackageLayout,
-    available_layouts,
-    get_layout,
-    layout_of,
-    register_layout,
-    update_tokens,
-)
 from .logits import get_logits_indices
-from .mrv2 import MRV2Config
+from .mrv2 import MRV2Config, MRV2Partition
 from .multimodal import (
     MRopeTables,
     PromptEmbeds,
@@ -54,7 +36,28 @@ from .multimodal import (
     pack_prompt_embeds,
     remap_mrope_positions,
 )
-from .partition import MRV2Partition, PartitionLayout, Requests, rows_from_segments
+from .protocol import (
+    GatheredOrder,
+    Layout,
+    LayoutUpdate,
+    LocalRows,
+    PackageLayout,
+    PartitionLayout,
+    PCPConfig,
+    PCPState,
+    RequestGeometry,
+    Requests,
+    RestoredSpans,
+    SchedulerBatch,
+    TokenLayout,
+    available_layouts,
+    get_layout,
+    init_state,
+    layout_of,
+    make_batch,
+    register_layout,
+    rows_from_segments,
+)
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
 from .spec import (
@@ -78,15 +81,19 @@ from .spec import (
     split_prefill_for_draft,
 )
 from .step import StepOutputs, step
+from .update_tokens import update_tokens
 
 __all__ = [
     "AttentionMetadata",
     "AttentionRuns",
     "Bucket",
     "DraftSplit",
+    "GatheredOrder",
     "HostSyncError",
     "HybridLayout",
     "Layout",
+    "LayoutUpdate",
+    "LocalRows",
     "MRV2Config",
     "MRV2Partition",
     "MRopeTables",
@@ -97,7 +104,9 @@ __all__ = [
     "PartitionLayout",
     "PrevStep",
     "PromptEmbeds",
+    "RequestGeometry",
     "Requests",
+    "RestoredSpans",
     "SchedulerBatch",
     "SpecInputs",
     "SpecStepOutputs",

@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from .core.pytree import pytree_dataclass
 from .core.ragged import scatter_to, take
-from .dcs.state import PCPState
-from .layouts import layout_of
+from .protocol.layout import layout_of
+from .protocol.state import PCPState
 
 
 @pytree_dataclass

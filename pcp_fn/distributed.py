@@ -44,7 +44,7 @@ import torch.distributed as dist
 if dist.is_available():  # torch builds without distributed support still import pcp_fn
     from torch.distributed import _functional_collectives as funcol
 
-from .dcs.state import PCPState
+from .protocol.state import PCPState
 from .restore import restore_hidden_states
 
 AllGather = Callable[[torch.Tensor], torch.Tensor]

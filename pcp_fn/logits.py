@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .dcs.state import PCPState
-from .layouts import layout_of
+from .protocol.layout import layout_of
+from .protocol.state import PCPState
 
 
 def get_logits_indices(state: PCPState) -> tuple[PCPState, torch.Tensor]:

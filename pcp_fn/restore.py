@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .dcs.state import PCPState
-from .layouts import layout_of
+from .protocol.layout import layout_of
+from .protocol.state import PCPState
 
 
 def check_gathered(state: PCPState, gathered: torch.Tensor) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from .core.ragged import masked_gather
-from .dcs.batch import check_token_input
-from .dcs.state import PCPState
-from .layouts import layout_of
+from .protocol.batch import check_token_input
+from .protocol.layout import layout_of
+from .protocol.state import PCPState
 
 
 def padded_slot_mapping(state: PCPState, slot_mapping: torch.Tensor) -> tuple[PCPState, torch.Tensor]:

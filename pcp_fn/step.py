@@ -18,10 +18,10 @@ import torch
 from .core.entry import entry_op
 from .core.pytree import pytree_dataclass
 from .core.ragged import masked_gather
-from .dcs.batch import SchedulerBatch, check_token_input
-from .dcs.layout import LayoutUpdate, TokenLayout
-from .dcs.state import PCPState
-from .layouts import check_batch, layout_of
+from .protocol.batch import SchedulerBatch, check_token_input
+from .protocol.layout import layout_of
+from .protocol.rows import LayoutUpdate, TokenLayout
+from .protocol.state import PCPState, check_batch
 
 
 @pytree_dataclass

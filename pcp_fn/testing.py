@@ -16,7 +16,8 @@ decodes, the empty batch), and checks the protocol's invariants
   grouped by request, ``query_start_loc`` counting them, padding at the tail;
 - positions ``num_computed + offset`` on real rows, 0 on padding;
 - restore: ``restore_hidden_states`` of the rank-major all-gather puts every token
-  once, in request order, at the rows ``restored_spans`` names;
+  once, in request order, at the rows ``restored_spans`` names, each read from the rank
+  that holds it (rank 0's copy of a replicated token: all-gathered rows tagged by rank);
 - slots: every scheduled slot exactly once in ``padded_slot_mapping``, the other
   rows ``pad_slot_id``; logits rows land on each request's last token;
 - attention runs: :func:`pcp_fn.attention_runs` (read from the layout's ``state_local_rows``)
@@ -57,14 +58,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .attention_runs import attention_runs
-from .core.layout_protocol import Layout, register_layout
 from .core.rank import all_ranks
-from .dcs.batch import classify_decodes, make_batch, token_rows
-from .dcs.config import PCPConfig
-from .dcs.state import PCPState, init_state
 from .graph.export import export
 from .graph.sync import no_host_syncs
 from .logits import get_logits_indices
+from .protocol.batch import classify_decodes, make_batch, token_rows
+from .protocol.config import PCPConfig
+from .protocol.layout import Layout
+from .protocol.registry import register_layout
+from .protocol.state import PCPState, init_state
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
 from .spec import decode_hidden_states, first_pass_inputs, spec_decode_indices, split_prefill_for_draft
@@ -216,18 +218,23 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         codes[r, :n_r] = np.where(real, starts[np.minimum(req[:n_r], max(R - 1, 0))] + pos[:n_r], -1)
     # the layout says which requests are whole on every rank (the decodes, for most layouts)
     whole = _np(cfg.layout_impl.state_geometry(statics[0][0]).replicated)[:R].astype(bool)
+    # the rank each token's restored row must be read from: rank 0's copy of a replicated token
+    source = np.zeros(total, np.int64)
     for i, n in enumerate(b.sched):
         owners = list(range(P)) if whole[i] else None
         for j in range(n):
             ranks = held.pop((i, j), [])
             if (owners is not None and sorted(ranks) != owners) or (owners is None and len(ranks) != 1):
                 _fail("ownership", cfg, b, f"token {j} of request {i} is on ranks {ranks}")
+            source[starts[i] + j] = 0 if owners is not None else ranks[0]
     if held:
         _fail("ownership", cfg, b, f"rows of tokens that are not scheduled: {sorted(held)[:5]}")
-    # restore: the rank-major all-gather of each rank's token codes
+    # restore: the rank-major all-gather of each rank's token codes, and of each row's rank
     st0 = statics[0][0]
     _, restored = restore_hidden_states(st0, torch.from_numpy(codes.reshape(G)))
     restored = _np(restored)
+    _, read_from = restore_hidden_states(st0, torch.arange(P).repeat_interleave(Lb))
+    read_from = _np(read_from)
     spans = cfg.layout_impl.restored_spans(st0)
     start, length = _np(spans.start)[:R].astype(np.int64), _np(spans.length)[:R]
     taken = np.zeros(G, bool)
@@ -242,6 +249,15 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         taken[rows] = True
         if not np.array_equal(restored[rows], starts[i] + np.arange(n)):
             _fail("restore", cfg, b, f"request {i}'s restored rows hold {restored[rows].tolist()}")
+        want = source[starts[i] : starts[i] + n]
+        if not np.array_equal(read_from[rows], want):
+            _fail(
+                "restore",
+                cfg,
+                b,
+                f"request {i}'s restored rows are read from ranks {read_from[rows].tolist()}, not "
+                f"{want.tolist()} (rank 0's copy of a replicated token, the owner's of any other)",
+            )
     if (
         not np.array_equal(np.flatnonzero(taken), np.sort(np.flatnonzero(taken)))
         or (np.diff(start[[i for i, n in enumerate(b.sched) if n]]) < 0).any()

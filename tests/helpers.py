@@ -49,5 +49,5 @@ def snapshot(tree):
 
 def no_slots(batch) -> torch.Tensor:
     """A bucket-shaped slot mapping of padding only, for tests that do not look at KV slots."""
-    rows = pcp_fn.dcs.batch.token_rows(batch.config, batch.bucket)
+    rows = pcp_fn.protocol.batch.token_rows(batch.config, batch.bucket)
     return torch.full((rows,), batch.config.pad_slot_id, dtype=torch.int32)

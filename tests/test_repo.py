@@ -51,12 +51,12 @@ PKG = ROOT / "pcp_fn"
 LAYERS = {
     "core": 0,
     "graph": 1,
-    "dcs": 2,
-    "mrv2": 2,
+    "protocol": 2,
     "multimodal": 2,
-    "hybrid": 3,
-    "partition": 3,
-    "layouts": 4,
+    "dcs": 3,
+    "mrv2": 3,
+    "hybrid": 4,
+    "update_tokens": 5,
     "logits": 5,
     "slots": 5,
     "restore": 5,
@@ -95,23 +95,19 @@ def _module_name(path: pathlib.Path) -> str:
 
 
 def _imports(path: pathlib.Path):
-    """``(target module, imported names, at module level?)`` of every run-time import in ``path``
-    (``if TYPE_CHECKING:`` imports are left out: they never run)."""
+    """``(target module, imported names, at module level?)`` of every import in ``path``, the
+    ``if TYPE_CHECKING:`` ones included: a type-only import is an arrow between modules too."""
     import ast
 
     tree = ast.parse(path.read_text())
     this = _module_name(path).split(".")
     package = this if path.name == "__init__.py" else this[:-1]
-    in_functions, type_only = set(), set()
+    in_functions = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             in_functions.update(id(n) for n in ast.walk(node))
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
-            type_only.update(id(n) for n in ast.walk(node))
     out = []
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         top = id(node) not in in_functions
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -209,17 +205,50 @@ def test_adapters_are_one_package_per_engine_line_and_share_only_public_names():
             assert not private and not hidden, f"{mod} imports private {private or hidden} of {other}"
 
 
-def test_no_adapter_function_is_longer_than_80_lines():
+def test_no_library_function_is_longer_than_80_lines():
     import ast
 
     long = []
-    for path in (PKG / "adapters").rglob("*.py"):
+    for path in PKG.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > 80:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+def test_no_two_classes_share_a_name():
+    import ast
+    import collections
+
+    where = collections.defaultdict(list)
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not {name: at for name, at in where.items() if len(at) > 1}
+
+
+def test_the_protocol_package_knows_no_layout_and_finds_the_builtins_by_name():
+    """A layout author reads pcp_fn.protocol alone: it imports no layout package; the registry
+    finds each built-in at the module attribute it names, and checks a layout by the members of
+    the Layout protocol."""
+    import importlib
+
+    import pcp_fn.protocol as protocol
+    from pcp_fn.protocol import registry
+
+    for path in (PKG / "protocol").rglob("*.py"):
+        for target, _, _ in _imports(path):
+            assert target.split(".")[:2] in (
+                ["pcp_fn", "core"],
+                ["pcp_fn", "protocol"],
+            ) or not target.startswith("pcp_fn"), f"{path.name} imports {target}"
+    for name, (module, attribute) in registry.BUILTIN_LAYOUTS.items():
+        assert getattr(importlib.import_module(module), attribute).name == name
+    declared = {m for m in vars(protocol.Layout) if not m.startswith("_")} | {"name"}
+    assert declared == set(registry.PROTOCOL_MEMBERS)
 
 
 def test_import_pcp_fn_imports_neither_the_simulator_nor_vllm():

@@ -235,7 +235,7 @@ def check_multimodal(step):
     batch = pcp_fn.make_batch(cfg, sched, comp, prompt)
     Rb = batch.bucket.num_reqs
     _, out = pcp_fn.step(
-        pcp_fn.init_state(cfg), batch, torch.full((pcp_fn.dcs.batch.token_rows(cfg, batch.bucket),), -1)
+        pcp_fn.init_state(cfg), batch, torch.full((pcp_fn.protocol.batch.token_rows(cfg, batch.bucket),), -1)
     )
     N = int(out.layout.num_tokens)
     local = out.layout.pcp_tokens[:n].numpy().astype(np.int32)

@@ -137,7 +137,7 @@ def check_draft_split(m, cfg, state, rng):
     # the draft pass of a step whose prefills are these: its bucket holds this rank's slices
     batch = pcp_fn.make_batch(cfg, lens, [0] * K, lens)
     state, _ = pcp_fn.update_tokens(state, batch)
-    Fb, Lb = pcp_fn.dcs.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    Fb, Lb = pcp_fn.protocol.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
     full = torch.zeros(Fb, dtype=ids.dtype)
     full[:S] = ids
     restored = torch.zeros(cfg.pcp_size * Lb, H, dtype=hid.dtype)  # no decodes: FA rows = prefill tokens

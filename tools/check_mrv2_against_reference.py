@@ -428,7 +428,7 @@ def check(c):
         c["T"],
         shard_decode_requests=c["shard"],
         dcp_size=c["dcp"],
-        cp_interleave=c["interleave"],
+        cp_kv_cache_interleave_size=c["interleave"],
         moe_gathers_tokens=c["moe"],
     )
     tokens, segs = mrv2.rank_counts(cfg, np.asarray(c["sched"]), np.asarray(c["prefilling"]))

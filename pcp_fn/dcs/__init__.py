@@ -3,48 +3,55 @@
 A prefill is padded to a multiple of ``2P`` and cut into ``2P`` chunks; rank
 ``r`` owns chunks ``r`` and ``2P-1-r``; decodes are replicated on every rank.
 
-- :mod:`.config`: :class:`PCPConfig` and the capacities it derives;
-- :mod:`.batch`: the host boundary, :func:`make_batch` -> :class:`SchedulerBatch`;
-- :mod:`.state`: :class:`PCPState`, :func:`init_state`;
-- :mod:`.layout`: the layout (:class:`TokenLayout`) and its ops;
-- :mod:`.attention`: the attention index metadata.
+- :mod:`.geometry`: :class:`ChunkGeometry`, every per-request size from one scan;
+- :mod:`.layout_tables`, :mod:`.attention_tables`: its config-only tables, rows named;
+- :mod:`.layout`: the layout's maps (local rows, the padded order, logits, spans);
+- :mod:`.attention`: the attention index metadata (vllm-ascend ``generate_pcp_metadata``);
+- :mod:`.host`: the host twin (every host value vllm-ascend's runner reads, O(R) numpy);
+- :mod:`.packing`: the scheduler batch's staging layout.
 
-The facade (``pcp_fn.update_tokens``, ``pcp_fn.step``...) and :mod:`pcp_fn.spec`
-serve this layout and the hybrid one (:mod:`pcp_fn.hybrid`), chosen by
-``config.hybrid_attn`` (both are :class:`pcp_fn.Layout` implementations, ``"dcs"`` and ``"hybrid"``).
+:data:`LAYOUT` is the built-in ``"dcs"`` :class:`pcp_fn.Layout` (the functions of
+:mod:`.layout`), the facade's default; the hybrid layout (:mod:`pcp_fn.hybrid`) keeps its
+geometry for the full-attention layers.
 """
 
+from ..protocol.package import PackageLayout
+from . import layout
 from .attention import AttentionMetadata, PaddedIndex, attention_metadata
-from .batch import SchedulerBatch, classify_decodes, make_batch
-from .config import PCPConfig
+from .geometry import ChunkGeometry, pad_multiple, request_geometry
 from .layout import (
-    TokenLayout,
     build,
+    constants,
     first_pass_rows,
+    gathered_order,
     logits_from_geometry,
+    num_local_tokens,
     restore_index,
     restored_spans,
+    state_geometry,
     state_local_rows,
     state_local_start,
 )
-from .state import PCPState, init_state
+
+LAYOUT = PackageLayout("dcs", layout)
 
 __all__ = [
+    "LAYOUT",
     "AttentionMetadata",
-    "PCPConfig",
-    "PCPState",
+    "ChunkGeometry",
     "PaddedIndex",
-    "SchedulerBatch",
-    "TokenLayout",
     "attention_metadata",
     "build",
-    "classify_decodes",
+    "constants",
     "first_pass_rows",
-    "init_state",
+    "gathered_order",
     "logits_from_geometry",
-    "make_batch",
+    "num_local_tokens",
+    "pad_multiple",
+    "request_geometry",
     "restore_index",
     "restored_spans",
+    "state_geometry",
     "state_local_rows",
     "state_local_start",
 ]

@@ -45,7 +45,6 @@ Differences from vllm-ascend (all forced by fixed shapes or by the device):
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -55,12 +54,12 @@ from ..core.pytree import pytree_dataclass
 from ..core.ragged import segment_of
 from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
+from ..protocol.batch import SchedulerBatch, classify_decodes
+from ..protocol.rows import RequestGeometry
+from ..protocol.state import PCPState
 from .attention_tables import range_tables
-from .batch import SchedulerBatch, classify_decodes
-from .layout import RequestGeometry, gathered_order, request_geometry
-
-if TYPE_CHECKING:
-    from .state import PCPState
+from .geometry import request_geometry
+from .layout import padded_order
 
 
 @pytree_dataclass
@@ -193,8 +192,8 @@ def _index_tensors(P: int, Cb: int, geo: RequestGeometry, runs: torch.Tensor) ->
     """
     caps = [k * Cb for k in range_tables(P)[0]]
     size = sum(caps)
-    b, c = geo.prefill_chunk_start[:-1, None], geo.prefill_chunk[:, None]  # decodes: c = 0
-    total = geo.prefill_chunk_start[-1]
+    b, c = geo.own.prefill_chunk_start[:-1, None], geo.own.prefill_chunk[:, None]  # decodes: c = 0
+    total = geo.own.prefill_chunk_start[-1]
     by_b, by_c, by_total, by_cb = runs.unbind(0)  # each [2, 10, 1, 3]: (start, shift)
     both = torch.addcmul(torch.addcmul(torch.addcmul(by_cb * Cb, by_total, total), by_b, b), by_c, c)
     starts, shifts = both.flatten(1).unbind(0)  # [10 * R_b * 3] each
@@ -251,7 +250,7 @@ def attention_metadata(
         check_int_tensor("decode_seq_lens", decode_seq_lens, (Rb,), "R_b, one per request row of the batch")
     is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
-    order = gathered_order(cfg, geo, Lb, state.constants)
+    order = padded_order(cfg, geo, Lb, state.constants)
 
     computed = batch.num_computed
     if decode_seq_lens is None:  # a decode's context: computed + scheduled
@@ -260,7 +259,7 @@ def attention_metadata(
         context = torch.where(is_decode, decode_seq_lens.to(computed.dtype), computed)
     meta = AttentionMetadata(
         num_computed_tokens_of_pcp_dcp=cp_local_seq_lens(context, P, D, cfg.cp_kv_cache_interleave_size),
-        num_actual_tokens_pcp_padded=geo.padded_start[-1],
+        num_actual_tokens_pcp_padded=geo.own.padded_start[-1],
         pcp_unpad_mask=order.unpad_mask,
         pcp_allgather_restore_idx=order.restore_index,
         query_lens_pcp_full=batch.num_scheduled,
@@ -278,7 +277,7 @@ def attention_metadata(
     # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); from the
     # prefill-chunk prefix sums before and through it (past the end: the total, empty requests).
     entry = (geo.request_ids + geo.num_decode_reqs + state.constants["attn_pair"]).clamp(max=Rb)
-    before, through = geo.prefill_chunk_start.index_select(0, entry.flatten()).view(2, Rb)
+    before, through = geo.own.prefill_chunk_start.index_select(0, entry.flatten()).view(2, Rb)
     scale_before, scale_through = select_rank(state.constants["attn_sums"], rank)[:, :, None]
     sums = torch.addcmul(scale_before * before, scale_through, through).to(torch.int32)
     return state, dataclasses.replace(

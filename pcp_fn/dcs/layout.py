@@ -31,103 +31,28 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..core.pytree import pytree_dataclass
-from ..core.ragged import arange_of, offsets, segment_of, segments_of
+from ..core.ragged import arange_of, segment_of, segments_of
 from ..core.rank import select_rank
-from .batch import SchedulerBatch, classify_decodes
-from .config import PCPConfig
-from .state import PCPState
+from ..protocol.batch import SchedulerBatch, batch_is_decode
+from ..protocol.config import PCPConfig, two_chunk_bound
+from ..protocol.rows import (
+    GatheredOrder,
+    LayoutUpdate,
+    LocalRows,
+    RequestGeometry,
+    RestoredSpans,
+    TokenLayout,
+)
+from ..protocol.state import PCPState, next_state
+from .attention_tables import attention_constants
+from .geometry import request_geometry
+from .layout_tables import layout_constants
 
 
-class RequestGeometry(NamedTuple):
-    """Per-request sizes of the layout; ``[n]`` int64 (``*_start``: ``[n + 1]``), ``replicated`` bool.
-
-    Every size comes out of ONE multiply-and-sum and every ``*_start`` out of ONE scan.
-    """
-
-    num_scheduled: torch.Tensor  # tokens before the split
-    replicated: torch.Tensor  # every rank holds the whole request (decodes; all when P == 1)
-    num_padded: torch.Tensor  # rows in the gathered, padded order: n*P (replicated) or ceil(n/2P)*2P
-    local: torch.Tensor  # rows on each rank: num_padded // P  (vllm-ascend's pcp_tokens)
-    chunk: torch.Tensor  # rows per chunk: n (replicated) or local // 2
-    token_start: torch.Tensor  # first scheduler-order token of each request, then the total
-    padded_start: torch.Tensor  # first padded-order row of each request, then the total
-    local_start: torch.Tensor  # first local row of each request, then the total
-    num_pads: torch.Tensor  # num_padded - num_scheduled (vllm-ascend's num_pcp_pads)
-    replicated_len: torch.Tensor  # num_scheduled of a replicated request, else 0
-    prefill_chunk: torch.Tensor  # chunk of a split request, else 0
-    pads_start: torch.Tensor  # pads before each request, then the total (padded_start - token_start)
-    prefill_chunk_start: torch.Tensor  # cumulative prefill_chunk, exclusive, then the total
-    num_decode_reqs: torch.Tensor  # 0-d decode requests
-    num_decode_tokens: torch.Tensor  # 0-d their scheduled tokens
-    request_ids: torch.Tensor  # arange(n): the request of each row
-    local_less_padded_start: torch.Tensor  # local_start - padded_start
-
-
-def request_geometry(
-    config: PCPConfig,
-    num_scheduled: torch.Tensor,
-    is_decode: torch.Tensor,
-    constants: dict[str, torch.Tensor],
-    arange: torch.Tensor | None = None,
-) -> RequestGeometry:
-    """The geometry of requests ``[n]`` (``num_scheduled`` int32 or int64, ``is_decode`` bool).
-
-    Each size is an integer combination of five per-request quantities (scheduled
-    tokens, replicated length, minus the prefill chunk, decode flag, decode
-    tokens), so one multiply-and-sum with ``constants["dcs_sizes"]``
-    (``state.constants``, :mod:`pcp_fn.dcs.layout_tables`) makes them all, in
-    int64, and one scan makes their starts. ``arange``: a longer int64 arange the caller
-    shares (:func:`pcp_fn.core.ragged.arange_of`); its head is ``request_ids``.
-    """
-    P = config.pcp_size
-    n = num_scheduled
-    if P > 1:
-        replicated = is_decode
-        rl = dl = n * is_decode  # replicated length, decode tokens
-    else:
-        replicated = torch.ones_like(is_decode)
-        rl, dl = n, n * is_decode
-    # minus ceil(n / 2P) for a split request, 0 for a replicated one (no overflow in int32: n >= 0)
-    q = (rl - n) // config.pad_multiple
-    base = torch.stack([n, rl, q, is_decode, dl])  # [5, n]
-    sizes = (constants["dcs_sizes"][:, :, None] * base).sum(1)  # [10, n] int64
-    starts = offsets(sizes)  # the one scan
-    num_sched, num_padded, local, num_pads, prefill_chunk, _, _, chunk, replicated_len, _ = sizes.unbind()
-    return RequestGeometry(
-        num_scheduled=num_sched,
-        replicated=replicated,
-        num_padded=num_padded,
-        local=local,
-        chunk=chunk,
-        token_start=starts[0],
-        padded_start=starts[1],
-        local_start=starts[2],
-        num_pads=num_pads,
-        replicated_len=replicated_len,
-        prefill_chunk=prefill_chunk,
-        pads_start=starts[3],
-        prefill_chunk_start=starts[4],
-        num_decode_reqs=starts[5, -1],
-        num_decode_tokens=starts[6, -1],
-        request_ids=arange_of(n.shape[0], n.device, arange),
-        local_less_padded_start=starts[9],
-    )
-
-
-class LocalRows(NamedTuple):
-    """This rank's ``num_rows`` local rows."""
-
-    request: torch.Tensor  # int64 request of the row (0 on padding rows)
-    position: torch.Tensor  # int64 offset inside the request's scheduled tokens (0 on padding rows)
-    valid: torch.Tensor  # bool, False on the padding tail
-    absolute: torch.Tensor | None = None  # int64 num_computed[request] + position (when asked)
-
-
-class Segments(NamedTuple):
+class PaintedSegments(NamedTuple):
     """Back-to-back segments of a row set and what each one paints (``ends[:-1]``: the
     last segment also takes the padding rows past ``ends[-1]``)."""
 
@@ -142,22 +67,22 @@ def local_segments(
     *,
     constants: dict[str, torch.Tensor] | None = None,
     num_computed: torch.Tensor | None = None,
-) -> Segments:
+) -> PaintedSegments:
     """The ``2 R_b`` local segments of ``rank`` (each request's head, then tail): channels
     ``[position shift, (absolute position shift,) request]``."""
-    ls, cs = geo.local_start[:-1, None], geo.prefill_chunk[:, None]
+    ls, cs = geo.local_start[:-1, None], geo.own.prefill_chunk[:, None]
     if constants is not None:
         shift = cs * select_rank(constants["dcs_ranks"], rank) - ls
     else:
         shift = torch.stack([cs * rank, cs * (2 * P - 2 - rank)], -1).squeeze(1) - ls
-    ends = torch.stack([geo.local_start[:-1] + geo.chunk, geo.local_start[1:]], -1)
+    ends = torch.stack([geo.local_start[:-1] + geo.own.chunk, geo.local_start[1:]], -1)
     ids = geo.request_ids[:, None].expand(-1, 2)
     channels = [shift] if num_computed is None else [shift, shift + num_computed[:, None]]
-    return Segments(ends.flatten(), torch.stack([*channels, ids]).flatten(1))
+    return PaintedSegments(ends.flatten(), torch.stack([*channels, ids]).flatten(1))
 
 
 def paint_local(
-    geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+    geo: RequestGeometry, segments: PaintedSegments, segment: torch.Tensor, row: torch.Tensor
 ) -> LocalRows:
     """:class:`LocalRows` from the local segments and each row's segment (``row``: ``arange``)."""
     painted = segments.table.index_select(1, segment)
@@ -197,36 +122,32 @@ def local_rows(
     return paint_local(geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
-class GatheredOrder(NamedTuple):
-    """Maps over the ``P * L_b`` rows of the gathered, padded request order."""
-
-    restore_index: torch.Tensor  # int64 gathered row of each padded-order row (0 past the end)
-    unpad_mask: torch.Tensor  # bool: the row is a real token (decode region token-strided)
-    token: torch.Tensor  # int64 scheduler-order index of a real row (>= 0, unspecified elsewhere: mask it)
-
-
 def gathered_segments(
     geo: RequestGeometry, rows_per_rank: int, constants: dict[str, torch.Tensor]
-) -> Segments:
+) -> PaintedSegments:
     """The ``2P R_b`` chunks of the padded order: channels ``[restore shift, pads before
     the request, its token end]`` (see :func:`gathered_order`)."""
     upto, upto_copies, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
-    ps, chunk = geo.padded_start[:-1, None], geo.chunk[:, None]
+    ps, chunk = geo.own.padded_start[:-1, None], geo.own.chunk[:, None]
     ends = torch.addcmul(ps, torch.where(geo.replicated[:, None], upto_copies, upto), chunk)
     shift = torch.addcmul(
-        torch.add(geo.local_less_padded_start[:-1, None], chunk_rank, alpha=rows_per_rank), beta, chunk
+        torch.add(geo.own.local_less_padded_start[:-1, None], chunk_rank, alpha=rows_per_rank), beta, chunk
     )
-    columns = torch.broadcast_tensors(shift, geo.pads_start[:-1, None], geo.token_start[1:, None])
-    return Segments(ends.flatten(), torch.stack(columns).flatten(1))
+    columns = torch.broadcast_tensors(shift, geo.own.pads_start[:-1, None], geo.token_start[1:, None])
+    return PaintedSegments(ends.flatten(), torch.stack(columns).flatten(1))
 
 
 def paint_gathered(
-    config: PCPConfig, geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+    config: PCPConfig,
+    geo: RequestGeometry,
+    segments: PaintedSegments,
+    segment: torch.Tensor,
+    row: torch.Tensor,
 ) -> GatheredOrder:
     """:class:`GatheredOrder` from the chunks and each padded row's chunk (``row``: ``arange``)."""
     P = config.pcp_size
     painted = segments.table.index_select(1, segment)
-    valid = row < geo.padded_start[-1]
+    valid = row < geo.own.padded_start[-1]
     token = row - painted[1]
     mask = token < painted[2]
     if config.num_spec_tokens > 0:
@@ -236,7 +157,7 @@ def paint_gathered(
     return GatheredOrder(restore_index=(row + painted[0]) * valid, unpad_mask=mask, token=token)
 
 
-def gathered_order(
+def padded_order(
     config: PCPConfig,
     geo: RequestGeometry,
     rows_per_rank: int,
@@ -267,100 +188,6 @@ def gathered_order(
     return paint_gathered(config, geo, segments, segment_of(segments.ends[:-1], row), row)
 
 
-@pytree_dataclass
-class TokenLayout:
-    """What ``update_tokens`` returns for one rank (``R_b``, ``L_b`` from the batch's bucket).
-
-    Fields:
-        pcp_tokens: ``[R_b]`` int32 tokens of each request on this rank
-            (vllm-ascend ``update_tokens_for_pcp(...)[0]``); 0 past ``num_reqs``.
-        positions: ``[L_b]`` int64 offset of each local token inside its
-            request's scheduled tokens (vllm-ascend ``[1]``); 0 on padding rows.
-        request_index: ``[L_b]`` int64 request of each local token (the
-            runner's ``req_indices``); 0 on padding rows.
-        num_tokens: 0-d int64 local tokens on this rank (``sum(pcp_tokens)``).
-        num_pads: ``[R_b]`` int64 pads per request (vllm-ascend ``num_pcp_pads``).
-        is_decode: ``[R_b]`` bool decode requests (a prefix).
-        num_decode_reqs, num_decode_tokens: 0-d int64.
-        unpad_mask: ``[P*L_b]`` bool real rows of the padded gathered order
-            (vllm-ascend ``pcp_unpad_mask``). Its decode region is token-strided, the
-            vllm-ascend's convention for the KV slot mapping: decode token ``t`` is
-            row ``t*P``. That row is the restored copy of the same token only
-            when decodes have one token each; with speculative tokens, read
-            decode hidden states through ``restore_index``/logits indices.
-        restore_index: ``[P*L_b]`` int64 gathered row of each padded-order row
-            (vllm-ascend ``pcp_allgather_restore_idx``); 0 past ``P * num_tokens``.
-    """
-
-    pcp_tokens: torch.Tensor
-    positions: torch.Tensor
-    request_index: torch.Tensor
-    num_tokens: torch.Tensor
-    num_pads: torch.Tensor
-    is_decode: torch.Tensor
-    num_decode_reqs: torch.Tensor
-    num_decode_tokens: torch.Tensor
-    unpad_mask: torch.Tensor
-    restore_index: torch.Tensor
-
-    @classmethod
-    def of(
-        cls, geo: RequestGeometry, mine: LocalRows, order: GatheredOrder, is_decode: torch.Tensor
-    ) -> TokenLayout:
-        """The public layout of a rank's request geometry, local rows and gathered order."""
-        return cls(
-            pcp_tokens=geo.local.to(torch.int32),
-            positions=mine.position,
-            request_index=mine.request,
-            num_tokens=geo.local_start[-1],
-            num_pads=geo.num_pads,
-            is_decode=is_decode,
-            num_decode_reqs=geo.num_decode_reqs,
-            num_decode_tokens=geo.num_decode_tokens,
-            unpad_mask=order.unpad_mask,
-            restore_index=order.restore_index,
-        )
-
-
-def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
-    return F.pad(x, (0, rows - x.shape[0]))
-
-
-class LayoutUpdate(NamedTuple):
-    """What a layout's ``build`` returns: the next state, the public layout, and the
-    intermediate maps ``step`` reuses instead of rebuilding them."""
-
-    state: PCPState
-    layout: TokenLayout
-    geometry: RequestGeometry  # [R_b] rows (DCS: the FA layers' geometry in the hybrid layout)
-    positions: torch.Tensor  # [L_b] absolute positions of the local rows, 0 on padding rows
-    slot_token: torch.Tensor  # [P*L_b] scheduler-order token of each real DCS padded row (mask it)
-    local_start: torch.Tensor  # [R_b + 1] first local row of each request, then the total
-
-
-def batch_is_decode(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
-    """``[R_b]`` bool decode requests of ``batch`` (vllm-ascend ``classify_decode_request_mask``)."""
-    return classify_decodes(config, batch.num_scheduled, batch.num_computed, batch.num_prompt)
-
-
-def next_state(state: PCPState, batch: SchedulerBatch, is_decode: torch.Tensor) -> PCPState:
-    """The state recording ``batch``: its bucket, request count and per-request record at ``[R]``.
-
-    Of ``state`` only the entry fields (rank, constants) are kept.
-    """
-    R = state.config.max_num_reqs
-    return PCPState(
-        config=state.config,
-        bucket=batch.bucket,
-        rank=state.rank,
-        num_reqs=batch.num_reqs.to(torch.int64),
-        num_scheduled=_to_capacity(batch.num_scheduled, R),
-        num_computed=_to_capacity(batch.num_computed, R),
-        is_decode=_to_capacity(is_decode, R),
-        constants=state.constants,
-    )
-
-
 def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     """The DualChunkSwap layout of ``batch`` for ``state``'s rank (see :class:`TokenLayout`)."""
     cfg = state.config
@@ -375,7 +202,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
     local_segment, chunk = segments_of((local.ends[:-1], row), (chunks.ends[:-1], padded_row))
     mine = paint_local(geo, local, local_segment, row)
     order = paint_gathered(cfg, geo, chunks, chunk, padded_row)
-    layout = TokenLayout.of(geo, mine, order, is_decode)
+    layout = TokenLayout.of(geo, mine, order, is_decode, geo.own.num_pads)
     assert mine.absolute is not None
     return LayoutUpdate(
         next_state(state, batch, is_decode), layout, geo, mine.absolute, order.token, geo.local_start
@@ -388,9 +215,9 @@ def state_geometry(state: PCPState) -> RequestGeometry:
     return request_geometry(state.config, state.num_scheduled[:Rb], state.is_decode[:Rb], state.constants)
 
 
-def state_order(state: PCPState) -> GatheredOrder:
-    """The gathered order of the state's last update at its bucket's ``P * L_b`` rows."""
-    return gathered_order(state.config, state_geometry(state), state.bucket.num_tokens, state.constants)
+def gathered_order(state: PCPState) -> GatheredOrder:
+    """The padded order of the state's last update at its bucket's ``P * L_b`` rows."""
+    return padded_order(state.config, state_geometry(state), state.bucket.num_tokens, state.constants)
 
 
 def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
@@ -400,15 +227,15 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
     """
     # rows past num_reqs schedule nothing (n = 0): (n - 1) + padded_start * real is -1 there
     real = geo.request_ids < num_reqs
-    return torch.addcmul(geo.num_scheduled - 1, geo.padded_start[:-1], real).clamp(min=0)
+    return torch.addcmul(geo.num_scheduled - 1, geo.own.padded_start[:-1], real).clamp(min=0)
 
 
 def restore_index(state: PCPState) -> torch.Tensor:
     """``[P*L_b]`` int64: gathered row of each padded-order row (``TokenLayout.restore_index``)."""
-    return state_order(state).restore_index
+    return gathered_order(state).restore_index
 
 
-# -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layouts.layout_of) --
+# -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layout_of) --
 # Each takes the state's geometry when the caller already has it (``geometry=state_geometry(state)``,
 # or the step's own): the spec ops read several of these maps, and rebuilding the geometry for each
 # would repeat its scan.
@@ -429,13 +256,6 @@ def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = Non
     return (state_geometry(state) if geometry is None else geometry).local_start
 
 
-class RestoredSpans(NamedTuple):
-    """Where each request's rows sit in what ``restore_hidden_states`` returns; ``[R_b]`` int64 each."""
-
-    start: torch.Tensor  # row of the request's first token (rank 0's copy for a decode)
-    length: torch.Tensor  # rows from ``start`` that are the request's: its tokens, then any pads
-
-
 def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) -> RestoredSpans:
     """The padded order: request ``i`` starts at ``padded_start[i]``; a decode's first ``n`` rows are
     rank 0's copy of its tokens, a prefill's ``num_padded`` rows its tokens then its pads.
@@ -446,8 +266,8 @@ def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) 
     ``start [0, 2, 10]``, ``length [1, 8, 8]``.
     """
     geo = state_geometry(state) if geometry is None else geometry
-    length = torch.where(geo.replicated, geo.num_scheduled, geo.num_padded)
-    return RestoredSpans(geo.padded_start[:-1], length)
+    length = torch.where(geo.replicated, geo.num_scheduled, geo.own.num_padded)
+    return RestoredSpans(geo.own.padded_start[:-1], length)
 
 
 def first_pass_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
@@ -460,3 +280,19 @@ def first_pass_rows(state: PCPState, *, geometry: RequestGeometry | None = None)
     :func:`state_local_start`.
     """
     return state_local_rows(state, geometry=geometry)
+
+
+# -- the rest of the "dcs" Layout (pcp_fn.dcs.LAYOUT binds this module's functions) ---------------
+def num_local_tokens(
+    config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
+) -> int:
+    """Host: every rank's local rows (the bucket choice), exactly: decodes whole, a prefill's
+    ``n`` as ``2 * ceil(n / 2P)`` (:func:`pcp_fn.protocol.config.two_chunk_bound`)."""
+    return two_chunk_bound(config, num_scheduled, num_decodes)
+
+
+def constants(config: PCPConfig) -> dict[str, list]:
+    """The config-only tables ``init_state`` puts on the device: the chunk multipliers and size
+    coefficients (:mod:`pcp_fn.dcs.layout_tables`) and the attention index runs
+    (:mod:`pcp_fn.dcs.attention_tables`)."""
+    return {**layout_constants(config.pcp_size), **attention_constants(config.pcp_size)}

@@ -24,14 +24,9 @@ def layout_constants(P: int) -> dict[str, list]:
     its head and its tail, less the head for the tail (``[r, 2P - 2 - r]``):
     a local row's position is ``row - local_start + that * chunk``.
 
-    ``dcs_sizes`` ``[10, 5]``: every per-request size of the layout as an integer
-    combination of ``(n, rl, q, d, dl)``: scheduled tokens, the replicated
-    length (``n`` of a decode, else 0), ``q = -prefill_chunk`` (``(rl - n) // m``, ``m`` the pad
-    multiple ``2P``: minus ``ceil(n / m)`` for a split request, 0 for a replicated one), the
-    decode flag and the decode tokens. Rows:
-    ``n``, ``num_padded = P (rl + 2c)``, ``local = rl + 2c``, ``num_pads =
-    num_padded - n``, ``prefill_chunk = c``, ``is_decode``, ``decode_len``,
-    ``chunk = rl + c``, ``rl``, and ``local - num_padded`` (``c = -q``).
+    ``dcs_sizes`` ``[len(SIZES), 5]``: every per-request size of the layout as an integer
+    combination of the :data:`BASE` quantities, one row per entry of :data:`SIZES` (in its
+    order: :func:`pcp_fn.dcs.geometry.request_geometry` names the rows it unbinds by it).
     """
     ks = range(2 * P)
     return {
@@ -42,16 +37,26 @@ def layout_constants(P: int) -> dict[str, list]:
             [-k if k < P else 1 - k for k in ks],
         ],
         "dcs_ranks": [[r, 2 * P - 2 - r] for r in range(P)],
-        "dcs_sizes": [
-            [1, 0, 0, 0, 0],
-            [0, P, -2 * P, 0, 0],
-            [0, 1, -2, 0, 0],
-            [-1, P, -2 * P, 0, 0],
-            [0, 0, -1, 0, 0],
-            [0, 0, 0, 1, 0],
-            [0, 0, 0, 0, 1],
-            [0, 1, -1, 0, 0],
-            [0, 1, 0, 0, 0],
-            [0, 1 - P, 2 * (P - 1), 0, 0],
-        ],
+        "dcs_sizes": [coefficients(P) for coefficients in SIZES.values()],
     }
+
+
+#: The five per-request quantities every size combines: scheduled tokens ``n``, the replicated
+#: length ``rl`` (``n`` of a decode, else 0), ``minus_chunk = (rl - n) // 2P`` (minus
+#: ``c = ceil(n / 2P)`` for a split request, 0 for a replicated one), the decode flag ``d`` and
+#: the decode tokens ``dl``.
+BASE = ("n", "rl", "minus_chunk", "d", "dl")
+
+#: Each size's coefficients over :data:`BASE`, for ``P`` ranks (``c = -minus_chunk``).
+SIZES = {
+    "num_scheduled": lambda P: [1, 0, 0, 0, 0],  # n
+    "num_padded": lambda P: [0, P, -2 * P, 0, 0],  # P (rl + 2c): rows in the gathered, padded order
+    "local": lambda P: [0, 1, -2, 0, 0],  # rl + 2c: rows on each rank
+    "num_pads": lambda P: [-1, P, -2 * P, 0, 0],  # num_padded - n
+    "prefill_chunk": lambda P: [0, 0, -1, 0, 0],  # c
+    "is_decode": lambda P: [0, 0, 0, 1, 0],  # d
+    "decode_len": lambda P: [0, 0, 0, 0, 1],  # dl
+    "chunk": lambda P: [0, 1, -1, 0, 0],  # rl + c: rows per chunk
+    "replicated_len": lambda P: [0, 1, 0, 0, 0],  # rl
+    "local_less_padded": lambda P: [0, 1 - P, 2 * (P - 1), 0, 0],  # local - num_padded
+}

@@ -30,7 +30,7 @@ Worked example (vllm-ascend's own test), ``P = 2``, two fresh prefills ``[3, 5]`
 
 Fixed shapes: per-token outputs have the bucket's ``L_b`` local rows or
 ``P * L_b`` gathered rows. ``L_b`` holds the DCS local count ``N_dcs``, which
-bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.dcs.config`). Rank
+bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.protocol.config`). Rank
 buffers in a gathered tensor are the fixed ``[L_b]`` local buffers, so indices
 into gathered buffers read ``rank * L_b + row`` where vllm-ascend reads
 ``rank * M + row`` (enter) or ``rank * (N_dcs - D) + row`` (exit); with ``L_b``
@@ -56,22 +56,12 @@ import torch.nn.functional as F
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import arange_of, segment_of, segments_of
 from ..core.rank import select_rank
-from ..dcs.batch import SchedulerBatch
-from ..dcs.config import PCPConfig
-from ..dcs.layout import (
-    GatheredOrder,
-    LayoutUpdate,
-    LocalRows,
-    RequestGeometry,
-    Segments,
-    TokenLayout,
-    batch_is_decode,
-    gathered_segments,
-    next_state,
-    paint_gathered,
-    request_geometry,
-)
-from ..dcs.state import PCPState
+from ..dcs.geometry import request_geometry
+from ..dcs.layout import PaintedSegments, gathered_segments, paint_gathered
+from ..protocol.batch import SchedulerBatch, batch_is_decode
+from ..protocol.config import PCPConfig
+from ..protocol.rows import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, TokenLayout
+from ..protocol.state import PCPState, next_state
 
 
 class LinearRuns(NamedTuple):
@@ -108,7 +98,7 @@ def linear_runs(
     """
     P = config.pcp_size
     n = geo.num_scheduled
-    decode_len = geo.replicated_len if P > 1 else n * is_decode  # replicated == decode when P > 1
+    decode_len = geo.own.replicated_len if P > 1 else n * is_decode  # replicated == decode when P > 1
     chunk_rank = constants["dcs_chunks"][2]  # [0 .. P-1, P-1 .. 0]
     counts = ((n - decode_len)[:, None] + chunk_rank[P:]) // P  # (n + P-1 - q) // P
     rows = counts + decode_len[:, None]
@@ -153,12 +143,12 @@ def linear_segments(
     num_computed: torch.Tensor | None,
     rows_per_rank: int,
     constants: dict[str, torch.Tensor],
-) -> tuple[Segments, torch.Tensor]:
+) -> tuple[PaintedSegments, torch.Tensor]:
     """The ``2P n`` segments of this rank's linear rows and their start per request (``[n + 1]``).
 
     Rank ``r`` holds tokens ``[o, o + rows)`` of request ``i`` (``o``: the earlier ranks' counts), at
     local rows from ``start[i]``: position ``row + o - start[i]``. Split at the DCS chunk
-    boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.chunk``), a request's rows are
+    boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.own.chunk``), a request's rows are
     ``2P`` segments; in chunk ``k`` a token sits at DCS prefill row
     ``local_start - D + o - k c (+ c for a tail)`` of the chunk's rank (``dcs_chunks``: rank and
     ``beta_k``), so the exit row also grows with the row. Channels: ``[position shift, (absolute
@@ -173,18 +163,22 @@ def linear_segments(
     start = select_rank(runs.starts, rank, dim=1)
     lag = start[:-1] - before  # row - position
     shift = before - start[:-1]
-    chunk = geo.chunk[:, None]
+    chunk = geo.own.chunk[:, None]
     ends = torch.clamp(torch.addcmul(lag[:, None], chunk, upto), min=start[:-1, None], max=start[1:, None])
     base = (geo.local_start[:-1] + shift - geo.num_decode_tokens)[:, None]
     exit_shift = torch.addcmul(torch.add(base, chunk_rank, alpha=rows_per_rank), beta, chunk)
     absolute = [] if num_computed is None else [(shift + num_computed)[:, None]]
     columns = (shift[:, None], *absolute, exit_shift, geo.request_ids[:, None])
     table = torch.stack(torch.broadcast_tensors(*columns)).flatten(1)  # [4 (3 without num_computed), 2P n]
-    return Segments(ends.flatten(), table), start
+    return PaintedSegments(ends.flatten(), table), start
 
 
 def paint_linear(
-    segments: Segments, start: torch.Tensor, segment: torch.Tensor, row: torch.Tensor, rows_per_rank: int
+    segments: PaintedSegments,
+    start: torch.Tensor,
+    segment: torch.Tensor,
+    row: torch.Tensor,
+    rows_per_rank: int,
 ) -> LinearLocal:
     """:class:`LinearLocal` from the linear segments and each row's segment (``row``: ``arange(2 L_b)``,
     or ``arange(L_b)`` for a reader of the local rows alone; ``absolute`` where the segments have it)."""
@@ -200,21 +194,21 @@ def paint_linear(
 
 def query_segments(
     geo: RequestGeometry, rank: int | torch.Tensor, P: int, constants: dict[str, torch.Tensor]
-) -> Segments:
+) -> PaintedSegments:
     """The ``2n`` DCS local segments of this rank (head, tail: :func:`pcp_fn.dcs.layout.local_rows`),
     one channel: local row minus DCS padded row, relative to the prefill region (``+ P * D``).
 
     In a segment the padded row is ``row + padded_start - local_start + c * (chunks before)``.
     """
-    le, c = geo.local_start[1:], geo.prefill_chunk
+    le, c = geo.local_start[1:], geo.own.prefill_chunk
     ends = torch.stack([le - c, le], -1).flatten()
-    lag = torch.add(geo.local_less_padded_start[:-1], geo.num_decode_tokens, alpha=P)[:, None]
+    lag = torch.add(geo.own.local_less_padded_start[:-1], geo.num_decode_tokens, alpha=P)[:, None]
     table = torch.addcmul(lag, c[:, None], select_rank(constants["dcs_ranks"], rank), value=-1)
-    return Segments(ends, table.reshape(1, -1))
+    return PaintedSegments(ends, table.reshape(1, -1))
 
 
 def paint_queries(
-    geo: RequestGeometry, segments: Segments, segment: torch.Tensor, row: torch.Tensor
+    geo: RequestGeometry, segments: PaintedSegments, segment: torch.Tensor, row: torch.Tensor
 ) -> torch.Tensor:
     """DCS padded-order row (less ``P * D``) of each of this rank's DCS local rows ``row`` (``arange``),
     0 past ``N_dcs``."""
@@ -322,7 +316,7 @@ def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         positions=lin.rows.position,
         request_index=lin.rows.request,
         num_tokens=num_tokens,
-        num_pads=geo.num_pads,
+        num_pads=geo.own.num_pads,
         is_decode=is_decode,
         num_decode_reqs=geo.num_decode_reqs,
         num_decode_tokens=D,

@@ -2,7 +2,9 @@
 
 They read the record of the state's last update (``PCPState``) at its bucket's
 sizes, like the DualChunkSwap ones in :mod:`pcp_fn.dcs.layout`, and offer the
-same interface (:mod:`pcp_fn.layouts`).
+same interface: with the DualChunkSwap geometry, KV order, host bound and tables (the
+full-attention layers keep them) this module is the ``"hybrid"`` :class:`pcp_fn.Layout`
+(``pcp_fn.hybrid.LAYOUT``).
 """
 
 from __future__ import annotations
@@ -11,10 +13,26 @@ import torch
 
 from ..core.ragged import expand_runs, segment_of
 from ..core.rank import select_rank
-from ..dcs.config import PCPConfig
-from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans, state_geometry
-from ..dcs.state import PCPState
-from .layout import LinearRuns, enter_fa_rows, linear_runs, linear_segments, paint_linear
+from ..dcs.layout import constants, gathered_order, num_local_tokens, state_geometry
+from ..protocol.config import PCPConfig
+from ..protocol.rows import LocalRows, RequestGeometry, RestoredSpans
+from ..protocol.state import PCPState
+from .layout import LinearRuns, build, enter_fa_rows, linear_runs, linear_segments, paint_linear
+
+# the hybrid layout's own functions, and DualChunkSwap's it serves as they are
+__all__ = [
+    "build",
+    "constants",
+    "first_pass_rows",
+    "gathered_order",
+    "logits_from_geometry",
+    "num_local_tokens",
+    "restore_index",
+    "restored_spans",
+    "state_geometry",
+    "state_local_rows",
+    "state_local_start",
+]
 
 
 def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
@@ -83,7 +101,7 @@ def adjust_cu_num_scheduled_tokens(
     return state, torch.where(prefill, adjusted, cu.to(torch.int64)).to(cu.dtype)
 
 
-# -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layouts.layout_of) --
+# -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layout_of) --
 def state_local_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
     """This rank's ``[L_b]`` linear rows of the state's last update (``HybridLayout.request_index`` /
     ``positions``): request and offset inside its scheduled tokens, ``valid`` False past them.

@@ -14,6 +14,10 @@ padded (chunks are cut at the request's end), decodes are replicated or sharded,
 every rank orders its rows decodes first, and the gathered buffer is mapped by
 ``padded_gather_idx`` / ``hidden_restore_idx`` with a KV write mask.
 
+:data:`LAYOUT` and :data:`SHARDED_LAYOUT` (:class:`MRV2Partition`) serve the same partition
+to the facade, as the built-in ``"mrv2"`` and ``"mrv2-sharded"`` :class:`pcp_fn.Layout`; the
+chunk and replication rules are written once, in :mod:`.chunks`.
+
 Sizes come with the data: ``partition_batch`` and ``build_layout`` (entry
 ops: they read only the state's config and rank) record the batch's bucket
 ``(Rl, Lp)`` in the state, and every consumer shapes its outputs from it
@@ -30,6 +34,7 @@ from .batch import (
     unpack_batch,
 )
 from .config import MRV2Config
+from .facade import MRV2Partition
 from .layout import MRV2Layout, MRV2State, build_layout, init_state
 from .packing import REQUESTS
 from .partition import LocalBatch, expand_moe_padding, partition_batch
@@ -43,13 +48,20 @@ from .restore import (
     restore_hidden_states,
 )
 
+# the built-in "mrv2" and "mrv2-sharded" layouts of the facade (pcp_fn.PCPConfig(layout=...))
+LAYOUT = MRV2Partition()
+SHARDED_LAYOUT = MRV2Partition(shard_decode_requests=True)
+
 __all__ = [
+    "LAYOUT",
     "REQUESTS",
+    "SHARDED_LAYOUT",
     "DraftHiddenStates",
     "GlobalBatch",
     "LocalBatch",
     "MRV2Config",
     "MRV2Layout",
+    "MRV2Partition",
     "MRV2State",
     "SamplingInputs",
     "build_layout",

@@ -24,13 +24,13 @@ rows and ``F_b = min(T, P * Lp)`` token rows (:func:`pcp_fn.mrv2.token_rows`).
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
-from ..core.buckets import Bucket, normalise_buckets, smallest_bucket
-from ..core.checks import SHARED_INTS, check_config_fields
+from ..core.config import RankConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class MRV2Config:
+class MRV2Config(RankConfig):
     """Static configuration of one rank of the MRV2 layout.
 
     Args:
@@ -47,7 +47,7 @@ class MRV2Config:
             prefills too short to fill all ``2P`` chunks are replicated, and the
             local batch carries the DCP sequence-length upper bound.
             ``dcp_rank`` does not change the layout (kept for completeness).
-        cp_interleave: KV interleave size (``cp_kv_cache_interleave_size``).
+        cp_kv_cache_interleave_size: KV interleave size (vLLM's ``cp_interleave``).
         moe_gathers_tokens: the MoE all-gathers PCP tokens to route them (no
             expert-parallel all2all); the local batch then carries the padding
             mask over the ``P * Lp`` gathered rows.
@@ -64,39 +64,25 @@ class MRV2Config:
             by a rank other than 0 unwritten and its hidden-restore rows unset.
     """
 
-    pcp_size: int
-    pcp_rank: int
-    max_num_reqs: int
-    max_num_tokens: int
     shard_decode_requests: bool = dataclasses.field(default=False, kw_only=True)
-    dcp_size: int = dataclasses.field(default=1, kw_only=True)
-    dcp_rank: int = dataclasses.field(default=0, kw_only=True)
-    cp_interleave: int = dataclasses.field(default=1, kw_only=True)
     moe_gathers_tokens: bool = dataclasses.field(default=False, kw_only=True)
-    pad_slot_id: int = dataclasses.field(default=-1, kw_only=True)
-    request_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
-    token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
+
+    OWN_FLAGS: ClassVar[tuple[str, ...]] = ("shard_decode_requests", "moe_gathers_tokens")
+    CAPACITY_NAMES: ClassVar[tuple[str, str, str]] = (
+        "local requests",
+        "the local request capacity 2 * max_num_reqs = {}",
+        "the local token capacity max_num_tokens = {}",
+    )
 
     def __post_init__(self) -> None:
-        check_config_fields(
-            self, dict(SHARED_INTS, cp_interleave=1), ("shard_decode_requests", "moe_gathers_tokens")
-        )
+        super().__post_init__()
         if self.shard_decode_requests and self.dcp_size > 1:
             raise ValueError(
                 f"shard_decode_requests requires dcp_size == 1, got dcp_size={self.dcp_size}: "
                 "DCP needs decode queries on every rank (vLLM's pcp_shard_decode_requests is "
                 "False when DCP > 1)"
             )
-        object.__setattr__(
-            self,
-            "request_buckets",
-            normalise_buckets("request_buckets", self.request_buckets, self.max_local_reqs),
-        )
-        object.__setattr__(
-            self,
-            "token_buckets",
-            normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
-        )
+        self._normalise_buckets()
 
     @property
     def num_chunks(self) -> int:
@@ -112,26 +98,3 @@ class MRV2Config:
     def max_local_reqs(self) -> int:
         """Most local request rows (segments) a rank can hold: ``2R``."""
         return 2 * self.max_num_reqs
-
-    @property
-    def capacity(self) -> Bucket:
-        """The largest bucket ``(2R, T)``."""
-        return Bucket(self.max_local_reqs, self.max_local_tokens)
-
-    def bucket_for(self, num_local_reqs: int, num_local_tokens: int) -> Bucket:
-        """Smallest configured bucket holding ``num_local_reqs`` rows and ``num_local_tokens`` tokens."""
-        if num_local_reqs > self.max_local_reqs:
-            raise ValueError(
-                f"{num_local_reqs} local requests exceed the local request capacity "
-                f"2 * max_num_reqs = {self.max_local_reqs}"
-            )
-        if num_local_tokens > self.max_local_tokens:
-            raise ValueError(
-                f"{num_local_tokens} local tokens exceed the local token capacity "
-                f"max_num_tokens = {self.max_local_tokens}"
-            )
-        return smallest_bucket(self.request_buckets, self.token_buckets, num_local_reqs, num_local_tokens)
-
-    def buckets(self) -> list[Bucket]:
-        """Every configured bucket (for capturing up front)."""
-        return [Bucket(r, t) for r in self.request_buckets for t in self.token_buckets]

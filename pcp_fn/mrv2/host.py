@@ -1,6 +1,7 @@
 """The host (numpy) twin of the MRV2 segment rules: O(P * R) integer arithmetic, no per-token work.
 
-The device layout (:mod:`pcp_fn.mrv2.layout`) builds every per-token index;
+The device layout (:mod:`pcp_fn.mrv2.layout`) builds every per-token index, by the same
+rules (:mod:`pcp_fn.mrv2.chunks`);
 a serving engine still needs a few *host* values each step before anything
 runs on the device: every rank's token and row counts (to pick a graph
 bucket, vLLM ``get_num_tokens_for_dispatch``) and this rank's segments (the
@@ -33,6 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import chunks
 from .config import MRV2Config
 
 
@@ -77,9 +79,7 @@ def local_segments(
     if n.dtype != np.int64:
         n = n.astype(np.int64)
     prefilling = np.asarray(is_prefilling, dtype=np.bool_)
-    splits = prefilling
-    if config.dcp_size > 1:  # a prefill whose last chunk would be empty is replicated
-        splits = prefilling & ((C - 1) * ((n + C - 1) // C) < n)
+    splits = chunks.splits(config, n, prefilling)  # a prefill whose last chunk would be empty: replicated
     if np.count_nonzero(splits):
         live = n > 0
         rep = np.greater(live, splits).nonzero()[0]  # non-empty replicated requests, in order
@@ -105,16 +105,16 @@ def local_segments(
         tokens, rows = tokens + split_tokens, rows + split_rows
         reqs, offs, lens = [], [], []
         for i, m in zip(split.tolist(), ns.tolist()):
-            _add_rank_chunks(rank, C, i, m, -(-m // C), reqs, offs, lens)
+            _add_rank_chunks(rank, C, i, m, chunks.chunk_size(m, C), reqs, offs, lens)
         request = np.concatenate((request, np.array(reqs, dtype=np.intp)))
         offset = np.concatenate((offset, np.array(offs, dtype=np.int64)))
         length = np.concatenate((length, np.array(lens, dtype=np.int64)))
     elif split.size:
         ns = n[split]
-        chunk = (ns + C - 1) // C
+        chunk = chunks.chunk_size(ns, C)
         q = np.arange(P, dtype=np.int64)[:, None]
-        head = np.minimum(np.maximum(ns - q * chunk, 0), chunk)  # [P, S]: chunk q, cut at the end
-        tail = np.minimum(np.maximum(ns - (C - 1 - q) * chunk, 0), chunk)  # chunk 2P-1-q
+        head = chunks.chunk_length(ns - q * chunk, chunk)  # [P, S]: chunk q, cut at the end
+        tail = chunks.chunk_length(ns - (C - 1 - q) * chunk, chunk)  # chunk 2P-1-q
         tokens = tokens + np.add.reduce(head + tail, axis=1)
         rows = rows + np.add.reduce(head > 0, axis=1) + np.add.reduce(tail > 0, axis=1)
         # this rank: head (chunk rank) before tail (chunk 2P-1-rank), by request
@@ -166,8 +166,8 @@ def _local_segments_few(
         if m <= 0:  # an empty request has no segment (a negative count is the caller's check)
             continue
         if p:
-            c = -(-m // C)
-            if dcp and (C - 1) * c >= m:  # its last chunk would be empty: replicated
+            c = chunks.chunk_size(m, C)
+            if dcp and not chunks.splits(config, m, True, c):  # its last chunk would be empty: replicated
                 everywhere += m
                 everywhere_rows += 1
                 p_req.append(i)
@@ -251,10 +251,7 @@ def largest_rank(
 
 def _split(config: MRV2Config, n: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
     """``[R]`` bool: the request is a split prefill (or an empty prefill: it counts for nothing)."""
-    if config.dcp_size > 1:  # a prefill whose last chunk would be empty is replicated
-        C = config.num_chunks
-        return prefilling & ((C - 1) * ((n + (C - 1)) // C) < n)
-    return prefilling
+    return chunks.splits(config, n, prefilling)  # under DCP a prefill whose last chunk would be empty is not
 
 
 def _sharded(config: MRV2Config, replicated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -289,7 +286,7 @@ def _add_rank_chunks(
     ``i``, a split prefill of ``n`` tokens in chunks of ``c``, to its segments (each cut at the
     request's end, an empty one dropped)."""
     for first in (rank * c, (C - 1 - rank) * c):
-        size = min(max(n - first, 0), c)
+        size = chunks.chunk_length(n - first, c)
         if size:
             reqs.append(i)
             offs.append(first)
@@ -312,14 +309,14 @@ def _split_counts(config: MRV2Config, ns: np.ndarray) -> tuple[Any, Any]:
         tokens, rows = [0] * P, [0] * P
         for n in ns.tolist():
             if n:  # an empty prefill has no chunk
-                _add_split_prefill(P, n, -(-n // C), tokens, rows)
+                _add_split_prefill(P, n, chunks.chunk_size(n, C), tokens, rows)
         return tokens, rows
-    chunks = _CHUNKS.get(P)
-    if chunks is None:  # [2P, 1]: rank q's head chunk q, then its tail chunk 2P-1-q
+    held = _CHUNKS.get(P)
+    if held is None:  # [2P, 1]: rank q's head chunk q, then its tail chunk 2P-1-q
         q = np.arange(P, dtype=np.int64)
-        chunks = _CHUNKS[P] = np.concatenate([q, C - 1 - q])[:, None]
-    size = (ns + (C - 1)) // C
-    lengths = np.minimum(np.maximum(ns - chunks * size, 0), size)  # [2P, S]: cut at the end
+        held = _CHUNKS[P] = np.concatenate([q, C - 1 - q])[:, None]
+    size = chunks.chunk_size(ns, C)
+    lengths = chunks.chunk_length(ns - held * size, size)  # [2P, S]: cut at the end
     tokens = np.add.reduce(lengths, axis=1)
     rows = np.add.reduce(lengths > 0, axis=1)
     return tokens[:P] + tokens[P:], rows[:P] + rows[P:]

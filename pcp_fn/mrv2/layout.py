@@ -27,7 +27,8 @@ Every rank's rows are *segments* of global requests (vLLM ``RankSegment``),
 A replicated row is written to the KV cache (and read back by
 ``hidden_restore_idx``) from rank 0's copy only; a sharded decode from its owner.
 
-Every rank's segments are computed at once, in wide ``[P, 2, R, 2]`` tables
+The chunk and replication rules are :mod:`pcp_fn.mrv2.chunks`'. Every rank's segments are
+computed at once, in wide ``[P, 2, R, 2]`` tables
 (rank, group, request, head/tail), and compacted into each rank's local order
 by one prefix sum and one scatter (:func:`segments`): the layout needs every
 rank, the local batch one row of it.
@@ -47,6 +48,7 @@ from ..core.pytree import pytree_dataclass, static_field
 from ..core.ragged import offsets, scatter_to, segment_of
 from ..core.rank import rank_leaf
 from .batch import GlobalBatch, check_global_batch, make_batch, token_rows
+from .chunks import chunk_length, chunk_size, splits
 from .config import MRV2Config
 
 
@@ -196,10 +198,8 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
     n, prefilling = batch.num_scheduled, batch.is_prefilling
     ids = torch.arange(max(2, P, R, Rl + 1), dtype=torch.int32, device=n.device)
     group, q = ids[:2], ids[:P, None, None]  # group: also the replicated chunks [head, tail]
-    c = (n + (C - 1)) // C
-    split = prefilling
-    if config.dcp_size > 1:  # a prefill whose last chunk would be empty is replicated
-        split = prefilling & ((C - 1) * c < n)
+    c = chunk_size(n, C)
+    split = splits(config, n, prefilling, c)  # the others are replicated (or dealt)
     rep_chunk = group
     if config.shard_decode_requests:  # the j-th non-empty replicated request lives on rank j % P only
         ordinal = torch.cumsum((n > 0) > split, 0, dtype=torch.int32) - 1
@@ -208,7 +208,7 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
     chunk = torch.where(split[:, None], split_chunk, rep_chunk)  # [P, R, 2]
     size = torch.where(split, c, n)[:, None]
     rest = torch.addcmul(n[:, None], chunk, size, value=-1)  # tokens from the chunk's start on
-    length = torch.minimum(rest.clamp(min=0), size)
+    length = chunk_length(rest, size)
     if config.shard_decode_requests:  # a sharded request lives on its owner only: every copy writes
         written = torch.ones((), dtype=torch.bool, device=n.device)
     else:  # rank 0's copy of a replicated request writes

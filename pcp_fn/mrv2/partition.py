@@ -152,7 +152,7 @@ def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2St
     dcp_bound = None
     if cfg.dcp_size > 1:
         # the largest DCP shard (DCP rank 0's) of the whole request, the same on every PCP rank
-        shard = cp_local_seq_lens(mine.request_len, 1, cfg.dcp_size, cfg.cp_interleave)[:, 0, 0]
+        shard = cp_local_seq_lens(mine.request_len, 1, cfg.dcp_size, cfg.cp_kv_cache_interleave_size)[:, 0, 0]
         dcp_bound = shard.to(torch.int32)
     moe = ~built.valid if cfg.moe_gathers_tokens else None
 

@@ -28,7 +28,7 @@ import torch
 from .. import PCPConfig, __version__, available_layouts, init_state, make_batch, step
 from .compare import compare_layouts, format_table, plot, serving_layouts
 from .engine import Runner, synthetic_requests
-from .trace import TraceError, TraceStep, read_trace, replay, write_trace
+from .trace import Terminated, TraceError, TraceStep, read_trace, replay, write_trace
 
 
 def _progress(iterable, total: int, enabled: bool, desc: str):
@@ -404,12 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that cleanups (``record``'s temporary file) run."""
-
-
 def _terminate(signum: int, frame: object) -> None:
-    raise _Terminated
+    raise Terminated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -428,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"pcp-fn {args.command}: interrupted", file=sys.stderr)
         return 130
-    except _Terminated:
+    except Terminated:
         print(f"pcp-fn {args.command}: terminated", file=sys.stderr)
         return 143
     finally:

@@ -30,8 +30,8 @@ from .. import (
     spec_decode_indices,
     step,
 )
-from ..dcs import classify_decodes
 from ..distributed import AllGather, CollectiveError, batch_digest, check_same_batch
+from ..protocol.batch import classify_decodes
 from .mrv2_path import MRV2Path
 from .tiny_model import PagedKVCache, TinyModel, Wiring, dcs_wiring
 

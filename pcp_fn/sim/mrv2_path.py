@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .. import mrv2
-from ..dcs import PCPConfig
+from ..protocol.config import PCPConfig
 from .tiny_model import Wiring
 
 

@@ -46,7 +46,22 @@ from ..core.checks import INT32_MAX
 from ..graph import Captured, compile_per_bucket
 
 FORMAT, VERSION = "pcp_fn.trace", 1
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(PCPConfig) if f.name != "pcp_rank")
+#: The header's config, in the format's order: PCPConfig's fields but pcp_rank (replay runs every rank).
+CONFIG_FIELDS = (
+    "pcp_size",
+    "max_num_reqs",
+    "max_num_tokens",
+    "dcp_size",
+    "dcp_rank",
+    "num_spec_tokens",
+    "cp_kv_cache_interleave_size",
+    "hybrid_attn",
+    "pad_slot_id",
+    "request_buckets",
+    "token_buckets",
+    "pd_decode_recompute",
+    "layout",
+)
 _CONFIG_FLAGS = ("hybrid_attn", "pd_decode_recompute")
 _CONFIG_LISTS = ("request_buckets", "token_buckets")
 _HEADER_FIELDS = ("format", "version", "config")
@@ -84,7 +99,7 @@ class Trace:
 
 
 def config_to_json(config: PCPConfig) -> dict[str, Any]:
-    out = {name: getattr(config, name) for name in _CONFIG_FIELDS}
+    out = {name: getattr(config, name) for name in CONFIG_FIELDS}
     for name in _CONFIG_LISTS:
         out[name] = list(getattr(config, name))
     if out["layout"] is None:  # the DualChunkSwap family (hybrid_attn says which): traces stay as they were
@@ -92,9 +107,9 @@ def config_to_json(config: PCPConfig) -> dict[str, Any]:
     return out
 
 
-class _Terminated(BaseException):
-    """SIGTERM during :func:`write_trace`, raised so that its cleanup runs (not an ``Exception``:
-    ``except Exception`` in a caller's step generator must not swallow it)."""
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanups run (:func:`write_trace`'s, the CLI's);
+    not an ``Exception``: ``except Exception`` in a caller's step generator must not swallow it."""
 
 
 def _in_main_thread() -> bool:
@@ -104,7 +119,7 @@ def _in_main_thread() -> bool:
 @contextlib.contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
     """While the body runs, a SIGTERM whose disposition is the default (end the process) raises
-    :class:`_Terminated` instead, so ``finally`` / ``except`` cleanups run; once the body is
+    :class:`Terminated` instead, so ``finally`` / ``except`` cleanups run; once the body is
     left the default disposition is back and the signal is delivered again: the process still
     ends by SIGTERM, only later. A handler the caller installed (the CLI's), an ignored SIGTERM
     or one handled outside Python is left alone, as is everything off the main thread (Python
@@ -119,7 +134,7 @@ def _sigterm_unwinds() -> Iterator[None]:
         nonlocal received
         if not received:  # a second SIGTERM while unwinding: the first one is delivered again below
             received = True
-            raise _Terminated
+            raise Terminated
 
     signal.signal(signal.SIGTERM, handler)
     try:
@@ -322,7 +337,7 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
     raw = obj.get("config")
     if not isinstance(raw, dict):
         raise TraceError(f"line {lineno}: field 'config' must be an object, got {_type_name(raw)}")
-    _check_keys(lineno, raw, _CONFIG_FIELDS, "PCPConfig", "config.")
+    _check_keys(lineno, raw, CONFIG_FIELDS, "PCPConfig", "config.")
     for name in ("pcp_size", "max_num_reqs", "max_num_tokens"):
         if name not in raw:
             raise TraceError(f"line {lineno}: field 'config.{name}' is missing")

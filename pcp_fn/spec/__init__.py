@@ -29,7 +29,7 @@ per-token input must have exactly its rows (capacities: :mod:`.inputs`).
 
 What depends on the layout (local rows, where each request sits in the
 restored hidden states, the drafter's prefill split) comes from the config's
-:class:`pcp_fn.Layout` (:func:`pcp_fn.layouts.layout_of`): verified against the
+:class:`pcp_fn.Layout` (:func:`pcp_fn.layout_of`): verified against the
 vllm-ascend references for DualChunkSwap and hybrid attention
 (``PCPConfig(..., hybrid_attn=True)``), and for every layout (``"mrv2"``, a
 researcher's :class:`pcp_fn.PartitionLayout`) by :func:`pcp_fn.testing.check_layout`'s

@@ -3,7 +3,7 @@
 After the target model, the hidden states are all-gathered and restored
 (``[P*L_b, ...]``, what ``restore_hidden_states`` returns: the padded request
 order, or under hybrid attention the FA order). The drafter's first pass runs
-on this rank's rows, which the layout gives (:func:`pcp_fn.layouts.layout_of`):
+on this rank's rows, which the layout gives (:func:`pcp_fn.layout_of`):
 ``first_pass_rows`` (request ``i``, offset ``o`` inside its padded tokens, the
 decode tokens first) and ``restored_spans`` (where request ``i``'s rows start
 in the restored buffer, and how many of them there are). Each row then takes:
@@ -28,10 +28,10 @@ import torch
 
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import masked_gather, ragged_index, take
-from ..dcs.batch import token_rows
-from ..dcs.layout import LocalRows, RequestGeometry, RestoredSpans
-from ..dcs.state import PCPState
-from ..layouts import layout_of
+from ..protocol.batch import token_rows
+from ..protocol.layout import layout_of
+from ..protocol.rows import LocalRows, RequestGeometry, RestoredSpans
+from ..protocol.state import PCPState
 from .inputs import check_rows, real_requests, sampled_rows, state_view
 
 

@@ -32,10 +32,10 @@ from ..core.buckets import Bucket
 from ..core.checks import check_int_tensor
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import segment_of, segments_of, take
-from ..dcs.batch import token_rows
-from ..dcs.config import PCPConfig
-from ..dcs.state import PCPState
-from ..layouts import layout_of
+from ..protocol.batch import token_rows
+from ..protocol.config import PCPConfig
+from ..protocol.layout import layout_of
+from ..protocol.state import PCPState
 from .inputs import StateView, check_rows, mtp_extra_tokens, mtp_rows, state_view
 
 SlotFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

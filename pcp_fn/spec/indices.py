@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import segment_of
-from ..dcs.state import PCPState
-from ..layouts import layout_of
+from ..protocol.layout import layout_of
+from ..protocol.state import PCPState
 from .inputs import StateView, check_rows, draft_rows, sampled_rows, state_view
 
 
@@ -63,7 +63,7 @@ def spec_decode_indices(
     ``s_i = drafts_i + 1`` tokens. In this rank's local order (the runner's
     ``cu_num_scheduled_tokens`` is the cumsum of the local ``pcp_tokens``) they
     end at ``local_start[i+1]``; in the restored order at the PCP-adjusted
-    cumulative count, which the layout gives (:func:`pcp_fn.layouts.layout_of`
+    cumulative count, which the layout gives (:func:`pcp_fn.layout_of`
     ``.restored_spans``: ``start + n``): ``cu * P - num_pcp_pads`` in the
     DualChunkSwap padded order, vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``
     in the hybrid FA order. Example, the runner's comment (``P = 1``,

@@ -39,11 +39,11 @@ import torch
 from ..core.buckets import Bucket
 from ..core.checks import ArrayLike, host_int_rows, host_ints
 from ..core.pytree import pytree_dataclass, static_field
-from ..dcs.batch import SchedulerBatch, build_batch, token_rows
-from ..dcs.config import PCPConfig
-from ..dcs.layout import RequestGeometry
-from ..dcs.state import PCPState
-from ..layouts import layout_of
+from ..protocol.batch import SchedulerBatch, build_batch, token_rows
+from ..protocol.config import PCPConfig
+from ..protocol.layout import layout_of
+from ..protocol.rows import RequestGeometry
+from ..protocol.state import PCPState
 
 
 def sampled_rows(config: PCPConfig, bucket: Bucket) -> int:

@@ -16,7 +16,7 @@ import torch
 from ..core.pytree import pytree_dataclass
 from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
-from ..dcs.state import PCPState
+from ..protocol.state import PCPState
 from .inputs import StateView, check_rows, mtp_rows, state_view
 
 

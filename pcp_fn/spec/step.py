@@ -22,9 +22,8 @@ import torch
 
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass
-from ..dcs.batch import SchedulerBatch
-from ..dcs.state import PCPState
-from ..layouts import check_batch
+from ..protocol.batch import SchedulerBatch
+from ..protocol.state import PCPState, check_batch
 from ..step import StepOutputs, step_update
 from .full import (
     FullInputs,

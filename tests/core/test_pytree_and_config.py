@@ -67,9 +67,9 @@ def test_config_is_hashable_and_derives_capacities():
     assert cfg.max_gathered_tokens == cfg.G == 8 * (8192 + 256)
     assert cfg.request_buckets == (1, 2, 4, 8, 16, 32, 64, 128, 256)
     assert cfg.token_buckets[-2:] == (8192, 8448) and cfg.token_buckets[0] == 1
-    assert cfg.decode_threshold == 1 and cfg.pad_multiple == 16
+    assert cfg.decode_threshold == 1 and pcp_fn.dcs.pad_multiple(cfg.pcp_size) == 16
     one = PCPConfig(1, 0, 4, 100, num_spec_tokens=2)
-    assert one.L == 100 and one.G == 100 and one.pad_multiple == 1 and one.decode_threshold == 3
+    assert one.L == 100 and one.G == 100 and pcp_fn.dcs.pad_multiple(1) == 1 and one.decode_threshold == 3
     custom = PCPConfig(2, 0, 8, 64, request_buckets=[4, 2], token_buckets=(16, 40))
     assert custom.request_buckets == (2, 4, 8) and custom.token_buckets == (16, 40, 72)
 

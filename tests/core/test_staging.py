@@ -11,7 +11,7 @@ from helpers import to_device, tree_equal
 
 import pcp_fn
 from pcp_fn.core import staging as st
-from pcp_fn.dcs.batch import local_token_counts
+from pcp_fn.protocol.config import two_chunk_bound
 
 
 class _FakeEvent:
@@ -107,8 +107,7 @@ def test_make_batch_packs_one_buffer_and_counts_local_tokens_like_the_layout():
     parts = (batch.slot_mapping, batch.num_scheduled, batch.num_computed, batch.num_prompt, batch.num_reqs)
     for a, b in itertools.pairwise(parts):
         assert a.data_ptr() + a.numel() * a.element_size() == b.data_ptr()
-    dec = np.array([True, False, False, False])
-    assert int(local_token_counts(cfg, np.array(sched), dec).sum()) <= batch.bucket.num_tokens
+    assert two_chunk_bound(cfg, np.array(sched, np.int64), 1) <= batch.bucket.num_tokens  # one decode
     assert batch.slot_mapping.tolist() == [*range(40), *[cfg.pad_slot_id] * (batch.slot_mapping.numel() - 40)]
 
 

@@ -564,3 +564,12 @@ def test_importing_pcp_fn_leaves_the_simulator_alone():
     code = "import sys, pcp_fn; print(sorted(m for m in sys.modules if m.startswith('pcp_fn.sim')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_trace_header_holds_every_config_field_but_the_rank():
+    import dataclasses
+
+    from pcp_fn.sim import trace
+
+    fields = {f.name for f in dataclasses.fields(pcp_fn.PCPConfig)} - {"pcp_rank"}
+    assert sorted(trace.CONFIG_FIELDS) == sorted(fields)

@@ -121,7 +121,7 @@ def _draft_split(P, rank, lens, ids, hidden):
     cfg = PCPConfig(P, rank, 8, 256, hybrid_attn=True)
     batch = make_batch(cfg, lens, [0] * len(lens), lens)
     state, _ = update_tokens(init_state(cfg), batch)
-    Fb, Lb = pcp_fn.dcs.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
+    Fb, Lb = pcp_fn.protocol.batch.token_rows(cfg, batch.bucket), batch.bucket.num_tokens
     full = torch.zeros(Fb, dtype=ids.dtype)
     full[: ids.shape[0]] = ids
     # without decodes the restored FA-order rows are the prefill tokens in scheduler order

@@ -62,6 +62,23 @@ class _Reversed(pcp_fn.MRV2Partition):
         return order._replace(restore_index=order.restore_index.flip(0))
 
 
+class _LastCopy(pcp_fn.MRV2Partition):
+    """Exact token for token, but a decode is restored from rank P-1's copy, not rank 0's (the
+    one ``restored_spans`` promises): every copy holds the same token, so only a check of the
+    rank each restored row is read from catches it."""
+
+    name = "test-broken-copy"
+
+    def gathered_order(self, state):
+        order = super().gathered_order(state)
+        P, Lb = state.config.pcp_size, state.bucket.num_tokens
+        # the decodes come first on every rank: decode token t is local row t of each rank
+        decode = torch.arange(order.restore_index.shape[0]) < self.state_geometry(state).num_decode_tokens
+        return order._replace(
+            restore_index=torch.where(decode, order.restore_index + (P - 1) * Lb, order.restore_index)
+        )
+
+
 class _FirstPassDrops(pcp_fn.MRV2Partition):
     """Exact for the target model, but the drafter's first pass loses each rank's first row."""
 
@@ -90,6 +107,11 @@ class _HostSync(pcp_fn.MRV2Partition):
 def test_a_broken_layout_fails_with_the_rule_it_breaks(layout, rule):
     with pytest.raises(LayoutCheckError, match=f"breaks {rule}"):
         check_layout(layout, pcp_sizes=(2, 3), max_examples=30, graph_pcp_sizes=())
+
+
+def test_a_layout_restoring_a_replicated_token_from_another_rank_fails_the_restore_rule():
+    with pytest.raises(LayoutCheckError, match=r"breaks restore.*read from ranks"):
+        check_layout(_LastCopy(), pcp_sizes=(2, 3), max_examples=30, graph_pcp_sizes=())
 
 
 def test_a_layout_whose_drafter_rows_lose_a_token_fails_the_spec_rule():

@@ -231,7 +231,7 @@ class MCase:
             self.T,
             shard_decode_requests=self.shard,
             dcp_size=self.dcp,
-            cp_interleave=self.interleave,
+            cp_kv_cache_interleave_size=self.interleave,
             moe_gathers_tokens=self.moe,
         )
 
@@ -858,7 +858,7 @@ def test_make_batch_accepts_the_int32_limits():
         (dict(pcp_rank=2), ValueError, "pcp_rank must be < pcp_size=2"),
         (dict(max_num_reqs=0), ValueError, "max_num_reqs must be >= 1"),
         (dict(dcp_size=2, shard_decode_requests=True), ValueError, "shard_decode_requests requires dcp_size"),
-        (dict(cp_interleave=0), ValueError, "cp_interleave must be >= 1"),
+        (dict(cp_kv_cache_interleave_size=0), ValueError, "cp_kv_cache_interleave_size must be >= 1"),
         (dict(moe_gathers_tokens=1), TypeError, "moe_gathers_tokens must be a bool"),
         (dict(token_buckets=(32,)), ValueError, "token_buckets size 32 exceeds the capacity 16"),
     ],

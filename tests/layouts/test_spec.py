@@ -436,9 +436,9 @@ def _rows_plus_one(rows):
 def test_layout_interface_matches_the_oracle(case):
     """Both packages' spec interface, against the explicit per-rank lists of the oracles."""
     cfg, batch, _, state, _, view = _setup(case)
-    lay = pcp_fn.layouts.layout_of(cfg)
+    lay = pcp_fn.layout_of(cfg)
     assert lay is pcp_fn.get_layout("hybrid" if case.hybrid else "dcs")
-    assert lay.package is (pcp_fn.hybrid if case.hybrid else pcp_fn.dcs)
+    assert lay.package is (pcp_fn.hybrid.ops if case.hybrid else pcp_fn.dcs.layout)
     Rb, Lb, n = batch.bucket.num_reqs, batch.bucket.num_tokens, case.n
     mine = lay.state_local_rows(state)
     k = len(view.local)

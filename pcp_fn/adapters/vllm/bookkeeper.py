@@ -51,7 +51,7 @@ from ...core.checks import host_ints, host_row
 from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
 from ..schedule_cache import ScheduleCache
 from .contract import VLLM_0_32, VllmContract
-from .graphs import Destinations, HostLayout, StepGraphs
+from .graphs import Destinations, HostSegments, StepGraphs
 from .replace import dict_copy_ok, replace_fields
 
 
@@ -173,7 +173,7 @@ class MRV2Bookkeeper:
         self.local_rows: np.ndarray = _NO_ROW
         self.decode_only = False
         self.graphs: StepGraphs | None = None
-        self.host = self._host_layout()
+        self.host = self._host_segments()
         self._init_cache()
         # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
         self._capture_rows = (0, 0)
@@ -223,12 +223,12 @@ class MRV2Bookkeeper:
             shard_decode_requests=bool(self.shard_decode_requests),
             dcp_size=self.dcp_world_size,
             dcp_rank=self.dcp_rank,
-            cp_interleave=self.cp_interleave,
+            cp_kv_cache_interleave_size=self.cp_interleave,
         )
 
-    def _host_layout(self) -> HostLayout:
+    def _host_segments(self) -> HostSegments:
         """The host twin (serves get_num_tokens_for_dispatch with or without capacities)."""
-        return HostLayout(self.pcp_world_size, self.pcp_rank, **self._layout_rules())
+        return HostSegments(self.pcp_world_size, self.pcp_rank, **self._layout_rules())
 
     def _allocate_block_tables(self, block_tables: Any) -> None:
         """The local block tables ``[2R, width]`` per KV-cache group and the slot-mapping
@@ -313,13 +313,13 @@ class MRV2Bookkeeper:
         interleave = self.cp_interleave if block_tables is None else block_tables.cp_interleave
         if self.graphs is None:  # no capacities: nothing allocated, like vLLM's
             self.block_tables, self.cp_interleave = block_tables, interleave
-            self.host = self._host_layout()
+            self.host = self._host_segments()
             return
         self._allocate_block_tables(block_tables)
         self.schedule_cache.clear()  # the plans hold views of the old slot mappings
         if interleave != self.cp_interleave:
             self.cp_interleave = interleave
-            self.host = self._host_layout()
+            self.host = self._host_segments()
             self._build_graphs()
         else:
             self.graphs.set_slot_mappings(self.global_slot_mappings, self.gathered_slot_mappings)

@@ -208,7 +208,7 @@ _FIELDS = tuple(
 )
 
 
-class HostLayout:
+class HostSegments:
     """The host twin alone (no capacities, no device): what a manager constructed without
     ``max_num_reqs`` / ``max_num_tokens`` still answers (``get_num_tokens_for_dispatch``).
     The layout rules read no capacity, so the config carries nominal ones."""
@@ -221,7 +221,7 @@ class HostLayout:
         shard_decode_requests: bool,
         dcp_size: int,
         dcp_rank: int,
-        cp_interleave: int,
+        cp_kv_cache_interleave_size: int,
     ) -> None:
         self.config = mrv2.MRV2Config(
             pcp_size,
@@ -231,7 +231,7 @@ class HostLayout:
             shard_decode_requests=shard_decode_requests,
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,
-            cp_interleave=cp_interleave,
+            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
         )
 
     def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
@@ -244,7 +244,7 @@ class StepGraphs:
 
     Args:
         pcp_size, pcp_rank, max_num_reqs, max_num_tokens, shard_decode_requests,
-            dcp_size, dcp_rank, cp_interleave, pad_slot_id: the manager's
+            dcp_size, dcp_rank, cp_kv_cache_interleave_size, pad_slot_id: the manager's
             constructor arguments (they make the static
             :class:`pcp_fn.mrv2.MRV2Config`; its ``ValueError`` names a bad one).
         device: where the graphs run.
@@ -276,7 +276,7 @@ class StepGraphs:
         shard_decode_requests: bool,
         dcp_size: int,
         dcp_rank: int,
-        cp_interleave: int,
+        cp_kv_cache_interleave_size: int,
         pad_slot_id: int,
         device: torch.device,
         out: Destinations,
@@ -297,7 +297,7 @@ class StepGraphs:
             shard_decode_requests=shard_decode_requests,
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,
-            cp_interleave=cp_interleave,
+            cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
             pad_slot_id=pad_slot_id,
             request_buckets=sorted({b.num_reqs for b in self.ladder}),
             token_buckets=self._rungs,
@@ -428,7 +428,9 @@ class StepGraphs:
     # ---------------------------------------------------------------- host twin
 
     def dcp_rank0_seq_lens(self, seq_lens: np.ndarray) -> np.ndarray:
-        return host.dcp_rank0_seq_lens(seq_lens, self.config.dcp_size, self.config.cp_interleave)
+        return host.dcp_rank0_seq_lens(
+            seq_lens, self.config.dcp_size, self.config.cp_kv_cache_interleave_size
+        )
 
     # ---------------------------------------------------------------- plans (made once per size)
 

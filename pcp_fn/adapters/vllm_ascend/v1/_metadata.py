@@ -16,7 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _host, _ops
+from ....core.checks import same_ints
+from ....core.seqlens import host_cp_local_seq_lens
+from ....dcs import host as dcs_host
+from ....hybrid.host import HybridHostLayout
+from . import _ops
 from ._parts import ManagerParts
 
 
@@ -44,7 +48,7 @@ def _check_query_lens(query_lens: Any, expected: np.ndarray, dummy: bool) -> Non
     else:
         got = np.asarray(query_lens)
     n = expected.shape[0]
-    if got.ndim != 1 or got.shape[0] < n or not _host.same_ints(got[:n], expected):
+    if got.ndim != 1 or got.shape[0] < n or not same_ints(got[:n], expected):
         what = "the dummy batch's scheduled tokens" if dummy else "the step's local tokens per request"
         raise ValueError(
             f"query_lens must start with {what} {expected.tolist()}, got {got.tolist()} "
@@ -104,7 +108,7 @@ class MetadataBuilder:
         return meta
 
     def _fields(
-        self, h: _host.HostLayout, u: _host.HostLayout | None, context: np.ndarray, num_actual: int,
+        self, h: dcs_host.HostLayout, u: HybridHostLayout | None, context: np.ndarray, num_actual: int,
         num_reqs_padded: int,
     ) -> dict[str, Any]:  # fmt: skip
         s, P = self.settings, self.settings.pcp_size
@@ -116,7 +120,7 @@ class MetadataBuilder:
         return dict(
             pcp_use_hybrid_attn=s.hybrid_attn,
             num_actual_tokens_pcp_padded=num_actual,
-            num_computed_tokens_of_pcp_dcp=_host.cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
+            num_computed_tokens_of_pcp_dcp=host_cp_local_seq_lens(context, P, s.dcp_size, s.interleave),
             pcp_unpad_mask=self.views.view("unpad_mask", unpad, 0 if u is None else P * u.num_tokens),
             pcp_padded_tokens_fla=fla,
             query_lens_pcp_full_cpu=ori_query_lens,
@@ -129,7 +133,7 @@ class MetadataBuilder:
         return self.metadata_cls(**fields)
 
     def _attach_attention_indices(
-        self, meta: Any, h: _host.HostLayout, u: _host.HostLayout | None, num_actual: int
+        self, meta: Any, h: dcs_host.HostLayout, u: HybridHostLayout | None, num_actual: int
     ) -> None:
         step = self.buffers.step
         if h.num_prefill_reqs == 0:  # a decode-only step: every index empty, every list too
@@ -139,7 +143,7 @@ class MetadataBuilder:
             meta.__dict__.update(views)
             meta.attn_mask_seqlens, meta.head_attn_nomask_seqlens, meta.tail_attn_nomask_seqlens = [], [], []
             meta.head_actual_seq_lengths_kv, meta.tail_actual_seq_lengths_kv = [], []
-            meta.attn_chunk_seqlens = torch.from_numpy(_host.NO_CHUNKS)
+            meta.attn_chunk_seqlens = torch.from_numpy(dcs_host.NO_CHUNKS)
         else:
             lists = h.attention  # shared with the steps of the same shape: copies handed out
             C = lists.lengths["q_head_idx"]  # every length is a multiple of it
@@ -160,7 +164,7 @@ class MetadataBuilder:
 
     def _mtp_attention_mask(
         self,
-        h: _host.HostLayout,
+        h: dcs_host.HostLayout,
         computed_cpu: np.ndarray,
         num_scheduled: np.ndarray,
         fixed_decode_seq_lens_cpu: np.ndarray | None,
@@ -188,7 +192,7 @@ class MetadataBuilder:
                 decode_computed = computed_cpu[:nd]
             cp_rank = s.pcp_rank * s.dcp_size + s.dcp_rank
             if (decode_computed + num_scheduled[:nd] - 1 >= cp_rank).any():
-                corrected = not _host.same_ints(decode_computed, h.num_computed[:nd])
+                corrected = not same_ints(decode_computed, h.num_computed[:nd])
                 if corrected:
                     # async spec decode corrected the histories: the [R_b] counts staged
                     Rb = self.records.bucket().num_reqs
@@ -202,7 +206,7 @@ class MetadataBuilder:
 
 
 def _context_lengths(
-    h: _host.HostLayout, computed_cpu: np.ndarray, num_scheduled: Any, fixed_decode: np.ndarray | None
+    h: dcs_host.HostLayout, computed_cpu: np.ndarray, num_scheduled: Any, fixed_decode: np.ndarray | None
 ) -> np.ndarray:
     """Each request's context: the decodes' (``fixed_decode_seq_lens_cpu``, else computed plus
     scheduled), then the prefills' computed tokens."""
@@ -219,7 +223,7 @@ def _context_lengths(
 
 
 def _attach_hybrid_indices(
-    meta: Any, step: dict[str, torch.Tensor], u: _host.HostLayout, num_actual: int, P: int
+    meta: Any, step: dict[str, torch.Tensor], u: HybridHostLayout, num_actual: int, P: int
 ) -> None:
     """Hybrid attention's index fields (views of the step's buffers) and counts."""
     D = u.num_decode_tokens

@@ -37,12 +37,12 @@ import pcp_fn
 from pcp_fn import multimodal as pcp_mm
 from pcp_fn import spec as pcp_spec
 from pcp_fn.core.entry import entry_op
-from pcp_fn.dcs.batch import token_rows
 from pcp_fn.dcs.packing import REQUESTS
+from pcp_fn.protocol.batch import token_rows
 
+from ....dcs.host import HostLayout
 from ...backend import GraphStats, graph_ladder
 from ...runtime import GraphCall, GraphRuntime, Staging
-from ._host import HostLayout
 from ._settings import ManagerSettings
 
 # The index tensors of the attention metadata, by their pcp_fn names; vllm-ascend's

@@ -1,7 +1,7 @@
 """What the manager's helpers are given: the parts of one manager they read and write, made once.
 
 :class:`FunctionalDCSManager` makes each part in its constructor and hands this record to
-its helpers (:class:`._metadata.MetadataBuilder`, :class:`._spec_inputs.SpecInputs`,
+its helpers (:class:`._metadata.MetadataBuilder`, :class:`._spec_inputs.SpecInputsBuilder`,
 :class:`._spec_proposer.Proposer`), each of which keeps, under its own attributes, the parts
 it uses. The record is frozen: a helper never replaces a part (the record cell's
 ``current``, the buffers' contents and the view cache's entries are what change).

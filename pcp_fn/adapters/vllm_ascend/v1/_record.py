@@ -3,7 +3,7 @@
 vllm-ascend's ``PCPManager`` keeps its per-step state in mutable attributes
 (some reset by ``init_batch_info``, some only by ``update_tokens_for_pcp``, some
 kept across steps: the async spec-decode layout, the last MTP slot mapping).
-The adapter keeps one :class:`StepRecord` instead and replaces it
+The adapter keeps one :class:`ManagerRecord` instead and replaces it
 (``dataclasses.replace``) at each call that changes it; the runner-facing
 attributes are read-only views of it. The only mutable part of the manager is
 its persistent buffers (:mod:`._buffers`, and the staging and record buffers of
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ....dcs.host import HostLayout
 from . import _ops
-from ._host import HostLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ class FullLayout:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepRecord:
+class ManagerRecord:
     """What the manager knows after its last call.
 
     Fields:
@@ -69,7 +69,7 @@ _new = object.__new__
 
 
 class RecordCell:
-    """The manager's current :class:`StepRecord`, shared with its helpers (the one place it is replaced).
+    """The manager's current :class:`ManagerRecord`, shared with its helpers (the one place it is replaced).
 
     ``current`` is read-only to its readers; :meth:`set` replaces it by a copy with some fields
     changed. :meth:`host` and :meth:`bucket` are the last ``init_batch_info``'s, or a
@@ -78,12 +78,12 @@ class RecordCell:
 
     __slots__ = ("current",)
 
-    def __init__(self, record: StepRecord) -> None:
+    def __init__(self, record: ManagerRecord) -> None:
         self.current = record
 
     def set(self, **changes: Any) -> None:
         # dataclasses.replace of the frozen record, without its per-field Python loop
-        record = _new(StepRecord)
+        record = _new(ManagerRecord)
         record.__dict__.update(self.current.__dict__)
         record.__dict__.update(changes)
         self.current = record

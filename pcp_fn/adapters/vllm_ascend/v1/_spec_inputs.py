@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _host, _ops
+from ....dcs import host as dcs_host
+from . import _ops
 from ._parts import ManagerParts
 from ._record import FullLayout
 
@@ -96,7 +97,7 @@ def _correct_optimistic_seq_lens() -> Callable[..., None]:
     return correct_optimistic_seq_lens_cpu
 
 
-class SpecInputs:
+class SpecInputsBuilder:
     """The runner-side spec-decode inputs of :class:`FunctionalDCSManager` (``generate_pcp_mtp_input``,
     ``rebuild_async_spec_decode_inputs``).
 
@@ -133,7 +134,7 @@ class SpecInputs:
         computed_b = np.zeros(bucket.num_reqs, dtype=np.int64)
         computed_b[:n] = _first_positions(counts, cu, precomputed_positions_np, input_batch, n)
         builds_mtp = s.decode_threshold > 2 and (not with_prefill or (P == 1 and s.dcp_size > 1))
-        rows = _host.mtp_rows(h, s.decode_threshold) if builds_mtp else None
+        rows = dcs_host.mtp_rows(h, s.decode_threshold) if builds_mtp else None
         slot_fn = _draft_slot_fn(input_batch.block_table, rows, on_host=True) if builds_mtp else None
         full = _ops.full_inputs(
             _ops.host_state(self.cpu_state, h, bucket),
@@ -255,7 +256,7 @@ class SpecInputs:
             self.buffers.mtp_slot_pad[: rows * P].copy_(out.mtp.slot_mapping[: rows * P])
             self.records.set(mtp_rows=rows)
 
-    def _rebuild_on_host(self, h: _host.HostLayout, full: FullLayout, a: AsyncRebuildArgs) -> None:
+    def _rebuild_on_host(self, h: dcs_host.HostLayout, full: FullLayout, a: AsyncRebuildArgs) -> None:
         n, total = h.num_reqs, a.total_num_scheduled_tokens
         base = np.array(a.num_computed_tokens_cpu[:n], copy=True)
         event, valid_count_cpu = a.valid_sampled_token_count_event, a.valid_sampled_token_count_cpu
@@ -266,7 +267,7 @@ class SpecInputs:
             base, a.prev_positions_np, a.prev_num_draft_tokens_np, valid_count_cpu.numpy(), n
         )
         # this rank's tokens: corrected counts plus the split's offsets (the host twin's)
-        owners, offsets = _host.local_tokens(h, self.settings.hybrid_attn)
+        owners, offsets = h.local_tokens()
         positions_np = a.positions_np
         np.add(base[owners], offsets[:total], out=positions_np[:total])
         width = a.input_batch.token_ids_cpu.shape[1]

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _host, _ops
+from ....dcs import host as dcs_host
+from . import _ops
 from ._parts import ManagerParts
 
 
@@ -118,7 +119,7 @@ class Proposer:
         return PCPSpecDecodeFirstPassInputs(N, new_ids, positions, new_hidden, tis, long_seq_args)
 
     def _first_pass_rows(
-        self, h: _host.HostLayout, input_ids: torch.Tensor, hidden: torch.Tensor, tis: torch.Tensor,
+        self, h: dcs_host.HostLayout, input_ids: torch.Tensor, hidden: torch.Tensor, tis: torch.Tensor,
         logits_indices: torch.Tensor, num_tokens: int, n: int, num_prefill_reqs: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """This rank's ids and hidden rows of the first pass; ``tis[:n]`` rewritten in place."""
@@ -141,7 +142,7 @@ class Proposer:
         tis[:n].copy_(new_tis[:n])
         return new_ids, new_hidden
 
-    def _first_pass_metadata(self, cam: Any, h: _host.HostLayout, nd: int, num_tokens: int) -> None:
+    def _first_pass_metadata(self, cam: Any, h: dcs_host.HostLayout, nd: int, num_tokens: int) -> None:
         seq_p = h.pcp_tokens[nd:]
         k = seq_p.shape[0]
         cam.num_actual_tokens = num_tokens

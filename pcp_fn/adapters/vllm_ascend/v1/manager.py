@@ -3,7 +3,7 @@
 Same constructor, same methods and the attributes ``model_runner_v1.py`` reads;
 the layout is computed by pcp_fn instead of host numpy:
 
-- ``init_batch_info`` builds the step: the host twin (:mod:`._host`, O(R)
+- ``init_batch_info`` builds the step: the host twin (:mod:`pcp_fn.dcs.host`, O(R)
   numpy on the runner's arrays) for every value the runner reads on the host,
   and one device step (:func:`._ops.device_step`: ``update_tokens``, logits
   indices, attention index tensors, the hybrid index maps), one graph per
@@ -17,7 +17,7 @@ the layout is computed by pcp_fn instead of host numpy:
 
 The attention metadata, the spec-decode inputs on the runner's and the proposer's
 side and the multimodal helpers are four composed objects (:class:`._metadata.MetadataBuilder`,
-:class:`._spec_inputs.SpecInputs`, :class:`._spec_proposer.Proposer`,
+:class:`._spec_inputs.SpecInputsBuilder`, :class:`._spec_proposer.Proposer`,
 :class:`._multimodal.Multimodal`), each given what it reads at construction (the
 settings, the buffers, the graphs, the record cell...); the manager's methods of
 those names forward to them.
@@ -50,15 +50,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ....core.checks import INT32_MAX, host_row
+from ....core.checks import INT32_MAX, host_row, same_ints
+from ....dcs import host as dcs_host
+from ....hybrid.host import HybridHostLayout
+from ....protocol.batch import classify_decodes
 from ...backend import GraphStats, default_graph_backend, package_cache_dir, resolve_graph_backend
-from . import _buffers, _host, _ops
+from . import _buffers, _ops
 from ._metadata import MetadataBuilder
 from ._multimodal import Multimodal
 from ._parts import ManagerParts
-from ._record import RecordCell, StepRecord
+from ._record import ManagerRecord, RecordCell
 from ._settings import ManagerSettings, read_settings
-from ._spec_inputs import AsyncRebuildArgs, PCPAsyncSpecDecodeRebuildResult, SpecInputs
+from ._spec_inputs import AsyncRebuildArgs, PCPAsyncSpecDecodeRebuildResult, SpecInputsBuilder
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs, Proposer
 
 
@@ -200,7 +203,7 @@ class FunctionalDCSManager:
             None,
             np.zeros(s.max_num_reqs, dtype=np.int64),
         )  # (its update, it)
-        self._records = records = RecordCell(StepRecord(state=_ops.init_state(config, s.device)))
+        self._records = records = RecordCell(ManagerRecord(state=_ops.init_state(config, s.device)))
         self._all_gather = all_gather or _pcp_all_gather
         self._views = views = _buffers.ViewCache()  # shared with the metadata builder
         parts = ManagerParts(
@@ -215,7 +218,7 @@ class FunctionalDCSManager:
             capacity_state=_ops.init_state(config, s.device),
         )
         self._metadata = MetadataBuilder(parts)
-        self._spec_inputs = SpecInputs(parts)
+        self._spec_inputs = SpecInputsBuilder(parts)
         self._proposer = Proposer(parts)
         self._multimodal = Multimodal(records)
         self._expose(s, vllm_config, b)
@@ -255,7 +258,7 @@ class FunctionalDCSManager:
         return self._graphs.num_graphs
 
     @property
-    def record(self) -> StepRecord:
+    def record(self) -> ManagerRecord:
         """The frozen record of the last call (read-only)."""
         return self._records.current
 
@@ -326,7 +329,7 @@ class FunctionalDCSManager:
             return 0
         return int(u.num_scheduled.sum()) if self.pcp_use_hybrid_attn else u.num_tokens
 
-    def _hybrid_update(self) -> _host.HostLayout | None:
+    def _hybrid_update(self) -> HybridHostLayout | None:
         u = self._records.current.updated
         return u if self.pcp_use_hybrid_attn and u is not None else None
 
@@ -378,7 +381,7 @@ class FunctionalDCSManager:
     ) -> np.ndarray:
         """vllm-ascend ``classify_decode_request_mask`` (numpy)."""
         s = dataclasses.replace(self.settings, num_spec_tokens=decode_threshold - 1)
-        return _host.classify_decodes(
+        return classify_decodes(
             s,
             np.asarray(num_scheduled_tokens),
             np.asarray(num_computed_tokens),
@@ -405,7 +408,8 @@ class FunctionalDCSManager:
         sched = host_row("num_scheduled_tokens", num_scheduled_tokens, n, longer_ok=True, integers=True)
         computed = host_row("num_computed_tokens", num_computed_tokens, n, longer_ok=True, integers=True)
         prompt = host_row("num_prompt_tokens", num_prompt_tokens, n, longer_ok=True, integers=True)
-        h = _host.host_layout(self.settings, sched, computed, prompt, self._records.current.host)
+        twin = HybridHostLayout if self.settings.hybrid_attn else dcs_host.HostLayout
+        h = dcs_host.host_layout(self.settings, sched, computed, prompt, self._records.current.host, twin)
         # make_batch's checks from the counts' bound; make_batch itself names a bad field
         if h.bound < 0 or 2 * h.bound > INT32_MAX or h.total_scheduled > self.max_num_tokens:
             _ops.make_batch(self.config, h, "cpu")
@@ -428,7 +432,7 @@ class FunctionalDCSManager:
         """
         h = self._records.host()
         given = np.asarray(num_scheduled_tokens)
-        if given.ndim != 1 or not _host.same_ints(given, h.num_scheduled):
+        if given.ndim != 1 or not same_ints(given, h.num_scheduled):
             raise ValueError(
                 "num_scheduled_tokens passed to update_tokens_for_pcp differs from init_batch_info's "
                 f"({given.tolist()} vs {h.num_scheduled.tolist()})"
@@ -454,7 +458,7 @@ class FunctionalDCSManager:
         self, cu_num_scheduled_tokens: np.ndarray, num_pcp_pads: np.ndarray
     ) -> np.ndarray:
         """Hybrid-attention spec decode: cumulative tokens in the restored FA order (numpy)."""
-        return _host.adjust_cu(self._records.host(), cu_num_scheduled_tokens)
+        return dcs_host.adjust_cu(self._records.host(), cu_num_scheduled_tokens)
 
     def initialize_slot_mapping(self) -> None:
         """One padded slot mapping buffer per KV cache group (allocated once; the first up front,
@@ -578,7 +582,7 @@ class FunctionalDCSManager:
             fixed_decode_seq_lens_cpu,
         ), block_table_tensor
 
-    # ---------------------------------------------------------------- runner-side spec decode (SpecInputs)
+    # ------------------------------------------------------------ runner-side spec decode (SpecInputsBuilder)
     def generate_pcp_mtp_input(
         self,
         total_num_scheduled_tokens: int,

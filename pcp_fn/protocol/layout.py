@@ -1,27 +1,40 @@
-"""The public layout protocol, :class:`Layout`, and the registry that names layouts.
+"""The public layout protocol: :class:`Layout`, what a PCP layout computes for one rank.
 
-It lives at the bottom layer so that a config (:class:`pcp_fn.PCPConfig`) can
-resolve its ``layout=`` name; the built-in layouts register themselves in
-:mod:`pcp_fn.layouts`, a researcher's with :func:`register_layout` (or by passing
-the object as ``PCPConfig(..., layout=obj)``).
+A *layout* decides which rank holds which scheduled token, and everything that follows
+from it: positions, the restore of the all-gathered hidden states, the padded KV slot
+mapping, the logits rows, the spec-decode prep's row maps. The facade ops
+(:func:`pcp_fn.update_tokens`, :func:`pcp_fn.step`, :func:`pcp_fn.get_logits_indices`,
+:func:`pcp_fn.padded_slot_mapping`, :func:`pcp_fn.restore_hidden_states`,
+:func:`pcp_fn.attention_runs`), the spec-decode prep (:mod:`pcp_fn.spec`),
+:func:`pcp_fn.graph.capture` and :func:`pcp_fn.all_ranks` talk to a layout only through
+this protocol; which one serves a config is ``PCPConfig(..., layout=name)``
+(:mod:`pcp_fn.protocol.registry`).
+
+Its methods take and return the types of :mod:`pcp_fn.protocol.rows`. The built-ins:
+``"dcs"`` (DualChunkSwap, :mod:`pcp_fn.dcs`), ``"hybrid"`` (:mod:`pcp_fn.hybrid`),
+``"mrv2"`` and ``"mrv2-sharded"`` (vLLM model runner V2's partition,
+:class:`pcp_fn.mrv2.MRV2Partition`). A new partitioning either implements the protocol
+(``examples/contiguous_layout.py`` does, in full) or subclasses
+:class:`pcp_fn.PartitionLayout`, which derives everything but the partition; either way
+:func:`pcp_fn.testing.check_layout` checks it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
-if TYPE_CHECKING:  # the protocol names the DualChunkSwap family's types (no run-time import)
-    import numpy as np
-    import torch
+import numpy as np
+import torch
 
-    from ..dcs.batch import SchedulerBatch
-    from ..dcs.config import PCPConfig
-    from ..dcs.layout import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, RestoredSpans
-    from ..dcs.state import PCPState
+from .batch import SchedulerBatch
+from .config import PCPConfig
+from .registry import NamedLayout
+from .rows import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, RestoredSpans
+from .state import PCPState
 
 
 @runtime_checkable
-class Layout(Protocol):
+class Layout(NamedLayout, Protocol):
     """What a PCP layout computes, for one rank, from ``(config, bucket)``-shaped buffers.
 
     Sizes: ``P = config.pcp_size``; a batch's bucket gives ``R_b`` request rows and
@@ -43,16 +56,17 @@ class Layout(Protocol):
             Must not exceed ``config.max_local_tokens`` for any valid batch.
         build(state, batch) -> LayoutUpdate: the entry map; reads only the state's
             rank and constants. ``LayoutUpdate``: next state (recording the batch,
-            :func:`pcp_fn.dcs.layout.next_state`), the public ``TokenLayout``
+            :func:`pcp_fn.protocol.state.next_state`), the public ``TokenLayout``
             (``pcp_tokens [R_b]``, ``positions [L_b]``, ``request_index [L_b]``,
             ``num_tokens`` 0-d, ``unpad_mask [G_b]``, ``restore_index [G_b]``...),
             the request geometry ``[R_b]``, absolute positions ``[L_b]``, the
             scheduler-order token of each slot row ``[G_b]`` (read under
             ``unpad_mask``) and the local starts ``[R_b + 1]``.
         state_geometry(state) -> RequestGeometry: the per-request sizes at ``R_b``
-            rows (``token_start``, ``num_scheduled``, ``local``, ``local_start``...;
-            ``local`` / ``local_start``: this rank's rows per request). The state records
-            the last batch's ``num_scheduled``, ``num_computed`` and ``is_decode``.
+            rows (``token_start``, ``num_scheduled``, ``replicated``, ``local``,
+            ``local_start``: this rank's rows per request; ``own``: the layout's private
+            record, which only its own methods read). The state records the last batch's
+            ``num_scheduled``, ``num_computed`` and ``is_decode``.
         logits_from_geometry(config, geometry, num_reqs) -> [R_b] int64: the row of
             the restored hidden states holding each request's last token; 0 past
             ``num_reqs``.
@@ -72,6 +86,16 @@ class Layout(Protocol):
         first_pass_rows(state, *, geometry=None) -> LocalRows: this rank's rows of the
             MTP drafter's first pass (usually :meth:`state_local_rows`).
 
+    The ``geometry=`` keyword of the last four takes :meth:`state_geometry`'s result when the
+    caller has it (the spec-decode prep reads several maps of one state). Two optional hooks,
+    looked up with ``getattr``:
+
+        check_config(config) -> None: raise ``ValueError`` for a config the layout cannot
+            serve (``PCPConfig`` calls it).
+        constants(config) -> dict[str, list]: config-only integer tables that
+            :func:`pcp_fn.init_state` puts on the device once (``state.constants``), so that
+            no method copies host data to the device.
+
     Invariants (what :func:`pcp_fn.testing.check_layout` verifies):
 
     1. every output's shape depends on ``(config, bucket)`` only;
@@ -80,7 +104,8 @@ class Layout(Protocol):
        rank; each rank lists its rows request by request (``state_local_start``),
        real rows first, padding (``valid`` False) at the tail;
     3. restore: ``gathered[restore_index]`` puts every token once, in request
-       order, at the rows ``restored_spans`` names;
+       order, at the rows ``restored_spans`` names, each read from the rank that holds
+       it (rank 0's copy of a replicated token);
     4. slots: the rows ``unpad_mask`` marks carry every scheduled token's slot
        exactly once; the others get ``pad_slot_id``;
     5. logits: ``logits[i]`` is the restored row of request ``i``'s last token;
@@ -127,53 +152,6 @@ class Layout(Protocol):
     def first_pass_rows(self, state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows: ...
 
 
-_REGISTRY: dict[str, Layout] = {}  # name -> layout, in registration order
-
-
-def register_layout(layout: Layout, *, replace: bool = False) -> Layout:
-    """Make ``layout`` selectable as ``PCPConfig(..., layout=layout.name)``; returns it.
-
-    Raises ``ValueError`` when an object of another class holds the name
-    (``replace=True`` overrides; another instance of the same class replaces it), and
-    ``TypeError`` when ``layout`` does not implement :class:`Layout`.
-    """
-    if not isinstance(layout, Layout):
-        missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(layout, m)]
-        raise TypeError(f"{layout!r} is not a pcp_fn.Layout: it lacks {missing}")
-    name = layout.name
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"a layout's name must be a non-empty str, got {name!r}")
-    held = _REGISTRY.get(name)
-    # another instance of the same class takes the name over (a notebook re-running its cell)
-    if held is not None and type(held) is not type(layout) and not replace:
-        raise ValueError(f"layout name {name!r} is already registered to {held!r}")
-    _REGISTRY[name] = layout
-    return layout
-
-
-def get_layout(name: str) -> Layout:
-    """The registered layout called ``name``."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown layout {name!r}; registered: {sorted(_REGISTRY)}") from None
-
-
-def available_layouts() -> tuple[str, ...]:
-    """Names of the registered layouts, in registration order."""
-    return tuple(_REGISTRY)
-
-
-_PROTOCOL_MEMBERS = (
-    "name",
-    "num_local_tokens",
-    "build",
-    "state_geometry",
-    "logits_from_geometry",
-    "restore_index",
-    "gathered_order",
-    "state_local_rows",
-    "state_local_start",
-    "restored_spans",
-    "first_pass_rows",
-)
+def layout_of(config: PCPConfig) -> Layout:
+    """The :class:`Layout` serving ``config`` (``config.layout``, from the registry)."""
+    return cast(Layout, config.layout_impl)

@@ -1,4 +1,4 @@
-"""The host twin: every host value vllm-ascend's 0.23 runner reads, from O(R) numpy.
+"""The DualChunkSwap host twin: every host value vllm-ascend's 0.23 runner reads, from O(R) numpy.
 
 ``model_runner_v1.py`` keeps part of its input preparation on the host: it
 gathers input ids from its CPU token table with the positions the manager
@@ -9,25 +9,27 @@ ints. They are computed here from the per-request arrays the runner passes in
 O(R) integer arithmetic, the same the pcp_fn layout does on the device, never
 a read-back of a device tensor. The only per-token host output is the local
 positions array, which the runner needs on the host; it is expanded from O(R)
-runs in one vectorised pass.
+runs in one vectorised pass. The hybrid layout's twin (its linear split) extends it
+(:class:`pcp_fn.hybrid.host.HybridHostLayout`).
 
 Everything here is a pure function of its arguments; a :class:`HostLayout` is
 frozen and its arrays are never written after it is made. It runs every step,
 so each function is a handful of numpy calls on ``[n]`` arrays (a call costs
-about a microsecond whatever its size here): the hybrid split is only made
-when read (:attr:`HostLayout.linear_counts`), the decode-only and ``P = 1``
-steps take shorter paths.
+about a microsecond whatever its size here): what is derived is only made
+when read (cached properties), the decode-only and ``P = 1`` steps take
+shorter paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import ClassVar, Protocol, TypeVar
 
 import numpy as np
 
-from ....core.checks import INT32_MAX
-from ._settings import ManagerSettings
+from ..core.checks import INT32_MAX
+from ..protocol.batch import DecodeRule, classify_decodes
 
 _ARANGES: dict[type, np.ndarray] = {}
 _add_reduce = np.add.reduce  # np.sum without its Python wrapper
@@ -44,7 +46,7 @@ def _arange(n: int, dtype: type = np.int64) -> np.ndarray:
     return cached[:n]
 
 
-def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated ``arange(start, start + length)`` runs: ``[3, 0], [2, 1] -> [3, 4, 0]`` (int64)."""
     lengths = lengths.astype(np.int64, copy=False)
     ends = lengths.cumsum()
@@ -53,22 +55,15 @@ def _runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return (starts - ends + lengths).repeat(lengths) + _arange(total)
 
 
-def same_ints(a: np.ndarray, b: np.ndarray) -> bool:
-    """``a`` and ``b`` hold the same integers (``np.array_equal``; their bytes compared when they
-    share a dtype and a contiguous layout: a tenth of the cost)."""
-    if a.dtype == b.dtype and a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:
-        return a.tobytes() == b.tobytes()
-    return a.shape == b.shape and not (a != b).any()
+class HostRule(DecodeRule, Protocol):
+    """What the twin reads of its config: a :class:`pcp_fn.PCPConfig`, or an engine's settings
+    with the same names."""
 
+    @property
+    def pcp_size(self) -> int: ...
 
-def classify_decodes(
-    s: ManagerSettings, sched: np.ndarray, computed: np.ndarray, prompt: np.ndarray
-) -> np.ndarray:
-    """vllm-ascend ``classify_decode_request_mask``: context, ``<= 1 + k`` tokens, prompt done."""
-    # context (computed > 0) and prompt done (computed >= prompt, or == prompt - 1 with the
-    # recompute scheduler): computed >= max(prompt [- 1], 1), one comparison
-    done_at = np.maximum(prompt - 1 if s.pd_decode_recompute else prompt, 1)
-    return (computed >= done_at) & (sched <= s.decode_threshold)
+    @property
+    def pcp_rank(self) -> int: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,14 +83,8 @@ class HostLayout:
         num_tokens: ``N``, their sum (the local token count of the non-hybrid layout).
         total_scheduled: the scheduled tokens, ``sum(num_scheduled)``.
 
-    The hybrid attention split (made when first read): ``linear_counts`` ``[n, P]``
-    int64 linear-split prefill tokens of every rank (0 for decodes); ``linear_tokens``
-    int32 this rank's linear rows (``n`` for a decode); ``linear_offset`` int64 first
-    token of each request this rank holds linearly; ``max_tokens_across_pcp``
-    ``M = D + sum(linear_counts[:, 0])`` (0 without prefills: ``D``).
-
     Everything but the counts, the decode mask and ``device_prompt`` depends on the
-    scheduled counts and the number of decodes alone (:data:`SHAPE`): a step with the
+    scheduled counts and the number of decodes alone (:attr:`SHAPE`): a step with the
     same ones as the last (a steady decode batch) takes them from it
     (:func:`host_layout`'s ``previous``); the arrays are shared, so a caller gets copies.
     """
@@ -122,36 +111,9 @@ class HostLayout:
         return self.pcp_tokens * self.pcp_size
 
     @functools.cached_property
-    def linear_counts(self) -> np.ndarray:
-        P = self.pcp_size
-        n64 = self.num_scheduled.astype(np.int64)[:, None]
-        counts = n64 // P + (np.arange(P, dtype=np.int64) < n64 % P)
-        counts[: self.num_decode_reqs] = 0
-        return counts
-
-    @functools.cached_property
-    def linear_tokens(self) -> np.ndarray:
-        out = self.linear_counts[:, self.pcp_rank].astype(np.int32)
-        out[: self.num_decode_reqs] = self.num_scheduled[: self.num_decode_reqs]
-        return out
-
-    @functools.cached_property
-    def linear_offset(self) -> np.ndarray:
-        return self.linear_counts[:, : self.pcp_rank].sum(axis=1)
-
-    @functools.cached_property
-    def max_tokens_across_pcp(self) -> int:
-        return self.num_decode_tokens + int(self.linear_counts[:, 0].sum())
-
-    @functools.cached_property
     def dcs_rows(self) -> np.ndarray:
         """:func:`dcs_positions` (shared: never written)."""
         return dcs_positions(self)
-
-    @functools.cached_property
-    def linear_rows(self) -> np.ndarray:
-        """:func:`linear_positions` (shared: never written)."""
-        return linear_positions(self)
 
     @functools.cached_property
     def logits(self) -> np.ndarray:
@@ -182,63 +144,41 @@ class HostLayout:
         return self.num_padded - self.num_scheduled
 
     @property
-    def num_linear_tokens(self) -> int:
-        """This rank's linear rows (vllm-ascend ``total_num_scheduled_tokens`` with hybrid attention)."""
-        return int(self.linear_tokens.sum())
-
-    @property
     def prefill_tokens(self) -> int:
         return int(self.num_scheduled[self.num_decode_reqs :].sum())
 
-    @property
-    def padded_tokens_fla(self) -> int:
-        """``M - num_linear_tokens``: rows this rank pads its linear buffer with before the all-gather."""
-        return self.max_tokens_across_pcp - self.num_linear_tokens
+    def local_tokens(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(request, offset)`` int64 of each local row (the scheduled tokens themselves at ``P = 1``)."""
+        request = np.repeat(np.arange(self.num_reqs, dtype=np.int64), self.pcp_tokens)
+        return request, self.dcs_rows.astype(np.int64)
 
-    @property
-    def total_padding_tokens_fla(self) -> int:
-        """``P * (M - D) - prefill tokens`` (0 without prefills)."""
-        if self.num_prefill_reqs == 0:
-            return 0
-        return self.pcp_size * (self.max_tokens_across_pcp - self.num_decode_tokens) - self.prefill_tokens
+    #: What a layout derives from its scheduled counts and number of decodes alone (fields and
+    #: cached values): a step repeating the last one's takes them from it (:func:`host_layout`).
+    SHAPE: ClassVar[tuple[str, ...]] = (
+        "pcp_tokens",
+        "num_tokens",
+        "num_decode_tokens",
+        "total_scheduled",
+        "num_padded",
+        "num_pads",
+        "dcs_rows",
+        "logits",
+        "logits_hybrid",
+        "attention",
+    )
 
-    @property
-    def enter_fa_len(self) -> int:
-        """Rows of the compact full-attention input: ``P * D + prefill tokens``."""
-        return self.pcp_size * self.num_decode_tokens + self.prefill_tokens
 
-
-_FIELDS = tuple(f.name for f in dataclasses.fields(HostLayout))
-
-
-#: What a layout derives from its scheduled counts and number of decodes alone (fields and cached
-#: values): a step repeating the last one's takes them from it.
-SHAPE = (
-    "pcp_tokens",
-    "num_tokens",
-    "num_decode_tokens",
-    "total_scheduled",
-    "num_padded",
-    "num_pads",
-    "linear_counts",
-    "linear_tokens",
-    "linear_offset",
-    "max_tokens_across_pcp",
-    "dcs_rows",
-    "linear_rows",
-    "logits",
-    "logits_hybrid",
-    "attention",
-)
+H = TypeVar("H", bound="HostLayout")
 
 
 def host_layout(
-    s: ManagerSettings,
+    s: HostRule,
     sched: np.ndarray,
     computed: np.ndarray,
     prompt: np.ndarray,
-    previous: HostLayout | None = None,
-) -> HostLayout:
+    previous: H | None = None,
+    cls: type[H] = HostLayout,  # type: ignore[assignment]
+) -> H:
     """The host twin of a step (O(R)).
 
     The runner orders decodes first, so the decode mask is a prefix. A dummy
@@ -247,8 +187,9 @@ def host_layout(
     and, through ``device_prompt`` (``num_computed + 2``: the prompt is not
     done), on the device too, so the layout stays well formed.
 
-    ``previous`` (the last step's layout, of the same settings): when this step has its
-    scheduled counts and number of decodes, everything in :data:`SHAPE` it made is reused.
+    ``previous`` (the last step's layout, of the same settings and class): when this step has
+    its scheduled counts and number of decodes, everything in ``cls.SHAPE`` it made is reused.
+    ``cls``: :class:`HostLayout` or a subclass (the hybrid layout's twin).
     """
     # one fresh [3, n] copy (a layout's arrays are never written; the runner's are, later)
     counts = np.array((sched, computed, prompt), dtype=np.int32)
@@ -264,7 +205,7 @@ def host_layout(
         late[:nd] = False
         decode[nd:] = False
         device_prompt = np.where(late, computed + 2, prompt).astype(np.int32)
-    layout = object.__new__(HostLayout)  # frozen: its __init__ sets field by field
+    layout = object.__new__(cls)  # frozen: its __init__ sets field by field
     fields = layout.__dict__
     fields.update(
         pcp_size=P,
@@ -284,7 +225,7 @@ def host_layout(
         and previous.num_scheduled.tobytes() == sched.tobytes()
     ):  # the last step's shape (a steady decode batch)
         last = previous.__dict__
-        fields.update({name: last[name] for name in SHAPE if name in last})
+        fields.update({name: last[name] for name in cls.SHAPE if name in last})
         return layout
     # int32 sums where they cannot wrap (each of the n counts <= bound; a local count <= 2 * it):
     # numpy's default widening to int64 makes a reduction twice as slow
@@ -326,20 +267,7 @@ def dcs_positions(h: HostLayout) -> np.ndarray:
     lengths[1::2] = c
     starts[0 : 2 * nd : 2] = 0
     lengths[1 : 2 * nd : 2] = 0  # a decode has no tail
-    return _runs(starts, lengths).astype(np.int32)
-
-
-def linear_positions(h: HostLayout) -> np.ndarray:
-    """int64 ``[num_linear_tokens]``: offsets of this rank's linear rows (the hybrid-attention form)."""
-    return _runs(h.linear_offset, h.linear_tokens)
-
-
-def local_tokens(h: HostLayout, hybrid: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``(request, offset)`` int64 of each local row: the linear split with hybrid attention, else
-    DualChunkSwap (both are the scheduled tokens themselves at ``P = 1``)."""
-    counts = h.linear_tokens if hybrid else h.pcp_tokens
-    offsets = h.linear_rows.copy() if hybrid else h.dcs_rows.astype(np.int64)
-    return np.repeat(np.arange(h.num_reqs, dtype=np.int64), counts), offsets
+    return runs(starts, lengths).astype(np.int32)
 
 
 def logits_indices(h: HostLayout, hybrid_form: bool) -> np.ndarray:
@@ -366,29 +294,6 @@ def adjust_cu(h: HostLayout, cu: np.ndarray) -> np.ndarray:
     out = cu.copy()
     out[nd : h.num_reqs] = h.pcp_size * base + np.cumsum(h.num_scheduled[nd:].astype(np.int64))
     return out
-
-
-@functools.cache
-def _round_up_offsets(C: int) -> np.ndarray:
-    """``C - 1 - rank`` for each of the ``C`` CP ranks (read-only)."""
-    out = np.arange(C - 1, -1, -1, dtype=np.int32)
-    out.flags.writeable = False
-    return out
-
-
-def cp_local_seq_lens(seq_lens: np.ndarray, P: int, D: int, interleave: int) -> np.ndarray:
-    """``[n] -> [n, P, D]``: KV tokens of each (pcp, dcp) rank, dealt round-robin in ``interleave`` blocks.
-
-    vllm-ascend ``_get_cp_local_seq_lens``, in the input's dtype.
-    """
-    C = P * D
-    if interleave == 1:  # rank r holds positions r, r + C, ... < s: ceil((s - r) / C) of them
-        out = (seq_lens[:, None] + _round_up_offsets(C)) // C
-        return out.astype(seq_lens.dtype, copy=False).reshape(-1, P, D)
-    s = seq_lens[:, None]
-    base = s // interleave // C * interleave
-    rest = np.clip(s - base * C - np.arange(C, dtype=seq_lens.dtype) * interleave, 0, interleave)
-    return (base + rest).astype(seq_lens.dtype).reshape(-1, P, D)
 
 
 @dataclasses.dataclass(frozen=True)

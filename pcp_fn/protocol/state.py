@@ -1,4 +1,4 @@
-"""``PCPState``: the frozen pytree every DualChunkSwap-family op takes and returns.
+"""``PCPState``: the frozen pytree every facade op takes and returns, whatever the layout.
 
 The config and the bucket of the last update are static tree structure; the
 leaves are device tensors whose shapes depend on the config alone. What a
@@ -19,14 +19,14 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from ..core.buckets import Bucket
 from ..core.checks import check_device
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.rank import rank_leaf
-from .attention_tables import attention_constants
+from .batch import SchedulerBatch
 from .config import PCPConfig
-from .layout_tables import layout_constants
 
 
 @pytree_dataclass
@@ -45,10 +45,11 @@ class PCPState:
         num_computed: ``[R]`` int32, tokens of each request already in the KV cache
             (a :class:`pcp_fn.PartitionLayout` may balance its split on them).
         is_decode: ``[R]`` bool, decode requests of the last update (a prefix).
-        constants: small int64 tables that depend on the config only (the
-            layout's chunk multipliers, the attention index coefficients), made on the device once here so
-            that no op copies host data to the device (a synchronous,
-            uncapturable copy inside a CUDA graph).
+        constants: small int64 tables that depend on the config only, the layout's
+            (its optional ``constants(config)`` hook: DualChunkSwap's chunk multipliers and
+            attention index coefficients; none for a :class:`pcp_fn.PartitionLayout`),
+            made on the device once here so that no op copies host data to the device
+            (a synchronous, uncapturable copy inside a CUDA graph).
     """
 
     ENTRY_FIELDS: ClassVar[tuple[str, ...]] = ("rank", "constants")
@@ -99,7 +100,53 @@ def init_state(
         is_decode=torch.zeros(R, dtype=torch.bool, device=device),
         constants={
             name: torch.tensor(values, dtype=torch.int64, device=device)
-            for tables in (layout_constants(config.pcp_size), attention_constants(config.pcp_size))
-            for name, values in tables.items()
+            for name, values in layout_constants(config).items()
         },
+    )
+
+
+def check_batch(state: PCPState, batch: SchedulerBatch) -> None:
+    """A batch built for another config, or a state that is not one, is an error.
+
+    ``make_batch`` records the config it validated the batch for; a state of
+    another config would silently truncate the layout.
+    """
+    if not isinstance(state, PCPState):
+        raise TypeError(f"state must be a PCPState, got {type(state).__name__}")
+    if not isinstance(batch, SchedulerBatch):
+        raise TypeError(f"batch must be a SchedulerBatch, got {type(batch).__name__}")
+    if batch.config != state.config.shared:
+        raise ValueError(
+            f"the batch was built for {batch.config}, the state is of {state.config} "
+            "(ranks aside); build the batch with the state's config"
+        )
+
+
+def layout_constants(config: PCPConfig) -> dict[str, list]:
+    """The config-only tables of ``config``'s layout, as nested lists (its optional
+    ``constants(config)`` hook; ``{}`` without one)."""
+    tables = getattr(config.layout_impl, "constants", None)
+    return {} if tables is None else tables(config)
+
+
+def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return F.pad(x, (0, rows - x.shape[0]))
+
+
+def next_state(state: PCPState, batch: SchedulerBatch, is_decode: torch.Tensor) -> PCPState:
+    """The state recording ``batch``: its bucket, request count and per-request record at ``[R]``.
+
+    What a layout's ``build`` returns as the next state. Of ``state`` only the entry fields
+    (rank, constants) are kept.
+    """
+    R = state.config.max_num_reqs
+    return PCPState(
+        config=state.config,
+        bucket=batch.bucket,
+        rank=state.rank,
+        num_reqs=batch.num_reqs.to(torch.int64),
+        num_scheduled=_to_capacity(batch.num_scheduled, R),
+        num_computed=_to_capacity(batch.num_computed, R),
+        is_decode=_to_capacity(is_decode, R),
+        constants=state.constants,
     )

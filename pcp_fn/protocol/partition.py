@@ -19,8 +19,8 @@ laid out request by request) or, for full control, :meth:`PartitionLayout.local_
 from the batch's :class:`Requests` (scheduled and computed tokens, which are
 replicated, where each starts in scheduler order).
 Both must be capturable (docs/concepts.md, "Capturability, checked") and take ``rank`` as an int or a 0-d
-tensor. :class:`MRV2Partition` (vLLM model runner V2's unpadded head/tail chunks,
-registered as ``"mrv2"``) is the example; ``examples/cost_balanced_layout.py``
+tensor. :class:`pcp_fn.mrv2.MRV2Partition` (vLLM model runner V2's unpadded head/tail
+chunks, the built-in ``"mrv2"``) is the example; ``examples/cost_balanced_layout.py``
 another.
 
 ``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode), ``"mrv2"``: chunks of
@@ -36,22 +36,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .core.layout_protocol import get_layout
-from .core.ragged import arange_of, offsets, segment_of, take
-from .dcs.batch import SchedulerBatch, dcs_num_local_tokens
-from .dcs.config import PCPConfig
-from .dcs.layout import (
-    GatheredOrder,
-    LayoutUpdate,
-    LocalRows,
-    RequestGeometry,
-    RestoredSpans,
-    TokenLayout,
-    batch_is_decode,
-    next_state,
-    request_geometry,
-)
-from .dcs.state import PCPState
+from ..core.ragged import arange_of, offsets, segment_of, take
+from .batch import SchedulerBatch, batch_is_decode
+from .config import PCPConfig, two_chunk_bound
+from .registry import get_layout
+from .rows import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, RestoredSpans, TokenLayout
+from .state import PCPState, next_state
 
 
 class Requests(NamedTuple):
@@ -78,18 +68,20 @@ class Requests(NamedTuple):
     num_decode_tokens: torch.Tensor
 
     @classmethod
-    def of(cls, geometry: RequestGeometry, num_computed: torch.Tensor) -> Requests:
-        """The request-level fields of ``geometry`` with ``num_computed`` (``[R_b]``, any int dtype)."""
-        g = geometry
-        return cls(
-            g.num_scheduled,
-            num_computed.to(torch.int64),
-            g.replicated,
-            g.token_start,
-            g.request_ids,
-            g.num_decode_reqs,
-            g.num_decode_tokens,
-        )
+    def of(
+        cls,
+        config: PCPConfig,
+        num_scheduled: torch.Tensor,
+        num_computed: torch.Tensor,
+        is_decode: torch.Tensor,
+    ) -> Requests:
+        """The requests of ``[R_b]`` counts (any int dtype) and decode flags (a prefix)."""
+        n = num_scheduled.to(torch.int64)
+        # one scan: the token starts, and the decodes' count and tokens at its end
+        starts = offsets(torch.stack([n, is_decode.to(torch.int64), n * is_decode]))
+        replicated = is_decode if config.pcp_size > 1 else torch.ones_like(is_decode)
+        ids = torch.arange(n.shape[0], dtype=torch.int64, device=n.device)
+        return cls(n, num_computed.to(torch.int64), replicated, starts[0], ids, starts[1, -1], starts[2, -1])
 
 
 def rows_from_segments(first: torch.Tensor, length: torch.Tensor, num_rows: int) -> LocalRows:
@@ -157,28 +149,33 @@ class PartitionLayout:
     def num_local_tokens(
         self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
     ) -> int:
-        """Host bound on any rank's local rows (bucket choice): the DualChunkSwap count by default."""
-        return dcs_num_local_tokens(config, num_scheduled, num_decodes)
+        """Host bound on any rank's local rows (bucket choice); by default the two-chunk split's
+        (:func:`pcp_fn.protocol.config.two_chunk_bound`: ``2 * ceil(n / 2P)`` of a prefill)."""
+        return two_chunk_bound(config, num_scheduled, num_decodes)
 
     # -- inherited ---------------------------------------------------------------
-    def _of(self, config: PCPConfig, geo: RequestGeometry, num_computed: torch.Tensor) -> Requests:
-        req = Requests.of(geo, num_computed)
+    def _of(
+        self,
+        config: PCPConfig,
+        num_scheduled: torch.Tensor,
+        num_computed: torch.Tensor,
+        is_decode: torch.Tensor,
+    ) -> Requests:
+        req = Requests.of(config, num_scheduled, num_computed, is_decode)
         return req._replace(replicated=self.replicated(config, req))
 
-    def _rank_geometry(self, geo: RequestGeometry, req: Requests, rows: LocalRows) -> RequestGeometry:
-        """``geo`` with this rank's per-request row counts and no pads (restored = scheduler order)."""
-        local = torch.zeros_like(geo.num_scheduled).index_add(0, rows.request, rows.valid.to(torch.int64))
-        local_start = offsets(local)
-        zeros = torch.zeros_like(geo.num_scheduled)
-        return geo._replace(
+    def _rank_geometry(self, req: Requests, rows: LocalRows) -> RequestGeometry:
+        """The geometry of ``req`` with this rank's ``rows`` counted per request (no pads)."""
+        local = torch.zeros_like(req.num_scheduled).index_add(0, rows.request, rows.valid.to(torch.int64))
+        return RequestGeometry(
+            num_scheduled=req.num_scheduled,
             replicated=req.replicated,
+            token_start=req.token_start,
             local=local,
-            local_start=local_start,
-            num_padded=geo.num_scheduled,
-            padded_start=geo.token_start,
-            num_pads=zeros,
-            pads_start=torch.zeros_like(geo.token_start),
-            local_less_padded_start=local_start - geo.token_start,
+            local_start=offsets(local),
+            request_ids=req.request_ids,
+            num_decode_reqs=req.num_decode_reqs,
+            num_decode_tokens=req.num_decode_tokens,
         )
 
     def _order(self, config: PCPConfig, req: Requests, Lb: int) -> GatheredOrder:
@@ -203,12 +200,11 @@ class PartitionLayout:
     def build(self, state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
         cfg, Lb = state.config, batch.bucket.num_tokens
         is_decode = batch_is_decode(cfg, batch)
-        geo0 = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
-        req = self._of(cfg, geo0, batch.num_computed)
+        req = self._of(cfg, batch.num_scheduled, batch.num_computed, is_decode)
         mine = self.local_rows(cfg, req, state.pcp_rank, Lb)
-        geo = self._rank_geometry(geo0, req, mine)
+        geo = self._rank_geometry(req, mine)
         order = self._order(cfg, req, Lb)
-        layout = TokenLayout.of(geo, mine, order, is_decode)
+        layout = TokenLayout.of(geo, mine, order, is_decode, torch.zeros_like(geo.num_scheduled))
         positions = torch.where(mine.valid, take(req.num_computed, mine.request) + mine.position, 0)
         return LayoutUpdate(
             next_state(state, batch, is_decode), layout, geo, positions, order.token, geo.local_start
@@ -218,17 +214,25 @@ class PartitionLayout:
         """The state's last batch as :class:`Requests` (``geometry``: its request geometry, when known)."""
         Rb = state.bucket.num_reqs
         if geometry is None:
-            geometry = request_geometry(
-                state.config, state.num_scheduled[:Rb], state.is_decode[:Rb], state.constants
+            return self._of(
+                state.config, state.num_scheduled[:Rb], state.num_computed[:Rb], state.is_decode[:Rb]
             )
-        return self._of(state.config, geometry, state.num_computed[:Rb])
+        g = geometry  # already the layout's (replicated included)
+        num_computed = state.num_computed[:Rb].to(torch.int64)
+        return Requests(
+            g.num_scheduled,
+            num_computed,
+            g.replicated,
+            g.token_start,
+            g.request_ids,
+            g.num_decode_reqs,
+            g.num_decode_tokens,
+        )
 
     def state_geometry(self, state: PCPState) -> RequestGeometry:
-        Rb = state.bucket.num_reqs
-        geo = request_geometry(state.config, state.num_scheduled[:Rb], state.is_decode[:Rb], state.constants)
-        req = self._requests(state, geo)
+        req = self._requests(state)
         rows = self.local_rows(state.config, req, state.pcp_rank, state.bucket.num_tokens)
-        return self._rank_geometry(geo, req, rows)
+        return self._rank_geometry(req, rows)
 
     def logits_from_geometry(
         self, config: PCPConfig, geometry: RequestGeometry, num_reqs: torch.Tensor
@@ -256,102 +260,3 @@ class PartitionLayout:
 
     def first_pass_rows(self, state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
         return self.state_local_rows(state, geometry=geometry)
-
-
-class MRV2Partition(PartitionLayout):
-    """vLLM model runner V2's partition (``vllm/v1/worker/gpu/pcp_manager.py``) as a facade layout.
-
-    A prefill of ``n`` tokens is cut into ``2P`` chunks of ``c = ceil(n / 2P)``; rank
-    ``q`` holds chunk ``q`` (head) and ``2P-1-q`` (tail), each cut at the request's
-    end (no pads). A decode, and with ``dcp_size > 1`` a prefill too short to fill
-    all ``2P`` chunks (``(2P-1) * c >= n``, vLLM ``replicated_requests``), is
-    replicated on every rank (``"mrv2"``), or with ``shard_decode_requests=True``
-    (``"mrv2-sharded"``, vLLM's ``pcp_shard_decode_requests``, its default when
-    ``dcp_size == 1``) given whole to rank ``j % P``, ``j`` its ordinal among the
-    non-empty replicated requests. Restore, slots and logits are in scheduler order
-    (the MRV2 ``hidden_restore_idx`` order). The decode classification is the
-    facade's (:func:`pcp_fn.dcs.classify_decodes`); :mod:`pcp_fn.mrv2` keeps its own
-    config, state and API, which the vLLM adapters use.
-
-    ``"mrv2-sharded"`` refuses ``dcp_size > 1`` (vLLM never shards decodes under DCP)
-    and speculative tokens (:mod:`pcp_fn.spec` reads a decode's draft tokens from
-    this rank's rows, where a sharded decode is not; vLLM MRV2 broadcasts rank 0's
-    drafts instead).
-    """
-
-    name = "mrv2"
-
-    def __init__(self, *, shard_decode_requests: bool = False) -> None:
-        self.shard_decode_requests = shard_decode_requests
-        if shard_decode_requests:
-            self.name = f"{type(self).name}-sharded"
-
-    def check_config(self, config: PCPConfig) -> None:
-        if self.shard_decode_requests and config.dcp_size > 1:
-            raise ValueError(
-                f"the {self.name!r} layout requires dcp_size == 1, got dcp_size={config.dcp_size}: DCP "
-                "needs every decode on every rank (vLLM's pcp_shard_decode_requests is False then)"
-            )
-        if self.shard_decode_requests and config.num_spec_tokens:
-            raise ValueError(
-                f"the {self.name!r} layout does not serve num_spec_tokens={config.num_spec_tokens}: "
-                "pcp_fn.spec reads a decode's draft tokens from this rank's rows, which a sharded "
-                "decode is not on; use 'mrv2' (decodes replicated)"
-            )
-
-    def _mrv2_replicated(self, config: PCPConfig, requests: Requests) -> torch.Tensor:
-        """vLLM ``replicated_requests``: the decodes, and under DCP the short prefills."""
-        decode = requests.request_ids < requests.num_decode_reqs
-        if config.dcp_size == 1:
-            return decode
-        C, n = 2 * config.pcp_size, requests.num_scheduled
-        return decode | ((C - 1) * ((n + (C - 1)) // C) >= n)
-
-    def replicated(self, config: PCPConfig, requests: Requests) -> torch.Tensor:
-        if config.pcp_size == 1:
-            return requests.replicated
-        rep = self._mrv2_replicated(config, requests)
-        return torch.zeros_like(rep) if self.shard_decode_requests else rep  # dealt: one owner each
-
-    def segments(
-        self, config: PCPConfig, requests: Requests, rank: int | torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        P, C = config.pcp_size, 2 * config.pcp_size
-        n = requests.num_scheduled
-        whole = self._mrv2_replicated(config, requests) | (P == 1)
-        c = (n + (C - 1)) // C
-        head, tail = rank * c, (C - 1 - rank) * c
-        first = torch.stack([head, tail], 1) * ~whole[:, None]
-        length = torch.minimum((n[:, None] - first).clamp(min=0), c[:, None])
-        mine = n
-        if self.shard_decode_requests and P > 1:  # dealt round-robin over the non-empty ones
-            dealt = whole & (n > 0)
-            ordinal = torch.cumsum(dealt.to(torch.int64), 0) - dealt.to(torch.int64)
-            mine = n * (ordinal % P == rank)
-        length = torch.where(whole[:, None], torch.stack([mine, torch.zeros_like(n)], 1), length)
-        return first, length
-
-    def num_local_tokens(
-        self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
-    ) -> int:
-        """Host: the fullest rank's rows, by the same rules (vLLM ``get_num_tokens_for_dispatch``)."""
-        P, C, n = config.pcp_size, 2 * config.pcp_size, num_scheduled
-        if P == 1:
-            return int(n.sum())
-        c = (n + (C - 1)) // C
-        whole = np.arange(n.size) < num_decodes
-        if config.dcp_size > 1:
-            whole |= (C - 1) * c >= n
-        q = np.arange(P)[:, None]
-        split = np.minimum(np.maximum(n - q * c, 0), c) + np.minimum(np.maximum(n - (C - 1 - q) * c, 0), c)
-        per_rank = (split * ~whole).sum(axis=1)  # [P]
-        if self.shard_decode_requests:
-            dealt = np.flatnonzero(whole & (n > 0))
-            per_rank += np.bincount(np.arange(dealt.size) % P, weights=n[dealt], minlength=P).astype(np.int64)
-        else:
-            per_rank += int(n[whole].sum())
-        return int(per_rank.max())
-
-
-MRV2_PARTITION = MRV2Partition()
-MRV2_SHARDED = MRV2Partition(shard_decode_requests=True)

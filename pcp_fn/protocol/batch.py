@@ -23,7 +23,7 @@ on the device.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -106,12 +106,22 @@ def _host_slots(values: ArrayLike, num_tokens: int) -> np.ndarray:
     return arr
 
 
-def classify_decodes(config: PCPConfig, num_scheduled: A, num_computed: A, num_prompt: A) -> A:
+class DecodeRule(Protocol):
+    """What decides a decode: a :class:`PCPConfig`, or an engine's settings with the same two."""
+
+    @property
+    def decode_threshold(self) -> int: ...  # most scheduled tokens of a decode: 1 + num_spec_tokens
+
+    @property
+    def pd_decode_recompute(self) -> bool: ...  # num_computed == num_prompt - 1 also counts as done
+
+
+def classify_decodes(config: DecodeRule, num_scheduled: A, num_computed: A, num_prompt: A) -> A:
     """Decode requests: context, at most ``decode_threshold`` scheduled tokens, prompt done.
 
     vllm-ascend ``classify_decode_request_mask``. Works on numpy arrays (the
-    host boundary) and on tensors (inside ops) alike; empty padding rows
-    (no context) are prefills.
+    host boundary, the host twins) and on tensors (inside ops) alike; empty padding
+    rows (no context) are prefills.
     """
     # context (computed > 0) and prompt done (computed >= prompt, or >= prompt - 1 with the
     # recompute scheduler): computed >= max(prompt [- 1], 1), one comparison
@@ -121,35 +131,6 @@ def classify_decodes(config: PCPConfig, num_scheduled: A, num_computed: A, num_p
     else:
         done_at = done_at.clip(min=1)
     return (num_computed >= done_at) & (num_scheduled <= config.decode_threshold)
-
-
-def local_token_counts(config: PCPConfig, num_scheduled: np.ndarray, is_decode: np.ndarray) -> np.ndarray:
-    """Tokens each request puts on every rank (the same on all ranks).
-
-    Decodes are replicated (``n``); prefills are padded to ``2P`` and each rank
-    takes two chunks (``2 * ceil(n / 2P)``); with ``P == 1`` nothing changes.
-
-    The hybrid layout uses the same count: its FA layers work on these DCS
-    rows, and its linear rows (``ceil(n / P) <= 2 * ceil(n / 2P)`` per prefill
-    on the fullest rank) never need more, so one bucket holds both.
-    """
-    m = config.pad_multiple
-    split = -(-num_scheduled // m) * m // config.pcp_size
-    return np.where(is_decode | (config.pcp_size == 1), num_scheduled, split)
-
-
-def dcs_num_local_tokens(config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int:
-    """Local rows of every rank in the DualChunkSwap layout (and the hybrid one's DCS rows).
-
-    ``num_scheduled``: ``[n]`` int64, decodes first (``num_decodes`` of them). A decode
-    keeps its ``n`` rows; a prefill's ``n`` become ``2 * ceil(n / 2P)``.
-    """
-    num_local = int(np.add.reduce(num_scheduled))
-    if config.pcp_size > 1 and num_decodes < num_scheduled.shape[0]:
-        m = config.pad_multiple
-        prefills = num_scheduled[num_decodes:]  # int64: n + m - 1 stays exact
-        num_local += 2 * int(np.add.reduce((prefills + (m - 1)) // m)) - int(np.add.reduce(prefills))
-    return num_local
 
 
 def make_batch(
@@ -291,6 +272,11 @@ def build_batch(
     fields["num_prompt"] = prompt_d
     fields["slot_mapping"] = None if slots is None else slot_part
     return batch, extra_d
+
+
+def batch_is_decode(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
+    """``[R_b]`` bool decode requests of ``batch`` (vllm-ascend ``classify_decode_request_mask``)."""
+    return classify_decodes(config, batch.num_scheduled, batch.num_computed, batch.num_prompt)
 
 
 _new = object.__new__

@@ -1,20 +1,22 @@
-"""Static PCP configuration, the capacities it derives, and graph buckets.
+"""``PCPConfig``: the static configuration every :class:`pcp_fn.Layout` serves, and its capacities.
 
 Everything here is plain Python: hashable, comparable, free to branch on. It is
-the *static* half of every pytree in the package, so ``torch.compile``,
-``torch.export`` and ``graph.capture`` specialise on it.
+the *static* half of every pytree of the facade, so ``torch.compile``,
+``torch.export`` and ``graph.capture`` specialise on it. The fields it shares with
+:class:`pcp_fn.MRV2Config` come from :class:`pcp_fn.core.config.RankConfig`.
 
-Capacities (DualChunkSwap layout, ``P = pcp_size``, ``R = max_num_reqs``,
-``T = max_num_tokens``)::
+Capacities, the same for every layout (``P = pcp_size``, ``R = max_num_reqs``,
+``T = max_num_tokens``): a layout must fit its rows in them, as the two-chunk split
+does::
 
     L = T                     if P == 1   (no split, no padding)
     L = T + min(R, T)         if P >  1   (local tokens per rank)
     G = P * L                             (rows of the all-gathered buffer)
 
-Why ``L`` holds every batch: a request with ``n >= 1`` scheduled tokens puts
-``n`` tokens on each rank when it is a decode (replicated) and
-``2 * ceil(n / 2P) <= n + 1`` when it is a prefill (padded to ``2P``, two chunks
-per rank); a request with ``n = 0`` puts none. Summed over at most ``R``
+Why ``L`` holds every batch of the two-chunk split (DualChunkSwap, :func:`two_chunk_bound`):
+a request with ``n >= 1`` scheduled tokens puts ``n`` tokens on each rank when it is a
+decode (replicated) and ``2 * ceil(n / 2P) <= n + 1`` when it is a prefill (padded to
+``2P``, two chunks per rank); a request with ``n = 0`` puts none. Summed over at most ``R``
 requests that carry at most ``T`` tokens, and at most ``min(R, T)`` of them
 non-empty, the local count is ``<= T + min(R, T)``. The bound is reached
 (``R`` one-token prefills give ``2R`` local tokens when ``T = R``).
@@ -38,14 +40,16 @@ and every output shape derives from ``(config, bucket)`` only.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
-from ..core.buckets import Bucket, normalise_buckets, smallest_bucket
-from ..core.checks import SHARED_INTS, check_config_fields
-from ..core.layout_protocol import Layout, get_layout, register_layout
+import numpy as np
+
+from ..core.config import RankConfig
+from .registry import PROTOCOL_MEMBERS, NamedLayout, get_layout, register_layout
 
 
 @dataclasses.dataclass(frozen=True)
-class PCPConfig:
+class PCPConfig(RankConfig):
     """Static configuration of one PCP rank (``pcp_rank`` of ``pcp_size``).
 
     Args:
@@ -76,39 +80,18 @@ class PCPConfig:
             for every layout: a layout must fit its rows in them.
     """
 
-    pcp_size: int
-    pcp_rank: int
-    max_num_reqs: int
-    max_num_tokens: int
-    dcp_size: int = dataclasses.field(default=1, kw_only=True)
-    dcp_rank: int = dataclasses.field(default=0, kw_only=True)
     num_spec_tokens: int = dataclasses.field(default=0, kw_only=True)
-    cp_kv_cache_interleave_size: int = dataclasses.field(default=1, kw_only=True)
     hybrid_attn: bool = dataclasses.field(default=False, kw_only=True)
-    pad_slot_id: int = dataclasses.field(default=-1, kw_only=True)
-    request_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
-    token_buckets: tuple[int, ...] | None = dataclasses.field(default=None, kw_only=True)
     pd_decode_recompute: bool = dataclasses.field(default=False, kw_only=True)
     layout: str | None = dataclasses.field(default=None, kw_only=True)
 
+    OWN_INTS: ClassVar[dict[str, int]] = {"num_spec_tokens": 0}
+    OWN_FLAGS: ClassVar[tuple[str, ...]] = ("hybrid_attn", "pd_decode_recompute")
+
     def __post_init__(self) -> None:
-        check_config_fields(
-            self,
-            dict(SHARED_INTS, num_spec_tokens=0, cp_kv_cache_interleave_size=1),
-            ("hybrid_attn", "pd_decode_recompute"),
-        )
+        super().__post_init__()
         self._resolve_layout()
-        # Frozen: normalise the bucket lists in place once, so equal configs hash equal.
-        object.__setattr__(
-            self,
-            "request_buckets",
-            normalise_buckets("request_buckets", self.request_buckets, self.max_num_reqs),
-        )
-        object.__setattr__(
-            self,
-            "token_buckets",
-            normalise_buckets("token_buckets", self.token_buckets, self.max_local_tokens),
-        )
+        self._normalise_buckets()
         # A batch serves every rank: it records the config with the ranks zeroed (made once here,
         # so the per-step check is one comparison).
         shared = self
@@ -127,10 +110,10 @@ class PCPConfig:
         stay hashable, comparable and serialisable (a trace records the name).
         """
         layout = self.layout
-        if isinstance(layout, Layout) and not isinstance(layout, str):
+        if layout is not None and not isinstance(layout, str):
+            if not all(hasattr(layout, m) for m in PROTOCOL_MEMBERS):
+                raise TypeError(f"layout must be a registered name or a pcp_fn.Layout, got {layout!r}")
             layout = register_layout(layout).name
-        elif layout is not None and not isinstance(layout, str):
-            raise TypeError(f"layout must be a registered name or a pcp_fn.Layout, got {layout!r}")
         if layout == "hybrid":
             object.__setattr__(self, "hybrid_attn", True)
         elif layout == "dcs" and self.hybrid_attn:
@@ -150,8 +133,8 @@ class PCPConfig:
             check(self)
 
     @property
-    def layout_impl(self) -> Layout:
-        """The :class:`pcp_fn.Layout` serving this config."""
+    def layout_impl(self) -> NamedLayout:
+        """The :class:`pcp_fn.Layout` serving this config (:func:`pcp_fn.layout_of` types it so)."""
         return self._layout_impl
 
     @property
@@ -175,9 +158,9 @@ class PCPConfig:
         return 1 + self.num_spec_tokens
 
     @property
-    def pad_multiple(self) -> int:
-        """Prefills are padded to a multiple of this: ``2P`` (``1`` when ``P == 1``)."""
-        return 2 * self.pcp_size if self.pcp_size > 1 else 1
+    def max_local_reqs(self) -> int:
+        """``R``: request rows of the largest bucket (every layout keeps one row per request)."""
+        return self.max_num_reqs
 
     @property
     def max_local_tokens(self) -> int:
@@ -194,21 +177,19 @@ class PCPConfig:
     L = max_local_tokens
     G = max_gathered_tokens
 
-    @property
-    def capacity(self) -> Bucket:
-        """The largest bucket ``(R, L)``."""
-        return Bucket(self.max_num_reqs, self.max_local_tokens)
 
-    def bucket_for(self, num_reqs: int, num_local_tokens: int) -> Bucket:
-        """Smallest configured bucket holding ``num_reqs`` requests and ``num_local_tokens``."""
-        if num_reqs > self.max_num_reqs:
-            raise ValueError(f"{num_reqs} requests exceed max_num_reqs={self.max_num_reqs}")
-        if num_local_tokens > self.max_local_tokens:
-            raise ValueError(
-                f"{num_local_tokens} local tokens exceed the local capacity L={self.max_local_tokens}"
-            )
-        return smallest_bucket(self.request_buckets, self.token_buckets, num_reqs, num_local_tokens)
+def two_chunk_bound(config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int) -> int:
+    """Host: local rows of every rank when each prefill is cut into ``2P`` chunks of
+    ``ceil(n / 2P)`` and a rank holds two (DualChunkSwap's exact count, and the bound the
+    capacity ``L`` is derived from: module docstring); decodes are whole on every rank.
 
-    def buckets(self) -> list[Bucket]:
-        """Every configured bucket (for capturing up front)."""
-        return [Bucket(r, t) for r in self.request_buckets for t in self.token_buckets]
+    ``num_scheduled``: ``[n]`` int64, decodes first (``num_decodes`` of them). A decode
+    keeps its ``n`` rows; a prefill's ``n`` become ``2 * ceil(n / 2P)``.
+    """
+    num_local = int(np.add.reduce(num_scheduled))
+    P = config.pcp_size
+    if P > 1 and num_decodes < num_scheduled.shape[0]:
+        m = 2 * P
+        prefills = num_scheduled[num_decodes:]  # int64: n + m - 1 stays exact
+        num_local += 2 * int(np.add.reduce((prefills + (m - 1)) // m)) - int(np.add.reduce(prefills))
+    return num_local
