@@ -7,7 +7,8 @@ vmaps and captures into one CUDA/ACL graph. Documentation: ``docs/`` (https://pc
 The facade (this module) serves any :class:`Layout` (the public layout protocol,
 :mod:`pcp_fn.protocol`: the config, state, batch and row types every layout shares),
 chosen by ``PCPConfig(..., layout=name)``: ``"dcs"`` (DualChunkSwap, the default),
-``"hybrid"`` (``hybrid_attn``), ``"mrv2"`` (model runner V2's unpadded chunks) or a
+``"hybrid"`` (``hybrid_attn``), ``"mrv2"`` / ``"mrv2-sharded"`` (model runner V2's unpadded
+chunks, decodes replicated / dealt round-robin) or a
 researcher's (checked by :func:`pcp_fn.testing.check_layout`). Peers and tools:
 
 - :mod:`pcp_fn.protocol`: what every layout shares, and :class:`PartitionLayout`;

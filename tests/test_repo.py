@@ -251,6 +251,20 @@ def test_the_protocol_package_knows_no_layout_and_finds_the_builtins_by_name():
     assert declared == set(registry.PROTOCOL_MEMBERS)
 
 
+def test_no_module_registers_a_layout_as_an_import_side_effect():
+    """The built-ins are found by name (pcp_fn.protocol.registry.BUILTIN_LAYOUTS), not registered
+    by whoever happens to be imported first."""
+    import ast
+
+    for path in PKG.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            call = node.value if isinstance(node, ast.Expr | ast.Assign) else None
+            if isinstance(call, ast.Call):
+                name = getattr(call.func, "id", getattr(call.func, "attr", ""))
+                where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                assert name != "register_layout", f"{where} registers a layout at import"
+
+
 def test_import_pcp_fn_imports_neither_the_simulator_nor_vllm():
     import subprocess
     import sys

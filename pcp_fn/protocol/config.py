@@ -73,8 +73,8 @@ class PCPConfig(RankConfig):
         pd_decode_recompute: PD-disaggregated decode with the recompute
             scheduler: ``num_computed == num_prompt - 1`` also counts as done.
         layout: the registered :class:`pcp_fn.Layout` that partitions the tokens
-            (``"dcs"``, ``"hybrid"``, ``"mrv2"`` or a researcher's; a Layout object is
-            registered and stored by name). Default ``None``: ``"hybrid"`` when
+            (``"dcs"``, ``"hybrid"``, ``"mrv2"``, ``"mrv2-sharded"`` or a researcher's; a
+            Layout object is registered and stored by name). Default ``None``: ``"hybrid"`` when
             ``hybrid_attn``, else ``"dcs"`` (both are stored as ``None``; read
             :attr:`layout_name`). Capacities (``L``, ``G``) are the same
             for every layout: a layout must fit its rows in them.

@@ -14,8 +14,9 @@ Its methods take and return the types of :mod:`pcp_fn.protocol.rows`. The built-
 ``"dcs"`` (DualChunkSwap, :mod:`pcp_fn.dcs`), ``"hybrid"`` (:mod:`pcp_fn.hybrid`),
 ``"mrv2"`` and ``"mrv2-sharded"`` (vLLM model runner V2's partition,
 :class:`pcp_fn.mrv2.MRV2Partition`). A new partitioning either implements the protocol
-(``examples/contiguous_layout.py`` does, in full) or subclasses
-:class:`pcp_fn.PartitionLayout`, which derives everything but the partition; either way
+(``examples/contiguous_layout.py`` does, in full), subclasses
+:class:`pcp_fn.PartitionLayout`, which derives everything but the partition, or binds a
+module of functions with :class:`pcp_fn.PackageLayout`; either way
 :func:`pcp_fn.testing.check_layout` checks it.
 """
 
@@ -40,7 +41,7 @@ class Layout(NamedLayout, Protocol):
     Sizes: ``P = config.pcp_size``; a batch's bucket gives ``R_b`` request rows and
     ``L_b`` local rows per rank; ``G_b = P * L_b`` gathered rows (the ranks' local
     ``[L_b, ...]`` buffers stacked rank-major, what ``all_gather`` returns). Every
-    method is a pure, capturable function (docs/concepts.md, "Capturability"): no host sync, no
+    method is a pure, capturable function (docs/concepts.md, "Capturability, checked"): no host sync, no
     data-dependent shape, no Python branch on a tensor value; ``state.pcp_rank``
     may be an int or a 0-d tensor (rank as data, :func:`pcp_fn.all_ranks` vmaps
     over it). The state is :class:`pcp_fn.PCPState` (the per-request record of the

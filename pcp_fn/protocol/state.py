@@ -43,7 +43,7 @@ class PCPState:
         num_reqs: 0-d int64, requests of the last update.
         num_scheduled: ``[R]`` int32, scheduled tokens per request before the split.
         num_computed: ``[R]`` int32, tokens of each request already in the KV cache
-            (a :class:`pcp_fn.PartitionLayout` may balance its split on them).
+            (a layout may balance its split on them).
         is_decode: ``[R]`` bool, decode requests of the last update (a prefix).
         constants: small int64 tables that depend on the config only, the layout's
             (its optional ``constants(config)`` hook: DualChunkSwap's chunk multipliers and
