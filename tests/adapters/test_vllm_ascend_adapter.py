@@ -463,19 +463,7 @@ def _same_storage(view: torch.Tensor, buffer: torch.Tensor) -> bool:
 
 
 def _persistent(m: FunctionalDCSManager) -> dict[str, int]:
-    b = m._buffers
-    tensors = dict(b.step)
-    tensors.update({f"slots{i}": t for i, t in enumerate(b.padded_slot_mappings)})
-    tensors["query_lens.cpu"], tensors["query_lens.gpu"] = (
-        b.query_lens_pcp_full.cpu,
-        b.query_lens_pcp_full.gpu,
-    )
-    if b.input_ids_pcp_full is not None:
-        tensors["ids.gpu"], tensors["qsl.gpu"] = b.input_ids_pcp_full.gpu, b.query_start_loc_pcp_full.gpu
-        tensors["mask"] = b.dcp_mtp_attn_mask.gpu
-    if b.mtp_slot_pad is not None:
-        tensors["mtp"] = b.mtp_slot_pad
-    return {k: v.data_ptr() for k, v in tensors.items()}
+    return {k: v.data_ptr() for k, v in m.persistent_buffers().items()}
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c.name for c in CONFIGS])
@@ -498,7 +486,7 @@ def test_lockstep_runner_order_equals_the_oracles(cfg, async_stand_in):
                 obs = runner.step(st)
                 checked += check_step(cfg, st, rank, dcp_rank, obs, tr)
                 # the device views the runner got are the persistent buffers themselves
-                meta, step_buffers = m.long_seq_metadata, m._buffers.step
+                meta, step_buffers = m.long_seq_metadata, m.persistent_buffers()
                 if cfg.pcp > 1:
                     assert _same_storage(meta.pcp_allgather_restore_idx, step_buffers["restore"])
                     assert _same_storage(meta.q_head_idx_tensor, step_buffers["q_head_idx"])
@@ -581,7 +569,7 @@ def test_graphs_are_made_at_construction_and_serve_every_step():
     cfg = SimConfig("capture", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
     counters.clear()
     captured, rc = _manager(cfg, 1, 0, capture=True, compile_backend="eager", token_buckets=(8,))
-    ladder = captured._graphs.ladder
+    ladder = captured.graphs.ladder
     assert [b.num_tokens for b in ladder] == [8, 36]  # 8, then the local capacity T + min(R, T)
     stats = captured.graph_stats
     assert stats.prepared == captured.num_graphs == 3 * len(ladder) and stats.steps == 0
@@ -603,8 +591,7 @@ def test_step_and_slot_graphs_read_their_persistent_staging_in_place(monkeypatch
     call passes the very tensors the graph was captured on; the MTP mask's graph, whose two
     variants pass different tensors, keeps static copies. Recorded through ``graph.capture``
     (the graphs then run as plain calls) over a schedule, checked against the eager manager."""
-    from pcp_fn.adapters.vllm_ascend.v1 import _ops
-
+    in_place = {"step", "slots"}  # the graph kinds whose staging is read where it is
     made, real = [], pcp_fn.graph.capture
 
     def recording(fn, *args, backend=None, package_path=None, persistent_inputs=False, **kw):
@@ -614,17 +601,17 @@ def test_step_and_slot_graphs_read_their_persistent_staging_in_place(monkeypatch
     monkeypatch.setattr(pcp_fn.graph, "capture", recording)  # what the graph runtime makes
     cfg = SimConfig("in place", pcp=2, spec=1, R=4, T=32, num_requests=4, max_prompt=10, max_new=(3, 6))
     m, rc = _manager(cfg, 0, 0, capture=True, compile_backend="inductor", token_buckets=(8,))
-    graphs = m._graphs
+    graphs, slots_in = m.graphs, m.persistent_buffers()["slots_in"]
     kinds = set()
     for rung in graphs.rungs:
         for (kind, _variant), call in rung.calls.items():
             kinds.add(kind)
-            assert call.in_place == (kind in _ops.IN_PLACE)
+            assert call.in_place == (kind in in_place)
             if kind == "step":
                 assert call.staged == (graphs.packed,)
             elif kind == "slots":  # a view of the slot staging, made once per rung
-                assert call.staged[0].data_ptr() == graphs._slots_in.data_ptr()
-    assert kinds == {"step", "slots", "mask"} and _ops.IN_PLACE == {"step", "slots"}
+                assert call.staged[0].data_ptr() == slots_in.data_ptr()
+    assert kinds == {"step", "slots", "mask"}
     assert sum(p for _, p in made) == 2 * len(graphs.rungs) and len(made) == 3 * len(graphs.rungs)
     staged_at_capture = {id(a) for args, p in made if p for a in args}
     calls = []
@@ -659,7 +646,7 @@ def test_pcp_fn_graph_backend_configures_the_manager(monkeypatch, env, kwargs, b
     monkeypatch.setenv("PCP_FN_GRAPH_BACKEND", env)
     cfg = SimConfig("switch", pcp=2, R=4, T=32)
     m, _ = _manager(cfg, 0, 0, token_buckets=(), **kwargs)  # one rung: the capacity
-    assert m._graphs.backend == backend
+    assert m.graphs.backend == backend
     assert m.graph_stats.prepared == m.num_graphs == (0 if backend is None else 2)  # step, slot mapping
 
 
@@ -674,7 +661,7 @@ def test_aoti_graphs_are_made_at_construction_and_cached_on_disk(tmp_path, monke
     first, _ = _manager(cfg, 0, 0, token_buckets=())  # one rung: two packages (step, slot mapping)
     assert first.graph_stats.prepared == 2 and first.graph_stats.loaded == 0
     packages = sorted(p for p in os.listdir(tmp_path) if p.endswith(".pt2"))
-    graphs = first._graphs  # named by the config, the graph (kind and bucket), the device type
+    graphs = first.graphs  # named by the config, the graph (kind and bucket), the device type
     named = {os.path.basename(graphs.package_path(kind, graphs.ladder[0])) for kind in ("step", "slots")}
     assert set(packages) == named and len(named) == 2 and all(p.startswith("dcs_") for p in packages)
     second, rs = _manager(cfg, 0, 0, token_buckets=())
@@ -1087,5 +1074,5 @@ def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):
     eager, re = _manager(cfg, 1, 0)
     for st in schedule(cfg, 3, seed=4):
         _same_step_and_dummies(cfg, st, rc, re)
-    assert made == captured.num_graphs == 3 * len(captured._graphs.ladder)  # all made at construction
+    assert made == captured.num_graphs == 3 * len(captured.graphs.ladder)  # all made at construction
     assert "pcp_enter_fa_restore_idx" in vars(captured.long_seq_metadata)

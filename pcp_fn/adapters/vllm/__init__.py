@@ -16,6 +16,8 @@ The package, one module per concept:
   ``pcp_fn`` (the host twin, the captured ``mrv2`` graph per bucket, the restores);
 - :mod:`~pcp_fn.adapters.vllm.manager`: the thin class over vLLM's ``PCPManager``;
 - :mod:`~pcp_fn.adapters.vllm.contract`: what differs between vLLM 0.32, 0.33 and 0.34;
+- :mod:`~pcp_fn.adapters.vllm.engine_types`: the vLLM objects the adapters read, as protocols
+  (``InputBatch``, ``BlockTables``, ``BatchExecutionDescriptor``, ...);
 - :mod:`~pcp_fn.adapters.vllm.installed`: the class over the installed vLLM (imports vLLM).
 
 Importing this package imports no vLLM: ``FunctionalPCPManager``, ``VLLM_API``,
@@ -62,7 +64,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _manager_cls(self: Any) -> type:
+def _manager_cls(self: object) -> type:  # self: vLLM's GPUModelRunner, not read
     from .installed import FunctionalPCPManager
 
     return FunctionalPCPManager  # (only registered when supported)

@@ -51,7 +51,16 @@ from ...core.checks import host_ints, host_row
 from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
 from ..schedule_cache import ScheduleCache
 from .contract import VLLM_0_32, VllmContract
-from .graphs import Destinations, HostSegments, StepGraphs
+from .engine_types import (
+    BatchExecutionDescriptor,
+    BlockTables,
+    CUDAGraphModes,
+    GroupCoordinator,
+    InputBatch,
+    InputBuffers,
+    InputBuffersFactory,
+)
+from .graphs import Destinations, HostSegments, StepGraphs, StepPlan
 from .replace import dict_copy_ok, replace_fields
 
 
@@ -73,10 +82,10 @@ class EngineNames:
             (:func:`pcp_fn.adapters.vllm.contract.detect`); default vLLM 0.32's.
     """
 
-    InputBuffers: Callable[[int, int, torch.device], Any]
-    CUDAGraphMode: Any
+    InputBuffers: InputBuffersFactory
+    CUDAGraphMode: CUDAGraphModes
     PAD_SLOT_ID: int
-    get_pcp_group: Callable[[], Any]
+    get_pcp_group: Callable[[], GroupCoordinator]
     capture_sizes: Callable[[], Sequence[int] | None] | None = None
     contract: VllmContract = VLLM_0_32
 
@@ -92,7 +101,7 @@ class StepShape(NamedTuple):
     decide, made once per distinct pair: the plan and device views, this rank's local rows and
     the host fields that depend on nothing else (each step's batch gets copies)."""
 
-    plan: Any  # the graphs' StepPlan (Lp, Rpad, bucket, graph, ...)
+    plan: StepPlan  # the graphs' (Lp, Rpad, bucket, graph, ...)
     fixed: dict[str, Any]  # the local batch's fields that only the shape decides (device views, sizes)
     rows: np.ndarray  # [n] intp: each local row's global request (request 0 on a rank without tokens)
     row_list: list[int]  # rows.tolist()
@@ -141,7 +150,7 @@ class MRV2Bookkeeper:
         shard_decode_requests: bool,
         max_num_reqs: int | None = None,
         max_num_tokens: int | None = None,
-        block_tables: Any = None,
+        block_tables: BlockTables | None = None,
         dcp_world_size: int = 1,
         dcp_rank: int = 0,
         cp_interleave: int = 1,
@@ -163,11 +172,11 @@ class MRV2Bookkeeper:
         self.max_num_reqs, self.max_num_tokens = max_num_reqs, max_num_tokens
         self.graph_backend, self.token_buckets = graph_backend, token_buckets
         self.check_host_syncs = check_host_syncs
-        self.last_global_batch: Any = None
-        self.last_local_batch: Any = None
-        self.draft_prefill_batch: Any = None
+        self.last_global_batch: InputBatch | None = None
+        self.last_local_batch: InputBatch | None = None
+        self.draft_prefill_batch: InputBatch | None = None
         self.block_tables = block_tables
-        self.input_buffers: Any = None
+        self.input_buffers: InputBuffers | None = None
         self.local_block_tables: tuple[torch.Tensor, ...] | None = None
         self.local_block_table_ptrs: torch.Tensor | None = None
         self.local_rows: np.ndarray = _NO_ROW
@@ -200,7 +209,8 @@ class MRV2Bookkeeper:
         self._desc_ids = self.schedule_cache.table("descriptors")
         self._shapes = self.schedule_cache.table("shapes")
         self._views = self.schedule_cache.table("views")
-        self._last_desc: tuple[Any, int] = (None, -1)  # (the last descriptor, its id)
+        # (the last descriptor, its id)
+        self._last_desc: tuple[BatchExecutionDescriptor | None, int] = (None, -1)
         self._desc_count = itertools.count()  # ids are never reused: one never goes stale
 
     def _allocate(self) -> None:
@@ -230,7 +240,7 @@ class MRV2Bookkeeper:
         """The host twin (serves get_num_tokens_for_dispatch with or without capacities)."""
         return HostSegments(self.pcp_world_size, self.pcp_rank, **self._layout_rules())
 
-    def _allocate_block_tables(self, block_tables: Any) -> None:
+    def _allocate_block_tables(self, block_tables: BlockTables | None) -> None:
         """The local block tables ``[2R, width]`` per KV-cache group and the slot-mapping
         buffers for ``block_tables`` (none without them)."""
         P, R2, T, dev = self.pcp_world_size, 2 * self.max_num_reqs, self.max_num_tokens, self.device
@@ -261,21 +271,21 @@ class MRV2Bookkeeper:
         ib, dev = self.input_buffers, self.device
         backend = resolve_graph_backend(self.graph_backend, dev)
         out = Destinations(
-            ib.input_ids,
-            ib.positions,
-            ib.is_padding,
-            ib.query_start_loc,
-            ib.seq_lens,
-            self.idx_mapping,
-            self.logits_indices,
-            self.cu_num_logits,
-            self.hidden_restore_idx,
-            self.padded_gather_idx,
-            self.kv_write_mask,
-            self.slot_gather_idx,
-            self.global_slot_mappings,
-            self.gathered_slot_mappings,
-            self.moe_mask,
+            input_ids=ib.input_ids,
+            positions=ib.positions,
+            is_padding=ib.is_padding,
+            query_start_loc=ib.query_start_loc,
+            seq_lens=ib.seq_lens,
+            idx_mapping=self.idx_mapping,
+            logits_indices=self.logits_indices,
+            cu_num_logits=self.cu_num_logits,
+            hidden_restore_idx=self.hidden_restore_idx,
+            padded_gather_idx=self.padded_gather_idx,
+            kv_write_mask=self.kv_write_mask,
+            slot_gather_idx=self.slot_gather_idx,
+            global_slot_mappings=self.global_slot_mappings,
+            gathered_slot_mappings=self.gathered_slot_mappings,
+            moe_is_padding=self.moe_mask,
         )
         self.graphs = StepGraphs(
             self.pcp_world_size,
@@ -306,7 +316,7 @@ class MRV2Bookkeeper:
             return None
         return capture_ladder(self.engine.capture_sizes(), self.max_num_tokens)
 
-    def set_block_tables(self, block_tables: Any) -> None:
+    def set_block_tables(self, block_tables: BlockTables | None) -> None:
         """vLLM 0.33+'s ``set_block_tables``: new local block tables and slot-mapping buffers
         (the persistent addresses a captured model graph sees from then on), and the block
         tables' ``cp_interleave`` (a different one rebuilds the graphs)."""
@@ -373,7 +383,7 @@ class MRV2Bookkeeper:
         return GraphStats() if self.graphs is None else self.graphs.stats
 
     @property
-    def global_batch(self) -> Any:
+    def global_batch(self) -> InputBatch:
         """The global ``InputBatch`` of the last ``partition_batch``."""
         if self.last_global_batch is None:
             raise RuntimeError("global_batch: no batch was partitioned yet")
@@ -402,7 +412,7 @@ class MRV2Bookkeeper:
             "global_slot_mappings": self.global_slot_mappings,
             "gathered_slot_mappings": self.gathered_slot_mappings,
         }
-        named.update({f"block_table_{g}": t for g, t in enumerate(self.local_block_tables or ())})
+        named.update({f"block_table_{group}": t for group, t in enumerate(self.local_block_tables or ())})
         return named
 
     # ------------------------------------------------------------ dispatch and partition
@@ -429,7 +439,7 @@ class MRV2Bookkeeper:
             found = self.schedule_cache.put("segments", key, (seg, widest))
         return found
 
-    def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
+    def partition_batch(self, input_batch: InputBatch, batch_desc: BatchExecutionDescriptor) -> InputBatch:
         """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
 
         ``batch_desc.cg_mode``: ``NONE`` pads the local tokens to the largest
@@ -448,27 +458,31 @@ class MRV2Bookkeeper:
         graphs = self.graphs
         if graphs is None:
             self.require("partition_batch")
-        g = input_batch
-        arrays = self.check(g)
-        shape = self.plan(arrays[0], arrays[3], batch_desc)
-        graphs.partition(arrays, g.input_ids, g.positions, shape.total, shape.plan)
+        global_batch = input_batch
+        arrays = self.check(global_batch)
+        num_scheduled, _, _, is_prefilling, _ = arrays
+        shape = self.plan(num_scheduled, is_prefilling, batch_desc)
+        graphs.partition(arrays, global_batch.input_ids, global_batch.positions, shape.total, shape.plan)
         self.decode_only = shape.decode_only  # of the global batch just partitioned
-        return self.local_batch(g, self.host_fields(g, shape, arrays), shape.fixed)
+        fields = self.host_fields(global_batch, shape, arrays)
+        return self.local_batch(global_batch, fields, shape.fixed)
 
     # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
     # check, twin + plan, staging + graph (StepGraphs.partition), host fields, local batch.
 
-    def check(self, g: Any) -> GlobalArrays:
+    def check(self, global_batch: InputBatch) -> GlobalArrays:
         """The global batch's host arrays, checked."""
         R = self.max_num_reqs
-        num_scheduled = host_row("input_batch.num_scheduled_tokens", g.num_scheduled_tokens)
+        num_scheduled = host_row("input_batch.num_scheduled_tokens", global_batch.num_scheduled_tokens)
         num_reqs = num_scheduled.size
         if num_reqs > R:
             raise ValueError(f"input_batch has {num_reqs} requests; max_num_reqs is {R}")
-        computed = host_row("input_batch.num_computed_tokens_np", g.num_computed_tokens_np, num_reqs)
-        prefilling = host_row("input_batch.is_prefilling_np", g.is_prefilling_np, num_reqs)
-        prefill_len = host_row("input_batch.prefill_len_np", g.prefill_len_np, num_reqs)
-        idx_mapping = host_row("input_batch.idx_mapping_np", g.idx_mapping_np, num_reqs)
+        computed = host_row(
+            "input_batch.num_computed_tokens_np", global_batch.num_computed_tokens_np, num_reqs
+        )
+        prefilling = host_row("input_batch.is_prefilling_np", global_batch.is_prefilling_np, num_reqs)
+        prefill_len = host_row("input_batch.prefill_len_np", global_batch.prefill_len_np, num_reqs)
+        idx_mapping = host_row("input_batch.idx_mapping_np", global_batch.idx_mapping_np, num_reqs)
         if prefilling.dtype != np.bool_:
             raise ValueError(f"input_batch.is_prefilling_np must hold bools, got {prefilling.dtype}")
         if not (
@@ -480,7 +494,9 @@ class MRV2Bookkeeper:
         # their values (none negative or past int32) are checked where they are staged
         return num_scheduled, computed, prefill_len, prefilling, idx_mapping
 
-    def plan(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: Any) -> StepShape:
+    def plan(
+        self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: BatchExecutionDescriptor
+    ) -> StepShape:
         """The step's :class:`StepShape`: made from the host twin's segments and vLLM's padded
         sizes ``(Lp, Rpad)`` (checked against what the ranks hold) the first time this schedule
         and descriptor are seen, then looked up (a busy server's decode steps repeat their
@@ -497,7 +513,7 @@ class MRV2Bookkeeper:
             )
         return shape  # (StepGraphs.partition checks input_ids and positions hold its tokens)
 
-    def _desc_id(self, batch_desc: Any) -> int:
+    def _desc_id(self, batch_desc: BatchExecutionDescriptor) -> int:
         """A small int naming what ``batch_desc`` says of the step's sizes (equal descriptors,
         one id), remembered with the object: the shape key's part for it."""
         fields = (
@@ -513,7 +529,7 @@ class MRV2Bookkeeper:
         self._last_desc = (batch_desc, desc_id)
         return desc_id
 
-    def _padded_sizes(self, widest: int, batch_desc: Any) -> tuple[int, int | None]:
+    def _padded_sizes(self, widest: int, batch_desc: BatchExecutionDescriptor) -> tuple[int, int | None]:
         """``(Lp, FULL graph rows or None)`` of a descriptor, ``Lp`` checked against the largest
         rank's ``widest`` tokens and the capacity."""
         Mode = self.engine.CUDAGraphMode
@@ -551,7 +567,9 @@ class MRV2Bookkeeper:
                 f"2 * max_num_reqs = {2 * self.max_num_reqs}"
             )
 
-    def _new_shape(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: Any) -> StepShape:
+    def _new_shape(
+        self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: BatchExecutionDescriptor
+    ) -> StepShape:
         total = int(np.add.reduce(num_scheduled, dtype=np.int64))  # (R int32 counts can pass int32)
         if total > self.max_num_tokens:
             raise ValueError(
@@ -593,10 +611,20 @@ class MRV2Bookkeeper:
         shifted = bool(np.count_nonzero(offset))
         decode_only = not np.count_nonzero(is_prefilling)
         return StepShape(
-            plan, fixed, rows, rows.tolist(), offset, local_scheduled, qsl, cu, total, shifted, decode_only
+            plan=plan,
+            fixed=fixed,
+            rows=rows,
+            row_list=rows.tolist(),
+            offset=offset,
+            num_scheduled=local_scheduled,
+            query_start_loc=qsl,
+            cu_num_logits=cu,
+            total=total,
+            shifted=shifted,
+            decode_only=decode_only,
         )
 
-    def host_fields(self, g: Any, shape: StepShape, arrays: GlobalArrays) -> dict[str, Any]:
+    def host_fields(self, global_batch: InputBatch, shape: StepShape, arrays: GlobalArrays) -> dict[str, Any]:
         """The local batch's host fields: the shape's (copied), and the per-request values of
         this step's local rows (never a device read)."""
         num_scheduled, computed, prefill_len, _, idx_mapping = arrays
@@ -622,7 +650,7 @@ class MRV2Bookkeeper:
             dcp_upper = torch.zeros(Rpad, dtype=torch.int32)
             whole = (computed + num_scheduled)[rows]
             dcp_upper[:n] = torch.from_numpy(self.graphs.dcp_rank0_seq_lens(whole).astype(np.int32))
-        req_ids = g.req_ids
+        req_ids = global_batch.req_ids
         self.local_rows = rows  # each local row's global request (host)
         return dict(
             req_ids=[req_ids[i] for i in shape.row_list],
@@ -630,7 +658,7 @@ class MRV2Bookkeeper:
             num_scheduled_tokens=local_scheduled.copy(),
             query_start_loc_np=shape.query_start_loc.copy(),
             seq_lens_cpu_upper_bound=torch.from_numpy(upper),
-            **self.engine.contract.metadata_fields(g, num_scheduled, rows, dcp_upper),
+            **self.engine.contract.metadata_fields(global_batch, num_scheduled, rows, dcp_upper),
             num_computed_tokens_np=start,
             prefill_len_np=local_prefill_len,
             num_computed_prefill_tokens_np=computed_prefill,
@@ -640,22 +668,24 @@ class MRV2Bookkeeper:
             cu_num_logits_np=shape.cu_num_logits.copy(),
         )
 
-    def local_batch(self, g: Any, fields: dict[str, Any], fixed: dict[str, Any]) -> Any:
+    def local_batch(
+        self, global_batch: InputBatch, fields: dict[str, Any], fixed: dict[str, Any]
+    ) -> InputBatch:
         """The local ``InputBatch``: the global one with the shape's fields (``fixed``: the
         device views, the sizes) and this step's host fields."""
         # the keys of fixed and fields are the same every step: checked once per batch class
-        cls = type(g)
+        cls = type(global_batch)
         checked = cls is self._dict_copy_class
         if not checked and dict_copy_ok(cls, fixed, fields):
             self._dict_copy_class, checked = cls, True
-        self.last_local_batch = replace_fields(g, fixed, fields, checked=checked)
-        self.last_global_batch = g
+        self.last_local_batch = replace_fields(global_batch, fixed, fields, checked=checked)
+        self.last_global_batch = global_batch
         self._capture_rows = (0, 0)
         # draft_prefill_batch is left as it is, like vLLM's partition_batch (a draft prefill
         # that was prepared but not restored stays prepared until prepare_draft_prefill)
         return self.last_local_batch
 
-    def _step_views(self, key: tuple[int, int, int, int]) -> tuple[Any, dict[str, torch.Tensor]]:
+    def _step_views(self, key: tuple[int, int, int, int]) -> tuple[StepPlan, dict[str, torch.Tensor]]:
         """The graphs' plan and the local batch's device fields (views of the persistent
         buffers) for a step of these sizes: made once, steady steps repeat their sizes."""
         Lp, Rpad, n, rows = key
@@ -680,7 +710,7 @@ class MRV2Bookkeeper:
 
     # ------------------------------------------------------------ attention
 
-    def gather_block_tables(self, input_batch: Any) -> tuple[torch.Tensor, ...]:
+    def gather_block_tables(self, input_batch: InputBatch) -> tuple[torch.Tensor, ...]:
         """The local batch's block tables, gathered into the persistent local tables (the first
         half of vLLM's ``prepare_attn``; the manager adds its slot mappings)."""
         if self.block_tables is None or self.local_block_table_ptrs is None:
@@ -697,13 +727,17 @@ class MRV2Bookkeeper:
         not write: padding, and replicated rows other than rank 0's)."""
         if self.block_tables is None:
             raise RuntimeError("prepare_slot_mappings needs the block_tables given to the constructor")
-        g = self.global_batch
+        global_batch = self.global_batch
         # vLLM's kernel writes the first num_tokens columns of the persistent [K, T + 1] buffer
         # (and PAD_SLOT_ID after them: the pad column stays PAD_SLOT_ID)
         self.block_tables.compute_slot_mappings(
-            g.idx_mapping, g.query_start_loc, g.positions, g.num_tokens, out=self.global_slot_mappings
+            global_batch.idx_mapping,
+            global_batch.query_start_loc,
+            global_batch.positions,
+            global_batch.num_tokens,
+            out=self.global_slot_mappings,
         )
-        return self.graphs.gathered_slot_mappings(g.num_tokens)
+        return self.graphs.gathered_slot_mappings(global_batch.num_tokens)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
         """Zeroed views of the persistent local block tables (capture and dummy runs)."""
@@ -722,7 +756,7 @@ class MRV2Bookkeeper:
         self.gathered_slot_mappings.fill_(self.engine.PAD_SLOT_ID)
         return self.gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
 
-    def stage_capture(self, input_batch: Any) -> Any:
+    def stage_capture(self, input_batch: InputBatch) -> InputBatch:
         """Stage a capture or dummy batch in the persistent local buffers; a mixed FULL graph's
         batch gets the rows ``partition_batch`` pads its steps to (:meth:`full_rows`)."""
         ib = self.input_buffers
@@ -763,18 +797,19 @@ class MRV2Bookkeeper:
 
     def restore_for_sampling(
         self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
-    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, Any]:
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, InputBatch]:
         """Restored hidden (and auxiliary) states with the global batch to sample with."""
-        g = self.global_batch
+        global_batch = self.global_batch
         group = self.engine.get_pcp_group()
         gathered = group.all_gather(hidden_states, dim=0)  # collectives in vLLM's order
         aux = None if aux_hidden_states is None else [group.all_gather(a, dim=0) for a in aux_hidden_states]
-        hidden, aux = self.require("restore_for_sampling").restore_for_sampling(gathered, aux, g.num_tokens)
-        return hidden, aux, g
+        graphs = self.require("restore_for_sampling")
+        hidden, aux = graphs.restore_for_sampling(gathered, aux, global_batch.num_tokens)
+        return hidden, aux, global_batch
 
     # ------------------------------------------------------------ drafter
 
-    def prepare_draft_prefill(self, input_batch: Any, input_ids: torch.Tensor) -> None:
+    def prepare_draft_prefill(self, input_batch: InputBatch, input_ids: torch.Tensor) -> None:
         """Point the drafter at this rank's rows of ``input_ids`` (global order), when
         ``input_batch`` is the batch last partitioned."""
         self.draft_prefill_batch = None
@@ -784,7 +819,9 @@ class MRV2Bookkeeper:
         self.graphs.draft_input_ids(input_ids, local.input_ids)
         self.draft_prefill_batch = local
 
-    def draft_input_buffers(self, input_buffers: Any, num_tokens: int | None = None) -> Any:
+    def draft_input_buffers(
+        self, input_buffers: InputBuffers, num_tokens: int | None = None
+    ) -> InputBatch | InputBuffers | tuple[InputBatch | InputBuffers, torch.Tensor]:
         """vLLM ``get_draft_input_buffers``: the local batch while a draft prefill is prepared,
         else ``input_buffers``; with ``num_tokens`` (vLLM 0.33+) also the MoE routing mask."""
         batch = self.draft_prefill_batch

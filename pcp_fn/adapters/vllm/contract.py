@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .engine_types import BlockTables, InputBatch, InputBuffers
+
 #: The vLLM release series the drop-in is checked against (the current release and the two before
 #: it); development builds of a series (``0.33.1.dev4+g...``) count as that series.
 SUPPORTED_SERIES = ("0.32", "0.33", "0.34")
@@ -65,11 +67,11 @@ def unsupported_reason(version: str) -> str | None:
 class _Methods032:
     """vLLM 0.32's names: block tables at construction, no MoE mask."""
 
-    def prepare_inputs_to_capture(self, input_batch: Any) -> Any:
+    def prepare_inputs_to_capture(self, input_batch: InputBatch) -> InputBatch:
         """Stage a capture or dummy batch in the persistent local buffers (vLLM 0.32)."""
         return self.bookkeeper.stage_capture(input_batch)  # type: ignore[attr-defined]
 
-    def get_draft_input_buffers(self, input_buffers: Any) -> Any:
+    def get_draft_input_buffers(self, input_buffers: InputBuffers) -> InputBatch | InputBuffers:
         """The local batch while a draft prefill is prepared, else ``input_buffers`` (vLLM 0.32)."""
         return self.bookkeeper.draft_input_buffers(input_buffers)  # type: ignore[attr-defined]
 
@@ -77,7 +79,7 @@ class _Methods032:
 class _Methods033:
     """vLLM 0.33's names (and vLLM main's between 0.32 and 0.33): late block tables, MoE mask."""
 
-    def set_block_tables(self, block_tables: Any) -> None:
+    def set_block_tables(self, block_tables: BlockTables | None) -> None:
         """Attach the KV block tables (the runner calls it after KV-cache init): the local block
         tables and slot-mapping buffers are allocated for them, once."""
         bookkeeper = self.__dict__.get("bookkeeper")
@@ -91,14 +93,16 @@ class _Methods033:
         MoE routes (rank-major), in the persistent MoE mask; unchanged without ``moe_gathers_tokens``."""
         return self.bookkeeper.moe_is_padding(is_padding)  # type: ignore[attr-defined]
 
-    def prepare_inputs_for_capture_or_profile(self, input_batch: Any) -> Any:
+    def prepare_inputs_for_capture_or_profile(self, input_batch: InputBatch) -> InputBatch:
         """Stage a capture or dummy batch in the persistent local buffers; its ``is_padding`` is
         the MoE's gathered mask when the MoE all-gathers the tokens."""
         bookkeeper = self.bookkeeper  # type: ignore[attr-defined]
         staged = bookkeeper.stage_capture(input_batch)
         return dataclasses.replace(staged, is_padding=bookkeeper.moe_is_padding(staged.is_padding))
 
-    def get_draft_input_buffers(self, input_buffers: Any, num_tokens: int) -> tuple[Any, torch.Tensor]:
+    def get_draft_input_buffers(
+        self, input_buffers: InputBuffers, num_tokens: int
+    ) -> tuple[InputBatch | InputBuffers, torch.Tensor]:
         """The draft inputs and their MoE routing mask: the local batch while a draft prefill is
         prepared, else ``input_buffers`` with its first ``num_tokens`` rows' mask."""
         return self.bookkeeper.draft_input_buffers(input_buffers, num_tokens)  # type: ignore[attr-defined]
@@ -126,7 +130,11 @@ class VllmContract:
     batch_metadata: type | None = None
 
     def metadata_fields(
-        self, global_batch: Any, num_scheduled: np.ndarray, rows: np.ndarray, dcp_upper: Any
+        self,
+        global_batch: InputBatch,
+        num_scheduled: np.ndarray,
+        rows: np.ndarray,
+        dcp_upper: torch.Tensor | None,
     ) -> dict[str, Any]:
         """The local batch's per-step PCP metadata: ``rows [n]`` each local row's global request,
         ``dcp_upper`` the DCP rank 0 sequence-length bound ``[Rpad]`` (``None`` without DCP)."""
@@ -147,9 +155,10 @@ class VllmContract:
 VLLM_0_32 = VllmContract("0.32", _Methods032, moe_mask=False)
 
 
-def detect(manager_cls: type, module: Any) -> VllmContract:
+def detect(manager_cls: type, module: object) -> VllmContract:
     """The contract of a vLLM whose ``PCPManager`` is ``manager_cls``, defined in ``module``
-    (``vllm.v1.worker.gpu.pcp_manager``): read from what they provide."""
+    (``vllm.v1.worker.gpu.pcp_manager``; only its ``PCPBatchMetadata`` is read): read from what
+    they provide."""
     if not hasattr(manager_cls, "set_block_tables"):
         return VLLM_0_32
     params = inspect.signature(manager_cls.__init__).parameters

@@ -108,7 +108,7 @@ class StepPlan(NamedTuple):
 
 def _to_vllm_rows(
     config: mrv2.MRV2Config, layout: mrv2.MRV2Layout, Lb: int, Lp: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The bucket's gathered-row maps (``Lb`` rows per rank) at vLLM's ``Lp <= Lb`` rows per rank
     (a 0-d tensor: one graph serves every ``Lp`` of the bucket).
 
@@ -164,41 +164,26 @@ def _partition_step(
     gather, write, restore, padding = _to_vllm_rows(cfg, lay, Lb, Lp)
     # the gathered slot mappings are then one gather: a row that must not write reads the pad column
     slot_idx = torch.where(write, gather, cfg.max_num_tokens)
-    torch._foreach_copy_(
-        [
-            out.input_ids[:Lb],
-            out.positions[:Lb],
-            out.is_padding[:Lb],
-            out.query_start_loc[: Rb + 1],
-            out.seq_lens[:Rb],
-            out.idx_mapping[:Rb],
-            out.logits_indices[:Rb],
-            out.cu_num_logits[: Rb + 1],
-            out.hidden_restore_idx[: restore.shape[0]],
-            out.padded_gather_idx[: P * Lb],
-            out.kv_write_mask[: P * Lb],
-            out.slot_gather_idx[: P * Lb],
-            out.moe_is_padding[: P * Lb],
-            *layout_out,
-        ],
-        [
-            local.input_ids,
-            local.positions,
-            local.is_padding,
-            local.query_start_loc,
-            local.seq_lens,
-            local.idx_mapping.to(torch.int64),
-            local.logits_indices,
-            local.cu_num_logits,
-            restore,
-            gather,
-            write,
-            slot_idx,
-            padding,
-            lay.per_rank_num_tokens,
-            lay.num_tokens,
-        ],
+    per_rank_out, num_tokens_out = layout_out
+    # (a persistent buffer's first rows, the bucket's result written there), one pair per buffer
+    copies = (
+        (out.input_ids[:Lb], local.input_ids),
+        (out.positions[:Lb], local.positions),
+        (out.is_padding[:Lb], local.is_padding),
+        (out.query_start_loc[: Rb + 1], local.query_start_loc),
+        (out.seq_lens[:Rb], local.seq_lens),
+        (out.idx_mapping[:Rb], local.idx_mapping.to(torch.int64)),
+        (out.logits_indices[:Rb], local.logits_indices),
+        (out.cu_num_logits[: Rb + 1], local.cu_num_logits),
+        (out.hidden_restore_idx[: restore.shape[0]], restore),
+        (out.padded_gather_idx[: P * Lb], gather),
+        (out.kv_write_mask[: P * Lb], write),
+        (out.slot_gather_idx[: P * Lb], slot_idx),
+        (out.moe_is_padding[: P * Lb], padding),
+        (per_rank_out, lay.per_rank_num_tokens),
+        (num_tokens_out, lay.num_tokens),
     )
+    torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
 
 
 # the vLLM InputBatch fields of StepGraphs.partition's per-request arrays, in its staging order
@@ -224,10 +209,10 @@ class HostSegments:
         cp_kv_cache_interleave_size: int,
     ) -> None:
         self.config = mrv2.MRV2Config(
-            pcp_size,
-            pcp_rank,
-            1,
-            1,
+            pcp_size=pcp_size,
+            pcp_rank=pcp_rank,
+            max_num_reqs=1,
+            max_num_tokens=1,
             shard_decode_requests=shard_decode_requests,
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,
@@ -443,13 +428,13 @@ class StepGraphs:
             bucket = self.bucket_for(Lp, Rpad, rows)
             P, o = self.config.pcp_size, self.out
             plan = StepPlan(
-                Lp,
-                Rpad,
-                bucket,
-                self._calls[bucket],
-                self._view_state(Lp),
-                o.gathered_slot_mappings[:, : P * Lp],
-                o.slot_gather_idx[: P * Lp],
+                Lp=Lp,
+                Rpad=Rpad,
+                bucket=bucket,
+                graph=self._calls[bucket],
+                view=self._view_state(Lp),
+                gathered_slots=o.gathered_slot_mappings[:, : P * Lp],
+                slot_idx=o.slot_gather_idx[: P * Lp],
             )
             self.cache.put("plans", key, plan)
         return plan

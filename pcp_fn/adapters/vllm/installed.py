@@ -14,6 +14,7 @@ from typing import Any
 import vllm
 
 from .contract import detect, unsupported_reason
+from .engine_types import GroupCoordinator
 from .manager import FunctionalPCPManagerMixin, VllmApi
 
 #: The installed vLLM's version, and why it is refused (``None``: supported).
@@ -32,7 +33,7 @@ def vllm_api() -> VllmApi:
     from vllm.v1.worker.gpu import pcp_manager
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
-    def get_pcp_group() -> Any:
+    def get_pcp_group() -> GroupCoordinator:
         return parallel_state.get_pcp_group()  # looked up per call: honours a patched group
 
     def capture_sizes() -> list[int] | None:

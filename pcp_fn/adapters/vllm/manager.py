@@ -28,6 +28,7 @@ import torch
 from ..backend import GraphStats, default_graph_backend
 from ..schedule_cache import ScheduleCache
 from .bookkeeper import EngineNames, MRV2Bookkeeper
+from .engine_types import BatchExecutionDescriptor, BlockTables, InputBatch, InputBuffers, VllmConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,7 +42,7 @@ class VllmApi(EngineNames):
 class _Override:
     """A read-only view of ``inner`` with some attributes replaced (for ``validate_config``)."""
 
-    def __init__(self, inner: Any, **overrides: Any) -> None:
+    def __init__(self, inner: object, **overrides: object) -> None:
         self._inner = inner
         self._overrides = overrides
 
@@ -60,7 +61,7 @@ class BookkeeperAttribute:
     def __set_name__(self, owner: type, attr: str) -> None:
         self.attr = attr
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: FunctionalPCPManagerMixin | None, owner: type | None = None) -> Any:
         if obj is None:
             return self
         bookkeeper = obj.__dict__.get("bookkeeper")
@@ -68,7 +69,7 @@ class BookkeeperAttribute:
             return obj.__dict__.get(self.attr)
         return getattr(bookkeeper, self.name)
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    def __set__(self, obj: FunctionalPCPManagerMixin, value: object) -> None:
         bookkeeper = obj.__dict__.get("bookkeeper")
         if bookkeeper is None:
             obj.__dict__[self.attr] = value
@@ -120,7 +121,7 @@ class FunctionalPCPManagerMixin:
         shard_decode_requests: bool,
         max_num_reqs: int | None = None,
         max_num_tokens: int | None = None,
-        block_tables: Any = None,
+        block_tables: BlockTables | None = None,
         dcp_world_size: int = 1,
         dcp_rank: int = 0,
         cp_interleave: int = 1,
@@ -145,14 +146,25 @@ class FunctionalPCPManagerMixin:
         for name in _BOOKKEEPER_ATTRIBUTES:  # vLLM's constructor's values: the bookkeeper's from now on
             self.__dict__.pop(name, None)
         self.bookkeeper = self.bookkeeper_cls(
-            pcp_world_size, pcp_rank, device, shard_decode_requests, max_num_reqs, max_num_tokens,
-            block_tables, dcp_world_size, dcp_rank, cp_interleave, moe_gathers_tokens,
-            engine=api, graph_backend=self.graph_backend, token_buckets=self.token_buckets,
+            pcp_world_size=pcp_world_size,
+            pcp_rank=pcp_rank,
+            device=device,
+            shard_decode_requests=shard_decode_requests,
+            max_num_reqs=max_num_reqs,
+            max_num_tokens=max_num_tokens,
+            block_tables=block_tables,
+            dcp_world_size=dcp_world_size,
+            dcp_rank=dcp_rank,
+            cp_interleave=cp_interleave,
+            moe_gathers_tokens=moe_gathers_tokens,
+            engine=api,
+            graph_backend=self.graph_backend,
+            token_buckets=self.token_buckets,
             check_host_syncs=self.check_host_syncs,
-        )  # fmt: skip
+        )
 
     @classmethod
-    def validate_config(cls, vllm_config: Any, supports_mm_inputs: bool) -> None:
+    def validate_config(cls, vllm_config: VllmConfig, supports_mm_inputs: bool) -> None:
         """vLLM's checks, except that FULL CUDA graphs serve mixed batches too.
 
         vLLM rejects ``FULL`` (one FULL routine for every batch) with PCP; the
@@ -169,13 +181,13 @@ class FunctionalPCPManagerMixin:
     # ------------------------------------------------------------ state
 
     @property
-    def input_buffers(self) -> Any:
+    def input_buffers(self) -> InputBuffers:
         """The persistent local ``InputBuffers`` (``2 * max_num_reqs`` rows, ``max_num_tokens``)."""
         self.bookkeeper.require("input_buffers")
         return self.bookkeeper.input_buffers
 
     @property
-    def global_batch(self) -> Any:
+    def global_batch(self) -> InputBatch:
         """The global ``InputBatch`` of the last ``partition_batch``."""
         return self.bookkeeper.global_batch
 
@@ -200,11 +212,11 @@ class FunctionalPCPManagerMixin:
         """The largest real rank-local batch before graph padding (host twin, no loop)."""
         return self.bookkeeper.get_num_tokens_for_dispatch(num_scheduled_tokens, is_prefilling)
 
-    def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any:
+    def partition_batch(self, input_batch: InputBatch, batch_desc: BatchExecutionDescriptor) -> InputBatch:
         """This rank's local ``InputBatch`` (:meth:`MRV2Bookkeeper.partition_batch`)."""
         return self.bookkeeper.partition_batch(input_batch, batch_desc)
 
-    def prepare_attn(self, input_batch: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def prepare_attn(self, input_batch: InputBatch) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Local block tables (gathered into the persistent tables) and the gathered slot mappings
         (this class's :meth:`prepare_slot_mappings`: a subclass's override is honoured)."""
         return self.bookkeeper.gather_block_tables(input_batch), self.prepare_slot_mappings()
@@ -227,11 +239,11 @@ class FunctionalPCPManagerMixin:
 
     def restore_for_sampling(
         self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
-    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, Any]:
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, InputBatch]:
         """Restored hidden (and auxiliary) states with the global batch to sample with."""
         return self.bookkeeper.restore_for_sampling(hidden_states, aux_hidden_states)
 
-    def prepare_draft_prefill(self, input_batch: Any, input_ids: torch.Tensor) -> None:
+    def prepare_draft_prefill(self, input_batch: InputBatch, input_ids: torch.Tensor) -> None:
         """Point the drafter at this rank's rows of ``input_ids`` (global order)."""
         self.bookkeeper.prepare_draft_prefill(input_batch, input_ids)
 
@@ -256,7 +268,7 @@ def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") ->
     return type(name, bases, class_namespace(name, FunctionalPCPManagerMixin, vllm_api=api))
 
 
-def class_namespace(name: str, mixin: type, **attributes: Any) -> dict[str, Any]:
+def class_namespace(name: str, mixin: type, **attributes: object) -> dict[str, object]:
     """The namespace of a drop-in class built over a base at run time: ``mixin``'s docstring,
     this module's name and ``graph_backend`` read from the environment now."""
     return {

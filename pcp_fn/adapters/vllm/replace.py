@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, TypeVar
+
+BatchT = TypeVar("BatchT")  # a dataclass instance: vLLM's InputBatch, vllm-ascend's AscendInputBatch
 
 
 @functools.cache
@@ -32,7 +34,7 @@ def dict_copy_ok(cls: type, *changes: dict[str, Any]) -> bool:
     return names is not None and all(names.issuperset(c) for c in changes)
 
 
-def replace_fields(obj: Any, *changes: dict[str, Any], checked: bool = False) -> Any:
+def replace_fields(obj: BatchT, *changes: dict[str, Any], checked: bool = False) -> BatchT:
     """``dataclasses.replace(obj, **changes[0], **changes[1], ...)`` (later dicts win).
 
     ``checked``: the caller knows :func:`dict_copy_ok` holds for ``type(obj)`` and these keys

@@ -10,12 +10,15 @@ hands out views of them (``buffer[:length]``, the length a host int).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Hashable
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
 from ._settings import ManagerSettings
+
+Value = TypeVar("Value")
 
 
 class DeviceBuffer:
@@ -92,9 +95,9 @@ class ViewCache:
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: dict[Any, tuple[Any, Any]] = {}
+        self._last: dict[Hashable, tuple[Hashable, Any]] = {}  # key -> (rows or tag, what is kept)
 
-    def view(self, key: Any, buffer: torch.Tensor, rows: int) -> torch.Tensor:
+    def view(self, key: Hashable, buffer: torch.Tensor, rows: int) -> torch.Tensor:
         """``buffer[:rows]``."""
         last = self._last.get(key)
         if last is not None and last[0] == rows:
@@ -103,12 +106,12 @@ class ViewCache:
         self._last[key] = (rows, view)
         return view
 
-    def get(self, key: Any, tag: Any) -> Any:
+    def get(self, key: Hashable, tag: Hashable) -> Any:
         """What :meth:`put` last stored under ``key`` with this ``tag``, else ``None``."""
         last = self._last.get(key)
         return None if last is None or last[0] != tag else last[1]
 
-    def put(self, key: Any, tag: Any, value: Any) -> Any:
+    def put(self, key: Hashable, tag: Hashable, value: Value) -> Value:
         self._last[key] = (tag, value)
         return value
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from ....core.checks import same_ints
@@ -22,12 +23,13 @@ from ....dcs import host as dcs_host
 from ....hybrid.host import HybridHostLayout
 from . import _ops
 from ._parts import ManagerParts
+from .engine_types import NPUInputBatch
 
 
 class _LongSeqMetadata:
     """Stand-in for vllm-ascend's ``AscendPrefillContextParallelMetadata`` when it is not importable."""
 
-    def __init__(self, **fields: Any) -> None:
+    def __init__(self, **fields: object) -> None:
         self.__dict__.update(fields)
 
 
@@ -39,7 +41,7 @@ def _metadata_class() -> Callable[..., Any]:
     return AscendPrefillContextParallelMetadata
 
 
-def _check_query_lens(query_lens: Any, expected: np.ndarray, dummy: bool) -> None:
+def _check_query_lens(query_lens: torch.Tensor | npt.ArrayLike, expected: np.ndarray, dummy: bool) -> None:
     """``query_lens[:n]`` equals ``expected`` (read only when it is on the host: no device sync)."""
     if isinstance(query_lens, torch.Tensor):
         if not query_lens.is_cpu:
@@ -73,7 +75,8 @@ class MetadataBuilder:
         self.empty_indices: dict[str, torch.Tensor] | None = None
 
     def generate(
-        self, total: int, query_lens: Any, input_batch: Any, num_scheduled: np.ndarray | None,
+        self, total: int, query_lens: torch.Tensor | npt.ArrayLike, input_batch: NPUInputBatch,
+        num_scheduled: np.ndarray | None,
         num_reqs_padded: int, num_reqs: int, fixed_decode: np.ndarray | None,
     ) -> Any:  # fmt: skip
         """``generate_pcp_metadata``'s metadata (``None`` when ``pcp * dcp == 1``); recorded in the cell."""
@@ -133,7 +136,11 @@ class MetadataBuilder:
         return self.metadata_cls(**fields)
 
     def _attach_attention_indices(
-        self, meta: Any, h: dcs_host.HostLayout, u: HybridHostLayout | None, num_actual: int
+        self,
+        meta: Any,  # vllm-ascend's AscendPrefillContextParallelMetadata (or _LongSeqMetadata): written only
+        h: dcs_host.HostLayout,
+        u: HybridHostLayout | None,
+        num_actual: int,
     ) -> None:
         step = self.buffers.step
         if h.num_prefill_reqs == 0:  # a decode-only step: every index empty, every list too
@@ -206,7 +213,10 @@ class MetadataBuilder:
 
 
 def _context_lengths(
-    h: dcs_host.HostLayout, computed_cpu: np.ndarray, num_scheduled: Any, fixed_decode: np.ndarray | None
+    h: dcs_host.HostLayout,
+    computed_cpu: np.ndarray,
+    num_scheduled: npt.ArrayLike,
+    fixed_decode: np.ndarray | None,
 ) -> np.ndarray:
     """Each request's context: the decodes' (``fixed_decode_seq_lens_cpu``, else computed plus
     scheduled), then the prefills' computed tokens."""
@@ -223,7 +233,11 @@ def _context_lengths(
 
 
 def _attach_hybrid_indices(
-    meta: Any, step: dict[str, torch.Tensor], u: HybridHostLayout, num_actual: int, P: int
+    meta: Any,  # vllm-ascend's AscendPrefillContextParallelMetadata (or _LongSeqMetadata): written only
+    step: dict[str, torch.Tensor],
+    u: HybridHostLayout,
+    num_actual: int,
+    P: int,
 ) -> None:
     """Hybrid attention's index fields (views of the step's buffers) and counts."""
     D = u.num_decode_tokens

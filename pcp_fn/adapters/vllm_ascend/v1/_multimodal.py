@@ -17,13 +17,22 @@ Duck-typed reads: a request state's ``mm_features`` (``identifier``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from . import _ops
 from ._record import RecordCell
+from .engine_types import NPUInputBatch
+
+if TYPE_CHECKING:  # the vLLM objects' protocols, for annotations only (no other adapter imported)
+    from ...vllm.engine_types import (
+        CachedRequestState,
+        CpuGpuBuffer,
+        SchedulerOutput,
+        SupportsMultiModalPruning,
+    )
 
 _LOCALIZED_FIELDS = (
     "total_num_scheduled_tokens",
@@ -33,7 +42,7 @@ _LOCALIZED_FIELDS = (
 )
 
 
-def _prompt_length(req: Any) -> int:
+def _prompt_length(req: CachedRequestState) -> int:
     try:
         from vllm.utils import length_from_prompt_token_ids_or_embeds
     except ImportError:
@@ -72,7 +81,11 @@ class Multimodal:
 
     @staticmethod
     def mrope(
-        positions_np: np.ndarray, counts: np.ndarray, input_batch: Any, requests: dict[str, Any], out: Any
+        positions_np: np.ndarray,
+        counts: np.ndarray,
+        input_batch: NPUInputBatch,
+        requests: dict[str, CachedRequestState],
+        out: CpuGpuBuffer,
     ) -> None:
         """``remap_mrope_positions_for_pcp`` into ``out.cpu[:, :num_local_tokens]``."""
         req_ids = list(input_batch.req_ids)
@@ -92,9 +105,10 @@ class Multimodal:
 
     @staticmethod
     def gather_embeddings(
-        req_ids: list[str], requests: dict[str, Any], positions_np: np.ndarray, local_counts: np.ndarray,
-        shift: int, encoder_cache: dict[str, torch.Tensor], is_mm_embed: torch.Tensor, model: Any,
-        pruning: bool, uses_mrope: bool, warning_once: Callable[..., Any] | None,
+        req_ids: list[str], requests: dict[str, CachedRequestState], positions_np: np.ndarray,
+        local_counts: np.ndarray, shift: int, encoder_cache: dict[str, torch.Tensor],
+        is_mm_embed: torch.Tensor, model: SupportsMultiModalPruning, pruning: bool, uses_mrope: bool,
+        warning_once: Callable[..., Any] | None,
     ) -> tuple[list[torch.Tensor], bool, bool]:  # fmt: skip
         """``gather_mm_embeddings_for_pcp``: marks ``is_mm_embed``, writes the M-RoPE updates."""
         got = _ops.gather_mm_embeddings(
@@ -110,8 +124,9 @@ class Multimodal:
 
     @staticmethod
     def localize(
-        scheduler_output: Any, req_ids: list[str], requests: dict[str, Any], positions_np: np.ndarray,
-        local_counts: np.ndarray | None, local_total: int | None, encoder_cache: dict[str, torch.Tensor],
+        scheduler_output: SchedulerOutput, req_ids: list[str], requests: dict[str, CachedRequestState],
+        positions_np: np.ndarray, local_counts: np.ndarray | None, local_total: int | None,
+        encoder_cache: dict[str, torch.Tensor],
     ) -> dict[str, Any] | None:  # fmt: skip
         """``maybe_localize_scheduler_output_for_mm_preprocess``: ``scheduler_output`` made this rank's
         view in place; what the restore needs, or ``None`` when nothing differs."""
@@ -126,7 +141,7 @@ class Multimodal:
         return saved
 
     @staticmethod
-    def restore(scheduler_output: Any, restore_state: dict[str, Any] | None) -> None:
+    def restore(scheduler_output: SchedulerOutput, restore_state: dict[str, Any] | None) -> None:
         """``restore_scheduler_output_after_mm_preprocess``."""
         if restore_state is None:
             return

@@ -53,6 +53,8 @@ Bucket = pcp_fn.Bucket
 PCPConfig = pcp_fn.PCPConfig
 PCPState = pcp_fn.PCPState
 SchedulerBatch = pcp_fn.SchedulerBatch
+FullInputs = pcp_spec.FullInputs
+LocalScheduleLayout = pcp_mm.LocalScheduleLayout
 
 
 # ------------------------------------------------------------------ config, state, batch
@@ -253,11 +255,15 @@ def step_into(
     graph, so a replay leaves them there and the host copies nothing back."""
     R = state.config.max_num_reqs
     new, results = device_step(state, unpack_batch(state.config, bucket, packed))
-    dst = [out[name][: value.shape[0]] for name, value in results.items()]
-    src = list(results.values())
-    dst += [record.num_reqs, record.num_scheduled, record.is_decode, query_lens]
-    src += [new.num_reqs, new.num_scheduled, new.is_decode, REQUESTS.unpack(packed, R)["num_scheduled"]]
-    torch._foreach_copy_(dst, src)
+    # (a persistent buffer's first rows, the result written there): each result by its key
+    copies = [(out[name][: value.shape[0]], value) for name, value in results.items()]
+    copies += [
+        (record.num_reqs, new.num_reqs),
+        (record.num_scheduled, new.num_scheduled),
+        (record.is_decode, new.is_decode),
+        (query_lens, REQUESTS.unpack(packed, R)["num_scheduled"]),
+    ]
+    torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
 
 
 def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -> None:
@@ -380,9 +386,9 @@ class DeviceGraphs:
         self._packer = REQUESTS.packer(self._staging.host(), R) if self._staging.persistent else None
         self._staged_reqs = 0  # requests staged last (the CPU's buffer is zero past them)
         self.record = Record(
-            torch.zeros((), dtype=torch.int64, device=device),
-            torch.zeros(R, dtype=torch.int32, device=device),
-            torch.zeros(R, dtype=torch.bool, device=device),
+            num_reqs=torch.zeros((), dtype=torch.int64, device=device),
+            num_scheduled=torch.zeros(R, dtype=torch.int32, device=device),
+            is_decode=torch.zeros(R, dtype=torch.bool, device=device),
         )
         self._step_out, self._query_lens = step_out, query_lens
         self._slot_groups = [slot_group]

@@ -61,8 +61,8 @@ class ManagerRecord:
     cu_num_tokens_pcp_full: np.ndarray | None = None
     async_full: FullLayout | None = None
     mtp_rows: int | None = None
-    local_schedule: Any = None
-    long_seq_metadata: Any = None
+    local_schedule: _ops.LocalScheduleLayout | None = None
+    long_seq_metadata: Any = None  # vllm-ascend's AscendPrefillContextParallelMetadata: handed out
 
 
 _new = object.__new__
@@ -81,7 +81,7 @@ class RecordCell:
     def __init__(self, record: ManagerRecord) -> None:
         self.current = record
 
-    def set(self, **changes: Any) -> None:
+    def set(self, **changes: object) -> None:
         # dataclasses.replace of the frozen record, without its per-field Python loop
         record = _new(ManagerRecord)
         record.__dict__.update(self.current.__dict__)

@@ -17,9 +17,12 @@ the config's mutable parts. Attributes read:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # the vLLM objects' protocols, for annotations only (no other adapter imported)
+    from ...vllm.engine_types import VllmConfig
 
 HYBRID_MODEL_TYPES = ("qwen3_next", "qwen3_5", "qwen3_5_moe")
 
@@ -61,7 +64,7 @@ class ManagerSettings:
         return self.device.type in ("cuda", "npu")
 
 
-def _pd_recompute(vllm_config: Any) -> bool:
+def _pd_recompute(vllm_config: VllmConfig) -> bool:
     try:  # the real helper when vllm-ascend is installed
         from vllm_ascend.utils import is_pd_decode_recompute_scheduler_enabled
     except ImportError:
@@ -69,14 +72,14 @@ def _pd_recompute(vllm_config: Any) -> bool:
     return bool(is_pd_decode_recompute_scheduler_enabled(vllm_config))
 
 
-def _positive(name: str, value: Any, minimum: int = 1) -> int:
+def _positive(name: str, value: object, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return value
 
 
 def read_settings(
-    vllm_config: Any,
+    vllm_config: VllmConfig,
     device: torch.device | str,
     pcp: tuple[int, int],
     dcp: tuple[int, int],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,10 @@ from ....dcs import host as dcs_host
 from . import _ops
 from ._parts import ManagerParts
 from ._record import FullLayout
+from .engine_types import DeviceEvent, MultiGroupBlockTable, NPUInputBatch
+
+if TYPE_CHECKING:  # the vLLM objects' protocols, for annotations only (no other adapter imported)
+    from ...vllm.engine_types import CpuGpuBuffer, SchedulerOutput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +50,7 @@ class AsyncRebuildArgs:
 
     use_async_spec_decode: bool
     valid_sampled_token_count_gpu: torch.Tensor | None
-    prev_req_id_to_index: Any
+    prev_req_id_to_index: dict[str, int] | None
     prev_positions_gpu: torch.Tensor | None
     with_prefill: bool
     enable_prompt_embeds: bool
@@ -60,17 +64,17 @@ class AsyncRebuildArgs:
     num_computed_tokens_cpu: np.ndarray
     prev_positions_np: np.ndarray
     prev_num_draft_tokens_np: np.ndarray
-    valid_sampled_token_count_event: Any | None
+    valid_sampled_token_count_event: DeviceEvent | None
     valid_sampled_token_count_cpu: torch.Tensor | None
-    input_batch: Any
-    input_ids: Any
-    scheduler_output: Any
+    input_batch: NPUInputBatch
+    input_ids: CpuGpuBuffer
+    scheduler_output: SchedulerOutput
     cu_num_tokens: np.ndarray
     draft_token_ids: torch.Tensor | None
-    prepare_input_ids: Callable[..., None]
+    prepare_input_ids: Callable[[SchedulerOutput, int, int, np.ndarray], None]  # the runner's
 
 
-def _draft_slot_fn(block_table: Any, num_rows: int, on_host: bool) -> Callable[..., torch.Tensor]:
+def _draft_slot_fn(block_table: MultiGroupBlockTable, num_rows: int, on_host: bool) -> _ops.SlotFn:
     """``slot_fn`` over the runner's block table: its ``compute_slot_mapping_draft`` on the real rows.
 
     Reads ``block_table.block_tables[0].slot_mapping.cpu`` (host rows) or ``.gpu``.
@@ -113,8 +117,8 @@ class SpecInputsBuilder:
 
     # ------------------------------------------------------------ generate_pcp_mtp_input
     def generate(
-        self, total: int, num_scheduled_tokens: dict[str, int], with_prefill: bool, input_batch: Any,
-        req_indices: np.ndarray | None, cu_num_tokens: np.ndarray | None,
+        self, total: int, num_scheduled_tokens: dict[str, int], with_prefill: bool,
+        input_batch: NPUInputBatch, req_indices: np.ndarray | None, cu_num_tokens: np.ndarray | None,
         draft_token_ids: torch.Tensor | None, precomputed_positions_np: np.ndarray | None,
         prev_positions: torch.Tensor | None,
     ) -> None:  # fmt: skip
@@ -155,7 +159,7 @@ class SpecInputsBuilder:
         if s.use_async_scheduling:
             self._repair_full_input_ids(input_batch, draft_token_ids, prev_positions)
 
-    def _write_full(self, full: Any, total: int, bucket: _ops.Bucket) -> None:
+    def _write_full(self, full: _ops.FullInputs, total: int, bucket: _ops.Bucket) -> None:
         """The scheduler-order inputs into ``input_ids_pcp_full`` (both halves),
         ``query_start_loc_pcp_full`` (-1 past the bucket's rows) and ``positions_pcp_full``."""
         b = self.buffers
@@ -168,7 +172,10 @@ class SpecInputsBuilder:
         b.positions_pcp_full[:total] = full.positions[:total]
 
     def _repair_full_input_ids(
-        self, input_batch: Any, draft_token_ids: torch.Tensor | None, prev_positions: torch.Tensor | None
+        self,
+        input_batch: NPUInputBatch,
+        draft_token_ids: torch.Tensor | None,
+        prev_positions: torch.Tensor | None,
     ) -> None:
         """vllm-ascend ``_update_input_ids_pcp_full_ids``: last step's sampled and draft tokens into the ids.
 
@@ -205,14 +212,14 @@ class SpecInputsBuilder:
             )
 
     # ------------------------------------------------------------ rebuild_async_spec_decode_inputs
-    def rebuild(self, a: AsyncRebuildArgs) -> PCPAsyncSpecDecodeRebuildResult:
-        """``rebuild_async_spec_decode_inputs`` (its keyword arguments in ``a``)."""
+    def rebuild(self, args: AsyncRebuildArgs) -> PCPAsyncSpecDecodeRebuildResult:
+        """``rebuild_async_spec_decode_inputs`` (its keyword arguments in ``args``)."""
         s, h = self.settings, self.records.host()
         if not (
             s.cp_size > 1
-            and a.use_async_spec_decode
-            and a.valid_sampled_token_count_gpu is not None
-            and bool(a.prev_req_id_to_index)
+            and args.use_async_spec_decode
+            and args.valid_sampled_token_count_gpu is not None
+            and bool(args.prev_req_id_to_index)
             and h.num_decode_reqs > 0
         ):
             return PCPAsyncSpecDecodeRebuildResult(rebuilt=False, positions_ready_on_device=False)
@@ -220,80 +227,82 @@ class SpecInputsBuilder:
         if full is None:
             raise RuntimeError("generate_pcp_mtp_input (async scheduling) must run before the rebuild")
         on_device = (
-            a.prev_positions_gpu is not None
-            and not a.with_prefill
-            and not a.enable_prompt_embeds
-            and not a.has_req_prompt_embeds
-            and not a.supports_mm_inputs
+            args.prev_positions_gpu is not None
+            and not args.with_prefill
+            and not args.enable_prompt_embeds
+            and not args.has_req_prompt_embeds
+            and not args.supports_mm_inputs
         )
         if not on_device:
-            self._rebuild_on_host(h, full, a)
+            self._rebuild_on_host(h, full, args)
             return PCPAsyncSpecDecodeRebuildResult(rebuilt=True, positions_ready_on_device=False)
-        self._rebuild_on_device(full, a)
+        self._rebuild_on_device(full, args)
         return PCPAsyncSpecDecodeRebuildResult(rebuilt=True, positions_ready_on_device=True)
 
-    def _rebuild_on_device(self, full: FullLayout, a: AsyncRebuildArgs) -> None:
-        s, n, P = self.settings, a.num_reqs, self.settings.pcp_size
+    def _rebuild_on_device(self, full: FullLayout, args: AsyncRebuildArgs) -> None:
+        s, n, P = self.settings, args.num_reqs, self.settings.pcp_size
         bucket = self.records.bucket()
         extra = s.decode_threshold - 2
-        builds_mtp = extra > 0 and not a.with_prefill
+        builds_mtp = extra > 0 and not args.with_prefill
         rows = full.num_tokens + n * extra if builds_mtp else 0
-        slot_fn = _draft_slot_fn(a.input_batch.block_table, rows, on_host=False) if builds_mtp else None
-        computed = F.pad(a.num_computed_tokens[:n].to(torch.int64), (0, bucket.num_reqs - n))
+        slot_fn = _draft_slot_fn(args.input_batch.block_table, rows, on_host=False) if builds_mtp else None
+        computed = F.pad(args.num_computed_tokens[:n].to(torch.int64), (0, bucket.num_reqs - n))
         # The draft slots are computed first (inside rebuild_positions) and the main model's last:
         # vllm-ascend's BlockTable writes both into slot_mapping.gpu for device inputs, and the
         # runner reads that buffer for the main model's padded slot mapping. (vllm-ascend calls
         # them the other way round, so its main model gets the MTP layout: a deviation listed in
         # docs/adapters/vllm-ascend.md.)
         out = _ops.rebuild_positions(self.records.current.state, computed, slot_fn)
-        total = a.total_num_scheduled_tokens
-        a.positions[:total].copy_(out.positions[:total])
+        total = args.total_num_scheduled_tokens
+        args.positions[:total].copy_(out.positions[:total])
         if P > 1:
-            a.input_batch.block_table.compute_slot_mapping(
+            args.input_batch.block_table.compute_slot_mapping(
                 n, out.query_start_loc_full[: n + 1], out.positions_full[: full.num_tokens]
             )
         if builds_mtp:
             self.buffers.mtp_slot_pad[: rows * P].copy_(out.mtp.slot_mapping[: rows * P])
             self.records.set(mtp_rows=rows)
 
-    def _rebuild_on_host(self, h: dcs_host.HostLayout, full: FullLayout, a: AsyncRebuildArgs) -> None:
-        n, total = h.num_reqs, a.total_num_scheduled_tokens
-        base = np.array(a.num_computed_tokens_cpu[:n], copy=True)
-        event, valid_count_cpu = a.valid_sampled_token_count_event, a.valid_sampled_token_count_cpu
+    def _rebuild_on_host(self, h: dcs_host.HostLayout, full: FullLayout, args: AsyncRebuildArgs) -> None:
+        n, total = h.num_reqs, args.total_num_scheduled_tokens
+        base = np.array(args.num_computed_tokens_cpu[:n], copy=True)
+        event, valid_count_cpu = args.valid_sampled_token_count_event, args.valid_sampled_token_count_cpu
         if event is None or valid_count_cpu is None:
             raise ValueError("the host rebuild needs valid_sampled_token_count_event and _cpu")
         event.synchronize()
         _correct_optimistic_seq_lens()(
-            base, a.prev_positions_np, a.prev_num_draft_tokens_np, valid_count_cpu.numpy(), n
+            base, args.prev_positions_np, args.prev_num_draft_tokens_np, valid_count_cpu.numpy(), n
         )
         # this rank's tokens: corrected counts plus the split's offsets (the host twin's)
         owners, offsets = h.local_tokens()
-        positions_np = a.positions_np
+        positions_np = args.positions_np
         np.add(base[owners], offsets[:total], out=positions_np[:total])
-        width = a.input_batch.token_ids_cpu.shape[1]
+        width = args.input_batch.token_ids_cpu.shape[1]
         token_indices = positions_np[:total] + owners * width
         torch.index_select(
-            a.input_batch.token_ids_cpu_tensor.flatten(),
+            args.input_batch.token_ids_cpu_tensor.flatten(),
             0,
             torch.from_numpy(np.asarray(token_indices, dtype=np.int64)),
-            out=a.input_ids.cpu[:total],
+            out=args.input_ids.cpu[:total],
         )
-        a.input_ids.copy_to_gpu(total)
-        a.prepare_input_ids(a.scheduler_output, n, total, a.cu_num_tokens)
-        positions_full = self._full_slots_on_host(full, base, a.input_batch, n)
+        args.input_ids.copy_to_gpu(total)
+        args.prepare_input_ids(args.scheduler_output, n, total, args.cu_num_tokens)
+        positions_full = self._full_slots_on_host(full, base, args.input_batch, n)
         self.generate(
             full.num_tokens,
-            a.scheduler_output.num_scheduled_tokens,
-            a.with_prefill,
-            a.input_batch,
+            args.scheduler_output.num_scheduled_tokens,
+            args.with_prefill,
+            args.input_batch,
             full.req_indices,
             full.cu_num_tokens,
-            a.draft_token_ids,
+            args.draft_token_ids,
             positions_full,
-            a.prev_positions_gpu,
+            args.prev_positions_gpu,
         )
 
-    def _full_slots_on_host(self, full: FullLayout, base: np.ndarray, input_batch: Any, n: int) -> np.ndarray:
+    def _full_slots_on_host(
+        self, full: FullLayout, base: np.ndarray, input_batch: NPUInputBatch, n: int
+    ) -> np.ndarray:
         """The corrected scheduler-order positions; with ``P > 1`` the block table's slot mapping of them."""
         counts = np.diff(np.concatenate(([0], full.cu_num_tokens)))
         positions_full = base[full.req_indices] + (
@@ -310,7 +319,7 @@ class SpecInputsBuilder:
 
 
 def _first_positions(
-    counts: np.ndarray, cu: np.ndarray, precomputed: np.ndarray | None, input_batch: Any, n: int
+    counts: np.ndarray, cu: np.ndarray, precomputed: np.ndarray | None, input_batch: NPUInputBatch, n: int
 ) -> np.ndarray:
     """Each request's computed tokens: its first precomputed position when given (its corrected
     computed count), else ``input_batch.num_computed_tokens_cpu``."""

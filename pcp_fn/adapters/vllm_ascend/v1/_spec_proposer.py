@@ -20,7 +20,6 @@ effects on the objects it is handed (``common_attn_metadata``, the caller's
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from ....dcs import host as dcs_host
 from . import _ops
 from ._parts import ManagerParts
+from .engine_types import AscendCommonAttentionMetadata, DraftAttentionMetadata
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ class PCPSpecDecodeFirstPassInputs:
     long_seq_args: tuple[torch.Tensor | None, torch.Tensor | None] | None
 
 
-def _isinstance_of(obj: Any, module: str, name: str) -> bool:
+def _isinstance_of(obj: object, module: str, name: str) -> bool:
     """``isinstance(obj, module.name)`` when vllm-ascend is importable, else ``False``."""
     try:
         cls = getattr(__import__(module, fromlist=[name]), name)
@@ -91,18 +91,19 @@ class Proposer:
 
     def first_pass(
         self, input_ids: torch.Tensor, target_positions: torch.Tensor, hidden: torch.Tensor,
-        tis: torch.Tensor, cam: Any, long_seq_metadata: Any | None, logits_indices: torch.Tensor,
-        num_tokens: int, num_prefill_reqs: int, num_decode_reqs: int, uses_mrope: bool,
+        tis: torch.Tensor, common_attn_metadata: AscendCommonAttentionMetadata,
+        long_seq_metadata: object | None, logits_indices: torch.Tensor, num_tokens: int,
+        num_prefill_reqs: int, num_decode_reqs: int, uses_mrope: bool,
     ) -> PCPSpecDecodeFirstPassInputs:  # fmt: skip
-        """``prepare_spec_decode_first_pass_inputs`` (``tis``: ``token_indices_to_sample``, ``cam``:
-        ``common_attn_metadata``)."""
+        """``prepare_spec_decode_first_pass_inputs`` (``tis``: ``token_indices_to_sample``;
+        ``long_seq_metadata``: ``generate_pcp_metadata``'s, set on ``common_attn_metadata``)."""
         s = self.settings
         unchanged = PCPSpecDecodeFirstPassInputs(num_tokens, input_ids, target_positions, hidden, tis, None)
         if s.cp_size <= 1:
             return unchanged
         if long_seq_metadata is None:
             raise ValueError("long_seq_metadata is required when pcp * dcp > 1")
-        cam.prefill_context_parallel_metadata = long_seq_metadata
+        common_attn_metadata.prefill_context_parallel_metadata = long_seq_metadata
         long_seq_args = (self.buffers.query_lens_pcp_full.cpu[:num_decode_reqs], tis.clone())
         if s.pcp_size <= 1:
             return dataclasses.replace(unchanged, long_seq_args=long_seq_args)
@@ -114,7 +115,7 @@ class Proposer:
                 h, input_ids, hidden, tis, logits_indices, num_tokens, n, num_prefill_reqs
             )
         if num_prefill_reqs:
-            self._first_pass_metadata(cam, h, num_decode_reqs, N)
+            self._first_pass_metadata(common_attn_metadata, h, num_decode_reqs, N)
         positions = target_positions[:, :N] if uses_mrope else target_positions[:N]
         return PCPSpecDecodeFirstPassInputs(N, new_ids, positions, new_hidden, tis, long_seq_args)
 
@@ -142,24 +143,32 @@ class Proposer:
         tis[:n].copy_(new_tis[:n])
         return new_ids, new_hidden
 
-    def _first_pass_metadata(self, cam: Any, h: dcs_host.HostLayout, nd: int, num_tokens: int) -> None:
+    def _first_pass_metadata(
+        self,
+        common_attn_metadata: AscendCommonAttentionMetadata,
+        h: dcs_host.HostLayout,
+        nd: int,
+        num_tokens: int,
+    ) -> None:
         seq_p = h.pcp_tokens[nd:]
         k = seq_p.shape[0]
-        cam.num_actual_tokens = num_tokens
-        cam.max_query_len = max(self.settings.decode_threshold, int(seq_p.max()))
+        common_attn_metadata.num_actual_tokens = num_tokens
+        common_attn_metadata.max_query_len = max(self.settings.decode_threshold, int(seq_p.max()))
         lens = torch.from_numpy(seq_p.copy())
-        cam.seq_lens[-k:] = lens
-        if cam.seq_lens_cpu is not None:
-            cam.seq_lens_cpu[-k:] = lens
-        if getattr(cam, "_seq_lens_cpu", None) is not None:
-            cam._seq_lens_cpu[-k:] = lens
-        qsl = torch.from_numpy(np.cumsum(seq_p, dtype=np.int64) + int(cam.query_start_loc_cpu[nd]))
-        cam.query_start_loc[-k:] = qsl
-        cam.query_start_loc_cpu[-k:] = qsl
+        common_attn_metadata.seq_lens[-k:] = lens
+        if common_attn_metadata.seq_lens_cpu is not None:
+            common_attn_metadata.seq_lens_cpu[-k:] = lens
+        if getattr(common_attn_metadata, "_seq_lens_cpu", None) is not None:
+            common_attn_metadata._seq_lens_cpu[-k:] = lens
+        qsl = torch.from_numpy(
+            np.cumsum(seq_p, dtype=np.int64) + int(common_attn_metadata.query_start_loc_cpu[nd])
+        )
+        common_attn_metadata.query_start_loc[-k:] = qsl
+        common_attn_metadata.query_start_loc_cpu[-k:] = qsl
 
     def mtp_drafting(
-        self, cam: Any, attn_metadata: Any, ori_tis: torch.Tensor | None, batch_size: int,
-        num_decode_reqs: int, is_prefill_batch: bool, k: int,
+        self, common_attn_metadata: AscendCommonAttentionMetadata, attn_metadata: object,
+        ori_tis: torch.Tensor | None, batch_size: int, num_decode_reqs: int, is_prefill_batch: bool, k: int,
     ) -> PCPSpecDecodeMTPInputs | None:  # fmt: skip
         """``prepare_spec_decode_mtp_drafting_inputs`` (``k``: ``num_speculative_tokens``)."""
         s = self.settings
@@ -182,7 +191,7 @@ class Proposer:
                 self.records.current.state, tis, self.buffers.mtp_slot_pad[:layout_rows], num_reqs, k
             )[: num_reqs * s.pcp_size]
         seq_lens, seq_lens_cpu = _draft_seq_lens(attn_metadata, batch_size)
-        cam.block_table_tensor = cam.block_table_tensor[:batch_size]
+        common_attn_metadata.block_table_tensor = common_attn_metadata.block_table_tensor[:batch_size]
         return PCPSpecDecodeMTPInputs(seq_lens, seq_lens_cpu, slot_indices, slot_mapping)
 
     def mask_restore(self, pcp_allgather_restore_idx: torch.Tensor) -> None:
@@ -197,8 +206,8 @@ class Proposer:
             buf[length:].zero_()
 
     def drafting_cp_metadata(
-        self, attn_metadata: Any, kv_cache_spec: Any, seq_lens: torch.Tensor, draft_index: int,
-        seq_lens_cpu: torch.Tensor | None, attn_metadata_builder: Any | None,
+        self, attn_metadata: DraftAttentionMetadata, kv_cache_spec: object, seq_lens: torch.Tensor,
+        draft_index: int, seq_lens_cpu: torch.Tensor | None, attn_metadata_builder: object | None,
     ) -> None:  # fmt: skip
         """``update_spec_decode_drafting_cp_metadata``."""
         is_mla = _isinstance_of(
@@ -225,8 +234,9 @@ class Proposer:
             )
 
 
-def _draft_seq_lens(attn_metadata: Any, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Copies of the draft batch's ``seq_lens`` (``seq_lens_cpu`` where it has none) and ``seq_lens_cpu``."""
+def _draft_seq_lens(attn_metadata: object, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Copies of the draft batch's ``seq_lens`` (``seq_lens_cpu`` where it has none) and ``seq_lens_cpu``
+    (any attention metadata: both are read with getattr)."""
     seq_lens = getattr(attn_metadata, "seq_lens", None)
     seq_lens_cpu = getattr(attn_metadata, "seq_lens_cpu", None)
     if seq_lens is None:

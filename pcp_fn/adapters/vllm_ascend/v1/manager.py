@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
@@ -63,6 +64,16 @@ from ._record import ManagerRecord, RecordCell
 from ._settings import ManagerSettings, read_settings
 from ._spec_inputs import AsyncRebuildArgs, PCPAsyncSpecDecodeRebuildResult, SpecInputsBuilder
 from ._spec_proposer import PCPSpecDecodeFirstPassInputs, PCPSpecDecodeMTPInputs, Proposer
+from .engine_types import AscendCommonAttentionMetadata, DeviceEvent, DraftAttentionMetadata, NPUInputBatch
+
+if TYPE_CHECKING:  # the vLLM objects' protocols, for annotations only (no other adapter imported)
+    from ...vllm.engine_types import (
+        CachedRequestState,
+        CpuGpuBuffer,
+        SchedulerOutput,
+        SupportsMultiModalPruning,
+        VllmConfig,
+    )
 
 
 def _pcp_all_gather(x: torch.Tensor) -> torch.Tensor:
@@ -166,7 +177,7 @@ class FunctionalDCSManager:
         max_buffer_num_tokens: int,
         max_num_reqs: int,
         device: torch.device | str,
-        vllm_config: Any,
+        vllm_config: VllmConfig,
         use_async_scheduling: bool,
         pin_memory: bool = False,
         use_sparse: bool = False,
@@ -199,7 +210,7 @@ class FunctionalDCSManager:
         self._graphs = graphs = _device_graphs(config, s.device, b, backend, check_syncs)
         # rows of each padded slot mapping past which it holds -1 (the graphs write the bucket's)
         self._slots_dirty = [b.padded_slot_capacity if backend is not None else 0]
-        self._pads: tuple[Any, np.ndarray] = (
+        self._pads: tuple[dcs_host.HostLayout | None, np.ndarray] = (
             None,
             np.zeros(s.max_num_reqs, dtype=np.int64),
         )  # (its update, it)
@@ -223,7 +234,7 @@ class FunctionalDCSManager:
         self._multimodal = Multimodal(records)
         self._expose(s, vllm_config, b)
 
-    def _expose(self, s: ManagerSettings, vllm_config: Any, b: _buffers.Buffers) -> None:
+    def _expose(self, s: ManagerSettings, vllm_config: VllmConfig, b: _buffers.Buffers) -> None:
         """The constants and persistent buffers the reference exposes, under its names."""
         self.pcp_world_size, self.pcp_world_rank = s.pcp_size, s.pcp_rank
         self.dcp_world_size, self.dcp_world_rank = s.dcp_size, s.dcp_rank
@@ -256,6 +267,37 @@ class FunctionalDCSManager:
     def num_graphs(self) -> int:
         """Device graphs made (at construction: one per function and bucket of the ladder)."""
         return self._graphs.num_graphs
+
+    @property
+    def graphs(self) -> _ops.DeviceGraphs:
+        """The device graphs, all made at construction (their ladder, rungs and runtime): for
+        inspection, like the vLLM drop-in's ``bookkeeper.graphs``."""
+        return self._graphs
+
+    def persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """Every persistent tensor by name (allocated once; their ``data_ptr()``s never change):
+        the device step's outputs by their keys (``restore``, ``unpad_mask``, ``logits``, the
+        attention index tensors, ...), the staging buffers, each KV-cache group's padded slot
+        mapping, and the spec-decode buffers under vllm-ascend's attribute names."""
+        b = self._buffers
+        named = dict(b.step)
+        named["slots_in"], named["computed_in"] = b.slots_in, b.computed_in
+        named["padded_slot_mapping_0"] = b.first_padded_slot_mapping  # bound to the graphs
+        named.update({f"padded_slot_mapping_{i}": t for i, t in enumerate(b.padded_slot_mappings) if i})
+        # the host and device halves under vllm-ascend's names (the last two: spec decode with CP)
+        for name in ("query_lens_pcp_full", "input_ids_pcp_full", "query_start_loc_pcp_full"):
+            buffer = getattr(b, name)
+            if buffer is not None:
+                named[f"{name}.cpu"], named[f"{name}.gpu"] = buffer.cpu, buffer.gpu
+        if b.dcp_mtp_attn_mask is not None:
+            named["dcp_mtp_attn_mask.gpu"] = b.dcp_mtp_attn_mask.gpu
+        spec = {
+            "positions_pcp_full": b.positions_pcp_full,
+            "mtp_slot_pad": b.mtp_slot_pad,
+            "mtp_mask_cells": b.mtp_mask_cells,
+        }
+        named.update({name: t for name, t in spec.items() if t is not None})
+        return named
 
     @property
     def record(self) -> ManagerRecord:
@@ -374,9 +416,9 @@ class FunctionalDCSManager:
     # ---------------------------------------------------------------- the step
     def classify_decode_request_mask(
         self,
-        num_scheduled_tokens: Any,
-        num_computed_tokens: Any,
-        num_prompt_tokens: Any,
+        num_scheduled_tokens: npt.ArrayLike,
+        num_computed_tokens: npt.ArrayLike,
+        num_prompt_tokens: npt.ArrayLike,
         decode_threshold: int,
     ) -> np.ndarray:
         """vllm-ascend ``classify_decode_request_mask`` (numpy)."""
@@ -547,7 +589,7 @@ class FunctionalDCSManager:
         self,
         total_num_scheduled_tokens: int,
         query_lens: torch.Tensor,
-        input_batch: Any,
+        input_batch: NPUInputBatch,
         num_scheduled_tokens: np.ndarray | None,
         block_table_tensor: torch.Tensor,
         num_reqs_padded: int,
@@ -588,13 +630,13 @@ class FunctionalDCSManager:
         total_num_scheduled_tokens: int,
         num_scheduled_tokens: dict[str, int],
         with_prefill: bool = True,
-        input_batch: Any = None,
+        input_batch: NPUInputBatch | None = None,
         arange_np: np.ndarray | None = None,
         req_indices: np.ndarray | None = None,
         positions_np: np.ndarray | None = None,
         cu_num_tokens: np.ndarray | None = None,
         draft_token_ids: torch.Tensor | None = None,
-        scheduler_output: Any = None,
+        scheduler_output: SchedulerOutput | None = None,  # (vllm-ascend's signature; not read)
         num_spec_tokens: int | None = None,
         precomputed_positions_np: np.ndarray | None = None,
         prev_positions: torch.Tensor | None = None,
@@ -626,7 +668,7 @@ class FunctionalDCSManager:
         *,
         use_async_spec_decode: bool,
         valid_sampled_token_count_gpu: torch.Tensor | None,
-        prev_req_id_to_index: Any,
+        prev_req_id_to_index: dict[str, int] | None,
         prev_positions_gpu: torch.Tensor | None,
         with_prefill: bool,
         enable_prompt_embeds: bool,
@@ -645,16 +687,16 @@ class FunctionalDCSManager:
         num_computed_tokens_cpu: np.ndarray,
         prev_positions_np: np.ndarray,
         prev_num_draft_tokens_np: np.ndarray,
-        valid_sampled_token_count_event: Any | None,
+        valid_sampled_token_count_event: DeviceEvent | None,
         valid_sampled_token_count_cpu: torch.Tensor | None,
-        input_batch: Any,
-        input_ids: Any,
-        scheduler_output: Any,
+        input_batch: NPUInputBatch,
+        input_ids: CpuGpuBuffer,
+        scheduler_output: SchedulerOutput,
         arange_np: np.ndarray,
         cu_num_tokens: np.ndarray,
         draft_token_ids: torch.Tensor | None,
         num_spec_tokens: int,
-        prepare_input_ids: Callable[..., None],
+        prepare_input_ids: Callable[[SchedulerOutput, int, int, np.ndarray], None],
     ) -> PCPAsyncSpecDecodeRebuildResult:
         """Recompute positions (and the drafter's inputs) once async scheduling corrected ``num_computed``.
 
@@ -712,8 +754,8 @@ class FunctionalDCSManager:
         target_positions: torch.Tensor,
         target_hidden_states: torch.Tensor,
         token_indices_to_sample: torch.Tensor,
-        common_attn_metadata: Any,
-        long_seq_metadata: Any | None,
+        common_attn_metadata: AscendCommonAttentionMetadata,
+        long_seq_metadata: object | None,  # generate_pcp_metadata's: set on common_attn_metadata
         req_scheduled_tokens: dict[str, int] | None,
         req_ids: list[str],
         logits_indices: torch.Tensor,
@@ -748,8 +790,8 @@ class FunctionalDCSManager:
 
     def prepare_spec_decode_mtp_drafting_inputs(
         self,
-        common_attn_metadata: Any,
-        attn_metadata: Any,
+        common_attn_metadata: AscendCommonAttentionMetadata,
+        attn_metadata: object,  # the draft step's: seq_lens / seq_lens_cpu read with getattr
         ori_token_indices_to_sample: torch.Tensor | None,
         batch_size: int,
         num_decode_reqs: int,
@@ -774,12 +816,12 @@ class FunctionalDCSManager:
 
     def update_spec_decode_drafting_cp_metadata(
         self,
-        attn_metadata: Any,
-        kv_cache_spec: Any,
+        attn_metadata: DraftAttentionMetadata,
+        kv_cache_spec: object,  # only asked whether it is vllm-ascend's AscendMLAAttentionSpec
         seq_lens: torch.Tensor,
         draft_index: int,
         seq_lens_cpu: torch.Tensor | None = None,
-        attn_metadata_builder: Any | None = None,
+        attn_metadata_builder: object | None = None,  # only asked whether it is the SFA DCP builder
     ) -> None:
         """Per-draft-step CP sequence lengths into the drafter's attention metadata.
 
@@ -814,9 +856,9 @@ class FunctionalDCSManager:
         positions_np: np.ndarray,
         num_scheduled_tokens: np.ndarray,
         num_reqs: int,
-        input_batch: Any,
-        requests: dict[str, Any],
-        mrope_positions: Any,
+        input_batch: NPUInputBatch,
+        requests: dict[str, CachedRequestState],
+        mrope_positions: CpuGpuBuffer,
     ) -> None:
         """M-RoPE positions of this rank's tokens into ``mrope_positions.cpu[:, :num_local_tokens]``."""
         self._multimodal.mrope(positions_np, num_scheduled_tokens, input_batch, requests, mrope_positions)
@@ -824,7 +866,7 @@ class FunctionalDCSManager:
     def build_local_mm_schedule(
         self,
         req_ids: list[str],
-        requests: dict[str, Any],
+        requests: dict[str, CachedRequestState],
         positions_np: np.ndarray,
         local_num_scheduled_tokens: np.ndarray,
         encoder_cache: dict[str, torch.Tensor],
@@ -837,13 +879,13 @@ class FunctionalDCSManager:
     def gather_mm_embeddings_for_pcp(
         self,
         req_ids: list[str],
-        requests: dict[str, Any],
+        requests: dict[str, CachedRequestState],
         positions_np: np.ndarray,
         local_num_scheduled_tokens: np.ndarray,
         shift_computed_tokens: int,
         encoder_cache: dict[str, torch.Tensor],
         is_mm_embed: torch.Tensor,
-        model: Any,
+        model: SupportsMultiModalPruning,  # read only with multimodal pruning and M-RoPE
         is_multimodal_pruning_enabled: bool,
         uses_mrope: bool,
         warning_once: Callable[..., Any] | None = None,
@@ -869,9 +911,9 @@ class FunctionalDCSManager:
 
     def maybe_localize_scheduler_output_for_mm_preprocess(
         self,
-        scheduler_output: Any,
+        scheduler_output: SchedulerOutput,
         req_ids: list[str],
-        requests: dict[str, Any],
+        requests: dict[str, CachedRequestState],
         positions_np: np.ndarray,
         local_num_scheduled_tokens: np.ndarray | None,
         local_total_num_scheduled_tokens: int | None,
@@ -891,6 +933,6 @@ class FunctionalDCSManager:
         )
 
     def restore_scheduler_output_after_mm_preprocess(
-        self, scheduler_output: Any, restore_state: dict[str, Any] | None
+        self, scheduler_output: SchedulerOutput, restore_state: dict[str, Any] | None
     ) -> None:
         self._multimodal.restore(scheduler_output, restore_state)

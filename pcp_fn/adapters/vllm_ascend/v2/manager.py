@@ -53,8 +53,10 @@ import numpy as np
 import torch
 
 from ...vllm.bookkeeper import MRV2Bookkeeper
+from ...vllm.engine_types import BlockTables, CUDAGraphMode, GroupCoordinator, SpeculativeConfig, VllmConfig
 from ...vllm.manager import FunctionalPCPManagerMixin, VllmApi, class_namespace
 from ...vllm.replace import replace_fields
+from .engine_types import AscendInputBatch, AscendInputBuffers, AscendInputBuffersFactory
 
 #: The speculative methods vllm-ascend's MRV2 PCP accepts.
 SPEC_METHODS = ("mtp", "eagle3", "dspark")
@@ -76,7 +78,7 @@ class PCPAttentionContext:
             (DCP with a prefill only).
     """
 
-    global_batch: Any
+    global_batch: AscendInputBatch
     global_block_tables: tuple[torch.Tensor, ...]
     global_slot_mappings: torch.Tensor
     hidden_restore_idx: torch.Tensor
@@ -100,9 +102,10 @@ class AscendApi:
             (keyword constructor with :class:`PCPAttentionContext`'s fields).
     """
 
-    AscendInputBuffers: type
-    build_attn_state: Callable[..., Any]
-    get_pp_group: Callable[[], Any]
+    AscendInputBuffers: AscendInputBuffersFactory
+    # -> vllm-ascend's AscendAttentionState (the local batch's attn_state, not read here)
+    build_attn_state: Callable[[VllmConfig | None, np.ndarray, int, np.ndarray, np.ndarray], object]
+    get_pp_group: Callable[[], GroupCoordinator]
     AttentionContext: type = PCPAttentionContext
 
 
@@ -110,7 +113,7 @@ class AscendApi:
 class _Desc:
     """The base manager's batch descriptor (``cg_mode``, ``num_tokens``, ``num_reqs``)."""
 
-    cg_mode: Any
+    cg_mode: CUDAGraphMode
     num_tokens: int
     num_reqs: int | None
 
@@ -131,15 +134,21 @@ class AscendBookkeeper(MRV2Bookkeeper):
     it (vllm-ascend's runner passes the rows of its own graph; vLLM's MRV2 dispatcher, whose
     mixed FULL graphs the base widens, is not in play)."""
 
+    input_buffers: AscendInputBuffers | None  # (ascend_input_buffers)
+    last_global_batch: AscendInputBatch | None
+    last_local_batch: AscendInputBatch | None
+
     def full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
         return num_reqs
 
 
-def ascend_input_buffers(ascend_api: AscendApi) -> Callable[[int, int, torch.device], Any]:
+def ascend_input_buffers(ascend_api: AscendApi) -> Callable[[int, int, torch.device], AscendInputBuffers]:
     """The local ``InputBuffers`` factory: vllm-ascend's ``AscendInputBuffers`` (host
     ``seq_lens_cpu`` / ``seq_lens_np``) at vLLM's ``query_start_loc`` size."""
 
-    def local_input_buffers(max_num_reqs: int, max_num_tokens: int, device: torch.device) -> Any:
+    def local_input_buffers(
+        max_num_reqs: int, max_num_tokens: int, device: torch.device
+    ) -> AscendInputBuffers:
         buffers = ascend_api.AscendInputBuffers(
             max_num_reqs=max_num_reqs, max_num_tokens=max_num_tokens, device=device
         )
@@ -170,26 +179,34 @@ class FunctionalAscendPCPManagerMixin:
     ascend_api: AscendApi
     bookkeeper: AscendBookkeeper
     bookkeeper_cls = AscendBookkeeper
-    vllm_config: Any = None
+    vllm_config: VllmConfig | None = None
 
     def __init__(
         self,
         pcp_world_size: int,
         pcp_rank: int,
         device: torch.device,
-        req_states: Any = None,
+        req_states: Any = None,  # vLLM's RequestState: kept for the runner, never read here
         max_num_reqs: int | None = None,
         max_num_tokens: int | None = None,
-        block_tables: Any = None,
+        block_tables: BlockTables | None = None,
         dcp_world_size: int = 1,
         dcp_rank: int = 0,
         cp_interleave: int = 1,
     ) -> None:
         # vllm-ascend's base lays decode requests replicated on every rank
         super().__init__(  # type: ignore[call-arg]
-            pcp_world_size, pcp_rank, device, False, max_num_reqs, max_num_tokens, block_tables,
-            dcp_world_size, dcp_rank, cp_interleave,
-        )  # fmt: skip
+            pcp_world_size=pcp_world_size,
+            pcp_rank=pcp_rank,
+            device=device,
+            shard_decode_requests=False,
+            max_num_reqs=max_num_reqs,
+            max_num_tokens=max_num_tokens,
+            block_tables=block_tables,
+            dcp_world_size=dcp_world_size,
+            dcp_rank=dcp_rank,
+            cp_interleave=cp_interleave,
+        )
         self.req_states = req_states
         # a dummy batch's restore rows (build_attention_context): views of one arange (none
         # without capacities: like the base's buffers)
@@ -207,7 +224,7 @@ class FunctionalAscendPCPManagerMixin:
     # ------------------------------------------------------------ config
 
     @classmethod
-    def validate_config(cls, vllm_config: Any, supports_mm_inputs: bool) -> None:
+    def validate_config(cls, vllm_config: VllmConfig, supports_mm_inputs: bool) -> None:
         """vllm-ascend's checks, except that FULL CUDA graphs serve mixed batches too.
 
         Raises ``NotImplementedError`` (as vllm-ascend does) naming the feature PCP does not
@@ -255,7 +272,7 @@ class FunctionalAscendPCPManagerMixin:
         return bool(self.ascend_api.get_pp_group().is_last_rank)
 
     @property
-    def global_batch(self) -> Any:
+    def global_batch(self) -> AscendInputBatch:
         """The global batch of the last ``partition_batch``."""
         if self.bookkeeper.last_global_batch is None:
             raise RuntimeError("PCP global batch is unavailable before partition_batch().")
@@ -289,10 +306,10 @@ class FunctionalAscendPCPManagerMixin:
 
     def partition_batch(
         self,
-        input_batch: Any,
+        input_batch: AscendInputBatch,
         padded_num_tokens: int | None = None,
         padded_num_reqs: int | None = None,
-    ) -> Any:
+    ) -> AscendInputBatch:
         """This rank's local ``AscendInputBatch`` (vllm-ascend ``partition_batch``).
 
         The layout pads the local tokens to ``padded_num_tokens`` (default, and
@@ -312,13 +329,13 @@ class FunctionalAscendPCPManagerMixin:
                 larger than the local buffers, a global ``query_start_loc_np``
                 shorter than the graph's rows, and as the base class.
         """
-        g = input_batch
-        drafts = _checked_drafts(g)
-        desc = self._descriptor(g, drafts is not None, padded_num_tokens, padded_num_reqs)
-        local = self.bookkeeper.partition_batch(g, desc)  # also the bookkeeper's last local batch
-        changes = {} if drafts is None else self._draft_fields(g, local, drafts)
-        self._zero_padding_restore_rows(g)
-        changes.update(self._graph_padding(g, local, drafts is not None))
+        global_batch = input_batch
+        drafts = _checked_drafts(global_batch)
+        desc = self._descriptor(global_batch, drafts is not None, padded_num_tokens, padded_num_reqs)
+        local = self.bookkeeper.partition_batch(global_batch, desc)  # also the bookkeeper's last local batch
+        changes = {} if drafts is None else self._draft_fields(global_batch, local, drafts)
+        self._zero_padding_restore_rows(global_batch)
+        changes.update(self._graph_padding(global_batch, local, drafts is not None))
         changes.update(self._attention_fields(local, changes))
         if drafts is not None or "num_tokens_after_padding" in changes:
             # a new batch: the drafter keeps the layout's (as vllm-ascend's base does)
@@ -328,34 +345,46 @@ class FunctionalAscendPCPManagerMixin:
         return local
 
     def _descriptor(
-        self, g: Any, spec: bool, padded_num_tokens: int | None, padded_num_reqs: int | None
+        self,
+        global_batch: AscendInputBatch,
+        spec: bool,
+        padded_num_tokens: int | None,
+        padded_num_reqs: int | None,
     ) -> _Desc:
         """The base's batch descriptor of vllm-ascend's padded sizes."""
         Mode = self.vllm_api.CUDAGraphMode
-        if padded_num_reqs is not None and np.asarray(g.is_prefilling_np).any():  # a FULL graph, mixed batch
+        if (
+            padded_num_reqs is not None and np.asarray(global_batch.is_prefilling_np).any()
+        ):  # a FULL graph, mixed batch
             tokens = padded_num_tokens
             if tokens is None:
-                tokens = self.get_num_tokens_for_dispatch(g.num_scheduled_tokens, g.is_prefilling_np)
+                tokens = self.get_num_tokens_for_dispatch(
+                    global_batch.num_scheduled_tokens, global_batch.is_prefilling_np
+                )
             return _Desc(Mode.FULL, tokens, padded_num_reqs)
         if spec or padded_num_tokens is None:
             return _Desc(Mode.NONE, 0, None)
         return _Desc(Mode.PIECEWISE, padded_num_tokens, None)
 
-    def _draft_fields(self, g: Any, local: Any, drafts: np.ndarray) -> dict[str, Any]:
+    def _draft_fields(
+        self, global_batch: AscendInputBatch, local: AscendInputBatch, drafts: np.ndarray
+    ) -> dict[str, Any]:
         """A speculative batch's local draft counts; padding rows read global token 0 (vllm-ascend
         re-gathers the ids)."""
         bookkeeper = self.bookkeeper
         Lp, num_local = local.num_tokens_after_padding, local.num_tokens
         if Lp > num_local:
             with bookkeeper.guard():
-                bookkeeper.input_buffers.input_ids[num_local:Lp].copy_(g.input_ids[:1].expand(Lp - num_local))
+                bookkeeper.input_buffers.input_ids[num_local:Lp].copy_(
+                    global_batch.input_ids[:1].expand(Lp - num_local)
+                )
         local_drafts = drafts.astype(np.int32)[bookkeeper.local_rows]
         return dict(num_draft_tokens=int(local_drafts.sum()), num_draft_tokens_per_req=local_drafts)
 
-    def _zero_padding_restore_rows(self, g: Any) -> None:
+    def _zero_padding_restore_rows(self, global_batch: AscendInputBatch) -> None:
         """The global batch's padding rows have no segment: their restore rows read gathered row 0."""
-        restore_rows = int(g.query_start_loc_np[-1])
-        if restore_rows <= g.num_tokens:
+        restore_rows = int(global_batch.query_start_loc_np[-1])
+        if restore_rows <= global_batch.num_tokens:
             return
         restore_idx = self.bookkeeper.hidden_restore_idx
         if restore_rows > restore_idx.shape[0]:
@@ -364,26 +393,28 @@ class FunctionalAscendPCPManagerMixin:
                 f"max_num_tokens is {self.bookkeeper.max_num_tokens}"
             )
         with self.bookkeeper.guard():
-            restore_idx[g.num_tokens : restore_rows].zero_()
+            restore_idx[global_batch.num_tokens : restore_rows].zero_()
 
-    def _graph_padding(self, g: Any, local: Any, spec: bool) -> dict[str, Any]:
+    def _graph_padding(
+        self, global_batch: AscendInputBatch, local: AscendInputBatch, spec: bool
+    ) -> dict[str, Any]:
         """A decode-only batch's fields padded to its graph (none when it fits the layout)."""
         decode_only = self.bookkeeper.decode_only  # of the batch just partitioned
         if not decode_only:
             return {}
-        graph_tokens = g.num_tokens_after_padding
+        graph_tokens = global_batch.num_tokens_after_padding
         token_sized = (
             not spec
             and self.vllm_config is not None
             and self.vllm_config.compilation_config.cudagraph_mode
             == self.vllm_api.CUDAGraphMode.FULL_DECODE_ONLY
         )
-        graph_reqs = graph_tokens if token_sized else g.num_reqs_after_padding
+        graph_reqs = graph_tokens if token_sized else global_batch.num_reqs_after_padding
         if graph_tokens > local.num_tokens_after_padding or graph_reqs > local.num_reqs_after_padding:
-            return self._pad_to_graph(g, local, graph_tokens, graph_reqs)
+            return self._pad_to_graph(global_batch, local, graph_tokens, graph_reqs)
         return {}
 
-    def _attention_fields(self, local: Any, changes: dict[str, Any]) -> dict[str, Any]:
+    def _attention_fields(self, local: AscendInputBatch, changes: dict[str, Any]) -> dict[str, Any]:
         """The local batch's ``seq_lens_np`` (at the padded rows) and ``attn_state``."""
         n = local.num_reqs
         padded = changes.get("num_reqs_after_padding", local.num_reqs_after_padding)
@@ -403,7 +434,7 @@ class FunctionalAscendPCPManagerMixin:
         )
         return dict(seq_lens_np=seq_lens_np, attn_state=state)
 
-    def _check_graph_size(self, g: Any, tokens: int, reqs: int) -> np.ndarray:
+    def _check_graph_size(self, global_batch: AscendInputBatch, tokens: int, reqs: int) -> np.ndarray:
         """A decode graph's sizes checked against the buffers; its global ``query_start_loc_np``."""
         bookkeeper = self.bookkeeper
         if tokens > bookkeeper.max_num_tokens:
@@ -416,19 +447,21 @@ class FunctionalAscendPCPManagerMixin:
                 f"the decode graph's {reqs} request rows exceed the local request capacity "
                 f"2 * max_num_reqs = {2 * bookkeeper.max_num_reqs}"
             )
-        qsl_np = g.query_start_loc_np[: reqs + 1]
+        qsl_np = global_batch.query_start_loc_np[: reqs + 1]
         if qsl_np.shape[0] != reqs + 1:
             raise ValueError(
-                f"input_batch.query_start_loc_np has {g.query_start_loc_np.shape[0]} entries; the "
+                f"input_batch.query_start_loc_np has {global_batch.query_start_loc_np.shape[0]} entries; the "
                 f"decode graph's {reqs} request rows need {reqs + 1}"
             )
         return qsl_np
 
-    def _pad_to_graph(self, g: Any, local: Any, tokens: int, reqs: int) -> dict[str, Any]:
+    def _pad_to_graph(
+        self, global_batch: AscendInputBatch, local: AscendInputBatch, tokens: int, reqs: int
+    ) -> dict[str, Any]:
         """The local batch's fields padded to a decode-only graph of ``tokens`` tokens and
         ``reqs`` request rows (decodes are replicated: the global query layout is the local one).
         """
-        qsl_np = self._check_graph_size(g, tokens, reqs)
+        qsl_np = self._check_graph_size(global_batch, tokens, reqs)
         ib = self.bookkeeper.input_buffers
         num_local, n = local.num_tokens, local.num_reqs
         qsl = ib.query_start_loc[: reqs + 1]
@@ -437,9 +470,9 @@ class FunctionalAscendPCPManagerMixin:
             ib.positions[num_local:tokens].zero_()
             ib.is_padding[num_local:tokens].fill_(True)
             ib.seq_lens[n:reqs].zero_()
-            if g.query_start_loc.shape[0] > reqs:  # the device twin of query_start_loc_np
-                qsl.copy_(g.query_start_loc[: reqs + 1])
-        if g.query_start_loc.shape[0] <= reqs:
+            if global_batch.query_start_loc.shape[0] > reqs:  # the device twin of query_start_loc_np
+                qsl.copy_(global_batch.query_start_loc[: reqs + 1])
+        if global_batch.query_start_loc.shape[0] <= reqs:
             qsl.copy_(torch.from_numpy(qsl_np), non_blocking=True)
         upper = torch.zeros(reqs, dtype=local.seq_lens_cpu_upper_bound.dtype)
         upper[:n] = local.seq_lens_cpu_upper_bound[:n]
@@ -464,9 +497,9 @@ class FunctionalAscendPCPManagerMixin:
         ``PAD_SLOT_ID`` up to the graph's tokens)."""
         bookkeeper = self.bookkeeper
         slots = bookkeeper.prepare_slot_mappings()
-        g = bookkeeper.last_global_batch
-        graph = g.num_tokens_after_padding
-        if not bookkeeper.decode_only or graph <= g.num_tokens:
+        global_batch = bookkeeper.last_global_batch
+        graph = global_batch.num_tokens_after_padding
+        if not bookkeeper.decode_only or graph <= global_batch.num_tokens:
             return slots
         P, K = bookkeeper.pcp_world_size, slots.shape[0]
         width = slots.shape[1] // P  # the layout's local tokens
@@ -495,24 +528,26 @@ class FunctionalAscendPCPManagerMixin:
             raise ValueError(f"num_reqs={num_reqs} exceeds the local block tables' {rows} rows")
         return super().get_dummy_block_tables(num_reqs)  # type: ignore[misc]
 
-    def prepare_dummy_attn(self, input_batch: Any) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    def prepare_dummy_attn(
+        self, input_batch: AscendInputBatch
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Stage a dummy batch in the persistent local buffers (a FULL graph reads them) and
         return its zeroed block tables and ``PAD_SLOT_ID`` slot mappings."""
         ib = self.bookkeeper.input_buffers
         t, r = input_batch.num_tokens_after_padding, input_batch.num_reqs_after_padding
-        names = ("input_ids", "positions", "is_padding", "query_start_loc", "seq_lens")
-        sizes = (t, t, t, r + 1, r)
+        # each staged field's rows, by its name (the same in InputBuffers and InputBatch)
+        rows = {"input_ids": t, "positions": t, "is_padding": t, "query_start_loc": r + 1, "seq_lens": r}
         with self.bookkeeper.guard():
             torch._foreach_copy_(
-                [getattr(ib, name)[:size] for name, size in zip(names, sizes)],
-                [getattr(input_batch, name) for name in names],
+                [getattr(ib, name)[:size] for name, size in rows.items()],
+                [getattr(input_batch, name) for name in rows],
             )
         ib.seq_lens_np[:r] = input_batch.seq_lens_np[:r]
         return self.get_dummy_block_tables(r), self.get_dummy_slot_mappings(t)
 
     def build_attention_context(
         self,
-        input_batch: Any = None,
+        input_batch: AscendInputBatch | None = None,
         block_tables: tuple[torch.Tensor, ...] | None = None,
         slot_mappings: torch.Tensor | None = None,
     ) -> Any:
@@ -529,41 +564,42 @@ class FunctionalAscendPCPManagerMixin:
         if input_batch is not None and input_batch.is_dummy:
             return self._dummy_attention_context(input_batch, block_tables, slot_mappings)
         bookkeeper = self.bookkeeper
-        g = self.global_batch
+        global_batch = self.global_batch
         tables = bookkeeper.block_tables
         if tables is None:
             raise RuntimeError("build_attention_context needs the block_tables given to the constructor")
         num_blocks = None
-        if bookkeeper.dcp_world_size > 1 and np.asarray(g.is_prefilling_np).any():
-            host = tables.num_blocks.np[:, g.idx_mapping_np[: g.num_reqs]]
+        if bookkeeper.dcp_world_size > 1 and np.asarray(global_batch.is_prefilling_np).any():
+            host = tables.num_blocks.np[:, global_batch.idx_mapping_np[: global_batch.num_reqs]]
             num_blocks = torch.from_numpy(host).to(device=bookkeeper.device, non_blocking=True)
         width = bookkeeper.layout_tokens * bookkeeper.pcp_world_size
-        key = (g.num_tokens_after_padding, int(g.query_start_loc_np[-1]), width)
+        num_tokens = global_batch.num_tokens_after_padding
+        restore_rows = int(global_batch.query_start_loc_np[-1])
+        key = (num_tokens, restore_rows, width)
         views = self._context_views.get(key)
-        if views is None:
+        if views is None:  # the context's fields that are views of the persistent buffers, by name
             views = bookkeeper.schedule_cache.put(
                 "contexts",
                 key,
-                (
-                    bookkeeper.global_slot_mappings[:, : key[0]],
-                    bookkeeper.hidden_restore_idx[: key[1]],
-                    bookkeeper.padded_gather_idx[:width],
-                    bookkeeper.kv_write_mask[:width],
-                ),
+                {
+                    "global_slot_mappings": bookkeeper.global_slot_mappings[:, :num_tokens],
+                    "hidden_restore_idx": bookkeeper.hidden_restore_idx[:restore_rows],
+                    "padded_gather_idx": bookkeeper.padded_gather_idx[:width],
+                    "gathered_kv_write_mask": bookkeeper.kv_write_mask[:width],
+                },
             )
         return self.ascend_api.AttentionContext(
-            global_batch=g,
-            global_block_tables=tables.gather_block_tables(g.idx_mapping, g.num_reqs_after_padding),
-            global_slot_mappings=views[0],
-            hidden_restore_idx=views[1],
-            padded_gather_idx=views[2],
-            gathered_kv_write_mask=views[3],
+            global_batch=global_batch,
+            global_block_tables=tables.gather_block_tables(
+                global_batch.idx_mapping, global_batch.num_reqs_after_padding
+            ),
+            **views,
             global_block_table_num_blocks=num_blocks,
         )
 
     def _dummy_attention_context(
         self,
-        input_batch: Any,
+        input_batch: AscendInputBatch,
         block_tables: tuple[torch.Tensor, ...] | None,
         slot_mappings: torch.Tensor | None,
     ) -> Any:
@@ -588,11 +624,11 @@ class FunctionalAscendPCPManagerMixin:
     def _restored_rows(self) -> tuple[int, int]:
         """``(num_tokens, rows)``: the global tokens and the rows a restore returns (the
         global graph's ``num_tokens_after_padding`` when the global batch is padded)."""
-        g = self.global_batch
-        n, padded = g.num_tokens, g.num_tokens_after_padding
+        global_batch = self.global_batch
+        n, padded = global_batch.num_tokens, global_batch.num_tokens_after_padding
         if n == padded:
             return n, n
-        rows = int(g.query_start_loc_np[-1])  # the layout's restore rows (FIA padding included)
+        rows = int(global_batch.query_start_loc_np[-1])  # the layout's restore rows (FIA padding included)
         if rows != padded:
             raise RuntimeError(
                 "PCP restored hidden-state length does not match the global graph layout: "
@@ -613,11 +649,15 @@ class FunctionalAscendPCPManagerMixin:
         """``gathered`` at the layout's ``P * Lp`` rows: a decode graph padded past the layout
         gathers ``P * num_tokens_after_padding`` rows, whose restored rows are all rank 0's."""
         bookkeeper = self.bookkeeper
-        P, Lp, g = bookkeeper.pcp_world_size, bookkeeper.layout_tokens, bookkeeper.last_global_batch
+        P, Lp, global_batch = (
+            bookkeeper.pcp_world_size,
+            bookkeeper.layout_tokens,
+            bookkeeper.last_global_batch,
+        )
         rows = gathered.shape[0]
-        if rows == P * Lp or g is None or not bookkeeper.decode_only:
+        if rows == P * Lp or global_batch is None or not bookkeeper.decode_only:
             return gathered
-        graph = g.num_tokens_after_padding
+        graph = global_batch.num_tokens_after_padding
         return gathered[: P * Lp] if graph > Lp and rows == P * graph else gathered
 
     def _gather(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -646,19 +686,19 @@ class FunctionalAscendPCPManagerMixin:
 
     def restore_for_sampling(
         self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
-    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, Any]:
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None, AscendInputBatch]:
         """Restored hidden (and auxiliary) states, as :meth:`restore_hidden_states`, with the
         global batch to sample with."""
-        g = self.global_batch
+        global_batch = self.global_batch
         if not self.is_last_pp_rank:
-            return hidden_states, aux_hidden_states, g
+            return hidden_states, aux_hidden_states, global_batch
         gathered = self._gather(hidden_states)  # collectives in vllm-ascend's order
         aux = None if aux_hidden_states is None else [self._gather(a) for a in aux_hidden_states]
         n, rows = self._restored_rows()
         hidden, aux = self.bookkeeper.graphs.restore_for_sampling(gathered, aux, rows)
         if aux is not None:
             aux = [self._padded(a, n, rows) for a in aux]
-        return self._padded(hidden, n, rows), aux, g
+        return self._padded(hidden, n, rows), aux, global_batch
 
     def restore_draft_prefill(
         self, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
@@ -680,7 +720,7 @@ class FunctionalAscendPCPManagerMixin:
         return last, last if same else self._padded(other, n, rows)
 
 
-def _check_speculative(spec: Any) -> None:
+def _check_speculative(spec: SpeculativeConfig | None) -> None:
     """vllm-ascend's speculative-decoding checks (``validate_config``)."""
     if spec is None:
         return
@@ -696,15 +736,15 @@ def _check_speculative(spec: Any) -> None:
         )
 
 
-def _checked_drafts(g: Any) -> np.ndarray | None:
+def _checked_drafts(global_batch: AscendInputBatch) -> np.ndarray | None:
     """A speculative batch's draft counts by request (``None`` without drafts)."""
-    if not g.num_draft_tokens > 0:
+    if not global_batch.num_draft_tokens > 0:
         return None
-    drafts = g.num_draft_tokens_per_req
+    drafts = global_batch.num_draft_tokens_per_req
     if drafts is None:
         raise ValueError("input_batch.num_draft_tokens_per_req is required when num_draft_tokens > 0")
     drafts = np.asarray(drafts)
-    if np.any(drafts[np.asarray(g.is_prefilling_np)] != 0):
+    if np.any(drafts[np.asarray(global_batch.is_prefilling_np)] != 0):
         raise NotImplementedError(
             "PCP speculative decoding does not support draft tokens on prefill requests."
         )
