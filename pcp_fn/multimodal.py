@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -504,35 +504,12 @@ def gather_mm_embeddings(
         k = int(count)
         req_positions = np.asarray(positions[start : start + k]) + shift_computed_tokens
         req = requests[req_id]
-        owner = np.zeros(k, dtype=bool)  # a local token already given a row
         pieces: list[torch.Tensor] = []
         piece_rows: list[np.ndarray] = []
-        for feature in req.mm_features:
-            inside, rel = _feature_hits(req_positions, feature.mm_position)
-            if inside.size == 0:
-                continue
-            is_embed = _embed_mask(feature.mm_position)
-            if is_embed is None:
-                source = rel
-            else:
-                keep = is_embed[rel]
-                if not keep.any():
-                    continue
-                inside, rel = inside[keep], rel[keep]
-                source = np.cumsum(is_embed, dtype=np.int64)[rel] - 1  # embedding slot of each offset
-            fresh = ~owner[inside]
-            if not fresh.any():
-                continue
-            inside, source = inside[fresh], source[fresh]
-            owner[inside] = True
-            encoded = encoder_cache.get(feature.identifier)
-            if encoded is None:
-                raise ValueError(f"encoder cache miss for {feature.identifier} (request {req_id})")
-            pieces.append(
-                encoded.index_select(0, torch.as_tensor(source, dtype=torch.int64, device=encoded.device))
-            )
-            piece_rows.append(inside.astype(np.int64))
-            is_mm_embed[start + torch.from_numpy(inside.astype(np.int64))] = True
+        for rows, piece in _feature_embeds(req_id, req.mm_features, req_positions, encoder_cache):
+            pieces.append(piece)
+            piece_rows.append(rows)
+            is_mm_embed[start + torch.from_numpy(rows)] = True
         if is_multimodal_pruning_enabled and uses_mrope:
             if req.mrope_positions is None:
                 raise ValueError(f"request {req_id} has no mrope_positions to recompute")
@@ -545,22 +522,70 @@ def gather_mm_embeddings(
             )
             updates[req_id] = (new_positions, new_delta)
         if len(pieces) > 1:
-            # the mask is read in local token order; the pieces come in feature order
-            num_rows = sum(r.size for r in piece_rows)
-            num_embeds = sum(p.shape[0] for p in pieces)
-            if num_rows == num_embeds and num_rows > 0:
-                order = np.argsort(np.concatenate(piece_rows), kind="stable")
-                joined = torch.cat(pieces)
-                pieces = [joined.index_select(0, torch.from_numpy(order).to(joined.device))]
-            elif warning_once is not None:
-                warning_once(
-                    "PCP MM reorder skipped due to size mismatch: local_idx=%d, embed_rows=%d",
-                    num_rows,
-                    num_embeds,
-                )
+            pieces = _in_local_order(pieces, piece_rows, warning_once)
         embeds.extend(pieces)
         start += k
     return LocalMMEmbeddings(embeds, is_mm_embed, sync_mrope, False, updates)
+
+
+def _feature_embeds(
+    req_id: str, features: Sequence[Any], req_positions: np.ndarray, encoder_cache: Mapping[str, torch.Tensor]
+) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+    """``(rows [k_f] int64, embeddings [k_f, ...])`` of each feature a request's local tokens
+    (at ``req_positions``) take, in feature order: a token in the feature's window, on an
+    ``is_embed`` slot if the feature has a mask, takes the encoder output's row of its embedding
+    slot, unless an earlier feature gave it one; ``rows`` are the tokens' indices in
+    ``req_positions``.
+
+    Raises:
+        ValueError: a feature's encoder output is not in ``encoder_cache``.
+    """
+    owner = np.zeros(req_positions.shape[0], dtype=bool)  # a local token already given a row
+    for feature in features:
+        inside, rel = _feature_hits(req_positions, feature.mm_position)
+        if inside.size == 0:
+            continue
+        is_embed = _embed_mask(feature.mm_position)
+        if is_embed is None:
+            source = rel
+        else:
+            keep = is_embed[rel]
+            if not keep.any():
+                continue
+            inside, rel = inside[keep], rel[keep]
+            source = np.cumsum(is_embed, dtype=np.int64)[rel] - 1  # embedding slot of each offset
+        fresh = ~owner[inside]
+        if not fresh.any():
+            continue
+        inside, source = inside[fresh], source[fresh]
+        owner[inside] = True
+        encoded = encoder_cache.get(feature.identifier)
+        if encoded is None:
+            raise ValueError(f"encoder cache miss for {feature.identifier} (request {req_id})")
+        index = torch.as_tensor(source, dtype=torch.int64, device=encoded.device)
+        yield inside.astype(np.int64), encoded.index_select(0, index)
+
+
+def _in_local_order(
+    pieces: list[torch.Tensor], piece_rows: list[np.ndarray], warning_once: Callable[..., Any] | None
+) -> list[torch.Tensor]:
+    """A request's embedding pieces (feature order) as one tensor in local token order, the
+    order its ``is_mm_embed`` rows list them (``piece_rows``: each piece's local rows). When
+    the rows and the embeddings differ in number (the model's multimodal pruning), the pieces
+    stay as they are, with vllm-ascend's warning."""
+    num_rows = sum(r.size for r in piece_rows)
+    num_embeds = sum(p.shape[0] for p in pieces)
+    if num_rows == num_embeds and num_rows > 0:
+        order = np.argsort(np.concatenate(piece_rows), kind="stable")
+        joined = torch.cat(pieces)
+        return [joined.index_select(0, torch.from_numpy(order).to(joined.device))]
+    if warning_once is not None:
+        warning_once(
+            "PCP MM reorder skipped due to size mismatch: local_idx=%d, embed_rows=%d",
+            num_rows,
+            num_embeds,
+        )
+    return pieces
 
 
 def localize_scheduler_output(

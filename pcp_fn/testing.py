@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -58,19 +58,26 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from .attention_runs import attention_runs
+from .core.buckets import Bucket
 from .core.rank import all_ranks
 from .graph.export import export
 from .graph.sync import no_host_syncs
 from .logits import get_logits_indices
-from .protocol.batch import classify_decodes, make_batch, token_rows
+from .protocol.batch import SchedulerBatch, classify_decodes, make_batch, token_rows
 from .protocol.config import PCPConfig
 from .protocol.layout import Layout
 from .protocol.registry import register_layout
 from .protocol.state import PCPState, init_state
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
-from .spec import decode_hidden_states, first_pass_inputs, spec_decode_indices, split_prefill_for_draft
-from .step import step
+from .spec import (
+    SpecDecodeIndices,
+    decode_hidden_states,
+    first_pass_inputs,
+    spec_decode_indices,
+    split_prefill_for_draft,
+)
+from .step import StepOutputs, step
 
 SLOT_BASE = 1000  # slot of scheduler-order token t: SLOT_BASE + t (distinct, never pad_slot_id)
 
@@ -163,34 +170,76 @@ def check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
 
 
 def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
-    P, R = cfg.pcp_size, len(b.sched)
+    """The exactness rules on one batch, in the module docstring's order."""
     total = sum(b.sched)
     batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=[SLOT_BASE + t for t in range(total)])
-    Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
-    G = P * Lb
     bound = cfg.layout_impl.num_local_tokens(
         cfg, np.asarray(b.sched, np.int64), _num_decodes(cfg, b), np.asarray(b.comp, np.int64)
     )
-    # vmap over ranks, and each rank's own (static-rank) step
+    steps = _rank_steps(cfg, b, batch)
+    codes, held = _check_rows(cfg, b, steps, bound)
+    # the layout says which requests are whole on every rank (the decodes, for most layouts)
+    whole = _np(cfg.layout_impl.state_geometry(steps.states[0]).replicated)[: len(b.sched)].astype(bool)
+    source = _source_ranks(cfg, b, held, whole)
+    restored = _check_restore(cfg, b, steps, codes, source)
+    _check_logits(cfg, b, steps, restored)
+    for r, (st_r, out) in enumerate(zip(steps.states, steps.outs)):
+        _check_slots(cfg, b, steps, r)
+        _check_attention_runs(cfg, b, r, st_r, out)
+    if cfg.num_spec_tokens > 0:
+        # rank 0's own step: all_ranks gives the same (the vmap rule)
+        is_decode = _np(steps.outs[0].layout.is_decode)[: len(b.sched)].astype(bool)
+        _check_spec(cfg, b, steps.states, codes, is_decode, whole)
+
+
+class _RankSteps(NamedTuple):
+    """A batch under check and every rank's own (static-rank) ``step`` of it."""
+
+    batch: SchedulerBatch
+    states: list[PCPState]  # [P] each rank's state after the step
+    outs: list[StepOutputs]  # [P] each rank's outputs
+
+
+def _token_starts(b: Batch) -> np.ndarray:
+    """``[R + 1]`` int64: the first scheduler-order token of each request, then the total."""
+    return np.concatenate([[0], np.cumsum(b.sched)]).astype(np.int64)
+
+
+def _rank_steps(cfg: PCPConfig, b: Batch, batch: SchedulerBatch) -> _RankSteps:
+    """Each rank's own step of ``batch``, checked equal to ``all_ranks`` (vmap over the rank) and
+    of the shapes an empty batch forced to the same bucket gives (fixed shapes)."""
     _, outs = all_ranks(step, init_state(cfg, rank=0), batch)
-    statics = []
-    for r in range(P):
+    states, rank_outs = [], []
+    for r in range(cfg.pcp_size):
         cfg_r = dataclasses.replace(cfg, pcp_rank=r)
         st_r, out_r = step(init_state(cfg_r), batch)
-        statics.append((st_r, out_r))
+        states.append(st_r)
+        rank_outs.append(out_r)
         for a, c in zip(_tensors(out_r), _tensors(outs)):
             if not torch.equal(a, c[r]):
                 _fail("vmap over ranks", cfg, b, f"all_ranks differs from rank {r}'s own step")
-    # fixed shapes: an empty batch forced to the same bucket gives identical shapes
     empty = make_batch(cfg, [], [], [], slot_mapping=[], bucket=batch.bucket)
-    if _shapes(step(init_state(cfg), empty)) != _shapes(statics[0]):
+    if _shapes(step(init_state(cfg), empty)) != _shapes((states[0], rank_outs[0])):
         _fail("fixed shapes", cfg, b, f"shapes depend on the batch, not only on the bucket {batch.bucket}")
-    is_decode = _np(outs.layout.is_decode[0])[:R].astype(bool)
-    starts = np.concatenate([[0], np.cumsum(b.sched)]).astype(np.int64)
+    return _RankSteps(batch, states, rank_outs)
+
+
+def _check_rows(
+    cfg: PCPConfig, b: Batch, steps: _RankSteps, bound: int
+) -> tuple[np.ndarray, dict[tuple[int, int], list[int]]]:
+    """Capacity, ownership and positions of each rank's rows: at most ``bound``
+    (``num_local_tokens``) and ``L_b`` rows, grouped by request, counted by ``query_start_loc``
+    and ``pcp_tokens``, padding ``(0, 0)`` at the tail, positions ``num_computed + offset``.
+
+    Returns ``codes [P, L_b]`` (each real row's scheduler-order token, -1 elsewhere) and the
+    ranks holding each ``(request, offset)``.
+    """
+    P, R = cfg.pcp_size, len(b.sched)
+    Rb, Lb = steps.batch.bucket.num_reqs, steps.batch.bucket.num_tokens
+    starts = _token_starts(b)
     held: dict[tuple[int, int], list[int]] = {}
     codes = np.full((P, Lb), -1, np.int64)
-    for r in range(P):
-        st_r, out = statics[r]
+    for r, out in enumerate(steps.outs):
         n_r = int(out.layout.num_tokens)
         req, pos = _np(out.layout.request_index), _np(out.layout.positions)
         qsl = _np(out.query_start_loc).astype(np.int64)
@@ -213,24 +262,53 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         want = np.where(real, comp_of + pos[:n_r], _np(out.positions)[:n_r])
         if not np.array_equal(_np(out.positions)[:n_r], want) or (_np(out.positions)[n_r:] != 0).any():
             _fail("positions", cfg, b, f"rank {r}'s positions are not num_computed + offset")
-        for l in np.flatnonzero(real):
-            held.setdefault((int(req[l]), int(pos[l])), []).append(r)
+        _add_holder(held, r, req[:n_r][real], pos[:n_r][real])
         codes[r, :n_r] = np.where(real, starts[np.minimum(req[:n_r], max(R - 1, 0))] + pos[:n_r], -1)
-    # the layout says which requests are whole on every rank (the decodes, for most layouts)
-    whole = _np(cfg.layout_impl.state_geometry(statics[0][0]).replicated)[:R].astype(bool)
-    # the rank each token's restored row must be read from: rank 0's copy of a replicated token
-    source = np.zeros(total, np.int64)
+    return codes, held
+
+
+def _add_holder(
+    held: dict[tuple[int, int], list[int]], r: int, request: np.ndarray, offset: np.ndarray
+) -> None:
+    """Rank ``r`` holds token ``offset[l]`` of request ``request[l]``, for every ``l``."""
+    for i, o in zip(request.tolist(), offset.tolist()):
+        held.setdefault((i, o), []).append(r)
+
+
+def _rightly_held(ranks: list[int], replicated: bool, P: int) -> bool:
+    """A token of a replicated request is on every rank, any other token on exactly one."""
+    return sorted(ranks) == list(range(P)) if replicated else len(ranks) == 1
+
+
+def _source_ranks(
+    cfg: PCPConfig, b: Batch, held: dict[tuple[int, int], list[int]], whole: np.ndarray
+) -> np.ndarray:
+    """``[total]`` the rank each token's restored row must be read from: rank 0's copy of a
+    replicated (``whole``) request's token, the owner's of any other. Checks every scheduled token
+    is on the ranks it should be, and ``held`` (emptied) names no other token."""
+    starts = _token_starts(b)
+    source = np.zeros(sum(b.sched), np.int64)
     for i, n in enumerate(b.sched):
-        owners = list(range(P)) if whole[i] else None
         for j in range(n):
             ranks = held.pop((i, j), [])
-            if (owners is not None and sorted(ranks) != owners) or (owners is None and len(ranks) != 1):
+            if not _rightly_held(ranks, whole[i], cfg.pcp_size):
                 _fail("ownership", cfg, b, f"token {j} of request {i} is on ranks {ranks}")
-            source[starts[i] + j] = 0 if owners is not None else ranks[0]
+            source[starts[i] + j] = 0 if whole[i] else ranks[0]
     if held:
         _fail("ownership", cfg, b, f"rows of tokens that are not scheduled: {sorted(held)[:5]}")
-    # restore: the rank-major all-gather of each rank's token codes, and of each row's rank
-    st0 = statics[0][0]
+    return source
+
+
+def _check_restore(
+    cfg: PCPConfig, b: Batch, steps: _RankSteps, codes: np.ndarray, source: np.ndarray
+) -> np.ndarray:
+    """``restore_hidden_states`` of the rank-major all-gather of ``codes`` (each rank's token codes)
+    puts every token once, in request order, at the rows ``restored_spans`` names, each read from
+    its ``source`` rank (the all-gather of each row's rank says). Returns the restored codes ``[G_b]``."""
+    P, R, Lb = cfg.pcp_size, len(b.sched), steps.batch.bucket.num_tokens
+    G = P * Lb
+    starts = _token_starts(b)
+    st0 = steps.states[0]
     _, restored = restore_hidden_states(st0, torch.from_numpy(codes.reshape(G)))
     restored = _np(restored)
     _, read_from = restore_hidden_states(st0, torch.arange(P).repeat_interleave(Lb))
@@ -263,9 +341,16 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         or (np.diff(start[[i for i, n in enumerate(b.sched) if n]]) < 0).any()
     ):
         _fail("restore", cfg, b, "requests are not restored in request order")
-    # logits
-    logits = _np(statics[0][1].logits_indices)
-    _, via_op = get_logits_indices(st0)
+    return restored
+
+
+def _check_logits(cfg: PCPConfig, b: Batch, steps: _RankSteps, restored: np.ndarray) -> None:
+    """``get_logits_indices`` equals step's ``logits_indices``, whose row of each request holds (a
+    copy of) its last token in the ``restored`` codes; rows past ``num_reqs`` are 0."""
+    R, G = len(b.sched), cfg.pcp_size * steps.batch.bucket.num_tokens
+    starts = _token_starts(b)
+    logits = _np(steps.outs[0].logits_indices)
+    _, via_op = get_logits_indices(steps.states[0])
     if not np.array_equal(_np(via_op), logits):
         _fail("logits", cfg, b, "get_logits_indices differs from step's logits_indices")
     # with spec tokens configured the runner samples through spec_decode_indices (checked by
@@ -277,21 +362,21 @@ def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
             _fail("logits", cfg, b, f"request {i}'s logits row {logits[i]} is not its last token's")
     if (logits[R:] != 0).any():
         _fail("logits", cfg, b, "logits rows past num_reqs are not 0")
-    # slots: every scheduled slot once, pad_slot_id elsewhere; padded_slot_mapping == step's
-    for r in range(P):
-        st_r, out = statics[r]
-        sm = _np(out.slot_mapping)
-        if sm.shape != (G,):
-            _fail("slots", cfg, b, f"slot_mapping has shape {sm.shape}, not [P*L_b] = ({G},)")
-        real = sm[sm != cfg.pad_slot_id]
-        if not np.array_equal(np.sort(real), SLOT_BASE + np.arange(total)):
-            _fail("slots", cfg, b, f"rank {r}'s slot mapping does not hold every slot exactly once")
-        _, again = padded_slot_mapping(st_r, batch.slot_mapping)
-        if not np.array_equal(_np(again), sm):
-            _fail("slots", cfg, b, "padded_slot_mapping differs from step's slot_mapping")
-        _check_attention_runs(cfg, b, r, st_r, out)
-    if cfg.num_spec_tokens > 0:
-        _check_spec(cfg, b, [st for st, _ in statics], codes, is_decode, whole)
+
+
+def _check_slots(cfg: PCPConfig, b: Batch, steps: _RankSteps, r: int) -> None:
+    """Rank ``r``'s ``[P * L_b]`` slot mapping holds every scheduled slot exactly once,
+    ``pad_slot_id`` elsewhere, and ``padded_slot_mapping`` gives the same."""
+    G = cfg.pcp_size * steps.batch.bucket.num_tokens
+    sm = _np(steps.outs[r].slot_mapping)
+    if sm.shape != (G,):
+        _fail("slots", cfg, b, f"slot_mapping has shape {sm.shape}, not [P*L_b] = ({G},)")
+    real = sm[sm != cfg.pad_slot_id]
+    if not np.array_equal(np.sort(real), SLOT_BASE + np.arange(sum(b.sched))):
+        _fail("slots", cfg, b, f"rank {r}'s slot mapping does not hold every slot exactly once")
+    _, again = padded_slot_mapping(steps.states[r], steps.batch.slot_mapping)
+    if not np.array_equal(_np(again), sm):
+        _fail("slots", cfg, b, "padded_slot_mapping differs from step's slot_mapping")
 
 
 def _expected_runs(b: Batch, req: np.ndarray, offset: np.ndarray) -> list[list[int]]:
@@ -340,95 +425,159 @@ def _check_spec(
     Token ``t`` (scheduler order) has id and hidden state ``t + 1`` (0: none), so every row
     the ops return says which token it carries. A decode drafts ``n - 1`` tokens.
     """
-    P, R = cfg.pcp_size, len(b.sched)
-    st0 = states[0]
-    Rb, Lb = st0.bucket.num_reqs, st0.bucket.num_tokens
-    starts = np.concatenate([[0], np.cumsum(b.sched)]).astype(np.int64)
+    case = _spec_case(cfg, b, states[0], codes, is_decode)
+    seen: dict[tuple[int, int], list[int]] = {}
+    for r, state in enumerate(states):
+        idx = _check_spec_indices(case, r, state)
+        _check_decode_hidden_states(case, r, state)
+        rows = _first_pass_rows(case, state)
+        _add_holder(seen, r, rows.request[rows.real], rows.offset[rows.real])
+        _check_first_pass(case, r, state, idx, rows)
+        _check_split_prefill(case, r, state, rows)
+    for i, n in enumerate(b.sched):
+        for j in range(n):
+            ranks = seen.pop((i, j), [])
+            if not _rightly_held(ranks, whole[i], cfg.pcp_size):
+                _fail(
+                    "spec-decode", cfg, b, f"the first pass holds token {j} of request {i} on ranks {ranks}"
+                )
+
+
+class _SpecCase(NamedTuple):
+    """One batch under the spec-decode rules: token ``t`` (scheduler order) has id and hidden
+    state ``t + 1`` (0: none)."""
+
+    cfg: PCPConfig
+    b: Batch
+    bucket: Bucket  # rank 0's state's
+    starts: np.ndarray  # [R + 1] int64 first token of each request, then the total
+    code: torch.Tensor  # [P, L_b] each rank's local ids (0 on pads)
+    hidden: torch.Tensor  # [G_b] the restored hidden states
+    restored: np.ndarray  # [G_b] the same, on the host
+    full: torch.Tensor  # [F_b] int64 the ids in scheduler order (0 past the tokens)
+    sched: np.ndarray  # [R_b] int64 scheduled tokens (0 past num_reqs)
+    decode: np.ndarray  # [R_b] bool decode requests
+    drafts: torch.Tensor  # [R_b] int32 draft tokens: n - 1 of a decode, else 0
+
+
+def _spec_case(
+    cfg: PCPConfig, b: Batch, st0: PCPState, codes: np.ndarray, is_decode: np.ndarray
+) -> _SpecCase:
+    """The spec ops' inputs for ``b``: the ids and hidden states of its tokens (``codes``: each
+    rank's rows' scheduler-order tokens, -1 elsewhere), its decodes and their draft counts."""
+    R, Rb = len(b.sched), st0.bucket.num_reqs
+    starts = _token_starts(b)
     code = torch.from_numpy(codes + 1)  # [P, L_b] this rank's local ids (0 on pads)
     _, hidden = restore_hidden_states(st0, code.reshape(-1))  # [G_b] restored hidden states
-    restored = _np(hidden)
     full = torch.zeros(token_rows(cfg, st0.bucket), dtype=torch.int64)
     full[: starts[-1]] = torch.arange(1, starts[-1] + 1)
     sched = np.asarray(b.sched + (0,) * (Rb - R), np.int64)
     decode = np.zeros(Rb, bool)
     decode[:R] = is_decode
     drafts = torch.from_numpy(np.where(decode, np.maximum(sched - 1, 0), 0).astype(np.int32))
-    want_dec = np.concatenate(
-        [starts[i] + 1 + np.arange(n) for i, n in enumerate(b.sched) if decode[i]] + [[]]
-    )
-    seen: dict[tuple[int, int], list[int]] = {}
-    for r, state in enumerate(states):
-        # what the runner samples: each request's last drafts + 1 tokens, drafts read locally
-        _, idx = spec_decode_indices(state, drafts, code[r])
-        ns, nd = int(idx.num_sampled), int(idx.num_drafts)
-        cu, got = _np(idx.cu_num_sampled_tokens), restored[_np(idx.logits_indices)]
-        for i, n in enumerate(b.sched):  # request i's sampled slots (an empty request's is never read)
-            s_i = int(drafts[i]) + 1
-            if n and (
-                cu[i] > ns
-                or not np.array_equal(got[cu[i] - s_i : cu[i]], starts[i] + n - s_i + 1 + np.arange(s_i))
-            ):
-                _fail(
-                    "spec-decode",
-                    cfg,
-                    b,
-                    f"rank {r}'s spec_decode_indices logits rows of request {i} are not its sampled tokens",
-                )
-        dec_drafts = [starts[i] + 2 + np.arange(int(drafts[i])) for i in range(R) if decode[i]]
-        if not np.array_equal(_np(idx.draft_token_ids)[:nd], np.concatenate(dec_drafts + [[]])):
-            _fail("spec-decode", cfg, b, f"rank {r}'s draft_token_ids are not the decodes' draft tokens")
-        # the decode tokens' hidden states, without the replication
-        _, dec = decode_hidden_states(state, hidden)
-        if not np.array_equal(_np(dec)[: want_dec.size], want_dec) or _np(dec)[want_dec.size :].any():
-            _fail("spec-decode", cfg, b, f"rank {r}'s decode_hidden_states are not the decode tokens")
-        # the drafter's first pass: the layout's rows, each with its own token's id and hidden state
-        rows = cfg.layout_impl.first_pass_rows(state)
-        req, off, valid = _np(rows.request), _np(rows.position), _np(rows.valid)
-        n_r = int(valid.sum())
-        real = valid & (off < sched[np.minimum(req, Rb - 1)])
-        tok = (
-            np.where(real, starts[np.minimum(req, max(R - 1, 0))] + off + 1, 0)
-            if R
-            else np.zeros(Lb, np.int64)
-        )
-        for l in np.flatnonzero(real):
-            seen.setdefault((int(req[l]), int(off[l])), []).append(r)
-        logits = idx.logits_indices
-        tis = idx.bonus_logits_indices  # a decode samples its bonus token
-        _, fp = first_pass_inputs(
-            state, full, torch.zeros(Lb, dtype=torch.int64), hidden, tis, logits, idx.num_sampled
-        )
-        qsl = np.concatenate([[0], np.cumsum(np.bincount(req[:n_r], minlength=Rb)[:Rb])])
-        ids, hid = _np(fp.input_ids), _np(fp.hidden_states)
-        if P > 1 and (int(fp.num_tokens) != n_r or not np.array_equal(_np(fp.query_start_loc), qsl)):
-            _fail("spec-decode", cfg, b, f"rank {r}'s first_pass_inputs rows are not first_pass_rows'")
-        if P > 1 and (
-            not np.array_equal(ids, tok) or not np.array_equal(hid[real], tok[real]) or hid[~real].any()
+    return _SpecCase(cfg, b, st0.bucket, starts, code, hidden, _np(hidden), full, sched, decode, drafts)
+
+
+def _check_spec_indices(case: _SpecCase, r: int, state: PCPState) -> SpecDecodeIndices:
+    """What the runner samples (``spec_decode_indices``, drafts read from the rank's rows): each
+    request's last ``drafts + 1`` tokens, and the decodes' draft tokens as draft ids."""
+    cfg, b, starts, drafts = case.cfg, case.b, case.starts, case.drafts
+    _, idx = spec_decode_indices(state, drafts, case.code[r])
+    ns, nd = int(idx.num_sampled), int(idx.num_drafts)
+    cu, got = _np(idx.cu_num_sampled_tokens), case.restored[_np(idx.logits_indices)]
+    for i, n in enumerate(b.sched):  # request i's sampled slots (an empty request's is never read)
+        s_i = int(drafts[i]) + 1
+        if n and (
+            cu[i] > ns
+            or not np.array_equal(got[cu[i] - s_i : cu[i]], starts[i] + n - s_i + 1 + np.arange(s_i))
         ):
             _fail(
-                "spec-decode", cfg, b, f"rank {r}'s first-pass rows do not carry their tokens' ids and states"
+                "spec-decode",
+                cfg,
+                b,
+                f"rank {r}'s spec_decode_indices logits rows of request {i} are not its sampled tokens",
             )
-        sampled = restored[_np(fp.token_indices_to_sample)[:R]] if P > 1 else None  # P = 1: passed through
-        if P > 1 and R and not np.array_equal(sampled[sched[:R] > 0], starts[1:][sched[:R] > 0]):
-            _fail("spec-decode", cfg, b, f"rank {r}'s first pass does not sample each request's last token")
-        # the prefill part of the first pass (split_prefill_for_draft): the rows after the decodes'
-        _, sp = split_prefill_for_draft(state, full, hidden)
-        D = int(sched[decode].sum())
-        k = int(sp.num_tokens)
-        lens = np.bincount(req[:n_r], minlength=Rb)[:Rb][~decode[:Rb]][: int((~decode[:R]).sum())]
-        if k != n_r - D or not np.array_equal(_np(sp.seq_lens)[: lens.size], lens):
-            _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows are not its prefill rows")
-        if not np.array_equal(_np(sp.input_ids)[:k], tok[D:n_r]) or not np.array_equal(
-            _np(sp.hidden_states)[:k], tok[D:n_r]
-        ):
-            _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows do not carry their tokens")
-    for i, n in enumerate(b.sched):
-        for j in range(n):
-            ranks = seen.pop((i, j), [])
-            if (whole[i] and sorted(ranks) != list(range(P))) or (not whole[i] and len(ranks) != 1):
-                _fail(
-                    "spec-decode", cfg, b, f"the first pass holds token {j} of request {i} on ranks {ranks}"
-                )
+    dec_drafts = [starts[i] + 2 + np.arange(int(drafts[i])) for i in range(len(b.sched)) if case.decode[i]]
+    if not np.array_equal(_np(idx.draft_token_ids)[:nd], np.concatenate(dec_drafts + [[]])):
+        _fail("spec-decode", cfg, b, f"rank {r}'s draft_token_ids are not the decodes' draft tokens")
+    return idx
+
+
+def _check_decode_hidden_states(case: _SpecCase, r: int, state: PCPState) -> None:
+    """``decode_hidden_states``: the decode tokens' hidden states in order, without the replication."""
+    b, starts = case.b, case.starts
+    want = np.concatenate(
+        [starts[i] + 1 + np.arange(n) for i, n in enumerate(b.sched) if case.decode[i]] + [[]]
+    )
+    _, dec = decode_hidden_states(state, case.hidden)
+    if not np.array_equal(_np(dec)[: want.size], want) or _np(dec)[want.size :].any():
+        _fail("spec-decode", case.cfg, b, f"rank {r}'s decode_hidden_states are not the decode tokens")
+
+
+class _DraftRows(NamedTuple):
+    """A rank's rows of the drafter's first pass (the layout's ``first_pass_rows``)."""
+
+    request: np.ndarray  # [L_b] request of each row
+    offset: np.ndarray  # [L_b] the row's offset inside its request's padded tokens
+    num_rows: int  # valid rows
+    counts: np.ndarray  # [R_b] valid rows of each request
+    real: np.ndarray  # [L_b] bool the row holds a scheduled token (not a pad)
+    token: np.ndarray  # [L_b] int64 the id (and hidden state) the row must carry, 0 on pads
+
+
+def _first_pass_rows(case: _SpecCase, state: PCPState) -> _DraftRows:
+    """The layout's first-pass rows of ``state``'s rank and the token each must carry."""
+    R, Rb = len(case.b.sched), case.bucket.num_reqs
+    rows = case.cfg.layout_impl.first_pass_rows(state)
+    req, off, valid = _np(rows.request), _np(rows.position), _np(rows.valid)
+    n_r = int(valid.sum())
+    real = valid & (off < case.sched[np.minimum(req, Rb - 1)])
+    tok = (
+        np.where(real, case.starts[np.minimum(req, max(R - 1, 0))] + off + 1, 0)
+        if R
+        else np.zeros(case.bucket.num_tokens, np.int64)
+    )
+    return _DraftRows(req, off, n_r, np.bincount(req[:n_r], minlength=Rb)[:Rb], real, tok)
+
+
+def _check_first_pass(
+    case: _SpecCase, r: int, state: PCPState, idx: SpecDecodeIndices, rows: _DraftRows
+) -> None:
+    """``first_pass_inputs`` gives the first pass the layout's rows, each with its own token's id and
+    restored hidden state (pads 0), and samples each request's last token (``P > 1``; at ``P = 1``
+    it passes its inputs through)."""
+    cfg, b, P, R = case.cfg, case.b, case.cfg.pcp_size, len(case.b.sched)
+    tis = idx.bonus_logits_indices  # a decode samples its bonus token
+    positions = torch.zeros(case.bucket.num_tokens, dtype=torch.int64)
+    _, fp = first_pass_inputs(
+        state, case.full, positions, case.hidden, tis, idx.logits_indices, idx.num_sampled
+    )
+    qsl = np.concatenate([[0], np.cumsum(rows.counts)])
+    ids, hid, tok, real = _np(fp.input_ids), _np(fp.hidden_states), rows.token, rows.real
+    if P > 1 and (int(fp.num_tokens) != rows.num_rows or not np.array_equal(_np(fp.query_start_loc), qsl)):
+        _fail("spec-decode", cfg, b, f"rank {r}'s first_pass_inputs rows are not first_pass_rows'")
+    if P > 1 and (
+        not np.array_equal(ids, tok) or not np.array_equal(hid[real], tok[real]) or hid[~real].any()
+    ):
+        _fail("spec-decode", cfg, b, f"rank {r}'s first-pass rows do not carry their tokens' ids and states")
+    sampled = case.restored[_np(fp.token_indices_to_sample)[:R]] if P > 1 else None  # P = 1: passed through
+    sched = case.sched[:R]
+    if P > 1 and R and not np.array_equal(sampled[sched > 0], case.starts[1:][sched > 0]):
+        _fail("spec-decode", cfg, b, f"rank {r}'s first pass does not sample each request's last token")
+
+
+def _check_split_prefill(case: _SpecCase, r: int, state: PCPState, rows: _DraftRows) -> None:
+    """``split_prefill_for_draft``: the first-pass rows after the decodes', with their tokens."""
+    cfg, b, decode = case.cfg, case.b, case.decode
+    _, sp = split_prefill_for_draft(state, case.full, case.hidden)
+    D = int(case.sched[decode].sum())
+    k = int(sp.num_tokens)
+    lens = rows.counts[~decode][: int((~decode[: len(b.sched)]).sum())]
+    if k != rows.num_rows - D or not np.array_equal(_np(sp.seq_lens)[: lens.size], lens):
+        _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows are not its prefill rows")
+    tok = rows.token[D : rows.num_rows]
+    if not np.array_equal(_np(sp.input_ids)[:k], tok) or not np.array_equal(_np(sp.hidden_states)[:k], tok):
+        _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows do not carry their tokens")
 
 
 def _num_decodes(cfg: PCPConfig, b: Batch) -> int:

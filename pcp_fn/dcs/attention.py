@@ -273,13 +273,7 @@ def attention_metadata(
     # Decodes take no part: their chunk is 0, so every offset starts at the first prefill.
     rank = state.pcp_rank
     index = _index_tensors(P, Lb // 2, geo, select_rank(state.constants["attn_runs"], rank))
-
-    # Per-request vectors: entry j is the j-th prefill (request num_decode_reqs + j); from the
-    # prefill-chunk prefix sums before and through it (past the end: the total, empty requests).
-    entry = (geo.request_ids + geo.num_decode_reqs + state.constants["attn_pair"]).clamp(max=Rb)
-    before, through = geo.own.prefill_chunk_start.index_select(0, entry.flatten()).view(2, Rb)
-    scale_before, scale_through = select_rank(state.constants["attn_sums"], rank)[:, :, None]
-    sums = torch.addcmul(scale_before * before, scale_through, through).to(torch.int32)
+    sums = _prefill_seqlens(state, geo, Rb)
     return state, dataclasses.replace(
         meta,
         **index,
@@ -290,3 +284,19 @@ def attention_metadata(
         head_actual_seq_lengths_kv=sums[4],
         tail_actual_seq_lengths_kv=sums[5],
     )
+
+
+def _prefill_seqlens(state: PCPState, geo: RequestGeometry, Rb: int) -> torch.Tensor:
+    """``[6, R_b]`` int32 per-request lengths of the rank's prefill chunks, in the order
+    ``attn_chunk_seqlens``, ``attn_mask_seqlens``, ``head_attn_nomask_seqlens``,
+    ``tail_attn_nomask_seqlens``, ``head_actual_seq_lengths_kv``, ``tail_actual_seq_lengths_kv``
+    (vllm-ascend ``generate_pcp_metadata``'s lists).
+
+    Entry ``j`` is the ``j``-th prefill (request ``num_decode_reqs + j``): each length is a
+    rank-dependent mix (``attn_sums``) of the prefill-chunk prefix sums before and through it;
+    past the prefills, the total (empty requests).
+    """
+    entry = (geo.request_ids + geo.num_decode_reqs + state.constants["attn_pair"]).clamp(max=Rb)
+    before, through = geo.own.prefill_chunk_start.index_select(0, entry.flatten()).view(2, Rb)
+    scale_before, scale_through = select_rank(state.constants["attn_sums"], state.pcp_rank)[:, :, None]
+    return torch.addcmul(scale_before * before, scale_through, through).to(torch.int32)

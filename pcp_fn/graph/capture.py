@@ -241,7 +241,7 @@ def _package_lock(path: str) -> Any:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-class _StaticInputs:
+class StaticInputs:
     """The static buffers a device graph reads, refreshed from each call's leaves.
 
     - A leaf that is the very tensor the last call passed, unmodified since
@@ -355,7 +355,7 @@ class _DeviceGraph:
         else:
             mod, graph_cls = torch.cuda, torch.cuda.CUDAGraph
         leaves, spec = pytree.tree_flatten(args)
-        self._inputs = _StaticInputs(leaves, in_place)
+        self._inputs = StaticInputs(leaves, in_place)
         static_args = pytree.tree_unflatten(self._inputs.buffers, spec)
         side = mod.Stream(device=device)
         side.wait_stream(mod.current_stream(device))
@@ -416,6 +416,17 @@ class Captured:
         if self._device.type in ("cuda", "npu") and self.backend != "aoti" and not self.compile_only:
             return {"cuda": "cuda-graph", "npu": "npu-graph"}[self._device.type]
         return "aoti" if self.backend == "aoti" else "compile"
+
+    def entry_args(self, *args: Any) -> tuple[Any, ...]:
+        """The arguments a call with ``args`` runs ``fn`` on (and a graph replays from).
+
+        For an entry op (:func:`pcp_fn.core.entry.entry_op`) each state becomes the first state
+        this object saw of its config and rank kind, the template, with this call's entry fields
+        (rank, constants): the template itself when those are its own objects (a state handing
+        its constants on, step after step), so a replay copies none of them again. Any other
+        argument, and every argument of another op, is passed as it is.
+        """
+        return self._as_entry(args)
 
     def _as_entry(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """For an entry op: each state argument becomes the first state seen of its

@@ -200,37 +200,72 @@ def build_batch(
     num_decodes = np.count_nonzero(is_decode)
     # decodes must be a prefix (trivially so when every request, or none, is a decode)
     if 0 < num_decodes < num_reqs and np.count_nonzero(is_decode[:num_decodes]) != num_decodes:
-        first = int(np.argmin(is_decode))
-        late = first + int(np.argmax(is_decode[first:]))
-        raise ValueError(
-            f"request {late} is a decode (num_computed_tokens={comp[late]}, "
-            f"num_scheduled_tokens={sched[late]} <= decode_threshold={config.decode_threshold}, "
-            f"num_prompt_tokens={prompt[late]}) but comes after prefill request {first}; "
-            "decodes must come first"
-        )
+        raise _decode_after_prefill(config, is_decode, sched, comp, prompt)
     # the config's layout bounds the rows a rank holds (pcp_fn.Layout.num_local_tokens)
     num_local = config.layout_impl.num_local_tokens(config, rows[0], num_decodes, rows[1])
     if bucket is None:
         bucket = config.bucket_for(num_reqs, num_local)
     else:
-        if not isinstance(bucket, Bucket):
-            raise TypeError(f"bucket must be a Bucket, got {type(bucket).__name__}")
-        if bucket.num_reqs < num_reqs or bucket.num_reqs > config.max_num_reqs:
-            raise ValueError(
-                f"bucket.num_reqs={bucket.num_reqs} must hold the batch's {num_reqs} requests "
-                f"and not exceed max_num_reqs={config.max_num_reqs}"
-            )
-        if bucket.num_tokens < num_local or bucket.num_tokens > config.max_local_tokens:
-            raise ValueError(
-                f"bucket.num_tokens={bucket.num_tokens} must hold the batch's {num_local} local tokens "
-                f"and not exceed the local capacity L={config.max_local_tokens}"
-            )
+        _check_bucket(config, bucket, num_reqs, num_local)
     slots = None if slot_mapping is None else _host_slots(slot_mapping, total)
     if check is not None:
         check(rows, bound)
-    C = rows.shape[0]
     if device is not None:
         device = torch.device(device)
+    slot_part, sched_d, comp_d, prompt_d, extra_d, reqs_d = _stage(config, bucket, rows, slots, device)
+    batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
+    fields = batch.__dict__
+    fields["config"] = config.shared
+    fields["bucket"] = bucket
+    fields["num_reqs"] = reqs_d
+    fields["num_scheduled"] = sched_d
+    fields["num_computed"] = comp_d
+    fields["num_prompt"] = prompt_d
+    fields["slot_mapping"] = slot_part
+    return batch, extra_d
+
+
+def _decode_after_prefill(
+    config: PCPConfig, is_decode: np.ndarray, sched: np.ndarray, comp: np.ndarray, prompt: np.ndarray
+) -> ValueError:
+    """The error naming the first decode that comes after a prefill (``is_decode [n]`` is not a
+    prefix; decodes come first in the runner's order)."""
+    first = int(np.argmin(is_decode))
+    late = first + int(np.argmax(is_decode[first:]))
+    return ValueError(
+        f"request {late} is a decode (num_computed_tokens={comp[late]}, "
+        f"num_scheduled_tokens={sched[late]} <= decode_threshold={config.decode_threshold}, "
+        f"num_prompt_tokens={prompt[late]}) but comes after prefill request {first}; "
+        "decodes must come first"
+    )
+
+
+def _check_bucket(config: PCPConfig, bucket: Bucket, num_reqs: int, num_local: int) -> None:
+    """A forced ``bucket`` holds the batch's requests and ``num_local`` local tokens, within the
+    config's capacity."""
+    if not isinstance(bucket, Bucket):
+        raise TypeError(f"bucket must be a Bucket, got {type(bucket).__name__}")
+    if bucket.num_reqs < num_reqs or bucket.num_reqs > config.max_num_reqs:
+        raise ValueError(
+            f"bucket.num_reqs={bucket.num_reqs} must hold the batch's {num_reqs} requests "
+            f"and not exceed max_num_reqs={config.max_num_reqs}"
+        )
+    if bucket.num_tokens < num_local or bucket.num_tokens > config.max_local_tokens:
+        raise ValueError(
+            f"bucket.num_tokens={bucket.num_tokens} must hold the batch's {num_local} local tokens "
+            f"and not exceed the local capacity L={config.max_local_tokens}"
+        )
+
+
+def _stage(
+    config: PCPConfig, bucket: Bucket, rows: np.ndarray, slots: np.ndarray | None, device: torch.device | None
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """Pack ``rows`` (``[C, n]``, padded to ``[C, R_b]``) and the ``slots`` (padded to ``[F_b]``
+    with ``pad_slot_id``) into one host buffer and move it to ``device`` (default CPU) in one
+    copy. Returns views of it: the ``[F_b]`` int64 slots (or ``None``), the three ``[R_b]``
+    int32 counts, the extra rows, and the 0-d ``num_reqs``.
+    """
+    C, num_reqs = rows.shape
     # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | the extra
     # rows, R_b each | num_reqs]
     Rb = bucket.num_reqs
@@ -240,8 +275,8 @@ def build_batch(
     host = np.empty(size, np.int32) if on_cpu else host_buffer(size, np.int32, device)
     if slots is not None:
         padded = host[: 2 * F].view(np.int64)
-        padded[:total] = slots
-        padded[total:] = config.pad_slot_id
+        padded[: slots.shape[0]] = slots
+        padded[slots.shape[0] :] = config.pad_slot_id
     per_request = host[2 * F : 2 * F + C * Rb].reshape(C, Rb)
     per_request[:, :num_reqs] = rows
     if num_reqs < Rb:
@@ -249,29 +284,26 @@ def build_batch(
     host[-1] = num_reqs
     if on_cpu:  # the tensors are views of the fresh host buffer
         from_numpy = torch.from_numpy
-        slot_part = None if slots is None else from_numpy(padded)
-        sched_d, comp_d, prompt_d = (
+        return (
+            None if slots is None else from_numpy(padded),
             from_numpy(per_request[0]),
             from_numpy(per_request[1]),
             from_numpy(per_request[2]),
+            [from_numpy(per_request[i]) for i in range(3, C)] if C > 3 else [],
+            from_numpy(host[-1:].reshape(())),
         )
-        extra_d = [from_numpy(per_request[i]) for i in range(3, C)] if C > 3 else []
-        reqs_d = from_numpy(host[-1:].reshape(()))
-    else:  # one copy, then views of the device buffer
-        slot_part, sched_d, comp_d, prompt_d, *extra_d, reqs_d = to_device(host, device).split_with_sizes(
-            [2 * F, *[Rb] * C, 1]
-        )
-        slot_part, reqs_d = slot_part.view(torch.int64), reqs_d.view(())
-    batch = _new(SchedulerBatch)  # its fields are checked above: no __init__ to repeat them
-    fields = batch.__dict__
-    fields["config"] = config.shared
-    fields["bucket"] = bucket
-    fields["num_reqs"] = reqs_d
-    fields["num_scheduled"] = sched_d
-    fields["num_computed"] = comp_d
-    fields["num_prompt"] = prompt_d
-    fields["slot_mapping"] = None if slots is None else slot_part
-    return batch, extra_d
+    # one copy, then views of the device buffer
+    slot_part, sched_d, comp_d, prompt_d, *extra_d, reqs_d = to_device(host, device).split_with_sizes(
+        [2 * F, *[Rb] * C, 1]
+    )
+    return (
+        None if slots is None else slot_part.view(torch.int64),
+        sched_d,
+        comp_d,
+        prompt_d,
+        extra_d,
+        reqs_d.view(()),
+    )
 
 
 def batch_is_decode(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:

@@ -20,14 +20,25 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
-from .. import PCPConfig, __version__, available_layouts, init_state, make_batch, step
+from .. import (
+    Bucket,
+    PCPConfig,
+    PCPState,
+    SchedulerBatch,
+    StepOutputs,
+    __version__,
+    available_layouts,
+    init_state,
+    make_batch,
+    step,
+)
 from .compare import compare_layouts, format_table, plot, serving_layouts
-from .engine import Runner, synthetic_requests
+from .engine import Runner, ScheduledStep, synthetic_requests
 from .trace import Terminated, TraceError, TraceStep, read_trace, replay, write_trace
 
 
@@ -168,40 +179,57 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         eager_us.append((time.perf_counter() - t0) * 1e6 / P)
         _check_restore(config, outs, batch)
         buckets.setdefault(batch.bucket, []).append((states[0], batch))
-        n = int(outs[0].layout.num_tokens)
-        # attention work of a rank: keys its real query rows see (causal: absolute position + 1)
-        work = []
-        for out in outs:
-            m = out.layout.positions[:n] < torch.as_tensor(s.num_scheduled)[out.layout.request_index[:n]]
-            work.append(int(((out.positions[:n] + 1) * m).sum()))
-        n_dec = int(outs[0].layout.num_decode_reqs)
-        dec_tokens = int(outs[0].layout.num_decode_tokens)
-        rows.append(
-            dict(
-                step=s.index,
-                dec=n_dec,
-                pre=len(s.req_ids) - n_dec,
-                tokens=s.num_tokens,
-                local=n,
-                bucket=f"{batch.bucket.num_reqs}x{batch.bucket.num_tokens}",
-                replicas=(P - 1) * dec_tokens,
-                pad=P * n - s.num_tokens - (P - 1) * dec_tokens,
-                work=work,
-            )
-        )
+        rows.append(_step_row(P, s, batch, outs))
     if not rows:
         print("no steps were scheduled")
         return 1
     if not args.quiet:
+        _print_steps(rows)
+    _print_summary(args, P, rows, eager_us)
+    if not args.no_compile:
+        _time_busiest_bucket(args, buckets)
+    return 0
+
+
+def _step_row(P: int, s: ScheduledStep, batch: SchedulerBatch, outs: list[StepOutputs]) -> dict:
+    """One simulated step's line of the table: its requests, tokens, local rows and bucket, the
+    pad and replicated rows, and every rank's attention work."""
+    n = int(outs[0].layout.num_tokens)
+    # attention work of a rank: keys its real query rows see (causal: absolute position + 1)
+    work = []
+    for out in outs:
+        m = out.layout.positions[:n] < torch.as_tensor(s.num_scheduled)[out.layout.request_index[:n]]
+        work.append(int(((out.positions[:n] + 1) * m).sum()))
+    n_dec = int(outs[0].layout.num_decode_reqs)
+    dec_tokens = int(outs[0].layout.num_decode_tokens)
+    return dict(
+        step=s.index,
+        dec=n_dec,
+        pre=len(s.req_ids) - n_dec,
+        tokens=s.num_tokens,
+        local=n,
+        bucket=f"{batch.bucket.num_reqs}x{batch.bucket.num_tokens}",
+        replicas=(P - 1) * dec_tokens,
+        pad=P * n - s.num_tokens - (P - 1) * dec_tokens,
+        work=work,
+    )
+
+
+def _print_steps(rows: list[dict]) -> None:
+    """The per-step table."""
+    print(
+        f"{'step':>5} {'dec':>4} {'pre':>4} {'tokens':>7} {'local/rank':>10} {'bucket':>10} "
+        f"{'pad rows':>8} {'attn work min..max':>20}  restore"
+    )
+    for row in rows:
         print(
-            f"{'step':>5} {'dec':>4} {'pre':>4} {'tokens':>7} {'local/rank':>10} {'bucket':>10} "
-            f"{'pad rows':>8} {'attn work min..max':>20}  restore"
+            f"{row['step']:>5} {row['dec']:>4} {row['pre']:>4} {row['tokens']:>7} {row['local']:>10} "
+            f"{row['bucket']:>10} {row['pad']:>8} {min(row['work']):>9}..{max(row['work']):<9}  ok"
         )
-        for row in rows:
-            print(
-                f"{row['step']:>5} {row['dec']:>4} {row['pre']:>4} {row['tokens']:>7} {row['local']:>10} "
-                f"{row['bucket']:>10} {row['pad']:>8} {min(row['work']):>9}..{max(row['work']):<9}  ok"
-            )
+
+
+def _print_summary(args: argparse.Namespace, P: int, rows: list[dict], eager_us: list[float]) -> None:
+    """Totals over the run: tokens per rank, padding and replication, attention balance, step time."""
     total_tokens = sum(r["tokens"] for r in rows)
     total_local = sum(r["local"] for r in rows)
     work = np.array([r["work"] for r in rows]).sum(0)
@@ -221,30 +249,38 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
     print(f"  restore check:          every token of every step came back in order on all {P} ranks")
     print(f"  step time, eager:       median {statistics.median(eager_us):.0f} us per rank")
-    if not args.no_compile:
-        bucket, samples = max(buckets.items(), key=lambda kv: len(kv[1]))
-        compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=args.backend)
-        print(
-            f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} ({args.backend}) ...",
-            flush=True,
-        )
-        compiled(*samples[0])
-        times = []
-        for args_ in samples * max(1, 50 // len(samples)):
-            t0 = time.perf_counter()
-            compiled(*args_)
-            times.append((time.perf_counter() - t0) * 1e6)
-        eager_b = []
-        for args_ in samples * max(1, 50 // len(samples)):
-            t0 = time.perf_counter()
-            step(*args_)
-            eager_b.append((time.perf_counter() - t0) * 1e6)
-        name = f"{bucket.num_reqs}x{bucket.num_tokens}"
-        print(
-            f"  step time, bucket {name}: eager {statistics.median(eager_b):.0f} us, "
-            f"compiled {statistics.median(times):.0f} us (median, {len(times)} calls)"
-        )
-    return 0
+
+
+def _time_busiest_bucket(
+    args: argparse.Namespace, buckets: dict[Bucket, list[tuple[PCPState, SchedulerBatch]]]
+) -> None:
+    """Eager and compiled (``fullgraph=True``, ``args.backend``) step time on the steps of the
+    bucket most steps used."""
+    bucket, samples = max(buckets.items(), key=lambda kv: len(kv[1]))
+    compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=args.backend)
+    print(
+        f"  compiling the busiest bucket {bucket.num_reqs}x{bucket.num_tokens} ({args.backend}) ...",
+        flush=True,
+    )
+    compiled(*samples[0])
+    calls = samples * max(1, 50 // len(samples))
+    times = _call_times_us(compiled, calls)
+    eager_b = _call_times_us(step, calls)
+    name = f"{bucket.num_reqs}x{bucket.num_tokens}"
+    print(
+        f"  step time, bucket {name}: eager {statistics.median(eager_b):.0f} us, "
+        f"compiled {statistics.median(times):.0f} us (median, {len(times)} calls)"
+    )
+
+
+def _call_times_us(fn: Callable[..., object], calls: list[tuple]) -> list[float]:
+    """Wall time of ``fn(*args)`` for each ``args`` of ``calls``, in microseconds."""
+    times = []
+    for args_ in calls:
+        t0 = time.perf_counter()
+        fn(*args_)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
 
 
 def cmd_record(args: argparse.Namespace) -> int:

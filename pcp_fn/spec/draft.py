@@ -30,7 +30,7 @@ from ..core.pytree import pytree_dataclass
 from ..core.ragged import masked_gather, ragged_index, take
 from ..protocol.batch import token_rows
 from ..protocol.layout import layout_of
-from ..protocol.rows import LocalRows, RequestGeometry, RestoredSpans
+from ..protocol.rows import RequestGeometry
 from ..protocol.state import PCPState
 from .inputs import check_rows, real_requests, sampled_rows, state_view
 
@@ -80,9 +80,12 @@ class _Sources(NamedTuple):
     held: torch.Tensor  # [2, L_b] bool the row has an input id (not a pad) / a restored hidden state
 
 
-def _sources(geo: RequestGeometry, spans: RestoredSpans, rows: LocalRows) -> _Sources:
-    """Where each first-pass row's input id and restored hidden state come from: one gather of the
-    per-request ``(limit, start)`` of both; a row at offset ``o`` reads ``start + o`` if ``o < limit``."""
+def _sources(state: PCPState, geo: RequestGeometry) -> _Sources:
+    """Where each first-pass row (the layout's ``first_pass_rows``) reads its input id and its
+    restored hidden state (``restored_spans``): one gather of the per-request ``(limit, start)`` of
+    both; a row at offset ``o`` reads ``start + o`` if ``o < limit``."""
+    layout = layout_of(state.config)
+    spans, rows = layout.restored_spans(state, geometry=geo), layout.first_pass_rows(state, geometry=geo)
     per_request = torch.stack([geo.num_scheduled, spans.length, geo.token_start[:-1], spans.start])
     limit, start = per_request.index_select(1, rows.request).view(2, 2, -1).unbind(0)
     held = (rows.position < limit) & rows.valid
@@ -157,15 +160,12 @@ def split_prefill_for_draft(
         "input_ids_full", input_ids_full, token_rows(cfg, bucket), "F_b, the bucket's scheduler-order tokens"
     )
     _check_hidden(state, hidden_states)
-    layout = layout_of(cfg)
     geo, real = state_view(state)
     is_decode = state.is_decode[:Rb]
     prefill = real & ~is_decode
     num_decode_reqs = is_decode.sum()
     num_decode_tokens = torch.where(is_decode, geo.num_scheduled, 0).sum()
-    src = _sources(
-        geo, layout.restored_spans(state, geometry=geo), layout.first_pass_rows(state, geometry=geo)
-    )
+    src = _sources(state, geo)
 
     # the prefill rows are the first-pass rows after the decode tokens (decodes come first, one row per token)
     k = torch.arange(Lb, device=geo.num_scheduled.device)
@@ -226,6 +226,39 @@ class FirstPassInputs:
     ori_token_indices_to_sample: torch.Tensor
 
 
+def _check_first_pass_inputs(
+    state: PCPState,
+    input_ids_full: torch.Tensor,
+    positions: torch.Tensor,
+    hidden_states: torch.Tensor,
+    token_indices_to_sample: torch.Tensor,
+    logits_indices: torch.Tensor,
+    seq_lens: torch.Tensor | None,
+) -> None:
+    """The static checks of :func:`first_pass_inputs`' arguments (their rows for the state's
+    bucket), in argument order; nothing is read."""
+    cfg, bucket = state.config, state.bucket
+    Rb, Lb = bucket.num_reqs, bucket.num_tokens
+    check_rows(
+        "input_ids_full", input_ids_full, token_rows(cfg, bucket), "F_b, the bucket's scheduler-order tokens"
+    )
+    check_rows("positions", positions, Lb, "L_b, this rank's local rows")
+    _check_hidden(state, hidden_states)
+    check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
+    S = sampled_rows(cfg, bucket)
+    if (
+        not isinstance(logits_indices, torch.Tensor)
+        or logits_indices.dim() != 1
+        or logits_indices.shape[0] not in (S, Rb)
+    ):
+        raise ValueError(
+            f"logits_indices must have {S} rows (S_b, SpecDecodeIndices.logits_indices) or {Rb} "
+            f"(R_b, get_logits_indices), got shape {tuple(getattr(logits_indices, 'shape', ()))}"
+        )
+    if seq_lens is not None:
+        check_rows("seq_lens", seq_lens, Rb, "R_b, one per request row")
+
+
 def first_pass_inputs(
     state: PCPState,
     input_ids_full: torch.Tensor,
@@ -258,26 +291,10 @@ def first_pass_inputs(
             (``get_logits_indices``), ``num_logits`` of them real.
         seq_lens: optional ``[R_b]`` drafter sequence lengths to adjust.
     """
-    cfg, bucket = state.config, state.bucket
-    Rb, Lb, P = bucket.num_reqs, bucket.num_tokens, cfg.pcp_size
-    check_rows(
-        "input_ids_full", input_ids_full, token_rows(cfg, bucket), "F_b, the bucket's scheduler-order tokens"
+    _check_first_pass_inputs(
+        state, input_ids_full, positions, hidden_states, token_indices_to_sample, logits_indices, seq_lens
     )
-    check_rows("positions", positions, Lb, "L_b, this rank's local rows")
-    _check_hidden(state, hidden_states)
-    check_rows("token_indices_to_sample", token_indices_to_sample, Rb, "R_b, one per request row")
-    S = sampled_rows(cfg, bucket)
-    if (
-        not isinstance(logits_indices, torch.Tensor)
-        or logits_indices.dim() != 1
-        or logits_indices.shape[0] not in (S, Rb)
-    ):
-        raise ValueError(
-            f"logits_indices must have {S} rows (S_b, SpecDecodeIndices.logits_indices) or {Rb} "
-            f"(R_b, get_logits_indices), got shape {tuple(getattr(logits_indices, 'shape', ()))}"
-        )
-    if seq_lens is not None:
-        check_rows("seq_lens", seq_lens, Rb, "R_b, one per request row")
+    cfg, Rb, P = state.config, state.bucket.num_reqs, state.config.pcp_size
     geo, real = state_view(state)
     is_decode = state.is_decode[:Rb] & real
     prefill = real ^ is_decode  # real & ~is_decode (is_decode is real)
@@ -297,10 +314,7 @@ def first_pass_inputs(
             ori_token_indices_to_sample=tis,
         )
 
-    layout = layout_of(cfg)
-    src = _sources(
-        geo, layout.restored_spans(state, geometry=geo), layout.first_pass_rows(state, geometry=geo)
-    )
+    src = _sources(state, geo)
     # decodes: logits_indices[tis]; prefill i (one of the last num_prefill entries):
     # logits_indices[num_logits - num_prefill + (i - num_decode)] = logits_indices[num_logits - num_reqs + i]
     entry = torch.where(is_decode, tis, geo.request_ids + (num_logits - state.num_reqs))

@@ -401,7 +401,7 @@ def test_fast_flatten_and_rebuild_agree_with_torch_pytree():
 def test_device_graph_inputs_copy_only_what_changed():
     import torch.utils._pytree as pytree
 
-    from pcp_fn.graph.capture import _StaticInputs
+    from pcp_fn.graph.capture import StaticInputs
 
     def leaves(*tree):
         return pytree.tree_leaves(tree)
@@ -421,7 +421,7 @@ def test_device_graph_inputs_copy_only_what_changed():
 
     state = init_state(CFG)
     first, second = packed(_batch("mixed")), packed(_batch("mixed"))
-    inputs = _StaticInputs(leaves(state, first))
+    inputs = StaticInputs(leaves(state, first))
     n_state = sum(isinstance(x, torch.Tensor) for x in leaves(state))
     assert inputs.update(leaves(state, first)) == n_state + 1  # the first replay: the state, one batch copy
     assert inputs.update(leaves(state, first)) == 0  # the same tensors, untouched: nothing
@@ -443,10 +443,10 @@ def test_device_graph_inputs_copy_only_what_changed():
 def test_persistent_inputs_are_their_own_static_buffers():
     """capture(persistent_inputs=True): a device graph reads the caller's staging tensors in
     place: staging new contents and replaying copies nothing; other tensors are copied in."""
-    from pcp_fn.graph.capture import _StaticInputs
+    from pcp_fn.graph.capture import StaticInputs
 
     staging = [torch.zeros(8, dtype=torch.int32), torch.zeros(4, dtype=torch.int64)]
-    inputs = _StaticInputs(list(staging), in_place=True)
+    inputs = StaticInputs(list(staging), in_place=True)
     assert all(b is s for b, s in zip(inputs.buffers, staging))
     staging[0][:3] = 7  # the next step, staged in place
     assert inputs.update(staging) == 0
@@ -457,12 +457,13 @@ def test_persistent_inputs_are_their_own_static_buffers():
 def test_entry_states_with_the_same_constant_tensors_replay_as_the_template():
     state = init_state(CFG)
     captured = graph.Captured(pcp_fn.step, backend="eager")
-    (template, _) = captured._as_entry((state, _batch("mixed")))
-    assert template is state
+    batch = _batch("mixed")
+    (template, same_batch) = captured.entry_args(state, batch)
+    assert template is state and same_batch is batch
     rebuilt = dataclasses.replace(state, constants=dict(state.constants))  # a new dict, same tensors
-    assert captured._as_entry((rebuilt, None))[0] is state
+    assert captured.entry_args(rebuilt, None)[0] is state
     other = init_state(CFG)  # equal values, other tensors: this call's entry fields are used
-    swapped = captured._as_entry((other, None))[0]
+    swapped = captured.entry_args(other, None)[0]
     assert swapped is not state and swapped.constants is other.constants
 
 
