@@ -35,6 +35,7 @@ import datetime
 import hashlib
 import re
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 
@@ -176,12 +177,23 @@ class ThreadedAllGather:
     within ``timeout`` seconds, or that fails (:meth:`abort`), ends every
     waiting rank with :class:`CollectiveError`; ranks that bring different
     shapes or dtypes all raise :class:`CollectiveMismatch`.
+
+    A collective returns every rank's buffer of that very collective or raises. The
+    barrier counts arrivals, not ranks, so the ranks must be distinct: ``for_rank``
+    takes ``0 <= rank < world_size`` only, and a rank's ``all_gather`` called from a
+    second thread while its first call runs raises instead of standing in for another
+    rank (which once returned one caller's buffer in place of the missing rank's).
     """
 
     def __init__(self, world_size: int, timeout: datetime.timedelta | float = DEFAULT_TIMEOUT) -> None:
+        if isinstance(world_size, bool) or not isinstance(world_size, int):
+            raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1 (ranks to run), got {world_size}")
         self.world_size = world_size
         self.timeout = _as_timedelta(timeout).total_seconds()
-        self._slots: list[torch.Tensor | None] = [None] * world_size
+        self._slots: list[torch.Tensor | None] = [None] * world_size  # this collective's buffers
+        self._in_call = [threading.Lock() for _ in range(world_size)]  # one caller per rank at a time
         self._barrier = threading.Barrier(world_size, timeout=self.timeout)
 
     def _wait(self, rank: int) -> None:
@@ -200,42 +212,97 @@ class ThreadedAllGather:
     def run(self, body: Callable[[int, AllGather], object]) -> list[object]:
         """``body(rank, all_gather)`` for every rank, each on its own thread; their results in
         rank order. A rank that raises breaks the collective (its peers stop waiting instead
-        of timing out) and the first failure is raised here once every thread has ended."""
+        of timing out) and the first failure is raised here once every thread has ended.
+
+        Once one rank has ended (returned or raised), every other rank has ``timeout``
+        seconds to end too; one still running then (blocked outside a collective, or
+        waiting for a rank that has left) is reported as :class:`CollectiveError` naming
+        it, and left behind (a daemon thread: it does not keep the process alive; the
+        collective is broken, so any collective it reaches raises).
+        """
         results: list[object] = [None] * self.world_size
-        errors: list[BaseException] = []
+        errors: list[tuple[int, BaseException]] = []
+        ended: list[int] = []  # ranks in the order they ended
+        first_end = threading.Event()
 
         def rank_thread(rank: int) -> None:
             try:
                 results[rank] = body(rank, self.for_rank(rank))
             except BaseException as e:  # surfaced below; the peers are released now
-                errors.append(e)
+                errors.append((rank, e))
                 self.abort()
+            finally:
+                ended.append(rank)
+                first_end.set()
 
-        threads = [threading.Thread(target=rank_thread, args=(r,)) for r in range(self.world_size)]
+        threads = [
+            threading.Thread(target=rank_thread, args=(r,), name=f"pcp_fn rank {r}", daemon=True)
+            for r in range(self.world_size)
+        ]
         for t in threads:
             t.start()
+        first_end.wait()  # a body may compute as long as it needs; waiting on the others is bounded
+        deadline = time.monotonic() + self.timeout
         for t in threads:
-            t.join()
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [r for r, t in enumerate(threads) if t.is_alive()]
+        if stuck:
+            self.abort()
+            raise CollectiveError(self._stuck(stuck, ended[0], errors)) from (
+                errors[0][1] if errors else None
+            )
         if errors:
-            raise errors[0]
+            raise errors[0][1]
         return results
 
+    def _stuck(self, stuck: list[int], first: int, errors: list[tuple[int, BaseException]]) -> str:
+        ranks = f"rank {stuck[0]}" if len(stuck) == 1 else f"ranks {stuck}"
+        failed = {r: e for r, e in errors}
+        how = (
+            f"failed ({type(failed[first]).__name__}: {_backend_message(failed[first])})"
+            if first in failed
+            else "returned"
+        )
+        return (
+            f"ThreadedAllGather.run: {ranks} of {self.world_size} still running {self.timeout:g} s after "
+            f"rank {first} {how}; every rank must run the same collectives and end within the timeout"
+        )
+
     def for_rank(self, rank: int) -> AllGather:
+        """Rank ``rank``'s ``AllGather`` (``0 <= rank < world_size``)."""
+        if isinstance(rank, bool) or not isinstance(rank, int):
+            raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size={self.world_size}), got {rank}")
+
         def all_gather(local: torch.Tensor) -> torch.Tensor:
-            self._slots[rank] = local
-            self._wait(rank)  # everyone has deposited
-            slots = [t for t in self._slots if t is not None]
-            if any(t.shape != local.shape or t.dtype != local.dtype for t in slots):
-                listed = ", ".join(f"rank {r}: {t.dtype}{tuple(t.shape)}" for r, t in enumerate(slots))
-                self._wait(rank)
-                raise CollectiveMismatch(
-                    f"all_gather: the ranks' buffers differ ({listed}); every rank must run the same batch"
+            if not self._in_call[rank].acquire(blocking=False):
+                raise CollectiveError(
+                    f"all_gather on rank {rank} of {self.world_size}: called while the rank's previous "
+                    "call runs (from another thread); each rank runs its collectives on one thread"
                 )
-            out = torch.cat(slots)
-            self._wait(rank)  # everyone has read before the next collective overwrites
-            return out
+            try:
+                return self._gather(rank, local)
+            finally:
+                self._in_call[rank].release()
 
         return all_gather
+
+    def _gather(self, rank: int, local: torch.Tensor) -> torch.Tensor:
+        self._slots[rank] = local
+        self._wait(rank)  # everyone has deposited
+        slots = [t for t in self._slots if t is not None]
+        if any(t.shape != local.shape or t.dtype != local.dtype for t in slots):
+            listed = ", ".join(f"rank {r}: {t.dtype}{tuple(t.shape)}" for r, t in enumerate(slots))
+            self._wait(rank)  # every rank has read the same buffers before any leaves
+            self._slots[rank] = None
+            raise CollectiveMismatch(
+                f"all_gather: the ranks' buffers differ ({listed}); every rank must run the same batch"
+            )
+        out = torch.cat(slots)
+        self._wait(rank)  # everyone has read before the next collective overwrites
+        self._slots[rank] = None  # not kept alive until the next collective
+        return out
 
 
 def batch_digest(*arrays: Sequence[int]) -> torch.Tensor:

@@ -8,13 +8,15 @@ model, JSONL traces with deterministic replay, and the ``pcp-fn`` command.
 - :mod:`.tiny_model`: a two-layer float64 decoder wired the way a PCP runner wires it;
 - :mod:`.mrv2_path`: the runner's MRV2 layout, the only module calling :mod:`pcp_fn.mrv2`;
 - :mod:`.trace`: ``write_trace`` / ``read_trace`` / ``replay`` (a SHA-256 digest; one
-  graph per bucket in the compiled and captured modes);
-- :mod:`.cli`: ``pcp-fn simulate | record | replay``.
+  graph per bucket in the compiled and captured modes), ``replay_digest`` and
+  ``stream_trace`` (the digest, a trace read, in memory bounded by one step);
+- :mod:`.compare`: every layout's per-rank costs under a workload's config;
+- :mod:`.cli`: ``pcp-fn simulate | record | replay | compare``.
 
 Per-token inputs enter bucket-shaped through the host boundary
 (``make_batch(..., slot_mapping=...)``), so a compiled step sees one shape per bucket.
 """
 
-from .trace import read_trace, replay, write_trace
+from .trace import read_trace, replay, replay_digest, stream_trace, write_trace
 
-__all__ = ["read_trace", "replay", "write_trace"]
+__all__ = ["read_trace", "replay", "replay_digest", "stream_trace", "write_trace"]

@@ -6,8 +6,9 @@ pcp-fn replay trace.jsonl [--expect D]   # replay through the pure step; prints 
 pcp-fn compare trace.jsonl --plot a.png  # every layout's per-rank cost at P = 2..8 (trace optional)
 
 Exit status: 0 on success, 1 when ``replay --expect`` meets another digest, 2 on bad input
-(a malformed trace, a bad flag, a file that cannot be read or written: one line on stderr, no
-traceback), 130 / 143 when interrupted (SIGINT / SIGTERM; ``record`` leaves no file behind).
+(a malformed trace, a bad flag, a file that cannot be read or written, a ``--load`` file that
+fails or registers no layout: one line on stderr, no traceback), 130 / 143 when interrupted
+(SIGINT / SIGTERM; ``record`` leaves no file behind).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -37,9 +39,49 @@ from .. import (
     make_batch,
     step,
 )
-from .compare import compare_layouts, format_table, plot, serving_layouts
-from .engine import Runner, ScheduledStep, synthetic_requests
-from .trace import Terminated, TraceError, TraceStep, read_trace, replay, write_trace
+from .compare import (
+    LayoutFailed,
+    check_plot_path,
+    compare_config,
+    config_settings,
+    format_refusals,
+    format_table,
+    plot,
+)
+from .engine import Runner, ScheduledStep, StepRecord, synthetic_requests
+from .trace import (
+    LIMITS,
+    Terminated,
+    TraceError,
+    TraceStep,
+    check_gathered_rows,
+    replay_digest,
+    stream_trace,
+    write_trace,
+)
+
+DEFAULT_BACKEND = "inductor"
+
+FLAG_LIMITS = {
+    "--pcp-size": LIMITS["pcp_size"],
+    "--pcp-sizes": LIMITS["pcp_size"],
+    "--max-num-reqs": LIMITS["max_num_reqs"],
+    "--max-num-tokens": LIMITS["max_num_tokens"],
+    "--spec-tokens": LIMITS["max_num_tokens"],
+    "--requests": 1 << 16,
+    "--prompt-len": 1 << 20,
+    "--output-len": 1 << 20,
+    "--arrival-every": 1 << 10,
+    "--max-steps": 1 << 24,
+    "--rank": LIMITS["pcp_size"] - 1,
+}
+"""The largest value of each numeric flag, checked before anything is allocated: the trace
+header's :data:`pcp_fn.sim.trace.LIMITS` for the config (a recorded trace must replay), the
+simulator's own for the workload."""
+
+MAX_WORKLOAD_TOKENS = 1 << 24
+"""Most tokens the simulated requests may hold together, ``--requests`` times the longest
+prompt plus the longest output (every request's tokens and KV blocks are kept in memory)."""
 
 
 def _progress(iterable, total: int, enabled: bool, desc: str):
@@ -52,59 +94,134 @@ def _progress(iterable, total: int, enabled: bool, desc: str):
     return tqdm(iterable, total=total, desc=desc, unit="step", leave=False, file=sys.stderr, disable=None)
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (``pcp-fn compare: error: ...``), no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def _integer(text: str) -> int:
+    digits = text.strip().lstrip("+-")
+    if digits.isdigit() and len(digits) > 30:  # never converted: no flag takes it (and int() caps at 4300)
+        raise argparse.ArgumentTypeError(f"{len(digits)}-digit integer {text[:12]}... is out of range")
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+
+
+def _bounded(flag: str, lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[lo, FLAG_LIMITS[flag]]``."""
+    hi = FLAG_LIMITS[flag]
+
+    def parse(text: str) -> int:
+        value = _integer(text)
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        if value > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi} (the limit of {flag}), got {value}")
+        return value
+
+    return parse
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
-def _range(text: str) -> tuple[int, int]:
-    try:
-        lo, hi = (int(x) for x in text.split(":")) if ":" in text else (int(text), int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or LO:HI, got {text!r}") from None
-    if lo < 1 or hi < lo:
-        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
-    return lo, hi
+def _span(flag: str) -> Callable[[str], tuple[int, int]]:
+    """An argparse type: ``N`` or ``LO:HI`` with ``1 <= LO <= HI <= FLAG_LIMITS[flag]``."""
+    limit = FLAG_LIMITS[flag]
+
+    def parse(text: str) -> tuple[int, int]:
+        parts = text.split(":")
+        if len(parts) > 2:
+            raise argparse.ArgumentTypeError(f"expected N or LO:HI, got {text[:40]!r}")
+        try:
+            lo, hi = (_integer(parts[0]), _integer(parts[-1]))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected N or LO:HI, got {text[:40]!r}") from None
+        if lo < 1 or hi < lo:
+            raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI, got {text!r}")
+        if hi > limit:
+            raise argparse.ArgumentTypeError(f"must be <= {limit} (the limit of {flag}), got {text!r}")
+        return lo, hi
+
+    return parse
 
 
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--pcp-size", "-P", type=_positive, default=4, help="PCP ranks (default 4)")
-    g.add_argument("--requests", type=_positive, default=24, help="number of requests (default 24)")
     g.add_argument(
-        "--prompt-len", type=_range, default=(1, 2000), help="prompt length N or LO:HI (default 1:2000)"
+        "--pcp-size", "-P", type=_bounded("--pcp-size", 1), default=4, help="PCP ranks (default 4)"
     )
     g.add_argument(
-        "--output-len", type=_range, default=(1, 32), help="tokens to generate, N or LO:HI (default 1:32)"
+        "--requests", type=_bounded("--requests", 1), default=24, help="number of requests (default 24)"
     )
     g.add_argument(
-        "--arrival-every", type=_non_negative, default=2, help="mean steps between arrivals (default 2)"
+        "--prompt-len",
+        type=_span("--prompt-len"),
+        default=(1, 2000),
+        help="prompt length N or LO:HI (default 1:2000)",
     )
-    g.add_argument("--max-num-reqs", type=_positive, default=16, help="requests per step, R (default 16)")
     g.add_argument(
-        "--max-num-tokens", type=_positive, default=1024, help="token budget per step, T (default 1024)"
+        "--output-len",
+        type=_span("--output-len"),
+        default=(1, 32),
+        help="tokens to generate, N or LO:HI (default 1:32)",
     )
     g.add_argument(
-        "--spec-tokens", type=_non_negative, default=0, help="speculative tokens per decode (default 0)"
+        "--arrival-every",
+        type=_bounded("--arrival-every", 0),
+        default=2,
+        help="mean steps between arrivals (default 2)",
     )
-    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    g.add_argument("--max-steps", type=_positive, default=10_000, help="stop after this many steps")
+    g.add_argument(
+        "--max-num-reqs",
+        type=_bounded("--max-num-reqs", 1),
+        default=16,
+        help="requests per step, R (default 16)",
+    )
+    g.add_argument(
+        "--max-num-tokens",
+        type=_bounded("--max-num-tokens", 1),
+        default=1024,
+        help="token budget per step, T (default 1024)",
+    )
+    g.add_argument(
+        "--spec-tokens",
+        type=_bounded("--spec-tokens", 0),
+        default=0,
+        help="speculative tokens per decode (default 0)",
+    )
+    g.add_argument("--seed", type=_non_negative, default=0, help="random seed (default 0)")
+    g.add_argument(
+        "--max-steps", type=_bounded("--max-steps", 1), default=10_000, help="stop after this many steps"
+    )
 
 
-def _simulate_schedule(args: argparse.Namespace):
+def _simulate_schedule(args: argparse.Namespace) -> tuple[PCPConfig, Runner]:
     lo, hi = args.prompt_len
+    tokens = args.requests * (hi + args.output_len[1])
+    if tokens > MAX_WORKLOAD_TOKENS:
+        raise ValueError(
+            f"--requests {args.requests} of up to --prompt-len {hi} + --output-len {args.output_len[1]} "
+            f"tokens make {tokens} tokens; the simulator holds at most {MAX_WORKLOAD_TOKENS}"
+        )
     config = PCPConfig(
         args.pcp_size, 0, args.max_num_reqs, args.max_num_tokens, num_spec_tokens=args.spec_tokens
     )
+    try:  # the same limit as a trace's header: what is recorded replays
+        check_gathered_rows(config)
+    except ValueError as e:
+        raise ValueError(
+            f"--pcp-size {args.pcp_size}, --max-num-tokens {args.max_num_tokens}, --max-num-reqs "
+            f"{args.max_num_reqs}: {e}"
+        ) from None
     requests = synthetic_requests(
         args.requests,
         min_prompt=lo,
@@ -123,7 +240,7 @@ def _simulate_schedule(args: argparse.Namespace):
     return config, runner
 
 
-def _schedule(args: argparse.Namespace, runner: Runner, desc: str):
+def _schedule(args: argparse.Namespace, runner: Runner, desc: str) -> Iterator[StepRecord]:
     """The simulated steps, with a progress bar on long runs."""
     for _ in _progress(range(args.max_steps), args.max_steps, not args.no_progress, desc):
         if runner.scheduler.idle:
@@ -131,6 +248,14 @@ def _schedule(args: argparse.Namespace, runner: Runner, desc: str):
         rec = runner.step()
         if rec is not None:
             yield rec
+
+
+def _cut_short(args: argparse.Namespace, runner: Runner) -> str:
+    """``""`` when the workload ran to its end, else a note that ``--max-steps`` cut it short."""
+    left = len(runner.scheduler.pending) + len(runner.scheduler.running)
+    if not left:
+        return ""
+    return f"stopped at --max-steps {args.max_steps} with {left} of {args.requests} requests unfinished"
 
 
 def _check_restore(config: PCPConfig, outs, batch) -> None:
@@ -161,6 +286,8 @@ def _check_restore(config: PCPConfig, outs, batch) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if not args.no_compile or args.backend != DEFAULT_BACKEND:
+        _check_backend(args.backend)
     config, runner = _simulate_schedule(args)
     P = config.pcp_size
     # every rank's state carries its rank as data: one batch (and one graph per bucket) serves all
@@ -181,11 +308,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         buckets.setdefault(batch.bucket, []).append((states[0], batch))
         rows.append(_step_row(P, s, batch, outs))
     if not rows:
-        print("no steps were scheduled")
-        return 1
+        raise ValueError(f"no step was scheduled in --max-steps {args.max_steps} steps (no request arrived)")
     if not args.quiet:
         _print_steps(rows)
     _print_summary(args, P, rows, eager_us)
+    note = _cut_short(args, runner)
+    if note:
+        print(f"  note: {note}")
     if not args.no_compile:
         _time_busiest_bucket(args, buckets)
     return 0
@@ -297,14 +426,33 @@ def cmd_record(args: argparse.Namespace) -> int:
         count = write_trace(args.out, config, steps, overwrite=args.force)
     except FileExistsError:
         raise FileExistsError(f"{args.out} appeared while recording; pass --force to overwrite it") from None
-    print(f"wrote {count} steps to {args.out}")
+    note = _cut_short(args, runner)
+    print(f"wrote {count} steps to {args.out}" + (f" ({note})" if note else ""))
     return 0
 
 
+def _check_backend(name: str) -> None:
+    """``ValueError`` unless ``name`` is a ``torch.compile`` backend (before anything runs)."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import lookup_backend
+
+    try:
+        lookup_backend(name)
+    except torch._dynamo.exc.InvalidBackend:
+        known = ", ".join(["eager", "aot_eager", *torch._dynamo.list_backends()])
+        raise ValueError(
+            f"--backend {name!r} is not a torch.compile backend (known: {known}; all of them: "
+            "torch._dynamo.list_backends(exclude_tags=()))"
+        ) from None
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
+    if args.mode != "eager" or args.backend != DEFAULT_BACKEND:
+        _check_backend(args.backend)
     ranks = None if args.rank is None else [args.rank]
-    result = replay(args.trace, mode=args.mode, ranks=ranks, backend=args.backend)
-    print(f"{result.digest}  {args.trace} ({len(result.outputs)} steps, mode {args.mode})")
+    # the digest alone, one step in memory at a time: a long trace replays in bounded memory
+    result = replay_digest(args.trace, mode=args.mode, ranks=ranks, backend=args.backend)
+    print(f"{result.digest}  {args.trace} ({result.num_steps} steps, mode {args.mode})")
     if args.expect is not None and result.digest != args.expect:
         print(f"pcp-fn replay: digest mismatch: expected {args.expect}, got {result.digest}", file=sys.stderr)
         return 1
@@ -312,44 +460,105 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _load_layouts(paths: Sequence[str]) -> None:
-    """Run each Python file once (as a module named after it): its layouts register themselves."""
+    """Run each Python file once, as a module of its own: its layouts register themselves.
+
+    The module's name is new (``pcp_fn_load_<n>_<stem>``), never one already imported (a
+    ``json.py``, a second ``mylayout.py`` from another folder), and it stays in
+    ``sys.modules`` (torch.compile reads a layout's source through its module). A file that
+    fails, exits, or registers no new layout is an error naming it."""
+    seen: set[str] = set()
     for path in paths:
-        name = os.path.splitext(os.path.basename(path))[0]
-        if name in sys.modules:
+        real = os.path.realpath(path)
+        if real in seen:  # the same file twice: it has registered its layouts already
             continue
+        seen.add(real)
+        with open(path, "rb"):  # OSError naming the path: missing, a folder, unreadable
+            pass
+        stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+        name = f"pcp_fn_load_{len(seen)}_{stem}"
+        while name in sys.modules:
+            name += "_"
         spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
-            raise ValueError(f"--load {path}: not a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # by name: torch.compile reads a layout's source through its module
-        spec.loader.exec_module(module)
+            raise ValueError(f"--load {path}: not a Python file (.py)")
+        before = set(available_layouts())
+        _exec_layout_file(path, name, spec)
+        if not set(available_layouts()) - before:
+            del sys.modules[name]
+            raise ValueError(
+                f"--load {path}: registered no new layout (it must call pcp_fn.register_layout "
+                f"with a name not registered yet; registered: {sorted(before)})"
+            )
+
+
+def _exec_layout_file(path: str, name: str, spec: importlib.machinery.ModuleSpec) -> None:
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)  # type: ignore[union-attr]  # checked by the caller
+    except SyntaxError as e:
+        del sys.modules[name]
+        where = "" if e.lineno is None else f"line {e.lineno}: "
+        raise ValueError(f"--load {path}: {where}SyntaxError: {e.msg}") from None
+    except SystemExit as e:  # the file's own sys.exit must not end the command with its status
+        del sys.modules[name]
+        raise ValueError(f"--load {path}: the file called sys.exit({e.code!r})") from None
+    except Exception as e:
+        del sys.modules[name]
+        raise ValueError(f"--load {path}: {type(e).__name__}: {e}") from None
+
+
+def _layout_names(text: str | None) -> list[str] | None:
+    """``--layouts``' names (None: every registered layout); an empty or repeated name is an error."""
+    if text is None:
+        return None
+    names = text.split(",")
+    if "" in names:
+        raise ValueError(f"--layouts {text!r}: an empty layout name")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--layouts {text!r}: {repeated[0]!r} is named twice")
+    return names
+
+
+def _compare_workload(args: argparse.Namespace) -> tuple[PCPConfig, list[TraceStep], str]:
+    """The config, steps and description of ``compare``'s workload: the trace, or a simulation."""
+    if args.trace is not None:
+        with stream_trace(args.trace) as (cfg, trace_steps):
+            # the costs read the counts only: a step's slot mapping is not kept
+            steps = [TraceStep(s.num_scheduled, s.num_computed, s.num_prompt) for s in trace_steps]
+        return cfg, steps, f"{args.trace} ({len(steps)} steps)"
+    cfg, runner = _simulate_schedule(args)
+    steps = [
+        TraceStep(r.sched.num_scheduled, r.sched.num_computed, r.sched.num_prompt)
+        for r in _schedule(args, runner, "schedule")
+    ]
+    note = _cut_short(args, runner)
+    source = f"{args.requests} requests, {len(steps)} steps, seed {args.seed}" + (f"; {note}" if note else "")
+    return cfg, steps, f"a simulated workload ({source})"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    if args.plot:
+        check_plot_path(args.plot)  # before any work: the folder, the format, matplotlib
+    names = _layout_names(args.layouts)
     _load_layouts(args.load)
-    if args.trace is not None:
-        trace = read_trace(args.trace)
-        cfg, steps = trace.config, list(trace.steps)
-        source = f"{args.trace} ({len(steps)} steps)"
-    else:
-        cfg, runner = _simulate_schedule(args)
-        steps = [
-            TraceStep(r.sched.num_scheduled, r.sched.num_computed, r.sched.num_prompt)
-            for r in _schedule(args, runner, "schedule")
-        ]
-        source = f"a simulated workload ({args.requests} requests, {len(steps)} steps, seed {args.seed})"
-    if args.layouts:
-        layouts = args.layouts.split(",")
-    else:  # every registered layout that serves the workload's config
-        layouts = serving_layouts(
-            available_layouts(), cfg.max_num_reqs, cfg.max_num_tokens, cfg.num_spec_tokens
-        )
+    cfg, steps, source = _compare_workload(args)
     lo, hi = args.pcp_sizes
-    costs = compare_layouts(
-        steps, layouts, range(lo, hi + 1), cfg.max_num_reqs, cfg.max_num_tokens, cfg.num_spec_tokens
+    # every layout under the workload's config (spec tokens, DCP, PD recompute...); a layout
+    # that refuses it, at some P or all, is listed after the table, never costed otherwise
+    costs, refused = compare_config(
+        steps, available_layouts() if names is None else names, range(lo, hi + 1), cfg
     )
-    print(f"layouts on {source}, R={cfg.max_num_reqs}, T={cfg.max_num_tokens}; summed over the steps")
+    if not costs:
+        raise ValueError(f"no layout serves the workload's config: {'; '.join(format_refusals(refused))}")
+    print(
+        f"layouts on {source}, R={cfg.max_num_reqs}, T={cfg.max_num_tokens}{config_settings(cfg)}; "
+        "summed over the steps"
+    )
     print(format_table(costs))
+    for line in format_refusals(refused):
+        print(f"not costed: {line}")
     if args.plot:
         plot(costs, args.plot)
         print(f"wrote {args.plot}")
@@ -363,12 +572,17 @@ def _digest(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="pcp-fn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = _Parser(prog="pcp-fn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"pcp_fn {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")  # each a _Parser too
+    _add_simulate(sub)
+    _add_record(sub)
+    _add_replay(sub)
+    _add_compare(sub)
+    return p
 
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser(
         "simulate",
         help="run a synthetic workload on every rank and check it",
@@ -379,10 +593,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_flags(sim)
     sim.add_argument("--quiet", action="store_true", help="summary only, no per-step table")
     sim.add_argument("--no-compile", action="store_true", help="skip the compiled timing (saves the compile)")
-    sim.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled timing")
+    sim.add_argument(
+        "--backend", default=DEFAULT_BACKEND, help="torch.compile backend of the compiled timing"
+    )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=cmd_simulate)
 
+
+def _add_record(sub: argparse._SubParsersAction) -> None:
     rec = sub.add_parser(
         "record",
         help="write a simulated schedule as a trace (JSON Lines)",
@@ -394,6 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--no-progress", action="store_true", help="no progress bar")
     rec.set_defaults(func=cmd_record)
 
+
+def _add_replay(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser(
         "replay",
         help="replay a trace through the pure step and print its digest",
@@ -407,8 +627,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="eager",
         help="how to run the step (default eager)",
     )
-    rep.add_argument("--backend", default="inductor", help="torch.compile backend for compiled/captured")
-    rep.add_argument("--rank", type=_non_negative, default=None, help="replay one rank only (default: all)")
+    rep.add_argument("--backend", default=DEFAULT_BACKEND, help="torch.compile backend for compiled/captured")
+    rep.add_argument(
+        "--rank", type=_bounded("--rank", 0), default=None, help="replay one rank only (default: all)"
+    )
     rep.add_argument(
         "--expect",
         type=_digest,
@@ -418,6 +640,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(func=cmd_replay)
 
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
     cmp_ = sub.add_parser(
         "compare",
         help="compare the layouts' per-rank tokens, work, padding and gathered rows",
@@ -429,15 +653,21 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument(
         "--layouts", default=None, help="comma-separated layout names (default: all registered)"
     )
-    cmp_.add_argument("--pcp-sizes", type=_range, default=(2, 8), help="P values, N or LO:HI (default 2:8)")
-    cmp_.add_argument("--plot", default=None, metavar="PNG", help="also write a figure (needs matplotlib)")
+    cmp_.add_argument(
+        "--pcp-sizes", type=_span("--pcp-sizes"), default=(2, 8), help="P values, N or LO:HI (default 2:8)"
+    )
+    cmp_.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE",
+        help="also write a figure, in the format of FILE's extension (.png, .svg...; needs matplotlib)",
+    )
     cmp_.add_argument(
         "--load", action="append", default=[], metavar="FILE", help="a Python file registering layouts"
     )
     _add_workload_flags(cmp_)
     cmp_.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp_.set_defaults(func=cmd_compare)
-    return p
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -454,7 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pass
     try:
         return args.func(args)
-    except (TraceError, ValueError, OSError) as e:
+    except (TraceError, ValueError, OSError, LayoutFailed) as e:
         print(f"pcp-fn {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

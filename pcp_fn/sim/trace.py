@@ -12,6 +12,8 @@ replay runs every rank. :func:`replay` returns every rank's ``StepOutputs`` of
 every step and a SHA-256 digest over all of them (dtype, shape and bytes of
 every leaf, in pytree order), so two replays agree exactly when their outputs
 do, bit for bit, whatever ran them: eager, compiled or a captured graph.
+:func:`replay_digest` computes the same digest step by step, the trace read one
+line at a time (:func:`stream_trace`), in the memory of one step (``pcp-fn replay``).
 
 The whole trace is validated before anything runs, and malformed input raises
 :class:`TraceError` naming the line and the field: not UTF-8, not JSON, nested
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -185,6 +188,8 @@ def write_trace(
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path} is a directory")
     folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):  # named here: mkstemp's error would name the temporary file
+        raise FileNotFoundError(errno.ENOENT, f"{os.strerror(errno.ENOENT)} (its folder {folder})", path)
     with _sigterm_unwinds():
         return _write(path, folder, config, steps, overwrite)
 
@@ -368,13 +373,21 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
         config = PCPConfig(pcp_rank=0, **kwargs)
     except (TypeError, ValueError) as e:
         raise TraceError(f"line {lineno}: field 'config': {e}") from None
-    if config.max_gathered_tokens > MAX_GATHERED_ROWS:
-        raise TraceError(
-            f"line {lineno}: field 'config.pcp_size': {config.pcp_size} ranks of "
-            f"{config.max_local_tokens} local tokens make {config.max_gathered_tokens} gathered rows; "
-            f"a trace allows {MAX_GATHERED_ROWS}"
-        )
+    try:
+        check_gathered_rows(config)
+    except ValueError as e:
+        raise TraceError(f"line {lineno}: field 'config.pcp_size': {e}") from None
     return config
+
+
+def check_gathered_rows(config: PCPConfig) -> None:
+    """``ValueError`` unless the all-gathered rows of the capacity, ``G = pcp_size * L``, are
+    at most :data:`MAX_GATHERED_ROWS` (every rank's state and outputs are sized by it)."""
+    if config.max_gathered_tokens > MAX_GATHERED_ROWS:
+        raise ValueError(
+            f"{config.pcp_size} ranks of {config.max_local_tokens} local tokens make "
+            f"{config.max_gathered_tokens} gathered rows; a trace allows {MAX_GATHERED_ROWS}"
+        )
 
 
 def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int) -> TraceStep:
@@ -425,8 +438,15 @@ def parse_trace(lines: Iterable[str | bytes]) -> Trace:
 
     ``lines``: text or bytes lines (bytes are decoded as UTF-8, strictly).
     """
+    config, steps = _open_records(_records(lines))
+    return Trace(config, tuple(steps))
+
+
+def _records(lines: Iterable[str | bytes]) -> Iterator[PCPConfig | TraceStep]:
+    """The header's config, then each step, validated one line at a time (a malformed line
+    raises when it is reached; an empty trace when the lines end without a header)."""
     config: PCPConfig | None = None
-    steps: list[TraceStep] = []
+    index = 0
     for lineno, raw in enumerate(lines, start=1):
         if len(raw) > MAX_LINE_BYTES:
             raise TraceError(f"line {lineno}: longer than {MAX_LINE_BYTES} bytes")
@@ -437,11 +457,19 @@ def parse_trace(lines: Iterable[str | bytes]) -> Trace:
             raise TraceError(f"line {lineno}: expected a JSON object, got {_type_name(obj)}")
         if config is None:
             config = _parse_header(lineno, obj)
+            yield config
         else:
-            steps.append(_parse_step(lineno, obj, config, len(steps)))
+            yield _parse_step(lineno, obj, config, index)
+            index += 1
     if config is None:
         raise TraceError("line 1: the trace is empty (no header)")
-    return Trace(config, tuple(steps))
+
+
+def _open_records(records: Iterator[PCPConfig | TraceStep]) -> tuple[PCPConfig, Iterator[TraceStep]]:
+    """The config of a :func:`_records` stream, and its steps (a generator: read as they are used)."""
+    config = next(records)
+    assert isinstance(config, PCPConfig)  # _records yields the header first
+    return config, (s for s in records if isinstance(s, TraceStep))
 
 
 def _binary_lines(f: Any) -> Iterable[bytes]:
@@ -468,17 +496,22 @@ def digest_of(outputs: Iterable[Any]) -> str:
     """SHA-256 over every tensor leaf (dtype, shape, bytes) of ``outputs``, in order."""
     h = hashlib.sha256()
     for tree in outputs:
-        for leaf in pytree.tree_leaves(tree):
-            if leaf is None:
-                h.update(b"none;")
-                continue
-            t = leaf.detach().to("cpu").contiguous()
-            h.update(f"{t.dtype}{tuple(t.shape)};".encode())
-            data = t.numpy()
-            if data.dtype.byteorder == ">":  # canonical little-endian bytes
-                data = data.astype(data.dtype.newbyteorder("<"))
-            h.update(data.tobytes())
+        _digest_tree(h, tree)
     return h.hexdigest()
+
+
+def _digest_tree(h: Any, tree: Any) -> None:
+    """Add one output's leaves to the hash ``h`` (:func:`digest_of`'s order and bytes)."""
+    for leaf in pytree.tree_leaves(tree):
+        if leaf is None:
+            h.update(b"none;")
+            continue
+        t = leaf.detach().to("cpu").contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        data = t.numpy()
+        if data.dtype.byteorder == ">":  # canonical little-endian bytes
+            data = data.astype(data.dtype.newbyteorder("<"))
+        h.update(data.tobytes())
 
 
 @dataclasses.dataclass
@@ -488,8 +521,21 @@ class ReplayResult:
     num_graphs: int = 0  # graphs compiled or captured (0 in eager mode): one per bucket met
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplayDigest:
+    """:func:`replay_digest`'s answer: :func:`replay`'s digest without the outputs."""
+
+    digest: str
+    num_steps: int
+    num_graphs: int = 0  # graphs compiled or captured (0 in eager mode): one per bucket met
+
+
+TraceSource = Trace | str | os.PathLike[str] | Iterable[str | bytes]
+"""A :class:`Trace`, a trace file's path, or a trace's lines."""
+
+
 def replay(
-    trace: Trace | str | os.PathLike[str] | Sequence[str],
+    trace: TraceSource,
     *,
     mode: str = "eager",
     ranks: Sequence[int] | None = None,
@@ -504,6 +550,10 @@ def replay(
     one graph per bucket, so a trace compiles (or captures) exactly as many
     graphs as it has buckets, within Dynamo's default recompile limit.
 
+    The whole trace is validated before anything runs, and every rank's outputs of every
+    step are kept (a copy each): memory grows with the trace. For the digest alone,
+    :func:`replay_digest` holds one step at a time.
+
     Args:
         mode: ``"eager"``, ``"compiled"`` (:func:`pcp_fn.graph.compile_per_bucket`:
             ``torch.compile(fullgraph=True, dynamic=False)`` per bucket) or
@@ -512,33 +562,93 @@ def replay(
         ranks: which ranks (default all); the digest covers exactly these.
         backend: ``torch.compile`` backend for the compiled and captured modes.
     """
+    run = _step_runner(mode, backend)
     if not isinstance(trace, Trace):
         trace = read_trace(trace) if isinstance(trace, str | os.PathLike) else parse_trace(trace)
-    cfg = trace.config
-    ranks = list(range(cfg.pcp_size)) if ranks is None else list(ranks)
-    for r in ranks:
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < cfg.pcp_size:
-            raise ValueError(f"ranks must be ints in [0, pcp_size={cfg.pcp_size}), got {r!r}")
-    if mode == "eager":
-        run: Any = step
-    elif mode == "compiled":
-        run = compile_per_bucket(step, backend=backend)
-    elif mode == "captured":
-        run = Captured(step, backend=backend)
-    else:
-        raise ValueError(f"mode must be 'eager', 'compiled' or 'captured', got {mode!r}")
-    states = {r: init_state(cfg, device, rank=r) for r in ranks}
+    ranks = _checked_ranks(trace.config, ranks)
     outputs: list[list[StepOutputs]] = []
-    for s in trace.steps:
-        slots = s.slot_mapping if s.slot_mapping is not None else range(sum(s.num_scheduled))
-        batch = make_batch(
-            cfg, s.num_scheduled, s.num_computed, s.num_prompt, device, slot_mapping=list(slots)
-        )
-        row = []
-        for r in ranks:
-            states[r], out = run(states[r], batch)
-            row.append(pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out))
-        outputs.append(row)
+    for out in _run(trace.config, trace.steps, run, ranks, device):
+        if not outputs or len(outputs[-1]) == len(ranks):
+            outputs.append([])
+        # a captured graph's outputs are its static buffers, rewritten by the next replay: a copy
+        outputs[-1].append(pytree.tree_map(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out))
     return ReplayResult(
         outputs, digest_of(o for row in outputs for o in row), 0 if mode == "eager" else len(run)
     )
+
+
+def replay_digest(
+    trace: TraceSource,
+    *,
+    mode: str = "eager",
+    ranks: Sequence[int] | None = None,
+    device: torch.device | str = "cpu",
+    backend: str = "inductor",
+) -> ReplayDigest:
+    """:func:`replay`'s digest (bit for bit the same) in memory bounded by one step.
+
+    Each rank's outputs are hashed as soon as they are made, and a trace file is read
+    one line at a time, each line validated before its step runs: the memory held is one
+    step's batch, the ranks' states and the graphs, whatever the trace's length. A
+    malformed line ends the replay with its :class:`TraceError` (no digest is returned,
+    as when :func:`replay` validates the whole trace first). Arguments as :func:`replay`.
+    """
+    run = _step_runner(mode, backend)
+    with stream_trace(trace) as (config, steps):
+        ranks = _checked_ranks(config, ranks)
+        h = hashlib.sha256()
+        calls = 0
+        for out in _run(config, steps, run, ranks, device):
+            _digest_tree(h, out)  # before the next call rewrites a captured graph's buffers
+            calls += 1
+    return ReplayDigest(h.hexdigest(), calls // len(ranks), 0 if mode == "eager" else len(run))
+
+
+@contextlib.contextmanager
+def stream_trace(trace: TraceSource) -> Iterator[tuple[PCPConfig, Iterable[TraceStep]]]:
+    """``with stream_trace(path) as (config, steps):`` the header's config, and the steps as an
+    iterator that reads and validates the file one line at a time (a malformed line raises
+    :class:`TraceError` when it is reached): memory bounded by one line, whatever the length."""
+    if isinstance(trace, Trace):
+        yield trace.config, trace.steps
+    elif isinstance(trace, str | os.PathLike):
+        with open(trace, "rb") as f:
+            yield _open_records(_records(_binary_lines(f)))
+    else:
+        yield _open_records(_records(trace))
+
+
+def _step_runner(mode: str, backend: str) -> Any:
+    if mode == "eager":
+        return step
+    if mode == "compiled":
+        return compile_per_bucket(step, backend=backend)
+    if mode == "captured":
+        return Captured(step, backend=backend)
+    raise ValueError(f"mode must be 'eager', 'compiled' or 'captured', got {mode!r}")
+
+
+def _checked_ranks(config: PCPConfig, ranks: Sequence[int] | None) -> list[int]:
+    ranks = list(range(config.pcp_size)) if ranks is None else list(ranks)
+    for r in ranks:
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < config.pcp_size:
+            raise ValueError(f"ranks must be ints in [0, pcp_size={config.pcp_size}), got {r!r}")
+    if not ranks or len(set(ranks)) != len(ranks):  # each rank's state steps once per step
+        raise ValueError(f"ranks must name distinct ranks, at least one, got {ranks}")
+    return ranks
+
+
+def _run(
+    config: PCPConfig, steps: Iterable[TraceStep], run: Any, ranks: list[int], device: torch.device | str
+) -> Iterator[StepOutputs]:
+    """Each step's outputs, rank after rank, in ``ranks``' order; an output is valid until the
+    next is made (a captured graph rewrites its buffers)."""
+    states = {r: init_state(config, device, rank=r) for r in ranks}
+    for s in steps:
+        slots = s.slot_mapping if s.slot_mapping is not None else range(sum(s.num_scheduled))
+        batch = make_batch(
+            config, s.num_scheduled, s.num_computed, s.num_prompt, device, slot_mapping=list(slots)
+        )
+        for r in ranks:
+            states[r], out = run(states[r], batch)
+            yield out

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pathlib
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
-from pcp_fn.sim import cli
+import pcp_fn
+from pcp_fn.sim import cli, compare
 from pcp_fn.sim.compare import compare_layouts, workload_cost
 from pcp_fn.sim.trace import TraceStep, write_trace
 
@@ -34,12 +41,14 @@ def _linear_of(n, P, q):
     return list(range(first, first + size))
 
 
-def independent(layout, P):
+def independent(layout, P, steps=STEPS, spec=0, pd=False):
+    """Per-rank tokens, work, padding and gathered rows; ``spec`` draft tokens a decode may carry,
+    ``pd``: a prompt with one token left also counts as done (vllm-ascend's recompute scheduler)."""
     tokens, work, padding, gathered = np.zeros(P, int), np.zeros(P, int), np.zeros(P, int), 0
-    for s in STEPS:
+    for s in steps:
         rows, mine = np.zeros(P, int), [[] for _ in range(P)]
         for n, k, p in zip(s.num_scheduled, s.num_computed, s.num_prompt):
-            decode = k >= max(p, 1) and n <= 1
+            decode = k >= max(p - pd, 1) and n <= 1 + spec
             for q in range(P):
                 if decode or P == 1:
                     held, r = list(range(n)), n
@@ -100,3 +109,234 @@ def test_compare_layouts_covers_every_pair():
     assert [(c.layout, c.pcp_size) for c in costs] == [("dcs", 2), ("dcs", 4), ("mrv2", 2), ("mrv2", 4)]
     # the same chunks: the same tokens and work; MRV2 cuts them at the request's end: never more padding
     assert costs[0].work == costs[2].work and sum(costs[3].padding) <= sum(costs[1].padding)
+
+
+# -- issue 41: the trace's config reaches every layout; a refusal is said, not costed otherwise ------
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# under pd_decode_recompute a prompt with one token left is done (request 0 of steps 0 and 2), and
+# with one spec token a decode carries two tokens (request 1 of step 0, request 0 of step 1): all
+# decodes, replicated on every rank; without those settings they are prefills, split and padded
+PD_STEPS = [
+    TraceStep((1, 2, 20), (9, 5, 0), (10, 5, 30)),
+    TraceStep((2, 10), (10, 20), (10, 30)),
+    TraceStep((1, 7), (29, 0), (30, 7)),
+]
+
+
+def _table(out):
+    """The table's rows by (layout, P); the header and the lines after the table left out."""
+    rows = [line.split() for line in out]
+    return {(r[0], int(r[1])): r[2:] for r in rows if len(r) == 9 and r[1].isdigit()}
+
+
+def _row(layout, P, steps, **kw):
+    tokens, work, padding, gathered = independent(layout, P, steps, **kw)
+    expected = [max(tokens), min(tokens), max(work), min(work), f"{max(work) / (sum(work) / P):.3f}"]
+    return [str(x) for x in [*expected, sum(padding), gathered]]
+
+
+def test_compare_costs_each_layout_under_the_traces_own_config(tmp_path, capsys):
+    # before: compare kept R, T and the spec tokens, and costed this trace as if pd_decode_recompute
+    # were off (its pd decodes split as prefills)
+    cfg = pcp_fn.PCPConfig(2, 0, R, T, num_spec_tokens=1, pd_decode_recompute=True)
+    write_trace(tmp_path / "pd.jsonl", cfg, PD_STEPS)
+    argv = ["compare", str(tmp_path / "pd.jsonl"), "--layouts", "dcs,hybrid,mrv2", "--pcp-sizes", "2:3"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(
+        f"R={R}, T={T}, num_spec_tokens=1, pd_decode_recompute=True; summed over the steps"
+    )
+    table = _table(out[1:])
+    assert len(table) == 6
+    for (layout, P), row in table.items():
+        assert row == _row(layout, P, PD_STEPS, spec=1, pd=True), (layout, P)
+    # and it matters: without the settings, other numbers
+    assert any(row != _row(layout, P, PD_STEPS) for (layout, P), row in table.items())
+
+
+def test_a_layout_that_refuses_the_config_is_said_not_costed(tmp_path, capsys):
+    cfg = pcp_fn.PCPConfig(2, 0, R, T, dcp_size=2)
+    write_trace(tmp_path / "dcp.jsonl", cfg, STEPS)
+    assert cli.main(["compare", str(tmp_path / "dcp.jsonl"), "--pcp-sizes", "2:3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    table = _table(out[1:])
+    assert sorted(table) == [(n, P) for n in ("dcs", "hybrid", "mrv2") for P in (2, 3)]  # no mrv2-sharded
+    assert out[-1] == (
+        "not costed: mrv2-sharded at P = 2, 3: the 'mrv2-sharded' layout requires dcp_size == 1, got "
+        "dcp_size=2: DCP needs every decode on every rank (vLLM's pcp_shard_decode_requests is False then)"
+    )
+    for P in (2, 3):  # MRV2 under DCP keeps a short prefill whole: the trace's dcp_size is used
+        cost = compare.config_cost(dataclasses.replace(cfg, pcp_size=P, layout="mrv2"), STEPS)
+        assert table["mrv2", P] == [
+            str(x)
+            for x in (max(cost.tokens), min(cost.tokens), max(cost.work), min(cost.work))
+            + (f"{cost.work_imbalance:.3f}", sum(cost.padding), cost.gathered)
+        ]
+    assert table["mrv2", 3] != _row("mrv2", 3, STEPS)
+    # asked for by name alone: nothing to cost is an error, naming the layout and why
+    assert cli.main(["compare", str(tmp_path / "dcp.jsonl"), "--layouts", "mrv2-sharded"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "pcp-fn compare: error: no layout serves the workload's config: "
+        "mrv2-sharded at P = 2, 3, 4, 5, 6, 7, 8: the 'mrv2-sharded' layout requires dcp_size == 1"
+    ), err
+
+
+def test_every_config_field_is_carried_or_named_as_not_carried():
+    fields = {f.name for f in dataclasses.fields(pcp_fn.PCPConfig)}
+    assert set(compare.CARRIED_FIELDS) | set(compare.NOT_CARRIED_FIELDS) == fields
+    assert not set(compare.CARRIED_FIELDS) & set(compare.NOT_CARRIED_FIELDS)
+
+
+LAYOUT_FILE = """
+import pcp_fn
+
+
+class {cls}(pcp_fn.PartitionLayout):
+    name = "{name}"
+
+    def segments(self, config, requests, rank):  # rank 0 holds every prefill whole
+        n = requests.num_scheduled
+        whole = requests.replicated | (rank == 0)
+        {body}
+        return (n * 0)[:, None], (n * whole)[:, None]
+
+    def num_local_tokens(self, config, num_scheduled, num_decodes, num_computed):
+        {host}
+        return int(num_scheduled.sum())
+
+
+pcp_fn.register_layout({cls}())
+"""
+
+
+def _layout_file(path, name, body="pass", host="pass"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cls = "".join(part.title() for part in name.split("-"))
+    path.write_text(LAYOUT_FILE.format(cls=cls, name=name, body=body, host=host))
+    return str(path)
+
+
+def test_load_runs_every_file_under_a_name_of_its_own(tmp_path):
+    # before: a file named like a module already imported (json.py), or a second mylayout.py,
+    # was skipped without a word, and its layouts were unknown
+    files = [
+        _layout_file(tmp_path / "json.py", "from-json"),
+        _layout_file(tmp_path / "a" / "mylayout.py", "from-a"),
+        _layout_file(tmp_path / "b" / "mylayout.py", "from-b"),
+    ]
+    # a bug in a researcher's layout, met at the trace's 13-token request: named, not a traceback
+    host = "if 13 in num_scheduled.tolist(): raise RuntimeError('num_local_tokens broke')"
+    broken = _layout_file(tmp_path / "broken.py", "broken", host=host)
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, pcp_fn.PCPConfig(2, 0, R, T), STEPS)
+    loads = [arg for f in files for arg in ("--load", f)]
+    # a process of its own: the layouts register in its registry, not this one's
+    run = [sys.executable, "-m", "pcp_fn.sim.cli", "compare", str(trace), "--pcp-sizes", "2"]
+    ok = subprocess.run([*run, *loads, "--load", files[0]], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    table = _table(ok.stdout.splitlines()[1:])
+    assert {"from-json", "from-a", "from-b", "dcs"} <= {name for name, _ in table}
+    assert table["from-a", 2] == table["from-b", 2]
+    bad = subprocess.run([*run, "--load", broken], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr == (
+        "pcp-fn compare: error: layout 'broken' at P=2 failed: RuntimeError: num_local_tokens broke\n"
+    ), bad.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("x = (\n", "line 1: SyntaxError: '(' was never closed"),
+        ("raise RuntimeError('boom')\n", "RuntimeError: boom"),
+        ("import sys\nsys.exit(0)\n", "the file called sys.exit(0)"),  # before: exit status 0, no table
+        ("X = 1\n", "registered no new layout (it must call pcp_fn.register_layout"),  # before: silent
+    ],
+)
+def test_a_load_file_that_fails_or_registers_nothing_is_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "layouts.py"
+    path.write_text(text)
+    before = dict(sys.modules)
+    assert cli.main(["compare", "--load", str(path), "--requests", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"pcp-fn compare: error: --load {path}: {message}" + err.split(message, 1)[1]
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not [m for m in sys.modules if m.startswith("pcp_fn_load_") and m not in before]  # not left
+
+
+def test_load_names_a_missing_file_a_folder_and_a_file_that_is_not_python(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text("")
+    cases = {
+        str(tmp_path / "none.py"): f"{tmp_path / 'none.py'}: No such file or directory",
+        str(tmp_path): f"{tmp_path}: Is a directory",
+        str(tmp_path / "t.txt"): f"--load {tmp_path / 't.txt'}: not a Python file (.py)",
+    }
+    for path, message in cases.items():
+        assert cli.main(["compare", "--load", path, "--requests", "2", "--no-progress"]) == 2
+        assert capsys.readouterr().err == f"pcp-fn compare: error: {message}\n"
+
+
+def test_plot_refuses_a_path_it_cannot_write_before_any_work(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    cases = {
+        str(tmp_path): f"{tmp_path}: Is a directory",
+        str(tmp_path / "no" / "x.png"): f"{tmp_path / 'no' / 'x.png'}: No such file or directory (its folder",
+        str(tmp_path / "out"): f"--plot {tmp_path / 'out'}: no extension; name the figure's format by its",
+        str(tmp_path / "x.xyz"): f"--plot {tmp_path / 'x.xyz'}: extension .xyz; name the figure's format",
+    }
+    for path, message in cases.items():
+        # before: `--plot out` wrote out.png and said "wrote out"; a folder or a bad format failed
+        # only after every layout was costed
+        assert cli.main(["compare", "--plot", path, "--requests", "500", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"pcp-fn compare: error: {message}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_plot_without_matplotlib_is_one_line_before_any_work(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, pcp_fn.PCPConfig(2, 0, R, T), STEPS)
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.modules["matplotlib"] = None  # not installed
+        from pcp_fn.sim.cli import main
+        sys.exit(main(sys.argv[1:]))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, "compare", str(trace), "--plot", str(tmp_path / "out.png")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert out.returncode == 2 and out.stdout == ""  # before: a traceback after the table, status 1
+    assert out.stderr == (
+        "pcp-fn compare: error: --plot needs matplotlib, which is not installed: pip install 'pcp_fn[plot]'\n"
+    )
+
+
+def test_layouts_names_an_empty_repeated_or_unknown_layout(capsys):
+    for text, message in [
+        ("", "--layouts '': an empty layout name"),  # before: every layout, silently
+        ("dcs,,mrv2", "--layouts 'dcs,,mrv2': an empty layout name"),
+        ("dcs,dcs", "--layouts 'dcs,dcs': 'dcs' is named twice"),
+        ("dcs,nope", "unknown layout 'nope'; registered: "),
+    ]:
+        assert cli.main(["compare", "--layouts", text, "--requests", "2", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"pcp-fn compare: error: {message}") and err.count("\n") == 1, err
+
+
+def test_a_size_past_the_gathered_rows_limit_is_said_not_allocated(tmp_path, capsys):
+    # P * (T + min(R, T)) rows past a trace's limit: listed, never allocated (before: P = 256 at this
+    # T asked for 268 million rows per all-gather)
+    write_trace(tmp_path / "t.jsonl", pcp_fn.PCPConfig(2, 0, 4, 1 << 20), [TraceStep((5,), (0,), (5,))])
+    assert cli.main(["compare", str(tmp_path / "t.jsonl"), "--pcp-sizes", "15:16", "--layouts", "dcs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert list(_table(out)) == [("dcs", 15)]
+    assert out[-1] == (
+        "not costed: dcs at P = 16: 16 ranks of 1048580 local tokens make 16777280 gathered rows; "
+        "a trace allows 16777216"
+    )

@@ -2,6 +2,7 @@
 a stalled or dead rank within the process group's timeout, ranks that disagree on the schedule
 (other sizes, or the same sizes with other token ids) at the first step they differ."""
 
+import random
 import re
 import threading
 import time
@@ -227,3 +228,124 @@ def test_threaded_run_returns_rank_order_and_raises_a_rank_failure_without_waiti
     with pytest.raises(RuntimeError, match="rank 1 failed"):
         ThreadedAllGather(3, timeout=30).run(body)
     assert time.monotonic() - start < 10  # the peers were released, not timed out
+
+
+# -- issue 41: every wait of the threaded helper is bounded, and its ranks are real ranks -----------
+
+
+@pytest.mark.timeout(30)  # without the bound, run() waits for the blocked rank: pytest-timeout fails it
+def test_threaded_run_reports_a_rank_stuck_outside_a_collective_within_the_timeout():
+    release = threading.Event()
+
+    def body(r, all_gather):
+        if r == 1:
+            release.wait()  # blocked outside any collective, until the test lets it go
+        return all_gather(torch.zeros(1, 2))
+
+    start = time.monotonic()
+    try:
+        with pytest.raises(CollectiveError) as e:
+            ThreadedAllGather(3, timeout=0.5).run(body)
+        seconds = time.monotonic() - start
+    finally:
+        release.set()
+    # ranks 0 and 2 time out at 0.5 s; rank 1 has 0.5 s more to end, then it is named
+    assert seconds < 5.0, seconds
+    assert re.fullmatch(
+        r"ThreadedAllGather\.run: rank 1 of 3 still running 0\.5 s after rank [02] failed "
+        r"\(CollectiveError: all_gather on rank [02] of 3 failed: a peer rank stalled past the 0\.5 s "
+        r"timeout or failed\); every rank must run the same collectives and end within the timeout",
+        str(e.value),
+    ), str(e.value)
+    assert isinstance(e.value.__cause__, CollectiveError)
+
+
+@pytest.mark.timeout(30)
+def test_threaded_run_reports_a_rank_still_running_after_the_others_returned():
+    release = threading.Event()
+
+    def body(r, all_gather):
+        out = all_gather(torch.full((1, 1), float(r)))
+        if r == 2:
+            release.wait()  # never ends on its own: the others have returned
+        return out
+
+    try:
+        with pytest.raises(
+            CollectiveError, match=r"rank 2 of 3 still running 0\.5 s after rank [01] returned"
+        ):
+            ThreadedAllGather(3, timeout=0.5).run(body)
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize(
+    ("world_size", "error", "match"),
+    [
+        (0, ValueError, r"world_size must be >= 1 \(ranks to run\), got 0"),
+        (-1, ValueError, r"world_size must be >= 1 \(ranks to run\), got -1"),
+        (2.0, TypeError, r"world_size must be an int, got float 2\.0"),
+        (True, TypeError, r"world_size must be an int, got bool True"),
+    ],
+)
+def test_threaded_gather_refuses_a_world_of_no_ranks(world_size, error, match):
+    # before: ThreadedAllGather(0).run(body) ran nothing and returned [] (a world of no ranks)
+    with pytest.raises(error, match=match):
+        ThreadedAllGather(world_size)
+
+
+@pytest.mark.parametrize(
+    ("rank", "error", "match"),
+    [
+        (-1, ValueError, r"rank must be in \[0, world_size=2\), got -1"),  # before: rank 1's slot
+        (2, ValueError, r"rank must be in \[0, world_size=2\), got 2"),  # before: an IndexError
+        (True, TypeError, r"rank must be an int, got bool True"),
+    ],
+)
+def test_threaded_gather_refuses_a_rank_outside_the_world(rank, error, match):
+    with pytest.raises(error, match=match):
+        ThreadedAllGather(2).for_rank(rank)
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_called_from_two_threads_never_returns_another_collectives_rows():
+    # The barrier counts arrivals, not ranks: two threads on rank 0 once released it without
+    # rank 1, and both returned one row, the other caller's buffer (a phantom of rank 1's).
+    gather = ThreadedAllGather(2, timeout=1.0)
+    entered = threading.Barrier(2)
+
+    def caller(value):
+        entered.wait()
+        return gather.for_rank(0)(torch.full((1, 1), float(value)))
+
+    out = _threads(2, caller)
+    assert all(isinstance(e, CollectiveError) for e in out), out  # no rows: an error on both
+    messages = sorted(str(e) for e in out)
+    assert any("called while the rank's previous call runs (from another thread)" in m for m in messages)
+    assert any("a peer rank stalled past the 1 s timeout" in m for m in messages)
+
+
+def test_every_surviving_rank_gets_every_ranks_real_rows_or_an_error():
+    # stalls around the timeout and failing bodies, many times over: a collective that returns
+    # holds exactly the P buffers of that collective, in rank order
+    rng = random.Random(41)
+    for _ in range(40):
+        P, timeout = rng.choice([2, 3, 4]), 0.05
+        stall = {r: rng.choice([0.0, 0.0, 0.0, 0.04, 0.06]) for r in range(P)}
+        fail = rng.randrange(P + 3)  # a rank that raises at its third collective, or none
+        seen = []
+
+        def body(r, all_gather, stall=stall, fail=fail, seen=seen, P=P):
+            for k in range(5):
+                if k == 2 and r == fail:
+                    raise RuntimeError("rank failed")
+                time.sleep(stall[r] if k == 3 else 0.0)
+                out = all_gather(torch.tensor([[r, k]]))
+                seen.append((k, out.tolist()))
+                assert out.tolist() == [[q, k] for q in range(P)], out.tolist()
+
+        try:
+            ThreadedAllGather(P, timeout=timeout).run(body)
+        except (CollectiveError, RuntimeError):  # a stall past the timeout, or the failing rank
+            pass  # a wrong row is an AssertionError, raised from run() and failing the test
+        assert all(rows == [[q, k] for q in range(len(rows))] for k, rows in seen)
