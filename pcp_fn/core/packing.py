@@ -84,10 +84,16 @@ class PackedRequests:
 
     def unpack(self, buffer: torch.Tensor, R: int) -> dict[str, torch.Tensor]:
         """Views of a device ``buffer`` by name: ``[R]`` rows, 0-d scalars (no copy; in a graph)."""
-        views = {name: buffer[k * R : (k + 1) * R] for k, name in enumerate(self.rows)}
-        base = len(self.rows) * R
-        for k, name in enumerate(self.scalars):
-            views[name] = buffer[base + k]
+        # one plain loop: a plain (eager) graph call runs this every step, and a comprehension
+        # costs a function object, a frame and an enumerate more
+        views: dict[str, torch.Tensor] = {}
+        at = 0
+        for name in self.rows:
+            views[name] = buffer[at : at + R]
+            at += R
+        for name in self.scalars:
+            views[name] = buffer[at]
+            at += 1
         return views
 
 

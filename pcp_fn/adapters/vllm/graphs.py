@@ -157,7 +157,9 @@ def _partition_step(
     """
     cfg = state.config
     R, P, Rb, Lb = cfg.max_num_reqs, cfg.pcp_size, bucket.num_reqs, bucket.num_tokens
-    batch = mrv2.unpack_batch(cfg, bucket, packed, input_ids, positions, layout=STEP)
+    # STEP begins with mrv2.REQUESTS, so the batch reads it as that: unpacking STEP would also
+    # view Lp, a second select of the same word that a plain (eager) call pays for every step
+    batch = mrv2.unpack_batch(cfg, bucket, packed, input_ids, positions)
     state, local = mrv2.partition_batch(state, batch)
     lay = state.layout
     Lp = packed[STEP.offset(R, "Lp")].to(torch.int64)
@@ -494,14 +496,29 @@ class StepGraphs:
             ids = self._prefix("input_ids", self._input_ids, num_ids)
         if pos is None:
             pos = self._prefix("positions", self._positions, num_pos)
-        with self.runtime.guard():
-            if not self._staging.persistent:  # (the CPU's host buffer is the device buffer)
-                self._staging.commit(host)
-            # two copies, not one _foreach_copy_: for two tensors its dispatch costs more
-            ids.copy_(input_ids)
-            pos.copy_(positions)
+        # a `with` of the runtime's null guard costs three Python calls: only entered when set
+        if self.runtime.check_host_syncs:
+            with self.runtime.guard():
+                self._copy_inputs(host, ids, input_ids, pos, positions)
+        else:
+            self._copy_inputs(host, ids, input_ids, pos, positions)
         self.runtime.run(plan.graph)
         self._plan = plan
+
+    def _copy_inputs(
+        self,
+        host: np.ndarray,
+        ids: torch.Tensor,
+        input_ids: torch.Tensor,
+        pos: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> None:
+        """The device part of :meth:`partition` before the graph: the staging copies."""
+        if not self._staging.persistent:  # (the CPU's host buffer is the device buffer)
+            self._staging.commit(host)
+        # two copies, not one _foreach_copy_: for two tensors its dispatch costs more
+        ids.copy_(input_ids)
+        pos.copy_(positions)
 
     def _stage(self, rows: tuple[np.ndarray, ...], Lp: int) -> np.ndarray:
         """Pack the step's per-request arrays ``rows`` (in :data:`STEP`'s row order) and ``Lp``
@@ -574,7 +591,10 @@ class StepGraphs:
         out = plan.gathered_slots
         if num_tokens == 0:  # vLLM's Lp is 0 then: no gathered row
             return out
-        with self.runtime.guard():
+        if self.runtime.check_host_syncs:  # (see partition: the null guard is not free)
+            with self.runtime.guard():
+                torch.index_select(self.out.global_slot_mappings, 1, plan.slot_idx, out=out)
+        else:
             torch.index_select(self.out.global_slot_mappings, 1, plan.slot_idx, out=out)
         return out
 
@@ -594,8 +614,10 @@ class StepGraphs:
         idx = self._prefix("restore", self.out.hidden_restore_idx, num_tokens)
         # index_select, not vLLM's aten::index: cheaper on the host for a few rows, but slower
         # for hundreds of rows (benchmarks/bench_vllm.py)
-        with self.runtime.guard():
-            return gathered.index_select(0, idx)
+        if self.runtime.check_host_syncs:  # (see partition: the null guard is not free)
+            with self.runtime.guard():
+                return gathered.index_select(0, idx)
+        return gathered.index_select(0, idx)
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
