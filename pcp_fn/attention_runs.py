@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from .core.pytree import pytree_dataclass
 from .core.ragged import scatter_to, take
 from .protocol.layout import layout_of
-from .protocol.state import PCPState
+from .protocol.state import PCPState, check_state
 
 
 @pytree_dataclass
@@ -80,6 +80,7 @@ def attention_runs(state: PCPState) -> tuple[PCPState, AttentionRuns]:
     A capture reads the static maxima from the bucket: ``max_seqlen_q = L_b`` and the
     model's length for ``max_seqlen_k``.
     """
+    check_state(state, "attention_runs")
     rows = layout_of(state.config).state_local_rows(state)
     req, offset, valid = rows.request, rows.position, rows.valid
     Lb = req.shape[0]
@@ -90,9 +91,7 @@ def attention_runs(state: PCPState) -> tuple[PCPState, AttentionRuns]:
     real = valid & (offset < n)
     pos = computed + offset  # absolute
     keys = torch.where(real, pos + 1, computed + n)  # a real row sees up to itself; a pad row, the request
-    # rows of one run share (request, real, position - row); pos - row + L_b > 0 and < 2^32
-    code = ((req << 1) + real) << 33 | (pos - slot + Lb)
-    first = valid & (code != F.pad(code[:-1], (1, 0), value=-1))
+    first = valid & _starts_run(req, real, pos - slot + Lb, state.bucket.num_reqs)
     num_runs = first.sum()
     run_first = scatter_to(torch.cumsum(first, 0) - 1, first, slot, Lb)  # [L_b] first row of each run
     has = slot < num_runs
@@ -108,3 +107,18 @@ def attention_runs(state: PCPState) -> tuple[PCPState, AttentionRuns]:
         request=run_req,
         is_padding=has & (run_real == 0),
     )
+
+
+def _starts_run(req: torch.Tensor, real: torch.Tensor, shift: torch.Tensor, Rb: int) -> torch.Tensor:
+    """``[L_b]`` bool: the row's (request, real, position - row) differs from the previous row's.
+
+    ``shift = position - row + L_b`` is in ``(0, 2^33)`` (a real position is below ``INT32_MAX``, a
+    pad row's a few rows past its request's end; ``L_b <= 2 * INT32_MAX``), so one int64 code holds
+    the three when the request fits the 30 bits left (``R_b <= 2^29``, static: every real bucket);
+    a larger bucket compares them one by one (its code would wrap).
+    """
+    if Rb <= 2**29:
+        code = ((req << 1) + real) << 33 | shift
+        return code != F.pad(code[:-1], (1, 0), value=-1)
+    key = torch.stack([req, real.to(torch.int64), shift])
+    return (key != F.pad(key[:, :-1], (1, 0), value=-1)).any(0)

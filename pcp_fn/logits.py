@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .protocol.layout import layout_of
-from .protocol.state import PCPState
+from .protocol.state import PCPState, check_state
 
 
 def get_logits_indices(state: PCPState) -> tuple[PCPState, torch.Tensor]:
@@ -28,6 +28,7 @@ def get_logits_indices(state: PCPState) -> tuple[PCPState, torch.Tensor]:
     Rows past the batch's requests hold 0, and a request with no scheduled
     token (nothing to sample) is clamped to 0.
     """
+    check_state(state, "get_logits_indices")
     layout = layout_of(state.config)
     geo = layout.state_geometry(state)
     return state, layout.logits_from_geometry(state.config, geo, state.num_reqs)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 
 from .protocol.layout import layout_of
-from .protocol.state import PCPState
+from .protocol.state import PCPState, check_state
 
 
 def check_gathered(state: PCPState, gathered: torch.Tensor) -> None:
-    """``gathered`` stacks the ``P`` ranks' ``[L_b, ...]`` buffers: exactly ``P * L_b`` rows."""
+    """``gathered`` stacks the ``P`` ranks' ``[L_b, ...]`` buffers: a dense tensor of exactly ``P * L_b``
+    rows on the state's device. Any dtype: the restore only moves rows. Static checks: capturable."""
+    check_state(state, "restore_hidden_states")
     rows = state.config.pcp_size * state.bucket.num_tokens
     if not isinstance(gathered, torch.Tensor):
         raise TypeError(f"gathered must be a tensor, got {type(gathered).__name__}")
@@ -18,6 +20,10 @@ def check_gathered(state: PCPState, gathered: torch.Tensor) -> None:
             f"gathered must stack the {state.config.pcp_size} ranks' [{state.bucket.num_tokens}, ...] "
             f"buffers of the state's bucket ({rows} rows), got shape {tuple(gathered.shape)}"
         )
+    if gathered.layout != torch.strided:
+        raise TypeError(f"gathered must be a dense (strided) tensor, got layout {gathered.layout}")
+    if gathered.device != state.device:
+        raise ValueError(f"gathered is on {gathered.device}, the state on {state.device}")
 
 
 def restore_hidden_states(state: PCPState, gathered: torch.Tensor) -> tuple[PCPState, torch.Tensor]:

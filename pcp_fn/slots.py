@@ -7,7 +7,7 @@ import torch
 from .core.ragged import masked_gather
 from .protocol.batch import check_token_input
 from .protocol.layout import layout_of
-from .protocol.state import PCPState
+from .protocol.state import PCPState, check_state
 
 
 def padded_slot_mapping(state: PCPState, slot_mapping: torch.Tensor) -> tuple[PCPState, torch.Tensor]:
@@ -34,6 +34,7 @@ def padded_slot_mapping(state: PCPState, slot_mapping: torch.Tensor) -> tuple[PC
     Any other layout: its :meth:`pcp_fn.Layout.gathered_order` (``"mrv2"`` and a
     :class:`pcp_fn.PartitionLayout`: token ``t``'s slot at row ``t``).
     """
-    check_token_input("slot_mapping", slot_mapping, state.config, state.bucket)
+    check_state(state, "padded_slot_mapping")
+    check_token_input("slot_mapping", slot_mapping, state.config, state.bucket, state.device)
     order = layout_of(state.config).gathered_order(state)  # the rows the layout writes to the KV cache
     return state, masked_gather(slot_mapping, order.token, order.unpad_mask, state.config.pad_slot_id)

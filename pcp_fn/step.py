@@ -84,7 +84,7 @@ def step_update(
                 "or pass slot_mapping"
             )
     cfg = state.config
-    check_token_input("slot_mapping", slot_mapping, cfg, batch.bucket)
+    check_token_input("slot_mapping", slot_mapping, cfg, batch.bucket, batch.num_scheduled.device)
     layout_ops = layout_of(cfg)
     up = layout_ops.build(state, batch)
     layout = up.layout

@@ -66,7 +66,7 @@ from .logits import get_logits_indices
 from .protocol.batch import SchedulerBatch, classify_decodes, make_batch, token_rows
 from .protocol.config import PCPConfig
 from .protocol.layout import Layout
-from .protocol.registry import register_layout
+from .protocol.registry import LayoutError, register_layout
 from .protocol.state import PCPState, init_state
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
@@ -165,6 +165,10 @@ def check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
         _check_batch_exact(cfg, b)
     except LayoutCheckError:
         raise
+    except LayoutError as e:  # make_batch's or init_state's own check of the layout found it first
+        if str(e).startswith(f"layout {cfg.layout_name!r} breaks "):  # init_state's: says it all
+            raise LayoutCheckError(str(e)) from e
+        _fail(e.rule or "the ops", cfg, b, str(e))
     except Exception as e:  # the layout raised: that is a failure of the layout, with the batch named
         _fail("the ops", cfg, b, f"{type(e).__name__}: {e}")
 

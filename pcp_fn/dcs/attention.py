@@ -48,7 +48,7 @@ import dataclasses
 
 import torch
 
-from ..core.checks import check_int_tensor
+from ..core.checks import INT32_MAX, check_int_tensor
 from ..core.entry import entry_op
 from ..core.pytree import pytree_dataclass
 from ..core.ragged import segment_of
@@ -56,7 +56,7 @@ from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
 from ..protocol.batch import SchedulerBatch, classify_decodes
 from ..protocol.rows import RequestGeometry
-from ..protocol.state import PCPState
+from ..protocol.state import PCPState, check_batch
 from .attention_tables import range_tables
 from .geometry import request_geometry
 from .layout import padded_order
@@ -226,8 +226,13 @@ def attention_metadata(
             vllm-ascend's ``fixed_decode_seq_lens_cpu`` under async speculative
             decoding); default ``num_computed + num_scheduled``. Its type, integer
             dtype and shape are checked (``TypeError`` / ``ValueError``); its values
-            are device data, never read on the host: non-negative lengths are the
-            caller's contract.
+            are device data, never read on the host: lengths in ``[0, INT32_MAX]`` are
+            the caller's contract (a negative one holds no token:
+            :func:`pcp_fn.cp_local_seq_lens`).
+
+    Raises:
+        ValueError: a config whose layout is not DualChunkSwap's, or a bucket whose
+            ``P * L_b`` gathered rows pass the int32 index tensors (static, no sync).
 
     Example, ``P = 4``, rank 3, fresh prefills ``[8, 12]`` (local lengths
     ``[2, 4]``, ``c = [1, 2]``, ``h = 3``, ``t = 4``)::
@@ -238,27 +243,22 @@ def attention_metadata(
         kv_with_q_head_attn_idx_in_tail  [0..3] ++ [5..12]
         head_actual_seq_lengths_kv [4, 12]     tail_actual_seq_lengths_kv [5, 15]
     """
+    _check_inputs(state, batch, decode_seq_lens)
     cfg = state.config
-    if cfg.layout_name not in ("dcs", "hybrid"):  # the chunk rules below are DualChunkSwap's
-        raise ValueError(
-            f"attention_metadata follows the DualChunkSwap chunks; the {cfg.layout_name!r} layout "
-            "builds its own attention metadata"
-        )
     P, D = cfg.pcp_size, cfg.dcp_size
     Rb, Lb = batch.bucket.num_reqs, batch.bucket.num_tokens
-    if decode_seq_lens is not None:  # static: a wrong shape would broadcast or fail inside torch.where
-        check_int_tensor("decode_seq_lens", decode_seq_lens, (Rb,), "R_b, one per request row of the batch")
     is_decode = classify_decodes(cfg, batch.num_scheduled, batch.num_computed, batch.num_prompt)
     geo = request_geometry(cfg, batch.num_scheduled, is_decode, state.constants)
     order = padded_order(cfg, geo, Lb, state.constants)
 
     computed = batch.num_computed
-    if decode_seq_lens is None:  # a decode's context: computed + scheduled
+    if decode_seq_lens is None:  # a decode's context: computed + scheduled (<= INT32_MAX: make_batch)
         context = torch.addcmul(computed, batch.num_scheduled, is_decode)
-    else:
-        context = torch.where(is_decode, decode_seq_lens.to(computed.dtype), computed)
+    else:  # in the wider dtype: an int64 length is split before the int32 cast, never wrapped first
+        context = torch.where(is_decode, decode_seq_lens, computed)
+    lens = cp_local_seq_lens(context, P, D, cfg.cp_kv_cache_interleave_size)  # exact at INT32_MAX
     meta = AttentionMetadata(
-        num_computed_tokens_of_pcp_dcp=cp_local_seq_lens(context, P, D, cfg.cp_kv_cache_interleave_size),
+        num_computed_tokens_of_pcp_dcp=lens.to(torch.int32),
         num_actual_tokens_pcp_padded=geo.own.padded_start[-1],
         pcp_unpad_mask=order.unpad_mask,
         pcp_allgather_restore_idx=order.restore_index,
@@ -284,6 +284,27 @@ def attention_metadata(
         head_actual_seq_lengths_kv=sums[4],
         tail_actual_seq_lengths_kv=sums[5],
     )
+
+
+def _check_inputs(state: PCPState, batch: SchedulerBatch, decode_seq_lens: torch.Tensor | None) -> None:
+    """:func:`attention_metadata`'s static checks: the state and the batch of one config, of a
+    DualChunkSwap layout, a bucket its int32 outputs can address, ``decode_seq_lens [R_b]`` integers."""
+    check_batch(state, batch)
+    cfg = state.config
+    if cfg.layout_name not in ("dcs", "hybrid"):  # the chunk rules below are DualChunkSwap's
+        raise ValueError(
+            f"attention_metadata follows the DualChunkSwap chunks; the {cfg.layout_name!r} layout "
+            "builds its own attention metadata"
+        )
+    P, Rb, Lb = cfg.pcp_size, batch.bucket.num_reqs, batch.bucket.num_tokens
+    if P * Lb > INT32_MAX:  # the int32 index tensors and lengths count up to P * L_b rows
+        raise ValueError(
+            f"attention_metadata's int32 index tensors address the bucket's P * L_b = {P} * {Lb} gathered "
+            f"rows, past the int32 limit {INT32_MAX} (vllm-ascend's metadata is int32 too): a batch this "
+            "large has no attention metadata"
+        )
+    if decode_seq_lens is not None:  # a wrong shape would broadcast or fail inside torch.where
+        check_int_tensor("decode_seq_lens", decode_seq_lens, (Rb,), "R_b, one per request row of the batch")
 
 
 def _prefill_seqlens(state: PCPState, geo: RequestGeometry, Rb: int) -> torch.Tensor:

@@ -106,9 +106,9 @@ class HostLayout:
 
     @functools.cached_property
     def num_padded(self) -> np.ndarray:
-        """int32 rows of each request in the gathered, padded order (``n * P`` for a decode,
-        ``n`` rounded up to ``2P`` for a prefill)."""
-        return self.pcp_tokens * self.pcp_size
+        """int64 rows of each request in the gathered, padded order (``n * P`` for a decode,
+        ``n`` rounded up to ``2P`` for a prefill: past int32 for a prefill near ``INT32_MAX``)."""
+        return self.pcp_tokens.astype(np.int64) * self.pcp_size
 
     @functools.cached_property
     def dcs_rows(self) -> np.ndarray:
@@ -140,8 +140,8 @@ class HostLayout:
 
     @functools.cached_property
     def num_pads(self) -> np.ndarray:
-        """int32 pads of each request (vllm-ascend ``num_pcp_pads_cpu[:n]``)."""
-        return self.num_padded - self.num_scheduled
+        """int32 pads of each request (vllm-ascend ``num_pcp_pads_cpu[:n]``; fewer than ``2P``)."""
+        return (self.num_padded - self.num_scheduled).astype(np.int32)
 
     @property
     def prefill_tokens(self) -> int:
@@ -232,7 +232,11 @@ def host_layout(
     acc = np.int32 if 0 <= 2 * bound * n <= INT32_MAX else np.int64
     total = int(_add_reduce(sched, dtype=acc))
     if P > 1 and nd < n:  # a prefill: padded to 2P, two chunks here; a decode: replicated
-        pcp_tokens = (sched + (2 * P - 1)) // (2 * P) * 2
+        # 2 * ceil(n / 2P) as ((n - 1) // 2P + 1) * 2: n - 1 cannot pass int32 where n + 2P - 1 can
+        pcp_tokens = sched - 1
+        pcp_tokens //= 2 * P
+        pcp_tokens += 1
+        pcp_tokens *= 2
         pcp_tokens[:nd] = sched[:nd]
         num_tokens = int(_add_reduce(pcp_tokens, dtype=acc))
         decode_tokens = int(_add_reduce(sched[:nd], dtype=acc))

@@ -36,7 +36,13 @@ class ChunkRule(Protocol):
 
 
 def chunk_size(n: N, num_chunks: int) -> N:
-    """``ceil(n / num_chunks)``: tokens per chunk of a split prefill of ``n``."""
+    """``ceil(n / num_chunks)``: tokens per chunk of a split prefill of ``n >= 0``.
+
+    On int32 counts (the device batch's) as ``(n - 1) // num_chunks + 1``, which cannot wrap where
+    ``n + num_chunks - 1`` can (a prefill near ``INT32_MAX``); equal for every ``n >= 0``.
+    """
+    if getattr(n, "dtype", None) in (torch.int32, np.int32):
+        return (n - 1) // num_chunks + 1
     return (n + (num_chunks - 1)) // num_chunks
 
 

@@ -8,6 +8,7 @@ A layout author reads this package and nothing of a layout's own:
 - :mod:`.rows`: the row, order and per-request types a layout returns;
 - :mod:`.layout`: the :class:`Layout` protocol and :func:`layout_of`;
 - :mod:`.registry`: the registry (built-ins found by name, no import side effect);
+- :mod:`.canonical`: ``init_state``'s first run of a layout that is not a built-in;
 - :mod:`.partition`: :class:`PartitionLayout`, a layout from its token partition alone;
 - :mod:`.package`: :class:`PackageLayout`, a layout from a module's functions.
 
@@ -20,13 +21,14 @@ from .config import PCPConfig
 from .layout import Layout, layout_of
 from .package import PackageLayout
 from .partition import PartitionLayout, Requests, rows_from_segments
-from .registry import available_layouts, get_layout, register_layout
+from .registry import LayoutError, available_layouts, get_layout, register_layout
 from .rows import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, RestoredSpans, TokenLayout
 from .state import PCPState, check_batch, init_state, next_state
 
 __all__ = [
     "GatheredOrder",
     "Layout",
+    "LayoutError",
     "LayoutUpdate",
     "LocalRows",
     "PCPConfig",

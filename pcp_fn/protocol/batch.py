@@ -33,6 +33,7 @@ from ..core.checks import ArrayLike, check_sequence_ends, host_int_rows
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.staging import host_buffer, to_device
 from .config import PCPConfig
+from .registry import LayoutError
 
 A = TypeVar("A", np.ndarray, torch.Tensor)
 
@@ -73,18 +74,28 @@ def token_rows(config: PCPConfig, bucket: Bucket) -> int:
     return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
 
 
-def check_token_input(name: str, values: torch.Tensor, config: PCPConfig, bucket: Bucket) -> None:
-    """A per-token input in scheduler order must be ``[F_b, ...]``: padded on the host
-    (``make_batch(..., slot_mapping=...)``), never truncated or extended inside an op."""
+def check_token_input(
+    name: str, values: torch.Tensor, config: PCPConfig, bucket: Bucket, device: torch.device | None = None
+) -> None:
+    """A per-token input in scheduler order must be ``[F_b]``, padded on the host
+    (``make_batch(..., slot_mapping=...)``), never truncated or extended inside an op; a KV slot
+    mapping, so int32 or int64 (a float or a bool would pass through the gather silently, a
+    narrower integer could not hold ``pad_slot_id``), on ``device`` (the state's or the batch's)
+    when given. Static checks (type, dtype, shape, device): capturable."""
     rows = token_rows(config, bucket)
     if not isinstance(values, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(values).__name__}")
-    if values.dim() < 1 or values.shape[0] != rows:
+    if values.dim() != 1 or values.shape[0] != rows:
         raise ValueError(
-            f"{name} must have the bucket's {rows} scheduler-order token rows (F_b = min(max_num_tokens, "
-            f"pcp_size * {bucket.num_tokens})), got shape {tuple(values.shape)}; pad it on the host "
-            "(make_batch(..., slot_mapping=...))"
+            f"{name} must have the bucket's {rows} scheduler-order token rows, 1-D ([F_b], F_b = "
+            f"min(max_num_tokens, pcp_size * {bucket.num_tokens})), got shape {tuple(values.shape)}; pad it "
+            "on the host (make_batch(..., slot_mapping=...))"
         )
+    dtype = values.dtype
+    if dtype is not torch.int64 and dtype is not torch.int32:  # (identity: a third of `in`'s cost)
+        raise TypeError(f"{name} must be an int64 or int32 tensor of KV slots, got {dtype}")
+    if device is not None and values.device != device:
+        raise ValueError(f"{name} is on {values.device}, the batch's tensors on {device}")
 
 
 def _host_slots(values: ArrayLike, num_tokens: int) -> np.ndarray:
@@ -203,6 +214,9 @@ def build_batch(
         raise _decode_after_prefill(config, is_decode, sched, comp, prompt)
     # the config's layout bounds the rows a rank holds (pcp_fn.Layout.num_local_tokens)
     num_local = config.layout_impl.num_local_tokens(config, rows[0], num_decodes, rows[1])
+    # the host's check of the layout's bound: an int, >= ceil(total / P), <= L (check_local_bound)
+    if type(num_local) is not int or num_local * config.pcp_size < total or num_local > config.L:
+        num_local = check_local_bound(config, num_local, total)
     if bucket is None:
         bucket = config.bucket_for(num_reqs, num_local)
     else:
@@ -223,6 +237,40 @@ def build_batch(
     fields["num_prompt"] = prompt_d
     fields["slot_mapping"] = slot_part
     return batch, extra_d
+
+
+def check_local_bound(config: PCPConfig, num_local: object, total: int) -> int:
+    """The layout's ``num_local_tokens`` for a valid batch of ``total`` tokens, as an int: an
+    integer, at least ``ceil(total / P)`` (the ranks hold every token between them, so one holds
+    that many) and at most the local capacity ``L`` (the protocol's promise for a valid batch).
+
+    What the host can check of the layout's bound without the device: that it is at least every
+    rank's rows is :func:`pcp_fn.testing.check_layout`'s capacity rule (a bound one short cuts
+    a run, and a token, at the bucket's end).
+    """
+    name = config.layout_name
+    if isinstance(num_local, bool) or not isinstance(num_local, int | np.integer):
+        raise TypeError(
+            f"layout {name!r}: num_local_tokens must return an int, got "
+            f"{type(num_local).__name__} {num_local!r}"
+        )
+    num_local, P = int(num_local), config.pcp_size
+    least = -(-total // P)
+    if num_local < least:
+        raise LayoutError(
+            f"layout {name!r}: num_local_tokens says {num_local} local rows for a batch of {total} tokens, "
+            f"but the {P} ranks hold every token between them, so one holds at least "
+            f"ceil({total} / {P}) = {least} (pcp_fn.Layout.num_local_tokens bounds every rank's rows)",
+            "capacity",
+        )
+    if num_local > config.max_local_tokens:
+        raise LayoutError(
+            f"layout {name!r}: num_local_tokens says {num_local} local rows for a batch within "
+            f"max_num_reqs and max_num_tokens, past the local capacity L={config.max_local_tokens} "
+            "that every valid batch must fit (pcp_fn.Layout.num_local_tokens)",
+            "capacity",
+        )
+    return num_local
 
 
 def _decode_after_prefill(

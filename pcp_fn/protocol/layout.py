@@ -54,7 +54,9 @@ class Layout(NamedLayout, Protocol):
             (numpy) only, called by :func:`pcp_fn.make_batch` to pick the bucket: an
             upper bound on the local rows any rank holds (``num_scheduled``,
             ``num_computed``: ``[n]`` int64, decodes first, ``num_decodes`` of them).
-            Must not exceed ``config.max_local_tokens`` for any valid batch.
+            Must not exceed ``config.max_local_tokens`` for any valid batch. ``make_batch``
+            refuses a result that is not an int in ``[ceil(tokens / P), L]``; one below a
+            rank's rows has a :class:`pcp_fn.PartitionLayout` cut the runs past ``L_b``.
         build(state, batch) -> LayoutUpdate: the entry map; reads only the state's
             rank and constants. ``LayoutUpdate``: next state (recording the batch,
             :func:`pcp_fn.protocol.state.next_state`), the public ``TokenLayout``
@@ -111,6 +113,17 @@ class Layout(NamedLayout, Protocol):
        exactly once; the others get ``pad_slot_id``;
     5. logits: ``logits[i]`` is the restored row of request ``i``'s last token;
     6. positions: ``positions = num_computed[request] + offset`` on real rows.
+
+    What the serving path checks, without a host sync (docs/layouts.md, "What is checked
+    where"): :func:`pcp_fn.register_layout` the members and the name; :func:`pcp_fn.make_batch`
+    that ``num_local_tokens`` is an int in ``[ceil(tokens / P), L]``; the first
+    :func:`pcp_fn.init_state` of a config whose layout is not a built-in runs it once, on the
+    CPU, on a few canonical batches, in the exact bucket its bound asks for, and checks rules
+    2 to 6 and the capacity (:mod:`pcp_fn.protocol.canonical`: a layout that is not a
+    partition, or whose bound is short there, raises ``LayoutError``). On the batches it
+    serves, every rule (and rank 0's copy in rule 3, and capturability) is
+    :func:`pcp_fn.testing.check_layout`'s alone: checking it there would read every rank's
+    rows back on the host each step.
 
     Worked example, ``P = 2``, ``L_b = 9``, tokens ``[1, 5, 8]`` (request 0 a decode),
     the ``"dcs"`` layout: rank 0's local rows are ``(request, offset)``

@@ -29,7 +29,7 @@ class PackageLayout:
             setattr(self, member, getattr(package, member))
 
     def __repr__(self) -> str:
-        return f"PackageLayout({self.name!r}, {self.package.__name__})"
+        return f"PackageLayout({self.name!r}, {getattr(self.package, '__name__', repr(self.package))})"
 
     def __reduce__(self) -> tuple[object, tuple[str]]:
         return get_layout, (self.name,)  # pickled by name (a config that holds it pickles)

@@ -96,7 +96,8 @@ def rows_from_segments(first: torch.Tensor, length: torch.Tensor, num_rows: int)
     S = first.shape[1]
     starts = offsets(length.flatten())  # [R_b * S + 1]
     row = arange_of(num_rows, first.device)
-    # runs past num_rows are cut off (a layout over its capacity loses tokens: check_layout says so)
+    # runs past num_rows are cut off: a bound short of the rows loses tokens (init_state's canonical
+    # batches and check_layout's capacity rule catch it; a served batch cannot read it back)
     run = segment_of(starts[1:].clamp(max=num_rows), row).clamp(max=starts.shape[0] - 2)
     valid = row < starts[-1]
     position = take(first.flatten(), run) + row - take(starts, run)

@@ -40,6 +40,20 @@ PROTOCOL_MEMBERS = (
 )
 
 
+class LayoutError(ValueError):
+    """A layout broke a rule of :class:`pcp_fn.Layout` where the library can see it without a host
+    sync: its ``num_local_tokens`` at :func:`pcp_fn.make_batch`, its first run on a few canonical
+    batches at :func:`pcp_fn.init_state` (:mod:`pcp_fn.protocol.canonical`). ``rule``: the
+    :func:`pcp_fn.testing.check_layout` rule it breaks (``"capacity"``, ``"ownership"``...)."""
+
+    def __init__(self, message: str, rule: str = "") -> None:
+        super().__init__(message)
+        self.rule = rule
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (str(self), self.rule)  # pickled with its rule (a process boundary)
+
+
 class NamedLayout(Protocol):
     """A registry entry: a :class:`pcp_fn.Layout` (which extends this), found by its ``name``."""
 
@@ -61,30 +75,92 @@ def _lookup(name: str) -> NamedLayout | None:
 def register_layout(layout: NamedLayout, *, replace: bool = False) -> NamedLayout:
     """Make ``layout`` selectable as ``PCPConfig(..., layout=layout.name)``; returns it.
 
-    Raises ``ValueError`` when an object of another class holds the name, a built-in
-    included (``replace=True`` overrides; another instance of the same class replaces it:
-    a notebook re-running its cell), and ``TypeError`` when ``layout`` does not
-    implement :class:`pcp_fn.Layout`.
+    A name is held by one object. Registering it again is a no-op for the very same object and,
+    under a name that is not a built-in's, replaces the holder with another instance of the
+    same user class (a notebook re-running its cell: the class is the same by module and
+    qualified name, even when the cell made it anew; a :class:`pcp_fn.PackageLayout` of the same
+    module). Any other object needs ``replace=True``: a built-in (``"dcs"``, ``"mrv2"``...),
+    whatever the class of the newcomer, and a name held by another class.
+
+    Raises:
+        TypeError: ``layout`` does not implement :class:`pcp_fn.Layout` (a member missing or not
+            callable), its ``name`` is not a non-empty str, or ``replace`` is not a bool.
+        ValueError: the name is held by another object and ``replace`` is False (the message
+            names ``replace=True``).
     """
-    missing = [m for m in PROTOCOL_MEMBERS if not hasattr(layout, m)]
-    if missing:
-        raise TypeError(f"{layout!r} is not a pcp_fn.Layout: it lacks {missing}")
+    check_protocol(layout)
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace must be a bool, got {type(replace).__name__} {replace!r}")
     name = layout.name
-    if not isinstance(name, str) or not name:
-        raise TypeError(f"a layout's name must be a non-empty str, got {name!r}")
     held = _lookup(name)
-    if held is not None and type(held) is not type(layout) and not replace:
-        raise ValueError(f"layout name {name!r} is already registered to {held!r}")
+    if held is not None and not replace and not _same_layout(name, held, layout):
+        cls = type(held)
+        held_by = f"an instance of {cls.__module__}.{cls.__qualname__}"
+        why = "a built-in" if name in BUILTIN_LAYOUTS else held_by
+        raise ValueError(
+            f"layout name {name!r} is already registered to {held!r} ({why}); pass replace=True to "
+            f"replace it with {layout!r}"
+        )
     _REGISTRY[name] = layout
     return layout
 
 
+def check_protocol(layout: object) -> None:
+    """``layout`` has every member of :class:`pcp_fn.Layout` (callable, but ``name``: a non-empty
+    str); ``TypeError`` naming what it lacks."""
+    missing = [m for m in PROTOCOL_MEMBERS if not hasattr(layout, m)]
+    if missing:
+        raise TypeError(f"{layout!r} is not a pcp_fn.Layout: it lacks {missing}")
+    flat = [m for m in PROTOCOL_MEMBERS[1:] if not callable(getattr(layout, m))]
+    if flat:
+        raise TypeError(f"{layout!r} is not a pcp_fn.Layout: its {flat} are not callable")
+    name = layout.name  # type: ignore[attr-defined]
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a layout's name must be a non-empty str, got {name!r}")
+
+
+def _identity(layout: object) -> tuple[str, ...] | None:
+    """What makes two layout objects the same layout re-made: a user class's module and qualified
+    name, a :class:`pcp_fn.PackageLayout`'s module; ``None`` for any other class of the library
+    (``MRV2Partition``...: its instances differ by their arguments)."""
+    cls = type(layout)
+    package = getattr(layout, "package", None)
+    if cls.__module__.split(".")[0] != "pcp_fn":
+        return ("class", cls.__module__, cls.__qualname__)
+    if cls.__qualname__ == "PackageLayout" and package is not None:
+        return ("package", getattr(package, "__name__", repr(package)))
+    return None
+
+
+def _same_layout(name: str, held: NamedLayout, layout: NamedLayout) -> bool:
+    """``layout`` may take ``name`` from ``held`` without ``replace=True`` (:func:`register_layout`)."""
+    if held is layout:
+        return True
+    if name in BUILTIN_LAYOUTS:
+        return False
+    ident = _identity(layout)
+    return ident is not None and ident == _identity(held)
+
+
 def get_layout(name: str) -> NamedLayout:
-    """The layout called ``name`` (a built-in or a registered one)."""
+    """The layout called ``name`` (a built-in or a registered one); ``ValueError`` for an unknown
+    name, ``TypeError`` for a name that is not a str."""
+    if not isinstance(name, str):
+        raise TypeError(f"a layout name must be a str, got {type(name).__name__} {name!r}")
     held = _lookup(name)
     if held is None:
         raise ValueError(f"unknown layout {name!r}; registered: {sorted(available_layouts())}")
     return held
+
+
+def is_builtin(layout: object) -> bool:
+    """``layout`` is the object of a built-in (:data:`BUILTIN_LAYOUTS`: a registration with
+    ``replace=True`` is not)."""
+    name = getattr(layout, "name", None)
+    if not isinstance(name, str) or name not in BUILTIN_LAYOUTS:
+        return False
+    module, attribute = BUILTIN_LAYOUTS[name]
+    return getattr(importlib.import_module(module), attribute) is layout
 
 
 def available_layouts() -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from ..core.checks import check_device
 from ..core.pytree import pytree_dataclass, static_field
 from ..core.rank import rank_leaf
 from .batch import SchedulerBatch
+from .canonical import check_new_layout
 from .config import PCPConfig
 
 
@@ -84,16 +85,33 @@ def init_state(
     ``rank=None`` keeps the rank static (``config.pcp_rank``). Passing a rank
     (an int or a 0-d integer tensor, checked against ``pcp_size`` here) makes
     it a tensor leaf instead; ``config.pcp_rank`` is then ignored by the ops.
+
+    The first state of a config whose layout is not a built-in runs the layout once on a few
+    canonical batches, eagerly, on the CPU (:mod:`pcp_fn.protocol.canonical`): a layout that
+    breaks a rule of :class:`pcp_fn.Layout` there is refused with a ``ValueError``
+    (:class:`pcp_fn.protocol.LayoutError`) before anything is served.
     """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
     check_device("device", device)  # a missing GPU named here, not in a torch internal
+    leaf = rank_leaf(config.pcp_size, rank, device)
+    check_new_layout(config, _cpu_state)
+    return _new_state(config, device, leaf)
+
+
+def _cpu_state(config: PCPConfig) -> PCPState:
+    """A fresh state of ``config`` on the CPU, its rank static (the canonical batches' runs)."""
+    return _new_state(config, torch.device("cpu"), None)
+
+
+def _new_state(config: PCPConfig, device: torch.device, rank: torch.Tensor | None) -> PCPState:
+    """A state of ``config`` on ``device`` (rank: :func:`pcp_fn.core.rank.rank_leaf`'s), unchecked."""
     R = config.max_num_reqs
     return PCPState(
         config=config,
         bucket=config.capacity,
-        rank=rank_leaf(config.pcp_size, rank, device),
+        rank=rank,
         num_reqs=torch.zeros((), dtype=torch.int64, device=device),
         num_scheduled=torch.zeros(R, dtype=torch.int32, device=device),
         num_computed=torch.zeros(R, dtype=torch.int32, device=device),
@@ -103,6 +121,13 @@ def init_state(
             for name, values in layout_constants(config).items()
         },
     )
+
+
+def check_state(state: object, op: str) -> None:
+    """``state`` must be a :class:`PCPState` (``TypeError`` naming ``op``, not an attribute error
+    deep inside it)."""
+    if not isinstance(state, PCPState):
+        raise TypeError(f"{op} takes a PCPState (from init_state or an op), got {type(state).__name__}")
 
 
 def check_batch(state: PCPState, batch: SchedulerBatch) -> None:

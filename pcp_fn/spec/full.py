@@ -49,9 +49,10 @@ class MTPLayout:
         request: ``[M_b]`` int64 request of each MTP row (0 past ``num_tokens``).
         positions: ``[M_b]`` int64 absolute position ``num_computed + offset`` (0 past).
         num_tokens: 0-d int64, real rows (``sum(num_scheduled) + num_reqs * (k - 1)``).
-        slot_mapping: ``[M_b * P]`` vllm-ascend's ``mtp_slot_pad``: MTP row ``t``'s
+        slot_mapping: ``[M_b * P]`` int32 vllm-ascend's ``mtp_slot_pad``: MTP row ``t``'s
             slot at ``t * P``, every other entry ``pad_slot_id``; ``None``
-            without a ``slot_fn``.
+            without a ``slot_fn`` (whose slots, integers, must be below ``2**31``: device
+            data, not read on the host).
     """
 
     request: torch.Tensor
@@ -122,8 +123,12 @@ def mtp_slots(cfg: PCPConfig, rows: ScheduledRows, slot_fn: SlotFn | None) -> MT
         return mtp
     M, P = mtp.request.shape[0], cfg.pcp_size
     got = slot_fn(mtp.request, mtp.positions)
+    if not isinstance(got, torch.Tensor):
+        raise TypeError(f"slot_fn must return a tensor of [{M}] slots, got {type(got).__name__}")
     if got.shape != (M,):
         raise ValueError(f"slot_fn must return [{M}] slots (one per MTP row), got {tuple(got.shape)}")
+    if got.is_floating_point() or got.is_complex() or got.dtype == torch.bool:  # no silent truncation
+        raise TypeError(f"slot_fn must return integer slots, got {got.dtype}")
     got = torch.where(valid, got.to(torch.int32), cfg.pad_slot_id)
     # token-strided, like the decode region of the padded slot mapping: row t at t * P
     slots = F.pad(got[:, None], (0, P - 1), value=cfg.pad_slot_id).reshape(M * P) if P > 1 else got
@@ -193,7 +198,8 @@ def full_input_ids(
         num_computed_tokens: ``[R_b]`` (``batch.num_computed``).
         slot_fn: ``slot_fn(request [M_b], position [M_b]) -> [M_b]`` slots.
     """
-    check_rows("num_computed_tokens", num_computed_tokens, state.bucket.num_reqs, "R_b, one per request row")
+    Rb = state.bucket.num_reqs
+    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row", integer=True)
     check_token_ids(token_ids)
     return state, full_inputs(state, state_view(state), token_ids, num_computed_tokens, slot_fn)
 
@@ -384,7 +390,9 @@ def rebuild_spec_positions(
         slot_fn: as for :func:`full_input_ids`.
     """
     cfg, bucket = state.config, state.bucket
-    check_rows("num_computed_tokens", num_computed_tokens, bucket.num_reqs, "R_b, one per request row")
+    check_rows(
+        "num_computed_tokens", num_computed_tokens, bucket.num_reqs, "R_b, one per request row", integer=True
+    )
     view = state_view(state)
     rows = scheduled_rows(cfg, bucket, view, num_computed_tokens)
     mine = layout_of(cfg).state_local_rows(state, geometry=view.geo)

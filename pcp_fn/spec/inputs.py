@@ -86,12 +86,16 @@ class SpecInputs:
     token_ids_shape: tuple[int, int] | None = static_field(default=None)
 
 
-def check_rows(name: str, tensor: object, rows: int, what: str) -> None:
-    """An op's input must be ``[rows, ...]``, the bucket's ``what`` rows: never truncated or extended."""
+def check_rows(name: str, tensor: object, rows: int, what: str, *, integer: bool = False) -> None:
+    """An op's input must be ``[rows, ...]``, the bucket's ``what`` rows: never truncated or extended.
+    ``integer``: a count or an index, an integer dtype (a float would pass through the integer
+    arithmetic silently)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(tensor).__name__}")
     if tensor.dim() < 1 or tensor.shape[0] != rows:
         raise ValueError(f"{name} must have {rows} rows ({what}), got shape {tuple(tensor.shape)}")
+    if integer and (tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool):
+        raise TypeError(f"{name} must hold integers, got {tensor.dtype}")
 
 
 def real_requests(state: PCPState) -> torch.Tensor:

@@ -11,8 +11,10 @@ scheduler order of the state's last update and the MTP slot layout of
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from ..core.checks import check_int_tensor
 from ..core.pytree import pytree_dataclass
 from ..core.rank import select_rank
 from ..core.seqlens import cp_local_seq_lens
@@ -222,7 +224,7 @@ def mtp_attention_mask(
             bucket's.
     """
     Rb = state.bucket.num_reqs
-    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row")
+    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row", integer=True)
     if isinstance(num_cols, bool) or not isinstance(num_cols, int) or num_cols < 1:
         raise ValueError(f"num_cols must be a positive int, got {num_cols!r}")
     return state, attention_mask(state, state_view(state), num_computed_tokens, num_cols)
@@ -268,7 +270,7 @@ def mtp_blocked_keys(
     is exact. Arguments as :func:`mtp_attention_mask`.
     """
     Rb = state.bucket.num_reqs
-    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row")
+    check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row", integer=True)
     if isinstance(num_cols, bool) or not isinstance(num_cols, int) or num_cols < 1:
         raise ValueError(f"num_cols must be a positive int, got {num_cols!r}")
     return state, blocked_keys(state, state_view(state), num_computed_tokens, num_cols)
@@ -370,10 +372,25 @@ def drafting_cp_seq_lens(
     + d + 1)``. ``P = 2``, ``I = 1``, ``seq_lens [5]``, ``d = 0``: ``[[3], [3]]``
     on the two ranks; rank 1's ``cp_seq_len [3]``.
 
+    The sum is formed in int64 (a length at the int32 limit plus the drafts does not wrap), the
+    shares come back in ``seq_lens``' dtype: exact whenever a rank's share fits it (always for an
+    int32 length under context parallelism, ``C >= 2``: a share is at most half the length).
+
     Args:
-        seq_lens: ``[R_b]`` the drafter's sequence lengths (the state's bucket).
-        draft_index: int or 0-d tensor.
+        seq_lens: ``[R_b]`` integer, the drafter's sequence lengths (the state's bucket).
+        draft_index: int or 0-d integer tensor.
     """
-    check_rows("seq_lens", seq_lens, state.bucket.num_reqs, "R_b, one per request row")
-    lens, mine = my_cp_lens(state, seq_lens + draft_index + 1)
-    return state, DraftingSeqLens(cp_seq_len=mine, num_computed_tokens_of_pcp_dcp=lens)
+    check_rows("seq_lens", seq_lens, state.bucket.num_reqs, "R_b, one per request row", integer=True)
+    check_draft_index(draft_index)
+    lens, mine = my_cp_lens(state, seq_lens.to(torch.int64) + draft_index + 1)
+    dtype = seq_lens.dtype
+    return state, DraftingSeqLens(cp_seq_len=mine.to(dtype), num_computed_tokens_of_pcp_dcp=lens.to(dtype))
+
+
+def check_draft_index(draft_index: object) -> None:
+    """A draft step is an int or a 0-d integer tensor (its value is device data: not read)."""
+    if isinstance(draft_index, torch.Tensor):
+        check_int_tensor("draft_index", draft_index, (), "a 0-d draft step")
+    elif isinstance(draft_index, bool) or not isinstance(draft_index, int | np.integer):
+        kind = type(draft_index).__name__
+        raise TypeError(f"draft_index must be an int or a 0-d integer tensor, got {kind}")
