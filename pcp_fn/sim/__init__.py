@@ -10,8 +10,11 @@ model, JSONL traces with deterministic replay, and the ``pcp-fn`` command.
 - :mod:`.trace`: ``write_trace`` / ``read_trace`` / ``replay`` (a SHA-256 digest; one
   graph per bucket in the compiled and captured modes), ``replay_digest`` and
   ``stream_trace`` (the digest, a trace read, in memory bounded by one step);
-- :mod:`.compare`: every layout's per-rank costs under a workload's config;
-- :mod:`.cli`: ``pcp-fn simulate | record | replay | compare``.
+- :mod:`.compare`: every layout's per-rank costs under a workload's config (table, figure,
+  CSV, JSON);
+- :mod:`.show`: which rank holds which token of one batch, under any layout (text, figure);
+- :mod:`.outputs`: the commands' output paths, checked before any work;
+- :mod:`.cli`: ``pcp-fn simulate | record | replay | compare | show``.
 
 Per-token inputs enter bucket-shaped through the host boundary
 (``make_batch(..., slot_mapping=...)``), so a compiled step sees one shape per bucket.

@@ -1,14 +1,15 @@
-"""``pcp-fn``: simulate PCP scheduling, record traces, replay them, compare layouts.
+"""pcp-fn: simulate PCP scheduling, record traces, replay them, compare layouts, show one batch.
 
 pcp-fn simulate                          # a synthetic workload at P=4, every rank, checked
 pcp-fn record trace.jsonl [--force]      # the same, written as a trace (never overwrites unless told)
 pcp-fn replay trace.jsonl [--expect D]   # replay through the pure step; prints the SHA-256 digest
 pcp-fn compare trace.jsonl --plot a.png  # every layout's per-rank cost at P = 2..8 (trace optional)
+pcp-fn show --layout mrv2                # which rank holds which token of one batch (the README's)
 
-Exit status: 0 on success, 1 when ``replay --expect`` meets another digest, 2 on bad input
-(a malformed trace, a bad flag, a file that cannot be read or written, a ``--load`` file that
+Exit status: 0 on success, 1 when replay --expect meets another digest, 2 on bad input
+(a malformed trace, a bad flag, a file that cannot be read or written, a --load file that
 fails or registers no layout: one line on stderr, no traceback), 130 / 143 when interrupted
-(SIGINT / SIGTERM; ``record`` leaves no file behind).
+(SIGINT / SIGTERM; record leaves no file behind).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -39,16 +40,10 @@ from .. import (
     make_batch,
     step,
 )
-from .compare import (
-    LayoutFailed,
-    check_plot_path,
-    compare_config,
-    config_settings,
-    format_refusals,
-    format_table,
-    plot,
-)
+from . import compare, show
+from .compare import LayoutFailed, compare_config, describe, format_refusals, format_table
 from .engine import Runner, ScheduledStep, StepRecord, synthetic_requests
+from .outputs import check_distinct, check_output_path, check_plot_path
 from .trace import (
     LIMITS,
     Terminated,
@@ -74,6 +69,10 @@ FLAG_LIMITS = {
     "--arrival-every": 1 << 10,
     "--max-steps": 1 << 24,
     "--rank": LIMITS["pcp_size"] - 1,
+    # show's batch: a picture, not a workload
+    "--scheduled": show.MAX_TOKENS,
+    "--computed": 1 << 30,
+    "--prompt": 1 << 30,
 }
 """The largest value of each numeric flag, checked before anything is allocated: the trace
 header's :data:`pcp_fn.sim.trace.LIMITS` for the config (a recorded trace must replay), the
@@ -84,18 +83,49 @@ MAX_WORKLOAD_TOKENS = 1 << 24
 prompt plus the longest output (every request's tokens and KV blocks are kept in memory)."""
 
 
-def _progress(iterable, total: int, enabled: bool, desc: str):
+def _progress_bar(total: int, enabled: bool, desc: str) -> Any:
+    """A bar over the workload's ``total`` requests, known before the first step (a bar over
+    ``--max-steps`` counted to 10000 on a run of 386 steps), or None: no bar asked for, or
+    tqdm (the cli extra) not installed."""
     if not enabled:
-        return iterable
+        return None
     try:
         from tqdm import tqdm
     except ImportError:  # the cli extra is not installed: run without a bar
-        return iterable
-    return tqdm(iterable, total=total, desc=desc, unit="step", leave=False, file=sys.stderr, disable=None)
+        return None
+    return tqdm(total=total, desc=desc, unit="req", leave=False, file=sys.stderr, disable=None)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; each option that takes a value ends its help with its default,
+    ``(default: X)``, unless the help says it already (a default that is no plain value: all
+    registered layouts, no figure)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # `is`: a default of 0 is a value to show (0 == False)
+        none = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "(default" in text or none or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (``pcp-fn compare: error: ...``), no usage block."""
+    """argparse with its errors on one line (``pcp-fn compare: error: ...``), no usage block,
+    and every default in its help (:class:`_HelpFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        # Python 3.11's argparse drops a value of "--" (--seed=--) and hands the flag [],
+        # unchecked: the flag's own type names it instead
+        if arg_strings == ["--"] and action.option_strings and action.nargs is None:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
@@ -154,53 +184,77 @@ def _span(flag: str) -> Callable[[str], tuple[int, int]]:
     return parse
 
 
+def _counts(flag: str, lo: int) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: comma-separated integers, each in ``[lo, FLAG_LIMITS[flag]]``."""
+    one = _bounded(flag, lo)
+
+    def parse(text: str) -> tuple[int, ...]:
+        parts = text.split(",")
+        if len(parts) > FLAG_LIMITS[flag]:
+            raise argparse.ArgumentTypeError(f"{len(parts)} values; at most {FLAG_LIMITS[flag]}")
+        try:
+            return tuple(one(part) for part in parts)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers ({e}), got {text[:40]!r}"
+            ) from None
+
+    return parse
+
+
 def _add_workload_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument(
-        "--pcp-size", "-P", type=_bounded("--pcp-size", 1), default=4, help="PCP ranks (default 4)"
+        "--pcp-size", "-P", type=_bounded("--pcp-size", 1), default=4, metavar="P", help="PCP ranks"
     )
     g.add_argument(
-        "--requests", type=_bounded("--requests", 1), default=24, help="number of requests (default 24)"
+        "--requests", type=_bounded("--requests", 1), default=24, metavar="N", help="number of requests"
     )
     g.add_argument(
-        "--prompt-len",
-        type=_span("--prompt-len"),
-        default=(1, 2000),
-        help="prompt length N or LO:HI (default 1:2000)",
+        "--prompt-len", type=_span("--prompt-len"), default="1:2000", metavar="N|LO:HI", help="prompt length"
     )
     g.add_argument(
         "--output-len",
         type=_span("--output-len"),
-        default=(1, 32),
-        help="tokens to generate, N or LO:HI (default 1:32)",
+        default="1:32",
+        metavar="N|LO:HI",
+        help="tokens to generate",
     )
     g.add_argument(
         "--arrival-every",
         type=_bounded("--arrival-every", 0),
         default=2,
-        help="mean steps between arrivals (default 2)",
+        metavar="N",
+        help="mean steps between arrivals",
     )
     g.add_argument(
         "--max-num-reqs",
         type=_bounded("--max-num-reqs", 1),
         default=16,
-        help="requests per step, R (default 16)",
+        metavar="R",
+        help="requests per step, R",
     )
     g.add_argument(
         "--max-num-tokens",
         type=_bounded("--max-num-tokens", 1),
         default=1024,
-        help="token budget per step, T (default 1024)",
+        metavar="T",
+        help="token budget per step, T",
     )
     g.add_argument(
         "--spec-tokens",
         type=_bounded("--spec-tokens", 0),
         default=0,
-        help="speculative tokens per decode (default 0)",
+        metavar="N",
+        help="speculative tokens per decode",
     )
-    g.add_argument("--seed", type=_non_negative, default=0, help="random seed (default 0)")
+    g.add_argument("--seed", type=_non_negative, default=0, metavar="N", help="random seed")
     g.add_argument(
-        "--max-steps", type=_bounded("--max-steps", 1), default=10_000, help="stop after this many steps"
+        "--max-steps",
+        type=_bounded("--max-steps", 1),
+        default=10_000,
+        metavar="N",
+        help="stop after this many steps (the run says so)",
     )
 
 
@@ -241,13 +295,24 @@ def _simulate_schedule(args: argparse.Namespace) -> tuple[PCPConfig, Runner]:
 
 
 def _schedule(args: argparse.Namespace, runner: Runner, desc: str) -> Iterator[StepRecord]:
-    """The simulated steps, with a progress bar on long runs."""
-    for _ in _progress(range(args.max_steps), args.max_steps, not args.no_progress, desc):
-        if runner.scheduler.idle:
-            return
-        rec = runner.step()
-        if rec is not None:
-            yield rec
+    """The simulated steps, with a progress bar of the finished requests on long runs."""
+    bar = _progress_bar(args.requests, not args.no_progress, desc)
+    shown = 0
+    try:
+        for index in range(args.max_steps):
+            if runner.scheduler.idle:
+                return
+            rec = runner.step()
+            if bar is not None:
+                done = len(runner.scheduler.done)
+                bar.set_postfix_str(f"step {index + 1}", refresh=False)
+                bar.update(done - shown)
+                shown = done
+            if rec is not None:
+                yield rec
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _cut_short(args: argparse.Namespace, runner: Runner) -> str:
@@ -417,6 +482,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise IsADirectoryError(f"{args.out} is a directory")
     if os.path.lexists(args.out) and not args.force:
         raise FileExistsError(f"{args.out} exists; pass --force to overwrite it")
+    check_output_path(args.out)  # its folder, before the simulation
     config, runner = _simulate_schedule(args)
     steps = (
         TraceStep(r.sched.num_scheduled, r.sched.num_computed, r.sched.num_prompt, tuple(r.slot_mapping))
@@ -472,8 +538,11 @@ def _load_layouts(paths: Sequence[str]) -> None:
         if real in seen:  # the same file twice: it has registered its layouts already
             continue
         seen.add(real)
-        with open(path, "rb"):  # OSError naming the path: missing, a folder, unreadable
-            pass
+        try:
+            with open(path, "rb"):  # missing, a folder, unreadable: named with the flag
+                pass
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, f"--load {path}") from None
         stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
         name = f"pcp_fn_load_{len(seen)}_{stem}"
         while name in sys.modules:
@@ -538,9 +607,19 @@ def _compare_workload(args: argparse.Namespace) -> tuple[PCPConfig, list[TraceSt
     return cfg, steps, f"a simulated workload ({source})"
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def _compare_outputs(args: argparse.Namespace) -> None:
+    """Before any work: the figure's and the tables' paths (folder, format, matplotlib), none
+    of them the trace or each other."""
     if args.plot:
-        check_plot_path(args.plot)  # before any work: the folder, the format, matplotlib
+        check_plot_path(args.plot)
+    for flag, path in (("--csv", args.csv), ("--json", args.json)):
+        if path:
+            check_output_path(path, flag)
+    check_distinct([("TRACE", args.trace), ("--plot", args.plot), ("--csv", args.csv), ("--json", args.json)])
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    _compare_outputs(args)
     names = _layout_names(args.layouts)
     _load_layouts(args.load)
     cfg, steps, source = _compare_workload(args)
@@ -552,15 +631,58 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     if not costs:
         raise ValueError(f"no layout serves the workload's config: {'; '.join(format_refusals(refused))}")
-    print(
-        f"layouts on {source}, R={cfg.max_num_reqs}, T={cfg.max_num_tokens}{config_settings(cfg)}; "
-        "summed over the steps"
-    )
+    print(describe(source, cfg))
     print(format_table(costs))
     for line in format_refusals(refused):
         print(f"not costed: {line}")
     if args.plot:
-        plot(costs, args.plot)
+        compare.plot(costs, args.plot, caption=describe(source, cfg))
+        print(f"wrote {args.plot}")
+    if args.csv:
+        compare.write_csv(costs, args.csv)
+        print(f"wrote {args.csv}")
+    if args.json:
+        compare.write_json(costs, refused, source, cfg, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _show_batch(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
+    """``show``'s batch: the flags given, the README's batch for those not given (with the
+    default ``--scheduled``), else no tokens computed and prompts that the chunk ends."""
+    readme_scheduled, readme_computed, readme_prompt = show.README_BATCH
+    scheduled = readme_scheduled if args.scheduled is None else args.scheduled
+    computed = args.computed
+    if computed is None:
+        computed = readme_computed if args.scheduled is None else (0,) * len(scheduled)
+    prompt = args.prompt
+    if prompt is None and args.scheduled is None and args.computed is None:
+        prompt = readme_prompt
+    elif prompt is None:
+        prompt = tuple(k + n for k, n in zip(computed, scheduled))
+    show.check_batch_counts(scheduled, computed, prompt)
+    return scheduled, computed, prompt
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if args.plot:
+        check_plot_path(args.plot)  # before any work: the folder, the format, matplotlib
+    _load_layouts(args.load)
+    if args.layout not in available_layouts():
+        raise ValueError(
+            f"--layout {args.layout!r}: unknown layout; registered: {sorted(available_layouts())}"
+        )
+    scheduled, computed, prompt = _show_batch(args)
+    where = f"layout {args.layout!r} at P={args.pcp_size}"
+    try:
+        own = show.ownership(args.layout, args.pcp_size, scheduled, computed, prompt, args.spec_tokens)
+    except ValueError as e:  # the config or the batch refused: make_batch's, the layout's words
+        raise ValueError(f"{where}: {e}") from None
+    except Exception as e:  # a researcher's layout code: name it, keep the cause
+        raise LayoutFailed(f"{where} failed: {type(e).__name__}: {e}") from e
+    print(show.format_ownership(own))
+    if args.plot:
+        show.plot(own, args.plot)
         print(f"wrote {args.plot}")
     return 0
 
@@ -572,13 +694,15 @@ def _digest(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pcp-fn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="pcp-fn", description=__doc__)
     p.add_argument("--version", action="version", version=f"pcp_fn {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")  # each a _Parser too
+    # each subparser a _Parser too: one-line errors, every default in its help
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_simulate(sub)
     _add_record(sub)
     _add_replay(sub)
     _add_compare(sub)
+    _add_show(sub)
     return p
 
 
@@ -586,15 +710,18 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser(
         "simulate",
         help="run a synthetic workload on every rank and check it",
-        description="Run a synthetic scheduler (arrivals, chunked prefill, decodes) through "
-        "pcp_fn.step on every rank, check that restore puts every token back, and print a "
+        description="Run a synthetic scheduler (arrivals, chunked prefill, decodes) through\n"
+        "pcp_fn.step on every rank, check that restore puts every token back, and print a\n"
         "per-step table and a summary.",
     )
     _add_workload_flags(sim)
     sim.add_argument("--quiet", action="store_true", help="summary only, no per-step table")
     sim.add_argument("--no-compile", action="store_true", help="skip the compiled timing (saves the compile)")
     sim.add_argument(
-        "--backend", default=DEFAULT_BACKEND, help="torch.compile backend of the compiled timing"
+        "--backend",
+        default=DEFAULT_BACKEND,
+        metavar="NAME",
+        help="torch.compile backend of the compiled timing",
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar")
     sim.set_defaults(func=cmd_simulate)
@@ -604,9 +731,10 @@ def _add_record(sub: argparse._SubParsersAction) -> None:
     rec = sub.add_parser(
         "record",
         help="write a simulated schedule as a trace (JSON Lines)",
-        description="Simulate like `simulate` and write the schedule as a trace.",
+        description="Simulate like pcp-fn simulate and write the schedule as a trace (OUT is\n"
+        "checked before the simulation; never overwritten without --force).",
     )
-    rec.add_argument("out", help="trace file to write")
+    rec.add_argument("out", metavar="OUT", help="trace file to write")
     rec.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     _add_workload_flags(rec)
     rec.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -617,26 +745,32 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     rep = sub.add_parser(
         "replay",
         help="replay a trace through the pure step and print its digest",
-        description="Replay a trace on every rank (or one) and print the SHA-256 digest of all "
+        description="Replay a trace on every rank (or one) and print the SHA-256 digest of all\n"
         "outputs; equal digests mean bit-identical outputs.",
     )
-    rep.add_argument("trace", help="trace file (JSON Lines)")
+    rep.add_argument("trace", metavar="TRACE", help="trace file (JSON Lines)")
     rep.add_argument(
-        "--mode",
-        choices=["eager", "compiled", "captured"],
-        default="eager",
-        help="how to run the step (default eager)",
+        "--mode", choices=["eager", "compiled", "captured"], default="eager", help="how to run the step"
     )
-    rep.add_argument("--backend", default=DEFAULT_BACKEND, help="torch.compile backend for compiled/captured")
     rep.add_argument(
-        "--rank", type=_bounded("--rank", 0), default=None, help="replay one rank only (default: all)"
+        "--backend",
+        default=DEFAULT_BACKEND,
+        metavar="NAME",
+        help="torch.compile backend for compiled/captured",
+    )
+    rep.add_argument(
+        "--rank",
+        type=_bounded("--rank", 0),
+        default=None,
+        metavar="R",
+        help="replay one rank only (default: all)",
     )
     rep.add_argument(
         "--expect",
         type=_digest,
         default=None,
         metavar="DIGEST",
-        help="exit with status 1 unless the digest is DIGEST",
+        help="exit with status 1 unless the digest is DIGEST (default: no check)",
     )
     rep.set_defaults(func=cmd_replay)
 
@@ -645,29 +779,108 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     cmp_ = sub.add_parser(
         "compare",
         help="compare the layouts' per-rank tokens, work, padding and gathered rows",
-        description="For a trace (or a simulated workload), every layout's per-rank tokens, causal "
-        "attention work (key-query pairs), padding rows and gathered rows at each P, summed over "
-        "the steps, as a table (and a figure with --plot).",
-    )
-    cmp_.add_argument("trace", nargs="?", default=None, help="trace file (default: simulate a workload)")
-    cmp_.add_argument(
-        "--layouts", default=None, help="comma-separated layout names (default: all registered)"
+        description="For a trace (or a simulated workload), every layout's per-rank tokens,\n"
+        "causal attention work (key-query pairs), padding rows and gathered rows at each P,\n"
+        "summed over the steps, as a table (and a figure with --plot, CSV with --csv, JSON\n"
+        "with --json; their paths are checked before any work).",
     )
     cmp_.add_argument(
-        "--pcp-sizes", type=_span("--pcp-sizes"), default=(2, 8), help="P values, N or LO:HI (default 2:8)"
+        "trace", nargs="?", default=None, metavar="TRACE", help="trace file (default: simulate a workload)"
+    )
+    cmp_.add_argument(
+        "--layouts",
+        default=None,
+        metavar="A,B",
+        help="comma-separated layout names (default: all registered)",
+    )
+    cmp_.add_argument(
+        "--pcp-sizes", type=_span("--pcp-sizes"), default="2:8", metavar="N|LO:HI", help="the P values"
     )
     cmp_.add_argument(
         "--plot",
         default=None,
         metavar="FILE",
-        help="also write a figure, in the format of FILE's extension (.png, .svg...; needs matplotlib)",
+        help="also draw the table against P, in the format of FILE's extension (.png, .svg...; "
+        "needs matplotlib) (default: no figure)",
     )
     cmp_.add_argument(
-        "--load", action="append", default=[], metavar="FILE", help="a Python file registering layouts"
+        "--csv", default=None, metavar="FILE", help="also write the table as CSV (default: none)"
     )
+    cmp_.add_argument(
+        "--json",
+        default=None,
+        metavar="FILE",
+        help="also write the table as JSON, per-rank values and refusals included (default: none)",
+    )
+    _add_load(cmp_)
     _add_workload_flags(cmp_)
     cmp_.add_argument("--no-progress", action="store_true", help="no progress bar")
     cmp_.set_defaults(func=cmd_compare)
+
+
+def _add_load(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--load",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a Python file registering layouts; repeatable (default: none)",
+    )
+
+
+def _add_show(sub: argparse._SubParsersAction) -> None:
+    sh = sub.add_parser(
+        "show",
+        help="draw which rank holds which token of one batch, under any layout",
+        description="Draw one batch under a layout, read off every rank's pcp_fn.step and the\n"
+        "restore: per request its gathered rows in the restored (padded) order, the rank\n"
+        "each chunk is read from, each rank's local tokens and positions, then the restored\n"
+        "order and the logits rows. The defaults draw the README's picture: DualChunkSwap at\n"
+        "P=2, scheduled 1,5,8, request 0 a decode.",
+    )
+    sh.add_argument("--layout", default="dcs", metavar="NAME", help="a registered layout (see --load)")
+    _add_load(sh)
+    sh.add_argument(
+        "--pcp-size", "-P", type=_bounded("--pcp-size", 1), default=2, metavar="P", help="PCP ranks"
+    )
+    sh.add_argument(
+        "--scheduled",
+        type=_counts("--scheduled", 1),
+        default=None,
+        metavar="N,N,...",
+        help="tokens scheduled per request, decodes first (default: 1,5,8)",
+    )
+    sh.add_argument(
+        "--computed",
+        type=_counts("--computed", 0),
+        default=None,
+        metavar="K,K,...",
+        help="tokens already computed per request (default: 3,0,0 with the default --scheduled, else 0 each)",
+    )
+    sh.add_argument(
+        "--prompt",
+        type=_counts("--prompt", 1),
+        default=None,
+        metavar="N,N,...",
+        help="prompt tokens per request; a request that has computed them all is a decode (default: "
+        "3,5,8 with the default --scheduled and --computed, else computed + scheduled: prefills "
+        "ending their prompt)",
+    )
+    sh.add_argument(
+        "--spec-tokens",
+        type=_bounded("--spec-tokens", 0),
+        default=0,
+        metavar="N",
+        help="speculative tokens per decode",
+    )
+    sh.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE",
+        help="also draw it as a figure, in the format of FILE's extension (needs matplotlib) "
+        "(default: no figure)",
+    )
+    sh.set_defaults(func=cmd_show)
 
 
 def _terminate(signum: int, frame: object) -> None:

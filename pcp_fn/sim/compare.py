@@ -17,15 +17,20 @@ Each layout runs under the workload's own config (:func:`layout_config`: every f
 that changes the partition or the costs, e.g. ``num_spec_tokens``, ``dcp_size``,
 ``pd_decode_recompute``), and a layout that refuses it (``"mrv2-sharded"`` with
 ``dcp_size > 1``) is reported as a :class:`Refusal`, never costed under another config.
-The figure needs matplotlib (the ``plot`` extra), imported only for ``--plot``.
+The table is printed (:func:`format_table`), drawn (:func:`plot`: the work imbalance
+too, every layout visible, the padding on a log scale, the workload in the caption) and
+written as CSV and JSON (:func:`write_csv`, :func:`write_json`). The figure needs
+matplotlib (the ``plot`` extra), imported only for ``--plot``.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
-import errno
-import os
-from collections.abc import Sequence
+import json
+import textwrap
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -249,54 +254,145 @@ def format_table(costs: Sequence[LayoutCost]) -> str:
     )
 
 
-def check_plot_path(path: str) -> None:
-    """Before any work: ``path`` can take the figure (its folder exists, it is no folder, its
-    extension names a format matplotlib writes) and matplotlib is importable; ``ValueError``
-    or ``OSError`` naming ``path`` otherwise."""
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise FileNotFoundError(errno.ENOENT, f"{os.strerror(errno.ENOENT)} (its folder {folder})", path)
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-    except ImportError:
-        raise ValueError(
-            "--plot needs matplotlib, which is not installed: pip install 'pcp_fn[plot]'"
-        ) from None
-    formats = FigureCanvasAgg.get_supported_filetypes()
-    ext = os.path.splitext(path)[1].lstrip(".").lower()
-    if ext not in formats:
-        given = f"extension .{ext}" if ext else "no extension"
-        raise ValueError(
-            f"--plot {path}: {given}; name the figure's format by its extension: {', '.join(sorted(formats))}"
+def describe(source: str, workload: PCPConfig) -> str:
+    """The table's header line, and the figure's caption: the workload, ``R``, ``T`` and the
+    carried settings that differ from the defaults."""
+    return (
+        f"layouts on {source}, R={workload.max_num_reqs}, T={workload.max_num_tokens}"
+        f"{config_settings(workload)}; summed over the steps"
+    )
+
+
+#: The columns of ``--csv`` (and the fields of each ``--json`` row), in the table's order.
+FIELDS = (
+    "layout",
+    "pcp_size",
+    "tokens_max",
+    "tokens_min",
+    "work_max",
+    "work_min",
+    "imbalance",
+    "padding",
+    "gathered",
+)
+
+
+def table_records(costs: Sequence[LayoutCost]) -> list[dict[str, object]]:
+    """The table's rows as :data:`FIELDS` dicts, the imbalance unrounded."""
+    return [
+        dict(
+            zip(
+                FIELDS,
+                (
+                    c.layout,
+                    c.pcp_size,
+                    max(c.tokens),
+                    min(c.tokens),
+                    max(c.work),
+                    min(c.work),
+                    c.work_imbalance,
+                    sum(c.padding),
+                    c.gathered,
+                ),
+            )
         )
+        for c in costs
+    ]
 
 
-def plot(costs: Sequence[LayoutCost], path: str) -> None:
-    """Four panels against ``P``, one line per layout: the fullest rank's tokens and work, the
-    total padding rows, the gathered rows; written to ``path`` (PNG)."""
+def write_csv(costs: Sequence[LayoutCost], path: str) -> None:
+    """The table as CSV: a header of :data:`FIELDS`, one row per (layout, P)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(table_records(costs))
+
+
+def write_json(
+    costs: Sequence[LayoutCost], refused: Sequence[Refusal], source: str, workload: PCPConfig, path: str
+) -> None:
+    """The table as JSON: the workload (``source``, the carried config fields), one object per
+    (layout, P) with :data:`FIELDS` and the per-rank ``tokens``, ``work`` and ``padding``, and
+    the pairs not costed with their reason."""
+    rows = [
+        {**record, "per_rank": {"tokens": list(c.tokens), "work": list(c.work), "padding": list(c.padding)}}
+        for record, c in zip(table_records(costs), costs)
+    ]
+    document = {
+        "workload": source,
+        "config": {name: getattr(workload, name) for name in CARRIED_FIELDS},
+        "rows": rows,
+        "not_costed": [dataclasses.asdict(r) for r in refused],
+    }
+    with open(path, "w") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
+
+
+#: What the figure draws against ``P``: title, value, whether its y axis is logarithmic.
+PANELS: tuple[tuple[str, Callable[[LayoutCost], float], bool], ...] = (
+    ("fullest rank's tokens", lambda c: max(c.tokens), False),
+    ("fullest rank's work (key-query pairs)", lambda c: max(c.work), False),
+    ("work imbalance (fullest rank / mean)", lambda c: c.work_imbalance, False),
+    ("padding rows, all ranks (log scale)", lambda c: sum(c.padding), True),
+    ("gathered rows (log scale)", lambda c: c.gathered, True),
+)
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
+
+
+def line_style(index: int, count: int) -> dict[str, object]:
+    """The look of layout ``index`` of ``count``: its own dash and hollow marker, the earlier
+    layouts drawn wider and larger, so that a layout with the same values as an earlier
+    one (``mrv2``'s tokens and work are ``dcs``'s) shows inside it instead of hiding it."""
+    wider = count - 1 - index
+    return dict(
+        linestyle=LINE_STYLES[index % len(LINE_STYLES)],
+        marker=MARKERS[index % len(MARKERS)],
+        markersize=5 + 2 * wider,
+        markerfacecolor="none",
+        linewidth=1.2 + 0.5 * wider,
+    )
+
+
+def _log_scale(ax: Any, values: Sequence[float]) -> None:
+    """A logarithmic y axis, so that one layout's rows do not flatten the others'; symmetric
+    (linear below 1) when a value is 0, which a log axis cannot show."""
+    if min(values) > 0:
+        ax.set_yscale("log")  # labels its minor ticks too when the values span under a decade
+    else:
+        ax.set_yscale("symlog", linthresh=1)
+
+
+def plot(costs: Sequence[LayoutCost], path: str, caption: str = "") -> None:
+    """Five panels against ``P``, one line per layout: the fullest rank's tokens and work, the
+    work imbalance (the table's key column), the total padding rows and the gathered rows
+    (both on a log scale, :func:`_log_scale`: one layout's padding does not flatten the
+    others'), the legend in the sixth; ``caption`` on top. Written to ``path`` in the format
+    of its extension."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file only
     import matplotlib.pyplot as plt
 
-    panels = [
-        ("fullest rank's tokens", lambda c: max(c.tokens)),
-        ("fullest rank's work (key-query pairs)", lambda c: max(c.work)),
-        ("padding rows (all ranks)", lambda c: sum(c.padding)),
-        ("gathered rows", lambda c: c.gathered),
-    ]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True)
+    fig, axes = plt.subplots(2, 3, figsize=(14, 8), constrained_layout=True)
     names = list(dict.fromkeys(c.layout for c in costs))
-    for ax, (title, value) in zip(axes.flat, panels):
-        for name in names:
+    for ax, (title, value, log) in zip(axes.flat, PANELS):
+        for i, name in enumerate(names):
             mine = [c for c in costs if c.layout == name]
-            ax.plot([c.pcp_size for c in mine], [value(c) for c in mine], marker="o", label=name)
+            xs, ys = [c.pcp_size for c in mine], [value(c) for c in mine]
+            ax.plot(xs, ys, label=name, **line_style(i, len(names)))
+        if log:
+            _log_scale(ax, [value(c) for c in costs])
         ax.set_title(title)
         ax.set_xlabel("P")
         ax.set_xticks(sorted({c.pcp_size for c in costs}))  # whole rank counts only
         ax.grid(True, alpha=0.3)
-    axes.flat[0].legend()
+    axes.flat[2].axhline(1.0, color="grey", linewidth=0.8, zorder=0)  # perfectly balanced
+    legend = axes.flat[5]
+    legend.axis("off")
+    legend.legend(*axes.flat[0].get_legend_handles_labels(), loc="center", title="layout")
+    if caption:
+        fig.suptitle("\n".join(textwrap.wrap(caption, 120)), fontsize="medium")
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -4,6 +4,7 @@ allocated; a long trace replays in bounded memory; nothing is cut short without 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -13,6 +14,8 @@ import re
 import subprocess
 import sys
 import time
+import types
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -291,3 +294,118 @@ def test_replay_holds_one_step_whatever_the_traces_length(tmp_path):
         peaks[steps] = int(out.stdout.split()[-1]) // 1024  # MiB
     assert peaks[80] - peaks[5] < 48, peaks
     assert len(read_trace(tmp_path / "t80.jsonl").steps) == 80
+
+
+# -- issue 40: the command as a new user meets it: its help, its flags, its progress bar ------------
+
+# the positional arguments each command needs to reach its flags
+POSITIONALS = {"record": ["never-written.jsonl"], "replay": [str(BUNDLED)]}
+
+
+def _commands() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {"pcp-fn": parser, **sub.choices}
+
+
+def test_every_commands_help_is_plain_text_with_every_default():
+    commands = _commands()
+    assert list(commands) == ["pcp-fn", "simulate", "record", "replay", "compare", "show"]
+    for name, parser in commands.items():
+        text = parser.format_help()
+        # before: the module docstring's reST (``replay --expect``) printed as it was written
+        assert "`" not in text and not re.search(r":\w+:", text.replace("(default:", "")), (name, text)
+        flat = " ".join(text.split())
+        for action in parser._actions:
+            if not action.option_strings or action.nargs == 0:
+                continue  # --help, --version and the switches (off unless given)
+            flags = "/".join(action.option_strings)
+            if "(default" in (action.help or ""):  # said in words: all registered, no figure...
+                continue
+            # a value of its own: shown by the formatter, as the flag parses it
+            assert action.default is not None, f"{name} {flags}: no default shown"
+            assert f"(default: {action.default})" in flat, f"{name} {flags}"
+        status, out, _ = _main([*([] if name == "pcp-fn" else [name]), "--help"])
+        assert status == 0 and out == text
+
+
+def test_every_flag_that_takes_a_value_names_itself_and_the_bad_value(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, parser in list(_commands().items())[1:]:
+        for action in parser._actions:
+            if action.type is None or not action.option_strings:
+                continue
+            argv = [name, *POSITIONALS.get(name, []), action.option_strings[0], "abc"]
+            status, out, err = _main(argv)
+            assert status == 2 and out == "", argv
+            # before (--max-num-tokens abc): "invalid _positive value: 'abc'"
+            assert err.startswith(f"pcp-fn {name}: error: argument {'/'.join(action.option_strings)}: "), err
+            assert "'abc'" in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+    _, _, err = _main(["simulate", "--max-num-tokens", "abc"])
+    assert err == "pcp-fn simulate: error: argument --max-num-tokens: expected an integer, got 'abc'\n"
+
+
+class FakeBar:
+    """tqdm's interface as the command uses it, recording what it is told."""
+
+    made: ClassVar[list[FakeBar]] = []
+
+    def __init__(self, iterable=None, **kwargs):
+        self.kwargs, self.updates, self.postfix, self.closed = kwargs, [], "", False
+        FakeBar.made.append(self)
+
+    def update(self, n=1):
+        self.updates.append(n)
+
+    def set_postfix_str(self, s="", refresh=True):
+        self.postfix = s
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def fake_tqdm(monkeypatch):
+    module = types.ModuleType("tqdm")
+    module.tqdm = FakeBar
+    monkeypatch.setitem(sys.modules, "tqdm", module)
+    FakeBar.made.clear()
+    return FakeBar.made
+
+
+def test_the_progress_bar_counts_the_workloads_requests(tmp_path, fake_tqdm):
+    small = ["-P", "2", "--requests", "6", "--prompt-len", "20:60", "--max-num-tokens", "32"]
+    status, out, _ = _main(["record", str(tmp_path / "t.jsonl"), *small])
+    assert status == 0 and len(fake_tqdm) == 1
+    bar = fake_tqdm[0]
+    # before: total=--max-steps, 10000 (a run of 386 steps showed 21/10000 ... <04:38)
+    assert bar.kwargs["total"] == 6 and bar.kwargs["unit"] == "req"
+    assert sum(bar.updates) == 6 and all(n >= 0 for n in bar.updates) and bar.closed
+    steps = int(re.match(r"wrote (\d+) steps", out)[1])
+    assert int(bar.postfix.removeprefix("step ")) >= steps  # steps with nothing scheduled count too
+    # cut short: the bar stops short of its total (and the run says so)
+    status, out, _ = _main(["simulate", *small, "--max-steps", "3", "--quiet", "--no-compile"])
+    assert status == 0 and "stopped at --max-steps 3" in out
+    assert fake_tqdm[1].kwargs["total"] == 6 and sum(fake_tqdm[1].updates) < 6 and fake_tqdm[1].closed
+    assert fake_tqdm[1].postfix == "step 3"
+    # compare's simulated workload too; --no-progress: no bar
+    assert _main(["compare", *small, "--layouts", "dcs", "--pcp-sizes", "2"])[0] == 0
+    assert fake_tqdm[2].kwargs["total"] == 6 and sum(fake_tqdm[2].updates) == 6
+    assert _main(["record", str(tmp_path / "u.jsonl"), *small, "--no-progress"])[0] == 0
+    assert len(fake_tqdm) == 3
+
+
+def test_record_checks_its_trace_path_before_the_simulation(tmp_path):
+    huge = ["--requests", "5000", "--prompt-len", "2000", "--no-progress"]  # minutes to simulate
+    for path in (tmp_path / "no" / "t.jsonl", tmp_path / "ro" / "t.jsonl"):
+        t0 = time.perf_counter()
+        if path.parent.name == "ro":
+            if os.geteuid() == 0:
+                continue  # root writes anywhere
+            path.parent.mkdir(mode=0o500)
+            message = f"{path}: Permission denied (its folder {path.parent})"
+        else:  # before: found by write_trace, after the whole simulation
+            message = f"{path}: No such file or directory (its folder {path.parent})"
+        _one_line_error(["record", str(path), *huge], message)
+        assert time.perf_counter() - t0 < 10

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import json
 import pathlib
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -94,7 +97,7 @@ def test_compare_prints_the_table_and_writes_the_figure(tmp_path, capsys):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     import matplotlib.image
 
-    assert matplotlib.image.imread(str(png)).shape[:2] == (560, 800)  # 10 x 7 in at 80 dpi
+    assert matplotlib.image.imread(str(png)).shape[:2] == (640, 1120)  # 14 x 8 in at 80 dpi
 
 
 def test_compare_simulates_a_workload_without_a_trace(capsys):
@@ -268,8 +271,8 @@ def test_a_load_file_that_fails_or_registers_nothing_is_one_line(tmp_path, capsy
 def test_load_names_a_missing_file_a_folder_and_a_file_that_is_not_python(tmp_path, capsys):
     (tmp_path / "t.txt").write_text("")
     cases = {
-        str(tmp_path / "none.py"): f"{tmp_path / 'none.py'}: No such file or directory",
-        str(tmp_path): f"{tmp_path}: Is a directory",
+        str(tmp_path / "none.py"): f"--load {tmp_path / 'none.py'}: No such file or directory",
+        str(tmp_path): f"--load {tmp_path}: Is a directory",
         str(tmp_path / "t.txt"): f"--load {tmp_path / 't.txt'}: not a Python file (.py)",
     }
     for path, message in cases.items():
@@ -280,8 +283,10 @@ def test_load_names_a_missing_file_a_folder_and_a_file_that_is_not_python(tmp_pa
 def test_plot_refuses_a_path_it_cannot_write_before_any_work(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     cases = {
-        str(tmp_path): f"{tmp_path}: Is a directory",
-        str(tmp_path / "no" / "x.png"): f"{tmp_path / 'no' / 'x.png'}: No such file or directory (its folder",
+        str(tmp_path): f"--plot {tmp_path}: Is a directory",
+        str(
+            tmp_path / "no" / "x.png"
+        ): f"--plot {tmp_path / 'no' / 'x.png'}: No such file or directory (its folder",
         str(tmp_path / "out"): f"--plot {tmp_path / 'out'}: no extension; name the figure's format by its",
         str(tmp_path / "x.xyz"): f"--plot {tmp_path / 'x.xyz'}: extension .xyz; name the figure's format",
     }
@@ -340,3 +345,141 @@ def test_a_size_past_the_gathered_rows_limit_is_said_not_allocated(tmp_path, cap
         "not costed: dcs at P = 16: 16 ranks of 1048580 local tokens make 16777280 gathered rows; "
         "a trace allows 16777216"
     )
+
+
+# -- issue 40: the figure draws the imbalance, no layout hides another; the table as CSV and JSON ---
+
+
+def _drawn(monkeypatch, draw):
+    """The matplotlib figure ``draw()`` makes (kept: plot() closes it)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    draw()
+    assert len(kept) == 1
+    return kept[0]
+
+
+def _lines(ax):
+    """The layouts' lines of a panel, by layout (the balance line at 1.0 left out)."""
+    return {line.get_label(): line for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def test_the_figure_draws_the_imbalance_and_no_layout_hides_another(tmp_path, monkeypatch):
+    layouts = ["dcs", "hybrid", "mrv2", "mrv2-sharded"]
+    costs = compare_layouts(STEPS, layouts, [2, 3, 4], R, T)
+    fig = _drawn(monkeypatch, lambda: compare.plot(costs, str(tmp_path / "f.png"), caption="on t.jsonl"))
+    panels = {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+    assert list(panels) == [title for title, _, _ in compare.PANELS]
+    imbalance = _lines(panels["work imbalance (fullest rank / mean)"])
+    for name in layouts:  # the table's key column, unrounded
+        assert list(imbalance[name].get_ydata()) == [c.work_imbalance for c in costs if c.layout == name]
+    for title, ax in panels.items():
+        lines = _lines(ax)
+        assert list(lines) == layouts, title
+        looks = [(line.get_linestyle(), line.get_marker()) for line in lines.values()]
+        assert len(set(looks)) == len(looks), title  # each layout its own dash and marker
+    # before: mrv2's line lay exactly on dcs' (the same tokens and work), hiding it: now dcs is
+    # drawn wider, with larger hollow markers, and mrv2 shows inside it
+    tokens = _lines(panels["fullest rank's tokens"])
+    assert list(tokens["dcs"].get_ydata()) == list(tokens["mrv2"].get_ydata())
+    assert tokens["dcs"].get_linewidth() > tokens["mrv2"].get_linewidth()
+    assert tokens["dcs"].get_markersize() > tokens["mrv2"].get_markersize()
+    assert tokens["dcs"].get_markerfacecolor() == "none"
+    # the padding and gathered rows on a log scale (symmetric where a layout has none)
+    for title in ("padding rows, all ranks (log scale)", "gathered rows (log scale)"):
+        values = [y for line in _lines(panels[title]).values() for y in line.get_ydata()]
+        assert panels[title].get_yscale() == ("log" if min(values) > 0 else "symlog"), title
+    assert fig.get_suptitle() == "on t.jsonl"
+    legend = [ax for ax in fig.axes if ax.get_legend() is not None]
+    assert [t.get_text() for t in legend[0].get_legend().get_texts()] == layouts
+
+
+def test_the_commands_figure_names_the_trace_r_and_t(tmp_path, monkeypatch, capsys):
+    trace = tmp_path / "named.jsonl"
+    write_trace(trace, pcp_fn.PCPConfig(2, 0, R, T, num_spec_tokens=1), STEPS)
+    argv = [
+        "compare",
+        str(trace),
+        "--layouts",
+        "dcs,mrv2",
+        "--pcp-sizes",
+        "2:3",
+        "--plot",
+        str(tmp_path / "f.png"),
+    ]
+    fig = _drawn(monkeypatch, lambda: cli.main(argv))
+    header = capsys.readouterr().out.splitlines()[0]
+    assert (
+        " ".join(fig.get_suptitle().split())  # wrapped at 120 characters
+        == header
+        == (f"layouts on {trace} (4 steps), R={R}, T={T}, num_spec_tokens=1; summed over the steps")
+    )
+    simulated = ["compare", "--requests", "3", "--prompt-len", "9", "--layouts", "dcs", "--pcp-sizes", "2"]
+    fig = _drawn(
+        monkeypatch, lambda: cli.main([*simulated, "--plot", str(tmp_path / "g.png"), "--no-progress"])
+    )
+    assert "a simulated workload (3 requests" in fig.get_suptitle() and "R=16, T=1024" in fig.get_suptitle()
+
+
+def test_compare_writes_the_table_as_csv_and_json(tmp_path, capsys):
+    trace = tmp_path / "dcp.jsonl"
+    write_trace(trace, pcp_fn.PCPConfig(2, 0, R, T, dcp_size=2), STEPS)  # mrv2-sharded refuses it
+    paths = tmp_path / "t.csv", tmp_path / "t.json"
+    argv = ["compare", str(trace), "--pcp-sizes", "2:3", "--csv", str(paths[0]), "--json", str(paths[1])]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2:] == [f"wrote {paths[0]}", f"wrote {paths[1]}"]
+    table = _table(out[1:])
+    with open(paths[0], newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == compare.FIELDS
+        rows = list(reader)
+    assert [(r["layout"], int(r["pcp_size"])) for r in rows] == list(table)
+    for r in rows:  # the table's numbers, the imbalance unrounded
+        shown = [f"{float(v):.3f}" if k == "imbalance" else v for k, v in r.items()]
+        assert shown[2:] == table[r["layout"], int(r["pcp_size"])]
+    doc = json.loads(paths[1].read_text())
+    assert doc["workload"] == f"{trace} (4 steps)" and doc["config"]["dcp_size"] == 2
+    for r, j in zip(rows, doc["rows"]):
+        assert {k: str(v) for k, v in j.items() if k != "per_rank"} == r
+        ranks = j["per_rank"]
+        assert len(ranks["tokens"]) == j["pcp_size"] and max(ranks["tokens"]) == j["tokens_max"]
+        assert min(ranks["work"]) == j["work_min"] and sum(ranks["padding"]) == j["padding"]
+    assert [(x["layout"], x["pcp_size"]) for x in doc["not_costed"]] == [
+        ("mrv2-sharded", 2),
+        ("mrv2-sharded", 3),
+    ]
+    assert doc["not_costed"][0]["reason"].startswith("the 'mrv2-sharded' layout requires dcp_size == 1")
+
+
+def test_compare_checks_every_output_before_any_work(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, pcp_fn.PCPConfig(2, 0, R, T), STEPS)
+    (tmp_path / "dir").mkdir()
+    out = tmp_path / "out.csv"
+    cases = [
+        (
+            ["--csv", str(tmp_path / "no" / "t.csv")],
+            f"--csv {tmp_path / 'no' / 't.csv'}: No such file or directory",
+        ),
+        (["--json", str(tmp_path / "dir")], f"--json {tmp_path / 'dir'}: Is a directory"),
+        (["--csv", str(out), "--json", str(out)], f"--csv and --json name the same file {out}"),
+        (
+            ["--plot", str(tmp_path / "f.png"), "--csv", str(tmp_path / "f.png")],
+            "--plot and --csv name the same",
+        ),
+        (
+            [str(trace), "--json", str(trace)],
+            f"TRACE and --json name the same file {trace}",
+        ),  # the trace kept
+    ]
+    for argv, message in cases:
+        t0 = time.perf_counter()  # a workload that takes minutes to cost: refused before it
+        assert cli.main(["compare", *argv, "--requests", "3000", "--no-progress"]) == 2
+        assert time.perf_counter() - t0 < 10
+        err = capsys.readouterr().err
+        assert err.startswith(f"pcp-fn compare: error: {message}") and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "t.jsonl"]
