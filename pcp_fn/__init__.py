@@ -58,6 +58,7 @@ from .protocol import (
     make_batch,
     register_layout,
     rows_from_segments,
+    unregister_layout,
 )
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
@@ -158,6 +159,7 @@ __all__ = [
     "spec_step",
     "split_prefill_for_draft",
     "step",
+    "unregister_layout",
     "update_tokens",
 ]
 

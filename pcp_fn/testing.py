@@ -1,7 +1,7 @@
 """``check_layout``: the conformance suite a researcher runs on their own :class:`pcp_fn.Layout`.
 
     from pcp_fn.testing import check_layout
-    check_layout(MyLayout())          # raises LayoutCheckError naming the batch and the broken rule
+    check_layout(MyLayout())          # raises LayoutCheckError: the rule, the batch, the rows that break it
 
 It runs the facade ops (``step``, ``update_tokens``, ``restore_hidden_states``,
 ``padded_slot_mapping``, ``get_logits_indices``) under the layout on hypothesis
@@ -42,19 +42,27 @@ with static shapes; with spec
 tokens, the post-forward spec-decode prep (``spec_decode_indices``,
 ``decode_hidden_states``, ``split_prefill_for_draft``, ``first_pass_inputs``) under
 ``no_host_syncs`` and ``fullgraph=True``, compiled equal to eager.
-Needs ``hypothesis`` (the ``test`` extra).
+A failure names the rule, the config, the batch, the rank and the first differing rows with
+their expected and actual values. The hypothesis batches are the same on every run (derandomized,
+or a ``seed=`` given) and no file is written. Needs ``hypothesis`` (the ``test`` extra).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+import sys
+import tempfile
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, NoReturn
 
+import hypothesis
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import configuration as hypothesis_configuration
 from hypothesis import strategies as st
 
 from .attention_runs import attention_runs
@@ -63,11 +71,12 @@ from .core.rank import all_ranks
 from .graph.export import export
 from .graph.sync import no_host_syncs
 from .logits import get_logits_indices
-from .protocol.batch import SchedulerBatch, classify_decodes, make_batch, token_rows
+from .protocol.batch import SchedulerBatch, check_local_bound, classify_decodes, make_batch, token_rows
+from .protocol.canonical import canonical_batches
 from .protocol.config import PCPConfig
 from .protocol.layout import Layout
-from .protocol.registry import LayoutError, register_layout
-from .protocol.state import PCPState, init_state
+from .protocol.registry import LayoutError, get_layout, register_layout
+from .protocol.state import PCPState, fresh_state, init_state
 from .restore import restore_hidden_states
 from .slots import padded_slot_mapping
 from .spec import (
@@ -95,12 +104,54 @@ class Batch:
     prompt: tuple[int, ...]
 
 
-def _fail(rule: str, cfg: PCPConfig, b: Batch, detail: str) -> None:
-    raise LayoutCheckError(
-        f"layout {cfg.layout_name!r} breaks {rule} at P={cfg.pcp_size} (R={cfg.max_num_reqs}, "
-        f"T={cfg.max_num_tokens}), num_scheduled={list(b.sched)} num_computed={list(b.comp)} "
-        f"num_prompt={list(b.prompt)}: {detail}"
+# what a capacity failure adds: the two ways out (the host bound, or refusing the config)
+CAPACITY_HINT = (
+    "num_local_tokens(config, num_scheduled, num_decodes, num_computed) is the host bound make_batch "
+    "picks the bucket from: make it cover the fullest rank's rows of such a batch, or refuse a config "
+    "the layout cannot serve in check_config(config)"
+)
+EXCERPT_ROWS = 4  # a failure message shows the first few differing rows, then how many more
+
+
+def _config_text(cfg: PCPConfig) -> str:
+    """``P=2 (R=6, T=48, num_spec_tokens=1)``: the config a failure was found at."""
+    extra = f", num_spec_tokens={cfg.num_spec_tokens}" if cfg.num_spec_tokens else ""
+    extra += f", dcp_size={cfg.dcp_size}" if cfg.dcp_size > 1 else ""
+    return f"P={cfg.pcp_size} (R={cfg.max_num_reqs}, T={cfg.max_num_tokens}{extra})"
+
+
+def _fail(rule: str, cfg: PCPConfig, b: Batch, detail: str, cause: BaseException | None = None) -> None:
+    error = LayoutCheckError(
+        f"layout {cfg.layout_name!r} breaks {rule} at {_config_text(cfg)}, num_scheduled={list(b.sched)} "
+        f"num_computed={list(b.comp)} num_prompt={list(b.prompt)}: {detail}"
     )
+    if cause is None:
+        raise error
+    raise error from cause
+
+
+def _excerpt(items: Sequence[str]) -> str:
+    """The first :data:`EXCERPT_ROWS` of ``items``, then how many more."""
+    more = f"; and {len(items) - EXCERPT_ROWS} more" if len(items) > EXCERPT_ROWS else ""
+    return "; ".join(items[:EXCERPT_ROWS]) + more
+
+
+def _differing(want: Any, got: Any, label: Any = "row {}".format, first: int = 0) -> str:
+    """``row 3: expected 5, got 7; ...``: the rows where ``got`` differs from ``want`` (arrays or lists
+    of rows; a row one of them lacks reads ``nothing``). ``label(l)`` names row ``first + l``."""
+    want, got = np.atleast_1d(np.asarray(want)), np.atleast_1d(np.asarray(got))
+    n = max(len(want), len(got))
+    if want.shape[1:] == got.shape[1:]:
+        m = min(len(want), len(got))
+        same = (want[:m] == got[:m]).reshape(m, -1).all(1) if m else np.zeros(0, bool)
+        bad = [*np.flatnonzero(~same).tolist(), *range(m, n)]
+    else:
+        bad = list(range(n))
+
+    def value(a: np.ndarray, k: int) -> Any:
+        return a[k].tolist() if k < len(a) else "nothing"
+
+    return _excerpt([f"{label(first + k)}: expected {value(want, k)}, got {value(got, k)}" for k in bad])
 
 
 @st.composite
@@ -150,41 +201,114 @@ def _np(x: torch.Tensor) -> np.ndarray:
     return x.detach().cpu().numpy()
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
-
-
 def _shapes(tree: Any) -> list[Any]:
     leaves, spec = pytree.tree_flatten(tree)
     return [str(spec), *[tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in leaves]]
 
 
-def check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
-    """Every exactness invariant of the layout on one batch (eager); raises :class:`LayoutCheckError`."""
+def _tensor_leaves(tree: Any) -> list[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` of each tensor leaf: ``(".layout.positions", ...)``."""
+    leaves, _ = pytree.tree_flatten_with_path(tree)
+    return [(pytree.keystr(k), x) for k, x in leaves if isinstance(x, torch.Tensor)]
+
+
+def _shape_diff(want: Any, got: Any) -> str:
+    """The leaves of ``got`` whose shape (or value, for a non-tensor leaf) differs from ``want``'s."""
+    w_leaves, w_spec = pytree.tree_flatten_with_path(want)
+    g_leaves, g_spec = pytree.tree_flatten_with_path(got)
+    if w_spec != g_spec:
+        return f"the outputs' structure: expected {w_spec}, got {g_spec}"
+
+    def shape(x: Any) -> Any:
+        return list(x.shape) if isinstance(x, torch.Tensor) else x
+
+    return _excerpt(
+        [
+            f"(state, outputs){pytree.keystr(k)}: expected {shape(w)}, got {shape(g)}"
+            for (k, w), (_, g) in zip(w_leaves, g_leaves)
+            if shape(w) != shape(g)
+        ]
+    )
+
+
+def check_batch_exact(cfg: PCPConfig, b: Batch, *, fresh: Callable[..., PCPState] = init_state) -> None:
+    """Every exactness invariant of the layout on one batch (eager); raises :class:`LayoutCheckError`.
+
+    ``fresh(config, rank=...)`` makes each rank's state: :func:`pcp_fn.init_state` (which first runs
+    a new layout on its canonical batches), or :func:`pcp_fn.protocol.state.fresh_state` (which does
+    not: the rules then name the rows of this batch).
+    """
     try:
-        _check_batch_exact(cfg, b)
+        _exact_or_fail(cfg, b, fresh)
+    except LayoutError as e:  # init_state's first run of the layout refused it (pcp_fn.protocol.canonical)
+        _refused(cfg, e)
+
+
+def _refused(cfg: PCPConfig, error: LayoutError) -> NoReturn:
+    """``init_state`` refused the layout on one of its canonical batches, naming the rule and the
+    batch: the same rules, here, on those batches name the rows too (``error``'s message if not)."""
+    for counts in canonical_batches(cfg):
+        b = Batch(*counts)
+        bucket = _exact_bucket(cfg, b)  # init_state runs each in the bucket the layout's bound asks for
+        try:
+            _exact_or_fail(cfg, b, fresh_state, bucket)
+        except LayoutCheckError as found:
+            if bucket is not None:  # the bucket the batch ran in: not the one make_batch picks
+                head = f"num_prompt={list(b.prompt)}: "
+                where = f"num_prompt={list(b.prompt)} in {bucket} (the rows its num_local_tokens asks for): "
+                found.args = (str(found).replace(head, where, 1),)
+            raise
+    hint = f" ({CAPACITY_HINT})" if error.rule == "capacity" else ""
+    raise LayoutCheckError(f"{error}{hint}") from error
+
+
+def _exact_bucket(cfg: PCPConfig, b: Batch) -> Bucket | None:
+    """The bucket of exactly the rows the layout's ``num_local_tokens`` asks for (``None``: a bound
+    ``make_batch`` refuses, which it then names)."""
+    sched, comp = np.asarray(b.sched, np.int64), np.asarray(b.comp, np.int64)
+    try:
+        bound = cfg.layout_impl.num_local_tokens(cfg, sched, _num_decodes(cfg, b), comp)
+        bound = check_local_bound(cfg, bound, int(sched.sum()))
+    except (TypeError, ValueError):
+        return None
+    return Bucket(max(len(b.sched), 1), max(bound, 1))
+
+
+def _exact_or_fail(
+    cfg: PCPConfig, b: Batch, fresh: Callable[..., PCPState], bucket: Bucket | None = None
+) -> None:
+    """The exactness rules on ``b`` (in ``bucket``) with the fresh states ``fresh(config, rank=...)``
+    makes; any error but a :class:`LayoutError` of ``init_state`` (re-raised) is a
+    :class:`LayoutCheckError`."""
+    try:
+        _check_batch_exact(cfg, b, fresh, bucket)
     except LayoutCheckError:
         raise
     except LayoutError as e:  # make_batch's or init_state's own check of the layout found it first
-        if str(e).startswith(f"layout {cfg.layout_name!r} breaks "):  # init_state's: says it all
-            raise LayoutCheckError(str(e)) from e
-        _fail(e.rule or "the ops", cfg, b, str(e))
+        if str(e).startswith(f"layout {cfg.layout_name!r} breaks "):  # init_state's
+            raise
+        hint = f" ({CAPACITY_HINT})" if e.rule == "capacity" else ""
+        _fail(e.rule or "the ops", cfg, b, f"{e}{hint}", e)
     except Exception as e:  # the layout raised: that is a failure of the layout, with the batch named
-        _fail("the ops", cfg, b, f"{type(e).__name__}: {e}")
+        _fail("the ops", cfg, b, f"the layout raised {type(e).__name__}: {e} (its traceback above)", e)
 
 
-def _check_batch_exact(cfg: PCPConfig, b: Batch) -> None:
-    """The exactness rules on one batch, in the module docstring's order."""
+def _check_batch_exact(
+    cfg: PCPConfig, b: Batch, fresh: Callable[..., PCPState] = init_state, bucket: Bucket | None = None
+) -> None:
+    """The exactness rules on one batch, in the module docstring's order (in ``bucket``, or the one
+    ``make_batch`` picks)."""
     total = sum(b.sched)
-    batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=[SLOT_BASE + t for t in range(total)])
+    slots = [SLOT_BASE + t for t in range(total)]
+    batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=slots, bucket=bucket)
     bound = cfg.layout_impl.num_local_tokens(
         cfg, np.asarray(b.sched, np.int64), _num_decodes(cfg, b), np.asarray(b.comp, np.int64)
     )
-    steps = _rank_steps(cfg, b, batch)
+    steps = _rank_steps(cfg, b, batch, fresh)
     codes, held = _check_rows(cfg, b, steps, bound)
     # the layout says which requests are whole on every rank (the decodes, for most layouts)
     whole = _np(cfg.layout_impl.state_geometry(steps.states[0]).replicated)[: len(b.sched)].astype(bool)
-    source = _source_ranks(cfg, b, held, whole)
+    source = _source_ranks(cfg, b, held, whole, _cut_note(steps, bound))
     restored = _check_restore(cfg, b, steps, codes, source)
     _check_logits(cfg, b, steps, restored)
     for r, (st_r, out) in enumerate(zip(steps.states, steps.outs)):
@@ -209,22 +333,37 @@ def _token_starts(b: Batch) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(b.sched)]).astype(np.int64)
 
 
-def _rank_steps(cfg: PCPConfig, b: Batch, batch: SchedulerBatch) -> _RankSteps:
+def _rank_steps(
+    cfg: PCPConfig, b: Batch, batch: SchedulerBatch, fresh: Callable[..., PCPState]
+) -> _RankSteps:
     """Each rank's own step of ``batch``, checked equal to ``all_ranks`` (vmap over the rank) and
     of the shapes an empty batch forced to the same bucket gives (fixed shapes)."""
-    _, outs = all_ranks(step, init_state(cfg, rank=0), batch)
+    _, outs = all_ranks(step, fresh(cfg, rank=0), batch)
     states, rank_outs = [], []
     for r in range(cfg.pcp_size):
         cfg_r = dataclasses.replace(cfg, pcp_rank=r)
-        st_r, out_r = step(init_state(cfg_r), batch)
+        st_r, out_r = step(fresh(cfg_r), batch)
         states.append(st_r)
         rank_outs.append(out_r)
-        for a, c in zip(_tensors(out_r), _tensors(outs)):
+        for (path, a), (_, c) in zip(_tensor_leaves(out_r), _tensor_leaves(outs)):
             if not torch.equal(a, c[r]):
-                _fail("vmap over ranks", cfg, b, f"all_ranks differs from rank {r}'s own step")
+                _fail(
+                    "vmap over ranks",
+                    cfg,
+                    b,
+                    f"all_ranks' output{path}[{r}] differs from rank {r}'s own step (expected: the "
+                    f"rank's own, got: all_ranks'): {_differing(_np(a).reshape(-1), _np(c[r]).reshape(-1))}",
+                )
     empty = make_batch(cfg, [], [], [], slot_mapping=[], bucket=batch.bucket)
-    if _shapes(step(init_state(cfg), empty)) != _shapes((states[0], rank_outs[0])):
-        _fail("fixed shapes", cfg, b, f"shapes depend on the batch, not only on the bucket {batch.bucket}")
+    want = step(fresh(cfg), empty)
+    if _shapes(want) != _shapes((states[0], rank_outs[0])):
+        _fail(
+            "fixed shapes",
+            cfg,
+            b,
+            f"shapes depend on the batch, not only on the bucket {batch.bucket} (expected: an empty "
+            f"batch's of the bucket): {_shape_diff(want, (states[0], rank_outs[0]))}",
+        )
     return _RankSteps(batch, states, rank_outs)
 
 
@@ -239,36 +378,72 @@ def _check_rows(
     ranks holding each ``(request, offset)``.
     """
     P, R = cfg.pcp_size, len(b.sched)
-    Rb, Lb = steps.batch.bucket.num_reqs, steps.batch.bucket.num_tokens
     starts = _token_starts(b)
     held: dict[tuple[int, int], list[int]] = {}
-    codes = np.full((P, Lb), -1, np.int64)
+    codes = np.full((P, steps.batch.bucket.num_tokens), -1, np.int64)
     for r, out in enumerate(steps.outs):
         n_r = int(out.layout.num_tokens)
         req, pos = _np(out.layout.request_index), _np(out.layout.positions)
-        qsl = _np(out.query_start_loc).astype(np.int64)
-        if n_r > bound or n_r > Lb:
-            _fail("capacity", cfg, b, f"rank {r} holds {n_r} rows; num_local_tokens said {bound}, L_b={Lb}")
-        if (req[n_r:] != 0).any() or (pos[n_r:] != 0).any():
-            _fail("ownership", cfg, b, f"rank {r}'s padding rows past {n_r} are not (0, 0)")
-        if (np.diff(req[:n_r]) < 0).any():
-            _fail("ownership", cfg, b, f"rank {r}'s rows are not grouped by request: {req[:n_r].tolist()}")
-        if n_r and req[:n_r].max() >= max(R, 1):
-            _fail("ownership", cfg, b, f"rank {r} holds rows of request {req[:n_r].max()} >= num_reqs")
-        counts = np.bincount(req[:n_r], minlength=Rb)[:Rb]
-        if not np.array_equal(qsl, np.concatenate([[0], np.cumsum(counts)])):
-            _fail("ownership", cfg, b, f"rank {r}'s query_start_loc {qsl.tolist()} != its rows per request")
-        if not np.array_equal(_np(out.layout.pcp_tokens)[:Rb], counts):
-            _fail("ownership", cfg, b, f"rank {r}'s pcp_tokens do not count its rows")
+        _check_rank_rows(cfg, b, steps.batch.bucket, r, out, bound)
         sched_of = np.asarray(b.sched + (0,), np.int64)[np.minimum(req[:n_r], R)]
         comp_of = np.asarray(b.comp + (0,), np.int64)[np.minimum(req[:n_r], R)]
         real = pos[:n_r] < sched_of
-        want = np.where(real, comp_of + pos[:n_r], _np(out.positions)[:n_r])
-        if not np.array_equal(_np(out.positions)[:n_r], want) or (_np(out.positions)[n_r:] != 0).any():
-            _fail("positions", cfg, b, f"rank {r}'s positions are not num_computed + offset")
+        got = _np(out.positions)
+        want = np.zeros_like(got)
+        want[:n_r] = np.where(real, comp_of + pos[:n_r], got[:n_r])  # a pad row's position: the layout's
+        if not np.array_equal(got, want):
+            detail = f"rank {r}'s positions are not num_computed + offset (0 on padding): "
+            _fail("positions", cfg, b, detail + _differing(want, got, _local_rows(req, pos, n_r)))
         _add_holder(held, r, req[:n_r][real], pos[:n_r][real])
         codes[r, :n_r] = np.where(real, starts[np.minimum(req[:n_r], max(R - 1, 0))] + pos[:n_r], -1)
     return codes, held
+
+
+def _local_rows(request: np.ndarray, offset: np.ndarray, num_rows: int) -> Callable[[int], str]:
+    """The label of each local row: ``row 3 (request 1, offset 2)``, ``padding row 9``."""
+    return lambda l: (
+        f"row {l} (request {request[l]}, offset {offset[l]})" if l < num_rows else f"padding row {l}"
+    )
+
+
+def _check_rank_rows(cfg: PCPConfig, b: Batch, bucket: Bucket, r: int, out: StepOutputs, bound: int) -> None:
+    """Rank ``r``'s rows: at most ``bound`` and ``L_b``, grouped by request (requests of ``b``),
+    counted by ``query_start_loc`` and ``pcp_tokens``, padding ``(0, 0)`` at the tail."""
+    R, Rb, Lb = len(b.sched), bucket.num_reqs, bucket.num_tokens
+    n_r = int(out.layout.num_tokens)
+    req, pos = _np(out.layout.request_index), _np(out.layout.positions)
+    pairs = np.stack([req, pos], 1)  # [L_b, 2] each row's (request, offset)
+    if n_r > bound or n_r > Lb:
+        past = min(bound, Lb)
+        rows = _excerpt([f"row {l}: {pairs[l].tolist()}" for l in range(past, min(n_r, Lb))])
+        _fail(
+            "capacity",
+            cfg,
+            b,
+            f"rank {r} holds {n_r} rows, expected at most {past} (num_local_tokens said {bound}, "
+            f"L_b={Lb}); its rows past {past} (request, offset): {rows or 'past L_b'}. {CAPACITY_HINT}",
+        )
+    if (pairs[n_r:] != 0).any():
+        detail = f"rank {r}'s padding rows past num_tokens={n_r} are not (request, offset) = (0, 0): "
+        _fail("ownership", cfg, b, detail + _differing(np.zeros_like(pairs[n_r:]), pairs[n_r:], first=n_r))
+    down = np.flatnonzero(np.diff(req[:n_r]) < 0) + 1
+    if down.size:
+        rows = [f"row {l} holds request {req[l]} after row {l - 1}'s request {req[l - 1]}" for l in down]
+        _fail("ownership", cfg, b, f"rank {r}'s rows are not grouped by request, in order: {_excerpt(rows)}")
+    beyond = np.flatnonzero(req[:n_r] >= max(R, 1))
+    if beyond.size:
+        rows = [f"row {l}: request {req[l]}, expected a request < num_reqs={R}" for l in beyond]
+        _fail("ownership", cfg, b, f"rank {r} holds rows of no scheduled request: {_excerpt(rows)}")
+    counts = np.bincount(req[:n_r], minlength=Rb)[:Rb]
+    qsl = _np(out.query_start_loc).astype(np.int64)
+    want = np.concatenate([[0], np.cumsum(counts)])
+    if not np.array_equal(qsl, want):
+        detail = f"rank {r}'s query_start_loc does not count its rows per request: "
+        _fail("ownership", cfg, b, detail + _differing(want, qsl, "query_start_loc[{}]".format))
+    tokens = _np(out.layout.pcp_tokens)[:Rb]
+    if not np.array_equal(tokens, counts):
+        detail = f"rank {r}'s pcp_tokens do not count its rows per request: "
+        _fail("ownership", cfg, b, detail + _differing(counts, tokens, "request {}".format))
 
 
 def _add_holder(
@@ -285,22 +460,60 @@ def _rightly_held(ranks: list[int], replicated: bool, P: int) -> bool:
 
 
 def _source_ranks(
-    cfg: PCPConfig, b: Batch, held: dict[tuple[int, int], list[int]], whole: np.ndarray
+    cfg: PCPConfig, b: Batch, held: dict[tuple[int, int], list[int]], whole: np.ndarray, cut_note: str = ""
 ) -> np.ndarray:
     """``[total]`` the rank each token's restored row must be read from: rank 0's copy of a
     replicated (``whole``) request's token, the owner's of any other. Checks every scheduled token
-    is on the ranks it should be, and ``held`` (emptied) names no other token."""
+    is on the ranks it should be, and ``held`` (emptied) names no other token. ``cut_note``: what a
+    token on no rank may mean (:func:`_cut_note`)."""
     starts = _token_starts(b)
     source = np.zeros(sum(b.sched), np.int64)
+    wrong = _wrongly_held(cfg, b, held, whole)
+    if wrong:
+        lost = any(not held.get((i, j)) for i, n in enumerate(b.sched) for j in range(n))
+        _fail("ownership", cfg, b, _excerpt(wrong) + (cut_note if lost else ""))
     for i, n in enumerate(b.sched):
         for j in range(n):
-            ranks = held.pop((i, j), [])
-            if not _rightly_held(ranks, whole[i], cfg.pcp_size):
-                _fail("ownership", cfg, b, f"token {j} of request {i} is on ranks {ranks}")
+            ranks = held.pop((i, j))
             source[starts[i] + j] = 0 if whole[i] else ranks[0]
     if held:
-        _fail("ownership", cfg, b, f"rows of tokens that are not scheduled: {sorted(held)[:5]}")
+        rows = [f"(request {i}, offset {o}) on ranks {ranks}" for (i, o), ranks in sorted(held.items())]
+        _fail("ownership", cfg, b, f"rows of tokens that are not scheduled: {_excerpt(rows)}")
     return source
+
+
+def _cut_note(steps: _RankSteps, bound: int) -> str:
+    """For a token on no rank: the ranks whose rows fill the bucket, where a layout's rows past
+    ``L_b`` are cut (a :class:`pcp_fn.PartitionLayout`'s), with the capacity hint; ``""`` if none."""
+    Lb = steps.batch.bucket.num_tokens
+    full = [r for r, out in enumerate(steps.outs) if int(out.layout.num_tokens) >= Lb]
+    if not full:
+        return ""
+    return (
+        f". Ranks {full} hold the bucket's L_b={Lb} rows, all of them (num_local_tokens said {bound}): "
+        f"if one should hold more, its rows past L_b were cut and the bound is short. {CAPACITY_HINT}"
+    )
+
+
+def _wrongly_held(
+    cfg: PCPConfig, b: Batch, held: dict[tuple[int, int], list[int]], whole: np.ndarray, where: str = ""
+) -> list[str]:
+    """``token j of request i is on ranks [...], expected ...`` for each scheduled token ``held`` has
+    on the wrong ranks (every rank for a ``whole`` request's token, exactly one for any other)."""
+    P, every = cfg.pcp_size, list(range(cfg.pcp_size))
+    wrong = []
+    for i, n in enumerate(b.sched):
+        want = f"every rank {every} (request {i} is replicated)" if whole[i] else "exactly one rank"
+        for j in range(n):
+            ranks = held.get((i, j), [])
+            if not _rightly_held(ranks, whole[i], P):
+                wrong.append(f"{where}token {j} of request {i} is on ranks {sorted(ranks)}, expected {want}")
+    return wrong
+
+
+def _span_rows(i: int, first: int) -> Callable[[int], str]:
+    """The label of each restored row of request ``i``, whose first is ``first``."""
+    return lambda l: f"restored row {l} (token {l - first} of request {i})"
 
 
 def _check_restore(
@@ -319,32 +532,57 @@ def _check_restore(
     read_from = _np(read_from)
     spans = cfg.layout_impl.restored_spans(st0)
     start, length = _np(spans.start)[:R].astype(np.int64), _np(spans.length)[:R]
-    taken = np.zeros(G, bool)
+    owner = np.full(G, -1, np.int64)  # the request whose span holds each restored row
     for i, n in enumerate(b.sched):
         if n == 0:
             continue
         if length[i] < n or start[i] < 0 or start[i] + n > G:
-            _fail("restore", cfg, b, f"request {i}'s restored span ({start[i]}, {length[i]}) cannot hold {n}")
-        rows = np.arange(start[i], start[i] + n)
-        if taken[rows].any():
-            _fail("restore", cfg, b, f"request {i}'s restored rows overlap another request's")
-        taken[rows] = True
-        if not np.array_equal(restored[rows], starts[i] + np.arange(n)):
-            _fail("restore", cfg, b, f"request {i}'s restored rows hold {restored[rows].tolist()}")
-        want = source[starts[i] : starts[i] + n]
-        if not np.array_equal(read_from[rows], want):
             _fail(
                 "restore",
                 cfg,
                 b,
-                f"request {i}'s restored rows are read from ranks {read_from[rows].tolist()}, not "
-                f"{want.tolist()} (rank 0's copy of a replicated token, the owner's of any other)",
+                f"request {i}'s restored span (restored_spans' start, length): expected length >= {n} (its "
+                f"tokens), 0 <= start and start + {n} <= G_b={G}; got start={start[i]}, length={length[i]}",
             )
-    if (
-        not np.array_equal(np.flatnonzero(taken), np.sort(np.flatnonzero(taken)))
-        or (np.diff(start[[i for i, n in enumerate(b.sched) if n]]) < 0).any()
-    ):
-        _fail("restore", cfg, b, "requests are not restored in request order")
+        rows = np.arange(start[i], start[i] + n)
+        if (owner[rows] >= 0).any():
+            other = int(owner[rows][owner[rows] >= 0][0])
+            _fail(
+                "restore",
+                cfg,
+                b,
+                f"request {i}'s restored rows {start[i]}..{start[i] + n - 1} overlap request {other}'s "
+                f"{start[other]}..{start[other] + b.sched[other] - 1} (restored_spans)",
+            )
+        owner[rows] = i
+        row = _span_rows(i, int(start[i]))
+        if not np.array_equal(restored[rows], starts[i] + np.arange(n)):
+            detail = (
+                f"request {i}'s restored rows do not hold its tokens (values: scheduler-order token "
+                "numbers, -1 a row that holds none): "
+            )
+            _fail(
+                "restore",
+                cfg,
+                b,
+                detail + _differing(starts[i] + np.arange(n), restored[rows], row, start[i]),
+            )
+        want = source[starts[i] : starts[i] + n]
+        if not np.array_equal(read_from[rows], want):
+            detail = (
+                f"request {i}'s restored rows are read from the wrong ranks (values: the rank each row "
+                "is read from; expected rank 0's copy of a replicated token, the owner's of any other): "
+            )
+            _fail("restore", cfg, b, detail + _differing(want, read_from[rows], row, start[i]))
+    order = [i for i, n in enumerate(b.sched) if n]
+    if (np.diff(start[order]) < 0).any():
+        _fail(
+            "restore",
+            cfg,
+            b,
+            f"requests are not restored in request order: restored_spans' start of requests {order}: "
+            f"expected ascending, got {start[order].tolist()}",
+        )
     return restored
 
 
@@ -356,16 +594,33 @@ def _check_logits(cfg: PCPConfig, b: Batch, steps: _RankSteps, restored: np.ndar
     logits = _np(steps.outs[0].logits_indices)
     _, via_op = get_logits_indices(steps.states[0])
     if not np.array_equal(_np(via_op), logits):
-        _fail("logits", cfg, b, "get_logits_indices differs from step's logits_indices")
+        detail = "get_logits_indices differs from step's logits_indices (expected: step's): "
+        _fail("logits", cfg, b, detail + _differing(logits, _np(via_op), "request {}".format))
     # with spec tokens configured the runner samples through spec_decode_indices (checked by
     # _check_spec); the hybrid layout's get_logits_indices then keeps vllm-ascend's token-major
     # decode rows although its decodes are rank-major (docs/layouts.md)
+    wrong = []
     for i, n in enumerate(b.sched if cfg.num_spec_tokens == 0 else ()):
         # the row holds (a copy of) the last token: hybrid samples a decode from rank P-1's copy
-        if n and (not 0 <= logits[i] < G or restored[logits[i]] != starts[i] + n - 1):
-            _fail("logits", cfg, b, f"request {i}'s logits row {logits[i]} is not its last token's")
+        last = starts[i] + n - 1
+        if n and (not 0 <= logits[i] < G or restored[logits[i]] != last):
+            held = f"token {restored[logits[i]]}" if 0 <= logits[i] < G else f"no row (G_b={G})"
+            rows = np.flatnonzero(restored == last).tolist()
+            wrong.append(
+                f"request {i}: expected a restored row holding its last token {last} ({rows}), got row "
+                f"{logits[i]}, which holds {held}"
+            )
+    if wrong:
+        detail = "logits_indices are not each request's last token's restored row (scheduler-order tokens): "
+        _fail("logits", cfg, b, detail + _excerpt(wrong))
     if (logits[R:] != 0).any():
-        _fail("logits", cfg, b, "logits rows past num_reqs are not 0")
+        detail = "logits rows past num_reqs are not 0: "
+        _fail(
+            "logits",
+            cfg,
+            b,
+            detail + _differing(np.zeros_like(logits[R:]), logits[R:], "request row {}".format, R),
+        )
 
 
 def _check_slots(cfg: PCPConfig, b: Batch, steps: _RankSteps, r: int) -> None:
@@ -374,13 +629,31 @@ def _check_slots(cfg: PCPConfig, b: Batch, steps: _RankSteps, r: int) -> None:
     G = cfg.pcp_size * steps.batch.bucket.num_tokens
     sm = _np(steps.outs[r].slot_mapping)
     if sm.shape != (G,):
-        _fail("slots", cfg, b, f"slot_mapping has shape {sm.shape}, not [P*L_b] = ({G},)")
-    real = sm[sm != cfg.pad_slot_id]
-    if not np.array_equal(np.sort(real), SLOT_BASE + np.arange(sum(b.sched))):
-        _fail("slots", cfg, b, f"rank {r}'s slot mapping does not hold every slot exactly once")
+        _fail("slots", cfg, b, f"rank {r}'s slot_mapping: expected shape [P*L_b] = ({G},), got {sm.shape}")
+    want = SLOT_BASE + np.arange(sum(b.sched))
+    if not np.array_equal(np.sort(sm[sm != cfg.pad_slot_id]), want):
+        detail = (
+            f"rank {r}'s slot mapping does not hold every scheduled slot exactly once (token t's slot is "
+            f"{SLOT_BASE} + t, pad_slot_id={cfg.pad_slot_id} elsewhere): "
+        )
+        _fail("slots", cfg, b, detail + _slot_errors(sm, want, cfg.pad_slot_id))
     _, again = padded_slot_mapping(steps.states[r], steps.batch.slot_mapping)
     if not np.array_equal(_np(again), sm):
-        _fail("slots", cfg, b, "padded_slot_mapping differs from step's slot_mapping")
+        detail = f"rank {r}'s padded_slot_mapping differs from step's slot_mapping (expected: step's): "
+        _fail("slots", cfg, b, detail + _differing(sm, _np(again)))
+
+
+def _slot_errors(sm: np.ndarray, want: np.ndarray, pad: int) -> str:
+    """The slots ``sm`` lacks, holds twice, or holds that are no scheduled token's, with their rows."""
+    errors = []
+    for slot in want:
+        rows = np.flatnonzero(sm == slot).tolist()
+        if len(rows) != 1:
+            where = f"at rows {rows}" if rows else "missing"
+            errors.append(f"token {slot - SLOT_BASE}'s slot {slot}: expected on one row, got {where}")
+    foreign = np.flatnonzero((sm != pad) & ~np.isin(sm, want))
+    errors += [f"row {l}: expected a scheduled slot or pad_slot_id, got {sm[l]}" for l in foreign]
+    return _excerpt(errors)
 
 
 def _expected_runs(b: Batch, req: np.ndarray, offset: np.ndarray) -> list[list[int]]:
@@ -415,10 +688,18 @@ def _check_attention_runs(cfg: PCPConfig, b: Batch, r: int, st_r: PCPState, out:
             "attention runs",
             cfg,
             b,
-            f"rank {r}'s runs [first, rows, request, pad, keys] {got} != {want} (from step's rows)",
+            f"rank {r}'s attention_runs (num_runs: expected {m}, got {int(runs.num_runs)}) are not the "
+            f"maximal runs of step's rows, [first row, rows, request, is_padding, keys] each: "
+            + _differing(want, got, "run {}".format),
         )
-    if (qsl[m:] != n_r).any() or (keys[m:] != 0).any() or (request[m:] != 0).any():
-        _fail("attention runs", cfg, b, f"rank {r}'s runs past num_runs={m} are not empty")
+    tail = [
+        _differing(np.full(len(qsl) - m, n_r), qsl[m:], "query_start_loc[{}]".format, m),
+        _differing(np.zeros_like(keys[m:]), keys[m:], "seq_lens[{}]".format, m),
+        _differing(np.zeros_like(request[m:]), request[m:], "request[{}]".format, m),
+    ]
+    if any(tail):
+        detail = f"rank {r}'s runs past num_runs={m} are not empty: "
+        _fail("attention runs", cfg, b, detail + "; ".join(t for t in tail if t))
 
 
 def _check_spec(
@@ -438,13 +719,9 @@ def _check_spec(
         _add_holder(seen, r, rows.request[rows.real], rows.offset[rows.real])
         _check_first_pass(case, r, state, idx, rows)
         _check_split_prefill(case, r, state, rows)
-    for i, n in enumerate(b.sched):
-        for j in range(n):
-            ranks = seen.pop((i, j), [])
-            if not _rightly_held(ranks, whole[i], cfg.pcp_size):
-                _fail(
-                    "spec-decode", cfg, b, f"the first pass holds token {j} of request {i} on ranks {ranks}"
-                )
+    wrong = _wrongly_held(cfg, b, seen, whole, where="in the drafter's first pass (first_pass_rows), ")
+    if wrong:
+        _fail("spec-decode", cfg, b, _excerpt(wrong))
 
 
 class _SpecCase(NamedTuple):
@@ -491,19 +768,24 @@ def _check_spec_indices(case: _SpecCase, r: int, state: PCPState) -> SpecDecodeI
     cu, got = _np(idx.cu_num_sampled_tokens), case.restored[_np(idx.logits_indices)]
     for i, n in enumerate(b.sched):  # request i's sampled slots (an empty request's is never read)
         s_i = int(drafts[i]) + 1
-        if n and (
-            cu[i] > ns
-            or not np.array_equal(got[cu[i] - s_i : cu[i]], starts[i] + n - s_i + 1 + np.arange(s_i))
-        ):
+        want = starts[i] + n - s_i + 1 + np.arange(s_i)
+        if n and (cu[i] > ns or not np.array_equal(got[cu[i] - s_i : cu[i]], want)):
+            rows = f"{cu[i] - s_i}..{cu[i] - 1}" + (f", past num_sampled={ns}" if cu[i] > ns else "")
             _fail(
                 "spec-decode",
                 cfg,
                 b,
-                f"rank {r}'s spec_decode_indices logits rows of request {i} are not its sampled tokens",
+                f"rank {r}'s spec_decode_indices logits rows {rows} of request {i} do not hold its last "
+                f"{s_i} tokens (values: the ids of the restored rows, t + 1 for token t): "
+                + _differing(want, got[max(cu[i] - s_i, 0) : cu[i]], "logits row {}".format, cu[i] - s_i),
             )
     dec_drafts = [starts[i] + 2 + np.arange(int(drafts[i])) for i in range(len(b.sched)) if case.decode[i]]
-    if not np.array_equal(_np(idx.draft_token_ids)[:nd], np.concatenate(dec_drafts + [[]])):
-        _fail("spec-decode", cfg, b, f"rank {r}'s draft_token_ids are not the decodes' draft tokens")
+    want = np.concatenate(dec_drafts + [[]]).astype(np.int64)
+    if not np.array_equal(_np(idx.draft_token_ids)[:nd], want):
+        detail = f"rank {r}'s draft_token_ids are not the decodes' draft tokens (token t's id is t + 1): "
+        _fail(
+            "spec-decode", cfg, b, detail + _differing(want, _np(idx.draft_token_ids)[:nd], "draft {}".format)
+        )
     return idx
 
 
@@ -515,7 +797,13 @@ def _check_decode_hidden_states(case: _SpecCase, r: int, state: PCPState) -> Non
     )
     _, dec = decode_hidden_states(state, case.hidden)
     if not np.array_equal(_np(dec)[: want.size], want) or _np(dec)[want.size :].any():
-        _fail("spec-decode", case.cfg, b, f"rank {r}'s decode_hidden_states are not the decode tokens")
+        full = np.zeros_like(_np(dec))
+        full[: want.size] = want
+        detail = (
+            f"rank {r}'s decode_hidden_states are not the decode tokens' states in order, 0 after (token "
+            "t's hidden state is t + 1): "
+        )
+        _fail("spec-decode", case.cfg, b, detail + _differing(full, _np(dec)))
 
 
 class _DraftRows(NamedTuple):
@@ -556,18 +844,40 @@ def _check_first_pass(
     _, fp = first_pass_inputs(
         state, case.full, positions, case.hidden, tis, idx.logits_indices, idx.num_sampled
     )
+    if P == 1:
+        return  # passed through
     qsl = np.concatenate([[0], np.cumsum(rows.counts)])
     ids, hid, tok, real = _np(fp.input_ids), _np(fp.hidden_states), rows.token, rows.real
-    if P > 1 and (int(fp.num_tokens) != rows.num_rows or not np.array_equal(_np(fp.query_start_loc), qsl)):
-        _fail("spec-decode", cfg, b, f"rank {r}'s first_pass_inputs rows are not first_pass_rows'")
-    if P > 1 and (
-        not np.array_equal(ids, tok) or not np.array_equal(hid[real], tok[real]) or hid[~real].any()
-    ):
-        _fail("spec-decode", cfg, b, f"rank {r}'s first-pass rows do not carry their tokens' ids and states")
-    sampled = case.restored[_np(fp.token_indices_to_sample)[:R]] if P > 1 else None  # P = 1: passed through
+    if int(fp.num_tokens) != rows.num_rows or not np.array_equal(_np(fp.query_start_loc), qsl):
+        _fail(
+            "spec-decode",
+            cfg,
+            b,
+            f"rank {r}'s first_pass_inputs rows are not first_pass_rows' (num_tokens: expected "
+            f"{rows.num_rows}, got {int(fp.num_tokens)}): "
+            + (
+                _differing(qsl, _np(fp.query_start_loc), "query_start_loc[{}]".format)
+                or "the same query_start_loc"
+            ),
+        )
+    want_hid = np.where(real, tok, 0)
+    if not np.array_equal(ids, tok) or not np.array_equal(hid, want_hid):
+        detail = (
+            f"rank {r}'s first-pass rows do not carry their tokens' ids and hidden states (token t's: "
+            "t + 1; 0 on a pad row), [id, hidden state] each: "
+        )
+        _fail(
+            "spec-decode", cfg, b, detail + _differing(np.stack([tok, want_hid], 1), np.stack([ids, hid], 1))
+        )
+    sampled = case.restored[_np(fp.token_indices_to_sample)[:R]]
     sched = case.sched[:R]
-    if P > 1 and R and not np.array_equal(sampled[sched > 0], case.starts[1:][sched > 0]):
-        _fail("spec-decode", cfg, b, f"rank {r}'s first pass does not sample each request's last token")
+    if R and not np.array_equal(sampled[sched > 0], case.starts[1:][sched > 0]):
+        want = np.where(sched > 0, case.starts[1:], sampled)  # the last token's id (an empty request: any)
+        detail = (
+            f"rank {r}'s first pass does not sample each request's last token (values: the id of the "
+            "restored row it samples, t + 1 for token t): "
+        )
+        _fail("spec-decode", cfg, b, detail + _differing(want, sampled, "request {}".format))
 
 
 def _check_split_prefill(case: _SpecCase, r: int, state: PCPState, rows: _DraftRows) -> None:
@@ -576,12 +886,30 @@ def _check_split_prefill(case: _SpecCase, r: int, state: PCPState, rows: _DraftR
     _, sp = split_prefill_for_draft(state, case.full, case.hidden)
     D = int(case.sched[decode].sum())
     k = int(sp.num_tokens)
-    lens = rows.counts[~decode][: int((~decode[: len(b.sched)]).sum())]
+    prefills = np.flatnonzero(~decode[: len(b.sched)])  # the prefill requests, in order
+    lens = rows.counts[~decode][: prefills.size]
     if k != rows.num_rows - D or not np.array_equal(_np(sp.seq_lens)[: lens.size], lens):
-        _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows are not its prefill rows")
+        _fail(
+            "spec-decode",
+            cfg,
+            b,
+            f"rank {r}'s split_prefill_for_draft rows are not its first-pass rows after the decodes' "
+            f"(num_tokens: expected {rows.num_rows - D}, got {k}): "
+            + (
+                _differing(
+                    lens, _np(sp.seq_lens)[: lens.size], lambda k: f"seq_lens[{k}] (request {prefills[k]})"
+                )
+                or "the same seq_lens"
+            ),
+        )
     tok = rows.token[D : rows.num_rows]
-    if not np.array_equal(_np(sp.input_ids)[:k], tok) or not np.array_equal(_np(sp.hidden_states)[:k], tok):
-        _fail("spec-decode", cfg, b, f"rank {r}'s split_prefill_for_draft rows do not carry their tokens")
+    got = np.stack([_np(sp.input_ids)[:k], _np(sp.hidden_states)[:k]], 1)
+    if not np.array_equal(got, np.stack([tok, tok], 1)):
+        detail = (
+            f"rank {r}'s split_prefill_for_draft rows do not carry their tokens (token t's id and hidden "
+            "state: t + 1), [id, hidden state] each: "
+        )
+        _fail("spec-decode", cfg, b, detail + _differing(np.stack([tok, tok], 1), got))
 
 
 def _num_decodes(cfg: PCPConfig, b: Batch) -> int:
@@ -600,7 +928,6 @@ def _counting_backend() -> tuple[list[int], Any]:
 
 def check_graphs(cfg: PCPConfig, R: int, T: int) -> None:
     """No host sync, ``fullgraph=True`` compile with one graph per bucket (equal to eager), export."""
-    layout_name = cfg.layout_name
     b1 = Batch((1, T - 1), (5, 0), (3, T - 1)) if T > 1 else Batch((1,), (0,), (1,))
     b2 = Batch((T - 1, 1), (0, 0), (T - 1, 1)) if T > 1 else Batch((1,), (3,), (1,))
     made = []
@@ -611,23 +938,54 @@ def check_graphs(cfg: PCPConfig, R: int, T: int) -> None:
         )
     small = make_batch(cfg, [1], [0], [1], slot_mapping=[0])
     state = init_state(cfg)
-    eager, counts = _eager_and_compiled(layout_name, "step", step, [(state, x) for x in (*made, small)])
-    if counts[1] != 1 or counts[2] != 2 - (small.bucket == cfg.capacity):
+    eager, counts = _eager_and_compiled(cfg, "step", step, [(state, x) for x in (*made, small)])
+    want = 2 - (small.bucket == cfg.capacity)
+    if counts[1] != 1 or counts[2] != want:
         raise LayoutCheckError(
-            f"layout {layout_name!r}: {counts[1]} graphs for two batches of one bucket, {counts[2]} with a "
-            "third bucket: a graph must depend on the bucket only"
+            f"{_graph_failure(cfg)}: step made {counts[1]} graphs for two batches of one bucket "
+            f"({b1.sched} and {b2.sched} tokens in {cfg.capacity}), expected 1, and {counts[2]} with a "
+            f"third bucket ({small.bucket}), expected {want}: a graph must depend on the bucket only "
+            "(a Python branch or a shape read from a batch's values recompiles)"
         )
     runs_states = [(st,) for st, _ in eager[:2]]
-    if _eager_and_compiled(layout_name, "attention_runs", attention_runs, runs_states)[1][-1] != 1:
-        raise LayoutCheckError(f"layout {layout_name!r}: attention_runs makes more than one graph a bucket")
+    runs_counts = _eager_and_compiled(cfg, "attention_runs", attention_runs, runs_states)[1]
+    if runs_counts[-1] != 1:
+        raise LayoutCheckError(
+            f"{_graph_failure(cfg)}: attention_runs made {runs_counts[-1]} graphs for two states of one "
+            "bucket, expected 1 (the layout's state_local_rows depends on more than the bucket)"
+        )
     try:
         export(step, state, made[0])
     except Exception as e:
-        raise LayoutCheckError(f"layout {layout_name!r}: torch.export of step fails: {e}") from e
+        raise LayoutCheckError(
+            f"{_graph_failure(cfg)}: torch.export of step fails: {e}{_module_hint(e)}"
+        ) from e
+
+
+def _graph_failure(cfg: PCPConfig) -> str:
+    """``layout 'x' fails the graph checks at P=2 (R=6, T=48)``: how a graph failure starts."""
+    return f"layout {cfg.layout_name!r} fails the graph checks at {_config_text(cfg)}"
+
+
+def _module_hint(error: BaseException) -> str:
+    """What to do when Dynamo could not import a traced function's module (``""`` for any other
+    error): it imports each module by the name its globals hold (``__name__``)."""
+    seen: BaseException | None = error
+    while seen is not None and not isinstance(seen, ModuleNotFoundError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return ""
+    return (
+        f". torch.compile (Dynamo) imports the module of every function it traces by its __name__, "
+        f"and no module {seen.name!r} is importable: the layout's code (or code it calls) was run from a "
+        "file by path or exec'd. Import that file as a module, or register it before running it: "
+        "module = importlib.util.module_from_spec(spec); sys.modules[spec.name] = module; "
+        "spec.loader.exec_module(module)"
+    )
 
 
 def _eager_and_compiled(
-    layout_name: str, what: str, fn: Any, calls: list[tuple[Any, ...]]
+    cfg: PCPConfig, what: str, fn: Any, calls: list[tuple[Any, ...]]
 ) -> tuple[list[Any], list[int]]:
     """``fn(*args)`` for each ``args`` of ``calls`` under ``no_host_syncs``, then compiled with
     ``fullgraph=True`` (equal to eager); returns the eager outputs and the graphs made so far
@@ -636,7 +994,10 @@ def _eager_and_compiled(
         with no_host_syncs():
             eager = [fn(*args) for args in calls]
     except Exception as e:
-        raise LayoutCheckError(f"layout {layout_name!r}: a host sync inside {what}: {e}") from e
+        raise LayoutCheckError(
+            f"{_graph_failure(cfg)}: a host sync inside {what} (a device value read on the host: "
+            f".item(), int(tensor), a Python branch on a tensor, a shape from a tensor's values): {e}"
+        ) from e
     graphs, backend = _counting_backend()
     torch._dynamo.reset()
     compiled_fn = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend)
@@ -647,13 +1008,17 @@ def _eager_and_compiled(
             counts.append(len(graphs))
     except Exception as e:
         raise LayoutCheckError(
-            f"layout {layout_name!r}: {what} does not compile with fullgraph=True: {e}"
+            f"{_graph_failure(cfg)}: {what} does not compile with fullgraph=True: {e}{_module_hint(e)}"
         ) from e
     finally:
         torch._dynamo.reset()
-    for e_out, c_out in zip(eager, compiled):
-        if not all(torch.equal(a, c) for a, c in zip(_tensors(e_out), _tensors(c_out))):
-            raise LayoutCheckError(f"layout {layout_name!r}: the compiled {what} differs from the eager one")
+    for k, (e_out, c_out) in enumerate(zip(eager, compiled)):
+        for (path, a), (_, c) in zip(_tensor_leaves(e_out), _tensor_leaves(c_out)):
+            if not torch.equal(a, c):
+                raise LayoutCheckError(
+                    f"{_graph_failure(cfg)}: the compiled {what} differs from the eager one on call {k}, "
+                    f"output{path} (expected: eager): {_differing(_np(a).reshape(-1), _np(c).reshape(-1))}"
+                )
     return eager, counts
 
 
@@ -683,7 +1048,7 @@ def check_spec_graphs(cfg: PCPConfig, R: int, T: int) -> None:
     full = torch.arange(1, token_rows(cfg, state.bucket) + 1)
     hidden = torch.arange(cfg.pcp_size * Lb, dtype=torch.float32)[:, None].expand(-1, 4).contiguous()
     args = (state, drafts, ids, full, hidden)
-    _eager_and_compiled(cfg.layout_name, "spec-decode prep", _draft_prep, [args])
+    _eager_and_compiled(cfg, "spec-decode prep", _draft_prep, [args])
 
 
 def check_layout(
@@ -697,51 +1062,240 @@ def check_layout(
     graph_pcp_sizes: Sequence[int] = (2,),
     edges: bool = True,
     dcp_size: int = 1,
+    seed: int | None = None,
 ) -> None:
     """Check ``layout`` against the :class:`pcp_fn.Layout` invariants (module docstring).
 
-    Args:
-        layout: a :class:`pcp_fn.Layout` (registered by its name if it is not yet) or a name.
-        pcp_sizes: the ``P`` values the hypothesis batches use (each example draws one).
-        max_examples: hypothesis examples (batches), spread over ``pcp_sizes`` and the spec counts.
-        max_num_reqs, max_num_tokens: the configs' ``R`` and ``T``.
-        num_spec_tokens: the configs have 0 or this many speculative tokens (each example
-            draws one; decodes of ``1 .. 1 + num_spec_tokens`` tokens, drafting ``n - 1``);
-            with spec tokens the spec-decode prep is checked too. 0: no speculative decoding.
-        graph_pcp_sizes: the ``P`` values of the graph checks (compiles: seconds each).
-        edges: also run the capacity-edge batches at every ``P`` of ``pcp_sizes`` (and spec count).
-        dcp_size: the configs' decode context parallelism (a layout may split differently under it).
+    With the defaults it runs 80 capacity-edge batches (5 at each ``P`` and spec count), 20
+    hypothesis batches and the graph checks at ``P = 2``: a few seconds on a CPU. Every run draws
+    the same batches (hypothesis' ``derandomize``); it writes no file (no ``.hypothesis/`` folder).
 
-    Raises :class:`LayoutCheckError` naming the rule, the config and the smallest failing batch.
+    Args:
+        layout: a :class:`pcp_fn.Layout` object, registered under its ``name`` if it is not yet
+            (:func:`pcp_fn.register_layout`: another instance of the same class, a re-run notebook
+            cell, replaces the one registered), or the name of a registered or built-in layout.
+        pcp_sizes: the ``P`` values of the exactness checks: each hypothesis batch draws one, the
+            capacity edges run at each. Empty: no exactness check (the graph checks alone).
+        max_examples: how many hypothesis batches (drawn over ``pcp_sizes`` and the spec counts).
+            0: none (the capacity edges and graph checks alone). More examples, more batch shapes.
+        max_num_reqs, max_num_tokens: every config's ``R`` (request rows) and ``T`` (tokens of a
+            step); the batches fill them, the capacity edges reach them exactly.
+        num_spec_tokens: the configs have 0 or this many speculative tokens (each batch draws one;
+            decodes of ``1 .. 1 + num_spec_tokens`` tokens, drafting ``n - 1``); with spec tokens the
+            spec-decode prep is checked too. 0: no speculative decoding (a layout that refuses spec
+            tokens in its ``check_config``, like ``"mrv2-sharded"``, needs it).
+        graph_pcp_sizes: the ``P`` values of the graph checks (no host sync, one
+            ``torch.compile(fullgraph=True)`` graph per bucket, ``torch.export``; about a second each).
+            Empty: no graph check. A layout from a file run by path (``runpy.run_path``) has its
+            module put in ``sys.modules`` for them, where Dynamo imports it.
+        edges: also run the capacity-edge batches at every ``P`` of ``pcp_sizes`` and spec count.
+        dcp_size: every config's decode context parallelism (a layout may split differently under it).
+        seed: a random seed for the hypothesis batches: the same ``seed=`` draws the same batches
+            on every run, another value others. ``None`` (default): derandomized, the same batches
+            on every run (hypothesis' ``derandomize=True``).
+
+    Raises:
+        LayoutCheckError: the layout breaks a rule. The message names the rule, the config and
+            the batch (hypothesis shrinks it to the smallest failing one it finds), then the rank
+            and the first differing rows, each with its expected and its actual value.
+        ValueError / TypeError: an argument out of its range, a name that is neither registered
+            nor built in, a layout object whose name another layout holds (the message says how to
+            free it), or a config the layout refuses (its ``check_config``: pass the ``pcp_sizes``,
+            ``num_spec_tokens`` and ``dcp_size`` it serves).
     """
-    name = layout if isinstance(layout, str) else register_layout(layout).name
+    _check_arguments(pcp_sizes, graph_pcp_sizes, max_examples, num_spec_tokens, edges, random_seed=seed)
+    name = _registered_name(layout)
     R, T = max_num_reqs, max_num_tokens
     spec_counts = sorted({0, num_spec_tokens})
-
-    def config(P: int, spec: int = 0) -> PCPConfig:
-        return PCPConfig(P, 0, R, T, num_spec_tokens=spec, dcp_size=dcp_size, layout=name)
-
+    configs = _configs(name, sorted({*pcp_sizes, *graph_pcp_sizes}), spec_counts, R, T, dcp_size)
     if edges:
         for P in pcp_sizes:
             for spec in spec_counts:
                 for b in edge_batches(R, T):
-                    check_batch_exact(config(P, spec), b)
+                    check_batch_exact(configs[P, spec], b)
+    if max_examples and pcp_sizes:
+        _check_examples(configs, list(pcp_sizes), spec_counts, R, T, max_examples, random_seed=seed)
+    for P in graph_pcp_sizes:
+        for spec in spec_counts:
+            try:  # a config none of the batches above ran: init_state's first run of the layout
+                init_state(configs[P, spec])
+            except LayoutError as e:
+                _refused(configs[P, spec], e)
+    with _importable_modules(get_layout(name)):
+        for P in graph_pcp_sizes:
+            check_graphs(configs[P, 0], R, T)
+            if num_spec_tokens:
+                check_spec_graphs(configs[P, num_spec_tokens], R, T)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _check_arguments(
+    pcp_sizes: Any,
+    graph_pcp_sizes: Any,
+    max_examples: Any,
+    num_spec_tokens: Any,
+    edges: Any,
+    random_seed: Any,
+) -> None:
+    """``TypeError`` / ``ValueError`` naming the :func:`check_layout` argument out of its range (the
+    configs' own fields are :class:`pcp_fn.PCPConfig`'s to check)."""
+    for key, sizes in (("pcp_sizes", pcp_sizes), ("graph_pcp_sizes", graph_pcp_sizes)):
+        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence):
+            raise TypeError(f"check_layout: {key} must be a sequence of ints, got {sizes!r}")
+        if not all(_is_int(p) and p >= 1 for p in sizes):
+            raise ValueError(f"check_layout: {key} must hold ints >= 1 (pcp_size values), got {sizes!r}")
+    for key, value in (("max_examples", max_examples), ("num_spec_tokens", num_spec_tokens)):
+        if not _is_int(value) or value < 0:
+            raise ValueError(f"check_layout: {key} must be an int >= 0, got {value!r}")
+    if not isinstance(edges, bool):
+        raise TypeError(f"check_layout: edges must be a bool, got {edges!r}")
+    if random_seed is not None and not _is_int(random_seed):
+        raise TypeError(f"check_layout: seed= takes an int (a random seed) or None, got {random_seed!r}")
+
+
+def _registered_name(layout: Layout | str) -> str:
+    """The registry name of ``layout``, registering a layout object under it."""
+    if isinstance(layout, str):
+        return get_layout(layout).name  # ValueError naming the registered layouts
+    try:
+        return register_layout(layout).name
+    except ValueError as e:
+        raise ValueError(
+            f"check_layout registers the layout it checks: {e} (pcp_fn.register_layout(layout, "
+            f"replace=True), or pcp_fn.unregister_layout({layout.name!r}), then check_layout again)"
+        ) from e
+
+
+def _configs(
+    name: str, sizes: Sequence[int], spec_counts: Sequence[int], R: int, T: int, dcp_size: int
+) -> dict[tuple[int, int], PCPConfig]:
+    """``(P, spec tokens) -> PCPConfig`` of every config the checks run, made before any runs: a
+    config the layout refuses (its ``check_config``) is an argument error, named at once."""
+    configs = {}
+    for P in sizes:
+        for spec in spec_counts:
+            try:
+                configs[P, spec] = PCPConfig(P, 0, R, T, num_spec_tokens=spec, dcp_size=dcp_size, layout=name)
+            except ValueError as e:
+                raise ValueError(
+                    f"check_layout: no config of layout {name!r} at P={P} (R={R}, T={T}, num_spec_tokens="
+                    f"{spec}, dcp_size={dcp_size}): {e}. Pass the pcp_sizes, graph_pcp_sizes, "
+                    "num_spec_tokens and dcp_size the layout serves (num_spec_tokens=0: no spec tokens)"
+                ) from e
+    return configs
+
+
+def _check_examples(
+    configs: dict[tuple[int, int], PCPConfig],
+    pcp_sizes: list[int],
+    spec_counts: list[int],
+    R: int,
+    T: int,
+    max_examples: int,
+    random_seed: int | None,
+) -> None:
+    """``check_batch_exact`` on ``max_examples`` hypothesis batches: the same batches every run (the
+    ``seed=`` given, or derandomized), no file written, one :class:`LayoutCheckError` raised (the
+    smallest failing batch's), not an exception group of every distinct failure."""
 
     @settings(
+        parent=settings.get_profile("default"),  # whatever profile the caller's tests load
         max_examples=max_examples,
-        deadline=None,
+        derandomize=random_seed is None,
         database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        deadline=None,
+        report_multiple_bugs=False,
+        print_blob=False,  # a reproduce_failure blob names this function, not the user's code
+        verbosity=Verbosity.quiet,  # no "Failing test case: exact(...)" note: the message names the batch
+        phases=(Phase.explicit, Phase.generate, Phase.shrink),  # no explain phase: it names our lines
+        suppress_health_check=list(HealthCheck),
     )
-    @given(P=st.sampled_from(list(pcp_sizes)), spec=st.sampled_from(spec_counts), data=st.data())
+    @given(P=st.sampled_from(pcp_sizes), spec=st.sampled_from(spec_counts), data=st.data())
     def exact(P: int, spec: int, data: Any) -> None:
-        check_batch_exact(config(P, spec), data.draw(batches(R, T, spec), label="batch"))
+        check_batch_exact(configs[P, spec], data.draw(batches(R, T, spec), label="batch"))
 
-    exact()
-    for P in graph_pcp_sizes:
-        check_graphs(config(P), R, T)
-        if num_spec_tokens:
-            check_spec_graphs(config(P, num_spec_tokens), R, T)
+    if random_seed is not None:
+        exact = hypothesis.seed(random_seed)(exact)
+    with _hypothesis_scratch_home():
+        exact()
+
+
+@contextlib.contextmanager
+def _hypothesis_scratch_home() -> Iterator[None]:
+    """Hypothesis keeps a cache of the local modules' constants under ``.hypothesis/`` in the current
+    folder, even with ``database=None``: it goes to a temporary folder, removed after the run."""
+    previous = getattr(hypothesis_configuration, "__hypothesis_home_directory", None)
+    with tempfile.TemporaryDirectory(prefix="pcp_fn_check_layout_") as scratch:
+        hypothesis_configuration.set_hypothesis_home_dir(scratch)
+        try:
+            yield
+        finally:
+            hypothesis_configuration.set_hypothesis_home_dir(previous)
+
+
+@contextlib.contextmanager
+def _importable_modules(layout: object) -> Iterator[None]:
+    """Dynamo reads a traced function's globals through its module, imported by the name the globals
+    hold (``__name__``): a layout run from a file by path (``runpy.run_path``; importlib without
+    ``sys.modules[name] = module``) has a module no import finds, and every graph check would fail
+    with ``ModuleNotFoundError``. For the graph checks, such a module is put in ``sys.modules`` (the
+    layout's package module itself, or a module holding the same globals) and taken out after."""
+    package = getattr(layout, "package", None)
+    added: dict[str, types.ModuleType] = {}
+    for scope in _code_scopes(layout):
+        name = scope.get("__name__")
+        if isinstance(name, str) and name not in sys.modules:
+            if isinstance(package, types.ModuleType) and vars(package) is scope:
+                module = package
+            else:
+                module = types.ModuleType(name)
+                vars(module).update(scope)
+            sys.modules[name] = added[name] = module
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+        if added:
+            _forget_dynamo_imports(list(added.values()))
+
+
+def _code_scopes(layout: object) -> list[dict[str, Any]]:
+    """The globals of the layout's own functions: its class's and bases' methods, the functions it
+    holds (a :class:`pcp_fn.PackageLayout`'s), its package module's."""
+    found = [*getattr(layout, "__dict__", {}).values()]
+    for cls in type(layout).__mro__:
+        found += vars(cls).values()
+    package = getattr(layout, "package", None)
+    if isinstance(package, types.ModuleType):
+        found += vars(package).values()
+    scopes: dict[int, dict[str, Any]] = {}
+    for obj in found:
+        fn = getattr(obj, "__func__", obj)  # a bound method, staticmethod or classmethod
+        fn = getattr(fn, "fget", fn)  # a property
+        scope = getattr(fn, "__globals__", None)
+        if isinstance(scope, dict):
+            scopes[id(scope)] = scope
+    return list(scopes.values())
+
+
+def _forget_dynamo_imports(modules: list[types.ModuleType]) -> None:
+    """Dynamo keeps each module it imported by name, in a cache (``_import_module``) and as an
+    ``__import_<name>`` global of the module it traced: drop ``modules`` from both (private, where
+    this torch has them), so that a later check of a module of the same name (every file
+    ``runpy.run_path`` runs is ``<run_path>``) imports its own."""
+    cached = getattr(getattr(torch._dynamo, "symbolic_convert", None), "_import_module", None)
+    if callable(getattr(cached, "cache_clear", None)):
+        cached.cache_clear()
+    ours = {id(m) for m in modules}
+    for module in list(sys.modules.values()):
+        scope = getattr(module, "__dict__", None)
+        if isinstance(scope, dict):
+            for key in [k for k in scope if k.startswith("__import_") and id(scope[k]) in ours]:
+                del scope[key]
 
 
 __all__ = ["Batch", "LayoutCheckError", "batches", "check_layout", "edge_batches"]

@@ -4,7 +4,7 @@ A layout author reads this package and nothing of a layout's own:
 
 - :mod:`.config`: :class:`PCPConfig`, its capacities, the two-chunk bound;
 - :mod:`.batch`: the host boundary, :func:`make_batch` -> :class:`SchedulerBatch`;
-- :mod:`.state`: :class:`PCPState`, :func:`init_state`, :func:`next_state`;
+- :mod:`.state`: :class:`PCPState`, :func:`init_state` (:func:`fresh_state`), :func:`next_state`;
 - :mod:`.rows`: the row, order and per-request types a layout returns;
 - :mod:`.layout`: the :class:`Layout` protocol and :func:`layout_of`;
 - :mod:`.registry`: the registry (built-ins found by name, no import side effect);
@@ -21,9 +21,9 @@ from .config import PCPConfig
 from .layout import Layout, layout_of
 from .package import PackageLayout
 from .partition import PartitionLayout, Requests, rows_from_segments
-from .registry import LayoutError, available_layouts, get_layout, register_layout
+from .registry import LayoutError, available_layouts, get_layout, register_layout, unregister_layout
 from .rows import GatheredOrder, LayoutUpdate, LocalRows, RequestGeometry, RestoredSpans, TokenLayout
-from .state import PCPState, check_batch, init_state, next_state
+from .state import PCPState, check_batch, fresh_state, init_state, next_state
 
 __all__ = [
     "GatheredOrder",
@@ -43,6 +43,7 @@ __all__ = [
     "available_layouts",
     "check_batch",
     "classify_decodes",
+    "fresh_state",
     "get_layout",
     "init_state",
     "layout_of",
@@ -50,4 +51,5 @@ __all__ = [
     "next_state",
     "register_layout",
     "rows_from_segments",
+    "unregister_layout",
 ]

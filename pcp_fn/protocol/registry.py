@@ -4,7 +4,8 @@ Built-in layouts are found, not pre-registered: :data:`BUILTIN_LAYOUTS` names th
 attribute that holds each one (``"dcs" -> pcp_fn.dcs:LAYOUT``), loaded the first time the
 name is looked up. So a config works whatever was imported first, and nothing registers
 itself as an import side effect; a researcher's layout is registered with
-:func:`register_layout` (or by passing the object as ``PCPConfig(..., layout=obj)``).
+:func:`register_layout` (or by passing the object as ``PCPConfig(..., layout=obj)``) and
+removed with :func:`unregister_layout`.
 
 This module sits at the bottom of :mod:`pcp_fn.protocol` (the config resolves its layout
 here, and the protocol's own module names the config): it checks a layout by the members
@@ -103,6 +104,30 @@ def register_layout(layout: NamedLayout, *, replace: bool = False) -> NamedLayou
         )
     _REGISTRY[name] = layout
     return layout
+
+
+def unregister_layout(name: str) -> NamedLayout:
+    """Remove the layout registered as ``name`` (:func:`register_layout`); returns it.
+
+    The name is free again: registering any layout under it needs no ``replace=True``. A built-in
+    (``"dcs"``, ``"mrv2"``...) cannot be unregistered; a layout registered over a built-in's name with
+    ``replace=True`` is removed and the name is the built-in's again. A config made earlier keeps
+    the layout object it bound (``config.layout_impl``); a new ``PCPConfig(..., layout=name)``, or
+    unpickling a config that names it, raises ``ValueError`` (unknown layout) until the name is
+    registered again.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+        ValueError: no layout is registered as ``name``, or it is a built-in.
+    """
+    held = get_layout(name)  # TypeError / ValueError naming the registered names
+    if is_builtin(held):
+        raise ValueError(
+            f"layout {name!r} is a built-in and cannot be unregistered (register_layout(layout, "
+            "replace=True) puts another layout under its name; unregister_layout then restores it)"
+        )
+    del _REGISTRY[name]
+    return held
 
 
 def check_protocol(layout: object) -> None:

@@ -91,27 +91,28 @@ def init_state(
     breaks a rule of :class:`pcp_fn.Layout` there is refused with a ``ValueError``
     (:class:`pcp_fn.protocol.LayoutError`) before anything is served.
     """
+    state = fresh_state(config, device, rank=rank)
+    check_new_layout(config, fresh_state)
+    return state
+
+
+def fresh_state(
+    config: PCPConfig,
+    device: torch.device | str | None = None,
+    *,
+    rank: torch.Tensor | int | None = None,
+) -> PCPState:
+    """:func:`init_state` without its first run of a new layout on the canonical batches
+    (:func:`pcp_fn.testing.check_layout` runs its own rules on the batches that run refused)."""
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
     check_device("device", device)  # a missing GPU named here, not in a torch internal
-    leaf = rank_leaf(config.pcp_size, rank, device)
-    check_new_layout(config, _cpu_state)
-    return _new_state(config, device, leaf)
-
-
-def _cpu_state(config: PCPConfig) -> PCPState:
-    """A fresh state of ``config`` on the CPU, its rank static (the canonical batches' runs)."""
-    return _new_state(config, torch.device("cpu"), None)
-
-
-def _new_state(config: PCPConfig, device: torch.device, rank: torch.Tensor | None) -> PCPState:
-    """A state of ``config`` on ``device`` (rank: :func:`pcp_fn.core.rank.rank_leaf`'s), unchecked."""
     R = config.max_num_reqs
     return PCPState(
         config=config,
         bucket=config.capacity,
-        rank=rank,
+        rank=rank_leaf(config.pcp_size, rank, device),
         num_reqs=torch.zeros((), dtype=torch.int64, device=device),
         num_scheduled=torch.zeros(R, dtype=torch.int32, device=device),
         num_computed=torch.zeros(R, dtype=torch.int32, device=device),

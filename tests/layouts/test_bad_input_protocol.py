@@ -188,7 +188,7 @@ def test_the_one_short_bound_is_what_cuts_a_token_in_a_bucket_that_fits_it():
     batch = make_batch(cfg, b.sched, b.comp, b.prompt, bucket=pcp_fn.Bucket(1, bound))
     counts = []
     for r in range(4):
-        st_r = pcp_fn.protocol.state._cpu_state(dataclasses.replace(cfg, pcp_rank=r))
+        st_r = pcp_fn.protocol.fresh_state(dataclasses.replace(cfg, pcp_rank=r))
         counts.append(int(cfg.layout_impl.build(st_r, batch).layout.num_tokens))
     assert sum(counts) < 19  # a run cut: tokens on no rank
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
+import torch.utils._pytree as pytree
 
 import pcp_fn
+from pcp_fn import testing
 from pcp_fn.testing import LayoutCheckError, check_layout
 
 
@@ -110,7 +115,7 @@ def test_a_broken_layout_fails_with_the_rule_it_breaks(layout, rule):
 
 
 def test_a_layout_restoring_a_replicated_token_from_another_rank_fails_the_restore_rule():
-    with pytest.raises(LayoutCheckError, match=r"breaks restore.*read from ranks"):
+    with pytest.raises(LayoutCheckError, match=r"breaks restore.*read from the wrong ranks"):
         check_layout(_LastCopy(), pcp_sizes=(2, 3), max_examples=30, graph_pcp_sizes=())
 
 
@@ -124,3 +129,162 @@ def test_a_layout_that_syncs_with_the_host_fails_the_graph_checks():
     check_layout(_HostSync(), pcp_sizes=(2,), max_examples=2, edges=False, graph_pcp_sizes=())  # exact
     with pytest.raises(LayoutCheckError, match="host sync"):
         check_layout(_HostSync(), pcp_sizes=(2,), max_examples=1, edges=False, graph_pcp_sizes=(2,))
+
+
+class _ShiftedPositions(pcp_fn.MRV2Partition):
+    """Exact rows, but every position past a request's first token one too far."""
+
+    name = "test-broken-positions"
+
+    def build(self, state, batch):
+        up = super().build(state, batch)
+        return up._replace(positions=torch.where(up.positions > 0, up.positions + 1, up.positions))
+
+
+class _LostSlot(pcp_fn.MRV2Partition):
+    """Exact rows, but token 1's KV-slot row carries token 0's slot: one slot twice, one missing."""
+
+    name = "test-broken-slots"
+
+    def build(self, state, batch):
+        up = super().build(state, batch)
+        return up._replace(slot_token=torch.where(up.slot_token == 1, 0, up.slot_token))
+
+
+class _ShortBound(pcp_fn.MRV2Partition):
+    """A bound one row short when a request has 20 tokens in the KV cache (none of init_state's
+    canonical batches has), but never below ceil(tokens / P) (make_batch's own check)."""
+
+    name = "test-broken-bound"
+
+    def num_local_tokens(self, config, num_scheduled, num_decodes, num_computed):
+        bound = super().num_local_tokens(config, num_scheduled, num_decodes, num_computed)
+        if (num_computed >= 20).any():
+            return max(bound - 1, -(-int(num_scheduled.sum()) // config.pcp_size))
+        return bound
+
+
+MUTANTS = [
+    (_Overlapping(), "(capacity|ownership)"),
+    (_Dropping(), "ownership"),
+    (_Reversed(), "restore"),
+    (_LastCopy(), "restore"),
+    (_FirstPassDrops(), "spec-decode"),
+    (_ShiftedPositions(), "positions"),
+    (_LostSlot(), "slots"),
+    (_ShortBound(), "ownership"),
+    (_HostSync(), "host sync"),
+]
+
+
+@pytest.mark.parametrize("seed", [None, 1234], ids=["derandomized", "seed=1234"])
+def test_every_mutant_is_caught_on_every_run_without_the_edge_batches(seed):
+    # the defaults but edges=False: the hypothesis batches (and the graph checks) alone catch each
+    # broken layout, and a second run fails on the same batch with the same message
+    for layout, rule in MUTANTS:
+        messages = []
+        for _ in range(2):
+            with pytest.raises(LayoutCheckError, match=rule) as e:
+                check_layout(layout, edges=False, seed=seed)
+            messages.append(str(e.value))
+        assert messages[0] == messages[1], layout.name
+
+
+def _drawn(monkeypatch, **options):
+    """The ``(P, spec tokens, batch)`` of every batch check_layout checks (edges off, no graphs)."""
+    seen = []
+    real = testing.check_batch_exact
+
+    def record(cfg, b):
+        seen.append((cfg.pcp_size, cfg.num_spec_tokens, b))
+        real(cfg, b)
+
+    monkeypatch.setattr(testing, "check_batch_exact", record)
+    check_layout("mrv2", pcp_sizes=(1, 2, 3), max_examples=8, edges=False, graph_pcp_sizes=(), **options)
+    monkeypatch.undo()
+    return seen
+
+
+def test_the_same_batches_are_drawn_on_every_run_and_a_seed_picks_others(monkeypatch):
+    default = _drawn(monkeypatch)
+    assert len(default) >= 8 and _drawn(monkeypatch) == default
+    seeded = _drawn(monkeypatch, seed=7)
+    assert _drawn(monkeypatch, seed=7) == seeded
+    assert seeded != default and _drawn(monkeypatch, seed=8) != seeded
+
+
+def test_check_layout_writes_no_file_in_the_current_folder(tmp_path):
+    # hypothesis would write .hypothesis/ (its cache of the local modules' constants) into the
+    # current folder of a fresh interpreter, even with database=None
+    code = (
+        "from pcp_fn.testing import check_layout\n"
+        "check_layout('mrv2', pcp_sizes=(2,), max_examples=5, edges=False, graph_pcp_sizes=())\n"
+        "from hypothesis import configuration\n"
+        "assert getattr(configuration, '__hypothesis_home_directory', None) is None  # restored\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, capture_output=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        (
+            _Dropping(),
+            r"breaks ownership .*: token \d+ of request 0 is on ranks \[\], expected exactly one rank",
+        ),
+        (_ShiftedPositions(), r"breaks positions .*: row 1 \(request 0, offset 1\): expected 1, got 2"),
+        (
+            _LostSlot(),
+            r"token 0's slot 1000: expected on one row, got at rows \[\d+, \d+\]; token 1's slot 1001: "
+            r"expected on one row, got missing",
+        ),
+        (_Reversed(), r"breaks restore .*restored row 1 \(token 1 of request 0\): expected 1, got \d+"),
+        (_LastCopy(), r"breaks restore .*read from the wrong ranks .*: expected 0, got \d+"),
+        (
+            _ShortBound(),
+            r"breaks ownership .*: token \d+ of request \d+ is on ranks \[\]"
+            r".*hold the bucket's L_b=\d+ rows, all of them "
+            r".*num_local_tokens\(config, num_scheduled, num_decodes, num_computed\) is the host bound "
+            r".*check_config\(config\)",
+        ),
+    ],
+)
+def test_a_failure_names_the_rows_with_their_expected_and_actual_values(layout, message):
+    with pytest.raises(LayoutCheckError, match=message):
+        check_layout(layout, graph_pcp_sizes=())
+
+
+def test_a_rank_past_its_bound_fails_capacity_with_its_rows_and_the_two_ways_out():
+    # in the bucket make_batch picks (L_b = 8 > the bound 6), nothing is cut: rank 0's rows past the
+    # bound are named (init_state refuses the layout first, in the bucket of exactly 6 rows)
+    cfg = pcp_fn.PCPConfig(2, 0, 6, 48, layout=_Overlapping())
+    rows = r"rank 0 holds 8 rows, expected at most 6 .*row 6: \[0, 9\]; row 7: \[0, 10\]\. "
+    hint = r"num_local_tokens\(config, num_scheduled, num_decodes, num_computed\) is the host bound"
+    with pytest.raises(LayoutCheckError, match=f"breaks capacity .*{rows}{hint}"):
+        testing.check_batch_exact(
+            cfg, testing.Batch((11,), (0,), (11,)), fresh=pcp_fn.protocol.fresh_state
+        )
+
+
+def test_check_layout_runs_its_rules_on_the_batch_init_state_refused():
+    # init_state's own check names the rule and the batch; check_layout names the rows
+    cfg = pcp_fn.PCPConfig(1, 0, 6, 48, layout=_ShiftedPositions())
+    with pytest.raises(pcp_fn.protocol.LayoutError, match="breaks positions") as refused:
+        pcp_fn.init_state(cfg)
+    assert "expected" not in str(refused.value)
+    with pytest.raises(LayoutCheckError, match=r"breaks positions .*expected 1, got 2") as e:
+        testing.check_batch_exact(cfg, testing.Batch((3,), (0,), (3,)))
+    assert isinstance(e.value.__context__, pcp_fn.protocol.LayoutError)  # shown above it
+
+
+@pytest.mark.parametrize("name", ["dcs", "hybrid", "mrv2"])
+def test_fresh_state_is_init_states(name):
+    # check_layout runs its rules on the batches init_state refused with a state init_state would make
+    for P, rank in ((1, None), (3, None), (3, 2)):
+        cfg = pcp_fn.PCPConfig(P, 0, 6, 48, layout=name)
+        ours, want = pcp_fn.protocol.fresh_state(cfg, rank=rank), pcp_fn.init_state(cfg, rank=rank)
+        leaves, spec = pytree.tree_flatten(ours)
+        assert spec == pytree.tree_flatten(want)[1]
+        for a, b in zip(leaves, pytree.tree_leaves(want), strict=True):
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a is b is None

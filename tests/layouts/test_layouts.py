@@ -153,3 +153,44 @@ def test_attention_metadata_refuses_a_layout_it_does_not_describe():
     state, _ = pcp_fn.update_tokens(init_state(cfg), batch)
     with pytest.raises(ValueError, match="DualChunkSwap"):
         pcp_fn.attention_metadata(state, batch)
+
+
+def test_unregister_layout_frees_a_name_and_refuses_a_builtin():
+    assert pcp_fn.unregister_layout is pcp_fn.protocol.unregister_layout
+    assert "unregister_layout" in pcp_fn.__all__ and "unregister_layout" in pcp_fn.protocol.__all__
+
+    class Mine(pcp_fn.MRV2Partition):
+        name = "test-unregister"
+
+    class Other(pcp_fn.MRV2Partition):
+        name = "test-unregister"
+
+    mine = pcp_fn.register_layout(Mine())
+    cfg = PCPConfig(2, 0, 4, 32, layout="test-unregister")
+    assert pcp_fn.unregister_layout("test-unregister") is mine
+    assert "test-unregister" not in pcp_fn.available_layouts()
+    assert cfg.layout_impl is mine  # a config made before keeps the layout it bound
+    with pytest.raises(ValueError, match="unknown layout 'test-unregister'"):
+        PCPConfig(2, 0, 4, 32, layout="test-unregister")
+    with pytest.raises(ValueError, match="unknown layout 'test-unregister'"):
+        pcp_fn.unregister_layout("test-unregister")
+    other = pcp_fn.register_layout(Other())  # the name is free: another class, no replace=True
+    assert pcp_fn.get_layout("test-unregister") is other
+    pcp_fn.unregister_layout("test-unregister")
+    with pytest.raises(TypeError, match="a layout name must be a str"):
+        pcp_fn.unregister_layout(other)
+
+
+def test_a_builtin_cannot_be_unregistered_but_a_replacement_of_one_can():
+    builtin = pcp_fn.get_layout("mrv2")
+    for name in ("dcs", "hybrid", "mrv2", "mrv2-sharded"):
+        with pytest.raises(ValueError, match=rf"{name!r} is a built-in and cannot be unregistered"):
+            pcp_fn.unregister_layout(name)
+    replacement = pcp_fn.register_layout(pcp_fn.PackageLayout("mrv2", pcp_fn.dcs.layout), replace=True)
+    try:
+        assert pcp_fn.get_layout("mrv2") is replacement
+    finally:
+        assert pcp_fn.unregister_layout("mrv2") is replacement
+    assert pcp_fn.get_layout("mrv2") is builtin is pcp_fn.mrv2.LAYOUT  # the built-in's name again
+    assert PCPConfig(2, 0, 4, 32, layout="mrv2").layout_impl is builtin
+    assert pcp_fn.available_layouts()[:4] == ("dcs", "hybrid", "mrv2", "mrv2-sharded")
