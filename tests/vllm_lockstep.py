@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,11 @@ class Backend:
     reference_takes_full_mixed: bool
     group: Any  # vllm_standin.FakePCPGroup, the PCP group both managers see
     make_dispatcher: Callable[[int, list[int]], Callable[[int, int], Any]] | None = None
+    # the separate decode routine's dispatch (Case.decode_graphs): ``make_decode_dispatcher(
+    # max_num_seqs, capture_sizes, decode_query_len)`` returns ``(num_reqs, num_tokens,
+    # max_query_len) -> BatchExecutionDescriptor`` (vLLM's own CudaGraphManager with vLLM;
+    # :func:`decode_dispatcher` without)
+    make_decode_dispatcher: Callable[[int, list[int], int], Callable[[int, int, Any], Any]] | None = None
     # the vLLM contract both managers follow (pcp_fn.adapters.vllm.contract): 0.33+ builds them
     # without block tables, then set_block_tables, and may gather the MoE's padding mask
     contract: Any = VLLM_0_32
@@ -80,6 +86,10 @@ class Case:
     seed: int = 0
     max_steps: int = 40
     moe: bool = False  # moe_gathers_tokens (vLLM 0.33+; ignored by a 0.32 contract)
+    # cudagraph_mode FULL_AND_PIECEWISE with varlen decode graphs (vLLM's adaptive verification):
+    # FULL steps are decode-only batches on decode graphs (their descriptor bounds the queries),
+    # mixed steps PIECEWISE; the managers know the mode. False: FULL's mixed graphs.
+    decode_graphs: bool = False
 
 
 @dataclasses.dataclass
@@ -96,6 +106,9 @@ class Summary:
     tail: int = 0
     full_split_rows: int = 0  # FULL steps where a rank has more rows than the descriptor's requests
     unrestored_drafts: int = 0  # draft prefills prepared and never restored before the next step
+    # FULL decode-graph steps whose graph vLLM caps at max_num_seqs requests below its tokens, its
+    # query bound the graph's tokens (3 requests of 1 + 3 speculative tokens in a 4-token graph)
+    decode_graphs_at_cap: int = 0
     fields: set[str] = dataclasses.field(default_factory=set)
 
 
@@ -323,13 +336,42 @@ def full_dispatcher(api: Any, max_num_seqs: int, capture_sizes: list[int]) -> Ca
     return dispatch
 
 
-def full_graph_rows(desc: Any, max_num_reqs: int) -> int:
-    """The local request rows a mixed FULL graph must hold: a rank gets a head and a tail row of each
-    split prefill and each row has a token, so ``min(num_tokens, 2 * max_num_reqs)`` when vLLM caps
-    the graph at ``max_num_reqs`` requests, else the descriptor's."""
-    if desc.num_reqs == max_num_reqs < desc.num_tokens:
+def full_graph_rows(desc: Any, max_num_reqs: int, mixed_graphs: bool = True) -> int:
+    """The local request rows a FULL graph holds. A mixed graph (no query bound on its descriptor;
+    vLLM's capture promises it queries as long as the graph): a rank gets a head and a tail row of
+    each split prefill and each row has a token, so ``min(num_tokens, 2 * max_num_reqs)`` when
+    vLLM caps the graph at ``max_num_reqs`` requests. A decode graph (its bound below its tokens,
+    or any FULL graph when the engine has a separate decode routine: ``mixed_graphs=False``) and
+    a graph below the cap: the descriptor's, vLLM's."""
+    bound = getattr(desc, "max_query_len", None) or getattr(desc, "uniform_token_count", None)
+    mixed = (bound or desc.num_tokens) == desc.num_tokens and mixed_graphs
+    if mixed and desc.num_reqs == max_num_reqs < desc.num_tokens:
         return min(desc.num_tokens, 2 * max_num_reqs)
     return desc.num_reqs
+
+
+def decode_dispatcher(api: Any, max_num_seqs: int, capture_sizes: list[int], decode_query_len: int) -> Any:
+    """The runner's dispatch under ``FULL_AND_PIECEWISE`` with varlen decode graphs, without vLLM:
+    vLLM's varlen decode descriptors ``(size, min(size, max_num_seqs), max_query_len=decode_query_len)``
+    up to ``max_num_seqs * decode_query_len`` tokens (``CudaGraphManager._init_candidates``), the
+    smallest holding the global request count, the largest rank's tokens and the batch's longest
+    query (``None`` for a batch with a prefill: never a decode graph), else ``PIECEWISE``."""
+    Mode, Desc = api.CUDAGraphMode, api.BatchExecutionDescriptor
+    sizes = sorted(s for s in capture_sizes if s <= max_num_seqs * decode_query_len)
+
+    def dispatch(num_reqs: int, num_tokens: int, max_query_len: int | None) -> Any:
+        fits = max_query_len is not None and max_query_len <= decode_query_len
+        for size in sizes:
+            if fits and size >= num_tokens and min(size, max_num_seqs) >= num_reqs:
+                return Desc(
+                    cg_mode=Mode.FULL,
+                    num_tokens=size,
+                    num_reqs=min(size, max_num_seqs),
+                    max_query_len=decode_query_len,
+                )
+        return Desc(cg_mode=Mode.PIECEWISE, num_tokens=num_tokens, num_reqs=None)
+
+    return dispatch
 
 
 def _capture_sizes(T: int) -> list[int]:
@@ -384,10 +426,12 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
             ads[-1].set_block_tables(bt)
             kw["block_tables"] = bt
         oracles.append(refs[-1] if backend.reference_takes_full_mixed else backend.make_oracle(**kw))
+        # the engine's cudagraph mode (vLLM: its compilation config), which sizes the FULL graphs
+        graphs_mode = Mode.FULL_AND_PIECEWISE if case.decode_graphs else Mode.FULL
+        ads[-1].bookkeeper.compilation_config = SimpleNamespace(cudagraph_mode=graphs_mode)
         ptrs.append({k: v.data_ptr() for k, v in ads[-1].persistent_buffers().items()})
     caps = _capture_sizes(case.T)
-    make_dispatcher = backend.make_dispatcher or (lambda R, sizes: full_dispatcher(api, R, sizes))
-    dispatch_full = make_dispatcher(case.R, caps)
+    dispatch_full = _dispatcher(backend, case, caps)
     summary = Summary()
     unrestored: list[Any] = []  # the adapters' local batches of a draft prefill left unrestored
     prev_reference: Any = None
@@ -401,7 +445,7 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         if mode == Mode.FULL:
             # what the runner's dispatcher hands partition_batch: it checks the *global* request
             # count only, so a rank's rows (two per split prefill) may exceed desc.num_reqs
-            desc = dispatch_full(len(order), widest)
+            desc = dispatch_full(len(order), widest, None if prefilling.any() else int(sched.max()))
             if desc.cg_mode != Mode.FULL:
                 mode = Mode.PIECEWISE
         if mode == Mode.NONE:
@@ -413,9 +457,13 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         # refuse the split prefills; the oracle serves those)
         ref_desc = desc
         if mode == Mode.FULL:
-            ref_desc = dataclasses.replace(desc, num_reqs=full_graph_rows(desc, case.R))
+            ref_desc = dataclasses.replace(
+                desc, num_reqs=full_graph_rows(desc, case.R, not case.decode_graphs)
+            )
             rows = max(_local_rows(o, sched, prefilling) for o in oracles)
             summary.full_split_rows += rows > desc.num_reqs
+            bound = getattr(desc, "max_query_len", None)
+            summary.decode_graphs_at_cap += bound == desc.num_tokens and desc.num_reqs == case.R < bound
         global_batch = make_global_batch(api, step, desc, order, device)
         has_prefill = global_batch.has_prefill
         use_oracle = mode == Mode.FULL and has_prefill and not backend.reference_takes_full_mixed
@@ -526,10 +574,14 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
             summary.dummies += 1
             num_tokens = caps[i % len(caps)]
             num_reqs = max(1, min(num_tokens, case.R, 1 + i % 5))
+            bound = None  # a piecewise capture, or a dummy run
+            if case.decode_graphs and num_tokens <= case.R * (case.spec + 1):  # a decode graph's capture
+                num_reqs, bound = min(num_tokens, case.R), case.spec + 1
             for q in range(P):
                 outs = []
                 for m in (reference[q], ads[q]):
-                    dummy = api.InputBatch.make_dummy(num_reqs, num_tokens, ads[q].input_buffers)
+                    buffers = ads[q].input_buffers
+                    dummy = api.InputBatch.make_dummy(num_reqs, num_tokens, buffers, max_query_len=bound)
                     staged = stage_capture(m, dummy)
                     outs.append(
                         (staged, m.get_dummy_block_tables(num_reqs), m.get_dummy_slot_mappings(num_tokens))
@@ -544,6 +596,17 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
                 assert dsl.data_ptr() == bufs["gathered_slot_mappings"].data_ptr()
                 assert db[0].data_ptr() == bufs["block_table_0"].data_ptr()
     return summary
+
+
+def _dispatcher(backend: Backend, case: Case, caps: list[int]) -> Callable[[int, int, Any], Any]:
+    """The runner's FULL dispatch of ``case``: ``(num_reqs, num_tokens, max_query_len) -> desc``."""
+    api = backend.api
+    if case.decode_graphs:
+        make = backend.make_decode_dispatcher or (lambda R, sizes, q: decode_dispatcher(api, R, sizes, q))
+        return make(case.R, caps, case.spec + 1)
+    make_full = backend.make_dispatcher or (lambda R, sizes: full_dispatcher(api, R, sizes))
+    full = make_full(case.R, caps)
+    return lambda num_reqs, num_tokens, max_query_len: full(num_reqs, num_tokens)
 
 
 def draft_inputs(manager: Any, buffers: Any, num_tokens: int, reference: Any = None) -> Any:

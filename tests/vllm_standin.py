@@ -467,3 +467,113 @@ PP_GROUP = PPGroup()
 
 def get_pp_group() -> PPGroup:
     return PP_GROUP
+
+
+# ------------------------------------------------------------------ the release contracts, signatures only
+# vLLM 0.32.0 / 0.34.0's PCPManager public methods and maybe_build_pcp_manager, as callers see them
+# (names, kinds, defaults; no behaviour): what pcp_fn.adapters.vllm.contract's canary compares.
+
+
+class SignaturesPCPManager032:
+    """vLLM 0.32.0's ``PCPManager`` public API (signatures only)."""
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: Any,
+        shard_decode_requests: bool,
+        max_num_reqs: int | None = None,
+        max_num_tokens: int | None = None,
+        block_tables: Any = None,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+    ) -> None: ...
+
+    @staticmethod
+    def validate_config(vllm_config: Any, supports_mm_inputs: bool) -> None: ...
+
+    @property
+    def input_buffers(self) -> Any: ...
+
+    @property
+    def global_batch(self) -> Any: ...
+
+    def replicated_requests(self, num_scheduled_tokens: Any, is_prefilling: Any) -> Any: ...
+    def get_num_tokens_for_dispatch(self, num_scheduled_tokens: Any, is_prefilling: Any) -> int: ...
+    def partition_batch(self, input_batch: Any, batch_desc: Any) -> Any: ...
+    def prepare_inputs_to_capture(self, input_batch: Any) -> Any: ...
+    def get_dummy_block_tables(self, num_reqs: int) -> Any: ...
+    def prepare_attn(self, input_batch: Any) -> Any: ...
+    def prepare_slot_mappings(self) -> Any: ...
+    def get_dummy_slot_mappings(self, num_tokens: int) -> Any: ...
+    def restore_hidden_states(self, hidden_states: Any) -> Any: ...
+    def get_draft_input_buffers(self, input_buffers: Any) -> Any: ...
+    def prepare_draft_prefill(self, input_batch: Any, input_ids: Any) -> None: ...
+    def restore_draft_prefill(self, last_hidden_states: Any, hidden_states: Any) -> Any: ...
+    def restore_for_sampling(self, hidden_states: Any, aux_hidden_states: Any) -> Any: ...
+
+
+class SignaturesPCPManager034(SignaturesPCPManager032):
+    """vLLM 0.34.0's: the MoE flag, late block tables, the 0.33 capture and draft names, ``sync_drafts``."""
+
+    prepare_inputs_to_capture = None  # type: ignore[assignment]  (gone in 0.33)
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: Any,
+        shard_decode_requests: bool,
+        max_num_reqs: int | None = None,
+        max_num_tokens: int | None = None,
+        block_tables: Any = None,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+        moe_gathers_tokens: bool = False,
+    ) -> None: ...
+
+    def set_block_tables(self, block_tables: Any) -> None: ...
+    def prepare_inputs_for_capture_or_profile(self, input_batch: Any) -> Any: ...
+    def moe_is_padding(self, is_padding: Any) -> Any: ...
+    def get_draft_input_buffers(self, input_buffers: Any, num_tokens: int) -> Any: ...
+    def sync_drafts(self, draft_tokens: Any, idx_mapping: Any, draft_logits: Any) -> None: ...
+
+
+def maybe_build_pcp_manager_032(
+    vllm_config: Any, device: Any, supports_mm_inputs: bool, block_tables: Any, cls: type = PCPManager
+) -> Any:
+    """vLLM 0.32.0's ``maybe_build_pcp_manager``: the keywords it passes the manager class."""
+    return cls(
+        pcp_world_size=2,
+        pcp_rank=0,
+        device=device,
+        shard_decode_requests=True,
+        max_num_reqs=1,
+        max_num_tokens=1,
+        block_tables=block_tables,
+        dcp_world_size=1,
+        dcp_rank=0,
+        cp_interleave=1,
+    )
+
+
+def maybe_build_pcp_manager_034(
+    vllm_config: Any, device: Any, supports_mm_inputs: bool, block_tables: Any = None, cls: type = PCPManager
+) -> Any:
+    """vLLM 0.34.0's ``maybe_build_pcp_manager`` (0.33's too)."""
+    return cls(
+        pcp_world_size=2,
+        pcp_rank=0,
+        device=device,
+        shard_decode_requests=True,
+        max_num_reqs=1,
+        max_num_tokens=1,
+        block_tables=block_tables,
+        dcp_world_size=1,
+        dcp_rank=0,
+        cp_interleave=1,
+        moe_gathers_tokens=False,
+    )

@@ -75,6 +75,25 @@ CASES = [
 ]
 
 
+# max_num_seqs below the decode query length (3 requests, 1 + 3 speculative tokens, sharded decodes):
+# graph sizes above max_num_seqs with decodes alone. Under FULL its mixed graphs hold a rank's split
+# prefill rows; under FULL_AND_PIECEWISE its varlen decode graphs, (4 tokens, 3 requests, queries
+# up to 4), keep vLLM's rows, capture and replay
+TINY_CASES = [
+    Case(P=3, shard=True, spec=3, R=3, T=32, requests=7, seed=13, max_steps=60),
+    Case(P=3, shard=True, spec=3, R=3, T=32, requests=7, seed=13, max_steps=60, decode_graphs=True),
+]
+
+
+def _check_tiny_summary(summary, case: Case) -> None:
+    assert summary.steps >= 12 and summary.mixed and summary.decode_only and summary.dummies, summary
+    assert summary.modes.get("FULL"), summary.modes
+    if case.decode_graphs:  # the (4, 3, max_query_len=4) graph, at vLLM's 3 rows
+        assert summary.decode_graphs_at_cap, summary
+    else:
+        assert summary.full_split_rows, summary
+
+
 def _check_summary(summary, case: Case) -> None:
     assert summary.steps >= 12, summary
     assert summary.mixed and summary.decode_only and summary.drafts and summary.dummies and summary.tail
@@ -92,6 +111,11 @@ def test_lockstep_standin_against_oracle(case):
     summary = run_lockstep(standin_backend(), case)
     _check_summary(summary, case)
     assert summary.full_mixed_vs_oracle == 0  # the oracle is the reference of every step here
+
+
+@pytest.mark.parametrize("case", TINY_CASES, ids=lambda c: f"decode_graphs{int(c.decode_graphs)}")
+def test_lockstep_tiny_max_num_seqs_with_spec_tokens_standin(case):
+    _check_tiny_summary(run_lockstep(standin_backend(), case), case)
 
 
 DEVICES = [
@@ -337,6 +361,260 @@ def test_bad_arrays_and_constructor():
     assert m.restore_hidden_states(h) is h  # before any partition: unchanged, like vLLM
 
 
+def _tiny_rows(mode_name, desc_kw, capture_bound, **manager_kw):
+    """(replay rows, capture rows) of a P=3 manager at max_num_seqs=3, mode ``mode_name`` (``None``:
+    unknown), for a FULL descriptor ``desc_kw`` and a capture batch of its sizes promising
+    ``capture_bound``: three 4-token decodes (1 + 3 speculative tokens), one per rank."""
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    kw = dict(pcp_world_size=3, pcp_rank=0, device="cpu", shard_decode_requests=True, max_num_reqs=3)
+    kw.update(max_num_tokens=16, block_tables=standin.BlockTables([4], 3, 16, [8], torch.device("cpu")))
+    m = StandinManager(**(kw | manager_kw))
+    if mode_name is not None:
+        m.bookkeeper.compilation_config = SimpleNamespace(cudagraph_mode=Mode[mode_name])
+    desc = Desc(cg_mode=Mode.FULL, **desc_kw)
+    g = _batch([4, 4, 4], [9, 9, 9], [5, 5, 5], desc)
+    replay = m.partition_batch(g, desc).num_reqs_after_padding
+    dummy = standin.InputBatch.make_dummy(
+        desc.num_reqs, desc.num_tokens, m.input_buffers, max_query_len=capture_bound
+    )
+    staged = m.prepare_inputs_to_capture(dummy)
+    assert m.get_dummy_block_tables(desc.num_reqs)[0].shape[0] == staged.num_reqs_after_padding
+    return replay, staged.num_reqs_after_padding
+
+
+@pytest.mark.parametrize(
+    ("mode", "desc", "bound", "rows"),
+    [
+        # the separate decode routine: every FULL graph is a decode graph, vLLM's rows
+        ("FULL_AND_PIECEWISE", dict(num_tokens=4, num_reqs=3, max_query_len=4), 4, 3),  # varlen decode
+        ("FULL_AND_PIECEWISE", dict(num_tokens=4, num_reqs=3, uniform_token_count=4), 4, 3),
+        ("FULL_DECODE_ONLY", dict(num_tokens=4, num_reqs=3, max_query_len=4), 4, 3),
+        # FULL: a mixed graph, whose rank may hold two split prefills' head and tail rows
+        ("FULL", dict(num_tokens=4, num_reqs=3), None, 4),
+        # no known mode (a manager built outside vLLM's config): a bound equal to the graph's
+        # tokens is sized as a mixed graph, capture and replay alike
+        (None, dict(num_tokens=4, num_reqs=3, max_query_len=4), 4, 4),
+        (None, dict(num_tokens=4, num_reqs=3), None, 4),
+        # a decode bound past the graph's tokens is a decode graph whatever the mode
+        (None, dict(num_tokens=8, num_reqs=3, max_query_len=16), 16, 3),
+    ],
+)
+def test_full_graph_rows_follow_the_engines_cudagraph_mode(mode, desc, bound, rows):
+    """max_num_seqs=3 with 3 speculative tokens and sharded decodes: a FULL decode graph of
+    (4 tokens, 3 requests) gets vLLM's 3 request rows when the engine's cudagraph mode says its FULL
+    graphs are decode graphs, at replay and capture alike; a mixed FULL graph gets the split
+    prefills' rows, the capture staging the same."""
+    bound = bound if bound is not None else desc["num_tokens"]  # vLLM's capture of a mixed graph
+    assert _tiny_rows(mode, desc, bound) == (rows, rows)
+
+
+def _good_step_and_snapshot(m):
+    """A good partitioned step on ``m`` and a copy of every persistent buffer (what a refused
+    call must leave as it was)."""
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    good = _batch([1, 2, 8], [5, 9, 0], [3, 4, 8], Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None))
+    m.prepare_attn(m.partition_batch(good, Desc(Mode.PIECEWISE, 8, None)))
+    return good, {k: v.clone() for k, v in m.persistent_buffers().items()}
+
+
+def _assert_untouched(m, good, before):
+    assert m.global_batch is good
+    for k, v in m.persistent_buffers().items():
+        assert torch.equal(v, before[k]), k
+
+
+META = torch.device("meta")
+# (what is changed in the global batch, the error, its message): each is what vLLM's manager raises
+# on too (its index_select into its int32 ids / int64 positions, its req_ids lookup), but for
+# num_tokens, where vLLM's restore silently returns the scheduled count instead
+BAD_BATCHES = [
+    (
+        {"num_tokens": 13},
+        ValueError,
+        r"num_tokens=13 disagrees with sum\(input_batch.num_scheduled_tokens\)=11",
+    ),
+    ({"num_tokens": 9}, ValueError, r"num_tokens=9 disagrees"),
+    ({"num_tokens": 11.0}, TypeError, "num_tokens must be an int, got float"),
+    ({"input_ids": lambda g: g.input_ids.float() + 0.5}, TypeError, "input_ids must be torch.int32"),
+    ({"input_ids": lambda g: g.input_ids.long() + 2**40}, TypeError, "input_ids must be torch.int32"),
+    ({"positions": lambda g: g.positions.int()}, TypeError, "positions must be torch.int64"),
+    ({"input_ids": lambda g: g.input_ids[:, None]}, ValueError, r"input_ids must be 1-D .* shape \(11, 1\)"),
+    ({"input_ids": lambda g: g.input_ids.tolist()}, TypeError, "input_ids must be a tensor, got list"),
+    (
+        {"positions": lambda g: g.positions.to(META)},
+        ValueError,
+        "positions is on meta; the manager's device is cpu",
+    ),
+    ({"req_ids": lambda g: g.req_ids[:2]}, ValueError, "req_ids has 2 entries; the batch has 3 requests"),
+    (
+        {"num_scheduled_tokens": lambda g: g.num_scheduled_tokens.astype(np.float32)},
+        ValueError,
+        "num_scheduled_tokens must hold integers, got float32",
+    ),
+]
+
+
+@pytest.mark.parametrize(("change", "error", "match"), BAD_BATCHES, ids=lambda v: str(v)[:40])
+def test_bad_batch_fields_are_refused_and_change_nothing(change, error, match):
+    """The global batch's fields vLLM's manager reads past its per-request arrays: the token tensors
+    by dtype / shape / device (ids are int32 by dtype, so no id past int32 reaches the staging: no
+    value is read), ``num_tokens`` against the scheduled counts, ``req_ids``' length."""
+    m = _one_step_manager()
+    good, before = _good_step_and_snapshot(m)
+    bad = dataclasses.replace(good, **{k: v(good) if callable(v) else v for k, v in change.items()})
+    with pytest.raises(error, match=match):
+        m.partition_batch(bad, standin.BatchExecutionDescriptor(standin.CUDAGraphMode.PIECEWISE, 8, None))
+    _assert_untouched(m, good, before)
+
+
+@pytest.mark.parametrize(
+    ("desc", "error", "match"),
+    [
+        (("FULL-as-text", 8, 4), TypeError, "cg_mode must be a CUDAGraphMode member, got str"),
+        (("PIECEWISE", True, None), TypeError, "batch_desc.num_tokens must be an int, got bool"),
+        (("PIECEWISE", 8.0, None), TypeError, "batch_desc.num_tokens must be an int, got float"),
+        (("FULL", 8, 4.0), TypeError, "batch_desc.num_reqs must be an int, got float"),
+        (("FULL", 8, 0), ValueError, "batch_desc.num_reqs must be >= 1, got 0"),
+        (("FULL", 8, 4, 0), ValueError, "batch_desc.max_query_len must be >= 1, got 0"),
+    ],
+)
+def test_bad_descriptors_are_refused_by_field(desc, error, match):
+    Mode, Desc = standin.CUDAGraphMode, standin.BatchExecutionDescriptor
+    mode = Mode[desc[0]] if desc[0] in Mode.__members__ else desc[0]
+    d = Desc(mode, desc[1], desc[2], max_query_len=desc[3] if len(desc) > 3 else None)
+    m = _one_step_manager()
+    good, before = _good_step_and_snapshot(m)
+    m.partition_batch(good, Desc(Mode.PIECEWISE, 8, None))  # an equal good descriptor seen first
+    with pytest.raises(error, match=match):
+        m.partition_batch(good, d)
+    _assert_untouched(m, good, before)
+
+
+def _tables(**changes):
+    bt = standin.BlockTables([4], 4, 16, [8], torch.device("cpu"))
+    for name, value in changes.items():
+        setattr(bt, name, value(bt) if callable(value) else value)
+    return bt
+
+
+BAD_CONSTRUCTORS = [
+    ({"shard_decode_requests": "False"}, TypeError, "shard_decode_requests must be a bool, got str 'False'"),
+    ({"moe_gathers_tokens": 0}, TypeError, "moe_gathers_tokens must be a bool, got int 0"),
+    ({"max_num_reqs": 0}, ValueError, "max_num_reqs must be >= 1, got 0"),
+    ({"max_num_reqs": -1}, ValueError, "max_num_reqs must be >= 1, got -1"),
+    ({"max_num_reqs": 4.0}, TypeError, "max_num_reqs must be an int, got float 4.0"),
+    ({"max_num_reqs": True}, TypeError, "max_num_reqs must be an int, got bool"),
+    ({"max_num_reqs": 2**30}, ValueError, "max_num_reqs must be <= 1073741823"),
+    ({"max_num_tokens": 0}, ValueError, "max_num_tokens must be >= 1, got 0"),
+    ({"max_num_tokens": 2**40}, ValueError, "max_num_tokens must be <= 2147483647"),
+    (
+        {"block_tables": _tables(input_block_tables=lambda b: [t.float() for t in b.input_block_tables])},
+        TypeError,
+        r"input_block_tables\[0\] must be torch.int32 \(vLLM's block ids\), got torch.float32",
+    ),
+    (
+        {"block_tables": _tables(num_kv_cache_groups=2)},
+        ValueError,
+        "has 1 tables; block_tables.num_kv_cache_groups is 2",
+    ),
+    (
+        {"block_tables": _tables(input_block_tables=lambda b: [t[0] for t in b.input_block_tables])},
+        ValueError,
+        r"input_block_tables\[0\] must be 2-D",
+    ),
+    (
+        {"block_tables": _tables(input_block_tables=lambda b: [t.to(META) for t in b.input_block_tables])},
+        ValueError,
+        r"input_block_tables\[0\] is on meta; the manager's device is cpu",
+    ),
+    (
+        {"block_tables": _tables(slot_mappings=lambda b: b.slot_mappings.float())},
+        TypeError,
+        "slot_mappings must be",
+    ),
+    ({"block_tables": object()}, TypeError, "input_block_tables must be a sequence of tensors"),
+]
+
+
+@pytest.mark.parametrize(("change", "error", "match"), BAD_CONSTRUCTORS, ids=lambda v: str(v)[:40])
+def test_bad_constructor_arguments_are_refused_by_name(change, error, match):
+    """vLLM's manager reads "False" as true, takes float32 block tables and a group count that is
+    not theirs, and fails in an allocator on a bad capacity; the drop-in names each, before any
+    allocation."""
+    with pytest.raises(error, match=match):
+        _one_step_manager(**change)
+
+
+def test_capacities_past_the_hosts_memory_are_refused_before_allocating(monkeypatch):
+    """On the CPU, capacities whose persistent buffers exceed the machine's memory are named, not
+    left to the allocator (which may take the memory first)."""
+    from pcp_fn.core import checks
+
+    monkeypatch.setattr(checks, "host_memory_bytes", lambda: 1 << 30)  # a 1 GiB machine
+    match = r"max_num_tokens asks for persistent buffers \(max_num_reqs=4, pcp_world_size=2\)"
+    with pytest.raises(ValueError, match=match):
+        _one_step_manager(max_num_tokens=1 << 26)
+    assert _one_step_manager(max_num_tokens=1 << 12).max_num_tokens == 1 << 12
+
+
+def test_set_block_tables_refuses_bad_tables_and_keeps_the_old_ones():
+    from test_vllm_contract import _late_manager
+
+    m = _late_manager()(2, 0, "cpu", True, 4, 16, None)
+    good = _tables()
+    m.set_block_tables(good)
+    before = m.persistent_buffers()
+    for bad in (object(), _tables(num_kv_cache_groups=3), _tables(cp_interleave=0)):
+        with pytest.raises((TypeError, ValueError), match="block_tables"):
+            m.set_block_tables(bad)
+        assert m.bookkeeper.block_tables is good
+        assert {k: v.data_ptr() for k, v in m.persistent_buffers().items()} == {
+            k: v.data_ptr() for k, v in before.items()
+        }
+
+
+def test_bad_capture_dummy_restore_and_draft_inputs_are_refused():
+    """The other inputs: dummy sizes past the buffers (vLLM slices them short), a capture batch
+    past them, a restore's local rows off the device or without rows (refused before the
+    all-gather), draft ids of another dtype or fewer than the batch's tokens (vLLM's index_select
+    raises on both); a refused draft leaves the prepared one in place."""
+    m = _one_step_manager()
+    good, before = _good_step_and_snapshot(m)
+    for call, match in (
+        (lambda: m.get_dummy_block_tables(9), "get_dummy_block_tables: num_reqs must be <= 8, got 9"),
+        (lambda: m.get_dummy_block_tables(-1), "num_reqs must be >= 0"),
+        (lambda: m.get_dummy_slot_mappings(17), "get_dummy_slot_mappings: num_tokens must be <= 16, got 17"),
+        (
+            lambda: m.prepare_inputs_to_capture(
+                standin.InputBatch.make_dummy(2, 40, standin.InputBuffers(8, 64, "cpu"))
+            ),
+            "input_batch.num_tokens_after_padding must be <= 16, got 40",
+        ),
+        (
+            lambda: m.restore_hidden_states(torch.zeros(8, 2, device=META)),
+            "restore_hidden_states: hidden_states is on meta",
+        ),
+        (lambda: m.restore_for_sampling(torch.tensor(1.0), None), "hidden_states must be .Lp, ...."),
+        (
+            lambda: m.restore_for_sampling(torch.zeros(8, 2), [torch.zeros(8, 2, device=META)]),
+            r"aux_hidden_states\[0\] is on meta",
+        ),
+        (lambda: m.restore_hidden_states([1.0]), "hidden_states must be a tensor, got list"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=match):
+            call()
+    _assert_untouched(m, good, before)
+    m.prepare_draft_prefill(good, good.input_ids + 1000)
+    prepared = m.draft_prefill_batch
+    for ids, match in (
+        (good.input_ids.float(), "input_ids must be torch.int32"),
+        (good.input_ids[:3], "input_ids has 3 rows; it must cover the 11 tokens"),
+    ):
+        with pytest.raises((TypeError, ValueError), match=match):
+            m.prepare_draft_prefill(good, ids)
+        assert m.draft_prefill_batch is prepared
+
+
 def test_importing_pcp_fn_imports_no_vllm():
     code = (
         "import sys, pcp_fn, pcp_fn.adapters, pcp_fn.adapters.vllm, pcp_fn.adapters.vllm_ascend; "
@@ -363,13 +641,20 @@ def test_pyproject_declares_the_plugin_and_extra():
 DEFAULT_CAPTURE_SIZES = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
 
 
-def vllm_full_dispatcher(monkeypatch, max_num_seqs: int, capture_sizes: list[int] | None = None):
+def vllm_full_dispatcher(
+    monkeypatch,
+    max_num_seqs: int,
+    capture_sizes: list[int] | None = None,
+    decode_query_len: int | None = None,
+):
     """vLLM's own MRV2 dispatcher (``CudaGraphManager.dispatch`` through
     ``dispatch_cg_and_sync_dp``, as ``GPUModelRunner.execute_model`` calls it) for
     ``cudagraph_mode=FULL``, built from a real ``VllmConfig``. As in vLLM's own tests
     (``tests/v1/cudagraph/test_cudagraph_manager.py``): no PP group or graph pool on the
     CPU, and the graphs count as captured. ``capture_sizes=None``: vLLM's default sizes
-    up to 512. Returns ``(num_reqs, num_tokens) -> BatchExecutionDescriptor``."""
+    up to 512. With ``decode_query_len``: ``FULL_AND_PIECEWISE`` with varlen decode graphs of
+    queries up to that length (vLLM's adaptive verification). Returns ``(num_reqs, num_tokens,
+    max_query_len=None) -> BatchExecutionDescriptor``."""
     from vllm.config import CompilationConfig, CUDAGraphMode, SchedulerConfig, VllmConfig
     from vllm.v1.worker.gpu import cudagraph_utils
     from vllm.v1.worker.gpu.dp_utils import dispatch_cg_and_sync_dp
@@ -385,24 +670,34 @@ def vllm_full_dispatcher(monkeypatch, max_num_seqs: int, capture_sizes: list[int
     monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
     config = VllmConfig(scheduler_config=SchedulerConfig.default_factory(max_num_seqs=max_num_seqs))
     sizes = DEFAULT_CAPTURE_SIZES if capture_sizes is None else capture_sizes
-    compilation = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL, cudagraph_capture_sizes=sizes)
+    mode = CUDAGraphMode.FULL if decode_query_len is None else CUDAGraphMode.FULL_AND_PIECEWISE
+    compilation = CompilationConfig(cudagraph_mode=mode, cudagraph_capture_sizes=sizes)
     compilation.max_cudagraph_capture_size = max(sizes)
     compilation.post_init_cudagraph_sizes()
     if hasattr(compilation, "prefill_cudagraph_capture_token_sizes"):  # vLLM 0.34: mixed graphs' sizes
         compilation.prefill_cudagraph_capture_token_sizes = list(sizes)
+    if decode_query_len is not None and hasattr(compilation, "max_decode_cudagraph_capture_requests"):
+        compilation.max_decode_cudagraph_capture_requests = max_num_seqs  # vLLM 0.34: varlen graphs' grid
     config.compilation_config = compilation  # the CPU platform turns graphs off in __post_init__
     params = inspect.signature(cudagraph_utils.CudaGraphManager.__init__).parameters
-    # one-token decodes: vLLM 0.34 takes {query length: max requests}, 0.32/0.33 the length
+    # the decode query length: vLLM 0.34 takes {query length: max requests}, 0.32/0.33 the length
+    q = decode_query_len or 1
     decode = (
-        {"decode_query_lens": {1: max_num_seqs}} if "decode_query_lens" in params else {"decode_query_len": 1}
+        {"decode_query_lens": {q: max_num_seqs}} if "decode_query_lens" in params else {"decode_query_len": q}
     )
     manager = cudagraph_utils.CudaGraphManager(
-        vllm_config=config, device=torch.device("cpu"), cudagraph_mode=CUDAGraphMode.FULL, **decode
+        vllm_config=config,
+        device=torch.device("cpu"),
+        cudagraph_mode=mode,
+        varlen_decode=decode_query_len is not None,
+        **decode,
     )
     manager._graphs_captured = True
 
-    def dispatch(num_reqs: int, num_tokens: int):
-        return dispatch_cg_and_sync_dp(manager, num_reqs, num_tokens, None, 1, 0)[0]
+    def dispatch(num_reqs: int, num_tokens: int, max_query_len: int | None = None):
+        return dispatch_cg_and_sync_dp(
+            manager, num_reqs, num_tokens, None, 1, 0, max_query_len=max_query_len
+        )[0]
 
     dispatch.capture_sizes = sorted(compilation.cudagraph_capture_sizes)
     return dispatch
@@ -443,6 +738,7 @@ def vllm_backend(monkeypatch):
         reference_takes_full_mixed=False,
         group=group,
         make_dispatcher=lambda R, sizes: vllm_full_dispatcher(monkeypatch, R, sizes),
+        make_decode_dispatcher=lambda R, sizes, q: vllm_full_dispatcher(monkeypatch, R, sizes, q),
         contract=adapter.VLLM_API.contract,
     )
 
@@ -463,6 +759,44 @@ def test_lockstep_against_real_vllm(vllm_backend, case):
         f"{summary.unrestored_drafts} draft prefills left unrestored; "
         f"{len(summary.fields)} InputBatch fields equal"
     )
+
+
+@pytest.mark.parametrize("case", TINY_CASES, ids=lambda c: f"decode_graphs{int(c.decode_graphs)}")
+def test_lockstep_tiny_max_num_seqs_with_spec_tokens_real_vllm(vllm_backend, case):
+    """vLLM's own dispatcher and manager at max_num_seqs=3 with 3 speculative tokens: a decode
+    graph (a varlen one: FULL_AND_PIECEWISE) gets exactly vLLM's request rows at capture and replay;
+    FULL's mixed graphs hold the split prefills' rows (vLLM's manager refuses those batches)."""
+    _check_tiny_summary(run_lockstep(vllm_backend, case), case)
+
+
+def test_the_engines_cudagraph_mode_comes_from_its_config(vllm_backend, monkeypatch):
+    """vLLM's runner builds the manager under its config and resolves the cudagraph mode in place
+    afterwards (the attention backends' support): the drop-in keeps the config's compilation config
+    and reads the mode when it sizes a FULL graph. Under FULL_AND_PIECEWISE the varlen decode graph
+    (4 tokens, 3 requests, queries up to 4) of max_num_seqs=3 gets vLLM's local batch, field for field."""
+    import vllm.triton_utils
+    from vllm.config import CompilationConfig, CUDAGraphMode, VllmConfig, set_current_vllm_config
+    from vllm.v1.worker.gpu.pcp_manager import PCPManager
+
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)  # (vLLM 0.33/0.34's CPU platform)
+    config = VllmConfig()
+    config.compilation_config = CompilationConfig(cudagraph_mode=CUDAGraphMode.FULL)
+    kw = dict(_vllm_kw(3, 16), pcp_world_size=3)
+    with set_current_vllm_config(config):
+        ours = vllm_backend.make_adapter(**kw)
+    assert ours.bookkeeper.compilation_config is config.compilation_config
+    config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE  # resolved later
+    api = vllm_backend.api
+    desc = api.BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=4, num_reqs=3, max_query_len=4)
+    g = make_global_batch(api, _step([4, 4, 4], [9, 9, 9], [5, 5, 5]), desc, [0, 1, 2], torch.device("cpu"))
+    local, want = ours.partition_batch(g, desc), PCPManager(**kw).partition_batch(g, desc)
+    assert local.num_reqs_after_padding == want.num_reqs_after_padding == 3
+    for f in dataclasses.fields(want):
+        a, b = getattr(local, f.name), getattr(want, f.name)
+        if isinstance(b, torch.Tensor):
+            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+        elif isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and np.array_equal(a, b), f.name
 
 
 def test_real_subclass_and_full_mixed_refusal(vllm_backend):
@@ -629,6 +963,52 @@ def _step(sched, computed, prompt):
 # local block tables (vLLM's helpers never write them); every other vLLM attribute is as vLLM's
 # constructor leaves it without capacities
 VLLM_MEANING = {"_input_buffers", "_local_block_tables", "_local_block_table_ptrs", "device"}
+
+
+# the bad batches vLLM's own manager raises on too: the token tensors' dtype, device and type, a
+# short req_ids (2-D ids it takes: its index_select resizes its out= view; num_tokens it does not
+# check; the per-request arrays: test_bad_per_request_values_are_a_value_error_and_change_nothing)
+VLLM_RAISES = [
+    b
+    for b in BAD_BATCHES
+    if any(k in b[0] for k in ("input_ids", "positions", "req_ids")) and "1-D" not in b[2]
+]
+
+
+def test_vllms_manager_raises_where_the_drop_in_refuses(vllm_backend):
+    """Parity with vLLM's own manager: every bad batch field the drop-in refuses, vLLM's raises on
+    too (deeper: ``index_select``'s dtype check, an ``IndexError``); a ``num_tokens`` that is not the
+    scheduled total vLLM's restore answers with the scheduled count (``query_start_loc_np[-1]``
+    rows), which the drop-in refuses at ``partition_batch`` instead."""
+    from vllm.v1.worker.gpu.pcp_manager import PCPManager
+
+    api = vllm_backend.api
+    Mode, Desc = api.CUDAGraphMode, api.BatchExecutionDescriptor
+    kw = _vllm_kw(4, 16, shard=False)
+    none = Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None)
+    good = make_global_batch(
+        api, _step([1, 2, 8], [5, 9, 0], [3, 4, 8]), none, [0, 1, 2], torch.device("cpu")
+    )
+    desc = Desc(Mode.PIECEWISE, 8, None)
+    for change, error, match in VLLM_RAISES:
+        bad = dataclasses.replace(good, **{k: v(good) if callable(v) else v for k, v in change.items()})
+        with pytest.raises(error, match=match):
+            vllm_backend.make_adapter(**kw).partition_batch(bad, desc)
+        with pytest.raises((RuntimeError, IndexError, TypeError, ValueError)):
+            PCPManager(**kw).partition_batch(bad, desc)
+    theirs = PCPManager(**kw)
+    local = theirs.partition_batch(dataclasses.replace(good, num_tokens=13), desc)
+    group = vllm_backend.group
+    group.clear()
+    hidden = torch.zeros(local.num_tokens_after_padding, 2)
+    group.stage([hidden, torch.zeros_like(hidden)])
+    assert theirs.restore_hidden_states(hidden).shape[0] == 11  # the scheduled count, not num_tokens
+    with pytest.raises(ValueError, match="num_tokens=13 disagrees"):
+        vllm_backend.make_adapter(**kw).partition_batch(dataclasses.replace(good, num_tokens=13), desc)
+    theirs.partition_batch(good, desc)  # vLLM's draft gather: its dtype and its rows
+    for ids in (good.input_ids.float(), good.input_ids[:3]):
+        with pytest.raises((RuntimeError, IndexError)):
+            theirs.prepare_draft_prefill(good, ids)
 
 
 def test_attribute_names_do_not_collide_with_vllms(vllm_backend):
@@ -899,3 +1279,73 @@ print("refused")
     env = {k: v for k, v in __import__("os").environ.items() if k != "PCP_FN_PCP_MANAGER"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-3000:]
+
+
+def test_installed_vllm_has_its_release_contract(vllm_backend):
+    """The contract canary's record of the installed release (``contract.RELEASE_APIS``) is what
+    its ``PCPManager`` and ``maybe_build_pcp_manager`` have: the record is checked in every
+    vLLM stage."""
+    import vllm
+    from vllm.v1.worker.gpu import pcp_manager
+
+    from pcp_fn.adapters.vllm import contract
+
+    series = contract.vllm_series(vllm.__version__)
+    assert contract.api_differences(series, pcp_manager.PCPManager, pcp_manager.maybe_build_pcp_manager) == []
+
+
+_DRIFTED = """
+import os, vllm
+vllm.__version__ = vllm.__version__.split("+")[0][:4] + ".1.dev5+gdeadbeef"  # a build of main
+from vllm.v1.worker.gpu import pcp_manager
+def restore_hidden_states(self, hidden_states, num_tokens):
+    raise AssertionError("never called")
+pcp_manager.PCPManager.restore_hidden_states = restore_hidden_states
+from pcp_fn.adapters import vllm as adapter
+adapter.register()  # no flag: nothing
+os.environ["PCP_FN_PCP_MANAGER"] = "1"
+"""
+
+
+def test_a_drifted_vllm_build_is_refused_unless_allowed(vllm_backend):
+    """A vLLM built from main after a release versions itself ``X.Y.1.devN`` (that series): if its
+    ``PCPManager`` is not the release's, ``register()`` (with the flag) and ``FunctionalPCPManager``
+    refuse it naming the difference; ``PCP_FN_ALLOW_UNKNOWN_VLLM=1`` serves it with a warning."""
+    refused = (
+        _DRIFTED
+        + """
+try:
+    adapter.register()
+except RuntimeError as e:
+    assert "PCPManager.restore_hidden_states is (self, hidden_states, num_tokens)" in str(e), e
+    assert "PCP_FN_ALLOW_UNKNOWN_VLLM=1" in str(e), e
+else:
+    raise AssertionError("register accepted a drifted build")
+try:
+    from pcp_fn.adapters.vllm import FunctionalPCPManager
+except ImportError as e:
+    assert "restore_hidden_states" in str(e), e
+else:
+    raise AssertionError("FunctionalPCPManager built over a drifted build")
+print("refused")
+"""
+    )
+    allowed = (
+        _DRIFTED
+        + """
+adapter.register()
+assert adapter.is_registered()
+print("allowed")
+"""
+    )
+    env = {
+        k: v
+        for k, v in __import__("os").environ.items()
+        if k not in ("PCP_FN_PCP_MANAGER", "PCP_FN_ALLOW_UNKNOWN_VLLM")
+    }
+    out = subprocess.run([sys.executable, "-c", refused], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and "refused" in out.stdout, out.stderr[-3000:]
+    env["PCP_FN_ALLOW_UNKNOWN_VLLM"] = "1"
+    out = subprocess.run([sys.executable, "-c", allowed], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and "allowed" in out.stdout, out.stderr[-3000:]
+    assert "PCPManager.restore_hidden_states is" in out.stderr and "serving it anyway" in out.stderr

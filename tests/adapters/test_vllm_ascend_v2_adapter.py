@@ -565,6 +565,34 @@ def test_draft_tokens_on_a_prefill_are_refused():
         m.partition_batch(g)
 
 
+def test_bad_inputs_are_refused_by_name_as_in_the_vllm_drop_in():
+    """The vLLM drop-in's input checks hold here too (it is the base), and vllm-ascend's own
+    padded sizes are named: a float id or graph size, a mismatched num_tokens."""
+    m, _ = _manager()
+    g = _decode_batch(3, padded_tokens=8, padded_reqs=8, fia=True)
+    for kwargs, error, match in (
+        (
+            dict(padded_num_tokens=8.0, padded_num_reqs=8),
+            TypeError,
+            "padded_num_tokens must be an int, got float",
+        ),
+        (
+            dict(padded_num_tokens=8, padded_num_reqs=True),
+            TypeError,
+            "padded_num_reqs must be an int, got bool",
+        ),
+    ):
+        with pytest.raises(error, match=match):
+            m.partition_batch(g, **kwargs)
+    for change, error, match in (
+        ({"input_ids": g.input_ids.float()}, TypeError, "input_ids must be torch.int32"),
+        ({"num_tokens": 5}, ValueError, "num_tokens=5 disagrees"),
+    ):
+        with pytest.raises(error, match=match):
+            m.partition_batch(dataclasses.replace(g, **change), padded_num_tokens=8, padded_num_reqs=8)
+    assert m.partition_batch(g, padded_num_tokens=8, padded_num_reqs=8).num_reqs == 3
+
+
 def test_pipeline_stage_and_broadcast():
     m, _ = _manager()
     h = torch.randn(4, 3)

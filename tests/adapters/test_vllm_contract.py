@@ -129,7 +129,7 @@ def test_moe_mask_needs_only_the_token_capacity():
     inputs, gathered = m.get_draft_input_buffers(buffers, 4)
     assert inputs is buffers
     assert torch.equal(gathered, torch.cat([mask, mask]))
-    with pytest.raises(RuntimeError):  # P * max_num_tokens rows: no room for a longer mask
+    with pytest.raises(ValueError, match="the mask has 5 rows; max_num_tokens is 4"):  # no room for it
         m.moe_is_padding(torch.zeros(5, dtype=torch.bool))
     off = adapter(2, 0, "cpu", True, max_num_tokens=4)
     assert torch.equal(off.get_draft_input_buffers(buffers, 4)[1], mask)
@@ -176,3 +176,99 @@ def test_set_block_tables_follows_their_cp_interleave():
         x, y = getattr(a, f), getattr(b, f)
         assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y, f
     assert torch.equal(late.prepare_attn(a)[1], direct.prepare_attn(b)[1])
+
+
+# --------------------------------------------------------------------------- the contract canary
+
+_Sig032, _Sig034 = standin.SignaturesPCPManager032, standin.SignaturesPCPManager034
+_build032, _build034 = standin.maybe_build_pcp_manager_032, standin.maybe_build_pcp_manager_034
+
+
+class _Sig033(_Sig034):
+    sync_drafts = None  # (0.34's addition)
+
+
+def _drifted_build(vllm_config, device, supports_mm_inputs, block_tables=None, cls=standin.PCPManager):
+    """A later vLLM's maybe_build_pcp_manager: a new keyword for the manager class."""
+    return cls(
+        pcp_world_size=2,
+        pcp_rank=0,
+        device=device,
+        shard_decode_requests=True,
+        max_num_reqs=1,
+        max_num_tokens=1,
+        block_tables=block_tables,
+        dcp_world_size=1,
+        dcp_rank=0,
+        cp_interleave=1,
+        moe_gathers_tokens=False,
+        req_states=None,
+    )
+
+
+class _Drifted(_Sig034):
+    """A build of vLLM main after 0.34.0: a changed method, a new one, a removed one."""
+
+    moe_is_padding = None
+
+    def sync_drafts(self, draft_tokens, idx_mapping, draft_logits, num_drafts): ...
+
+    def prepare_moe_inputs(self, input_batch): ...
+
+
+@pytest.mark.parametrize(
+    ("version", "cls", "build"),
+    [
+        ("0.32.0+cpu", _Sig032, _build032),
+        ("0.33.0", _Sig033, _build034),
+        ("0.34.0", _Sig034, _build034),
+        ("0.34.1.dev5+gabc", _Sig034, _build034),  # a main build that left the contract alone
+    ],
+)
+def test_canary_accepts_each_release_contract(version, cls, build):
+    assert vc.check_installed(version, cls, build, environ={}) is None
+    assert vc.public_api(cls) == vc.RELEASE_APIS[vc.vllm_series(version)].methods
+
+
+def test_canary_refuses_a_drifted_build_naming_each_difference():
+    """vLLM main after 0.34.0 versions itself 0.34.1.devN: a PCPManager whose public methods or
+    maybe_build_pcp_manager differ from 0.34.0's is refused, every difference named."""
+    message = vc.check_installed("0.34.1.dev7+g1234", _Drifted, _drifted_build, environ={})
+    for expected in (
+        "vLLM 0.34.1.dev7+g1234 differs",
+        "PCPManager.sync_drafts is (self, draft_tokens, idx_mapping, draft_logits, num_drafts) "
+        "(vLLM 0.34.0: (self, draft_tokens, idx_mapping, draft_logits))",
+        "PCPManager.prepare_moe_inputs (self, input_batch): a public method vLLM 0.34.0 does not have",
+        "PCPManager.moe_is_padding is missing (vLLM 0.34.0: (self, is_padding))",
+        "new: ['req_states'], gone: []",
+        "PCP_FN_ALLOW_UNKNOWN_VLLM=1",
+    ):
+        assert expected in message, (expected, message)
+    # a main build between 0.32 and 0.33 (versioned 0.32.1.devN) with 0.33's names: not 0.32's contract
+    message = vc.check_installed("0.32.1.dev3", _Sig033, _build034, environ={})
+    assert "PCPManager.set_block_tables (self, block_tables): a public method vLLM 0.32.0" in message
+    assert "maybe_build_pcp_manager is (vllm_config, device, supports_mm_inputs, block_tables=None" in message
+    # an unsupported series: the version policy's message
+    assert "supports vLLM 0.32.x" in vc.check_installed("0.35.0", _Sig034, _build034, environ={})
+
+
+def test_canary_opt_in_serves_with_a_logged_warning(caplog):
+    with caplog.at_level("WARNING", logger="pcp_fn.adapters.vllm"):
+        assert (
+            vc.check_installed("0.34.1.dev7", _Drifted, _drifted_build, {vc.ALLOW_UNKNOWN_ENV: "1"}) is None
+        )
+    (record,) = caplog.records
+    assert "PCPManager.sync_drafts" in record.getMessage() and "serving it anyway" in record.getMessage()
+    for value in ("0", "true", ""):  # only "1" opts in
+        assert vc.check_installed("0.34.1.dev7", _Drifted, _drifted_build, {vc.ALLOW_UNKNOWN_ENV: value})
+
+
+def test_canary_names_an_unreadable_build_function():
+    namespace: dict = {}
+    exec(
+        "def maybe_build_pcp_manager(vllm_config, device, supports_mm_inputs, block_tables, cls=None): pass",
+        namespace,
+    )
+    built = namespace["maybe_build_pcp_manager"]
+    message = vc.check_installed("0.32.0", _Sig032, built, environ={})
+    assert "source is unavailable" in message and "cls=None" in message

@@ -20,10 +20,16 @@ The package, one module per concept:
   (``InputBatch``, ``BlockTables``, ``BatchExecutionDescriptor``, ...);
 - :mod:`~pcp_fn.adapters.vllm.installed`: the class over the installed vLLM (imports vLLM).
 
+- :mod:`~pcp_fn.adapters.vllm.inputs`: the checks of what vLLM hands it (constructor arguments,
+  block tables, descriptors, the batch's tensors, restore and draft inputs).
+
 Importing this package imports no vLLM: ``FunctionalPCPManager``, ``VLLM_API``,
 ``VLLM_VERSION`` and ``UNSUPPORTED`` import it on first access, and :func:`register`
 only with the flag set. A vLLM outside the supported series is refused by :func:`register`
-(with the flag) and by ``FunctionalPCPManager``, naming the installed and supported versions.
+(with the flag) and by ``FunctionalPCPManager``, naming the installed and supported versions;
+so is one whose ``PCPManager`` public methods or ``maybe_build_pcp_manager`` are not its
+release's (a build of vLLM main: the contract canary, naming each difference), unless
+``PCP_FN_ALLOW_UNKNOWN_VLLM=1`` (:data:`ALLOW_UNKNOWN_ENV`) makes that a logged warning.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import os
 from typing import Any
 
 from .bookkeeper import EngineNames, MRV2Bookkeeper
-from .contract import SUPPORTED_SERIES, VllmContract, detect
+from .contract import ALLOW_UNKNOWN_ENV, SUPPORTED_SERIES, VllmContract, detect
 from .graphs import StepGraphs
 from .manager import FunctionalPCPManagerMixin, VllmApi, make_functional_manager
 
@@ -42,6 +48,7 @@ ENV_FLAG = "PCP_FN_PCP_MANAGER"
 _INSTALLED = ("FunctionalPCPManager", "VLLM_API", "VLLM_VERSION", "UNSUPPORTED")
 
 __all__ = [
+    "ALLOW_UNKNOWN_ENV",
     "ENV_FLAG",
     "SUPPORTED_SERIES",
     "EngineNames",
@@ -75,7 +82,13 @@ _PCP_MANAGER_CLS = property(_manager_cls, doc="pcp_fn's FunctionalPCPManager (pc
 
 def register() -> None:
     """``vllm.general_plugins`` entry point: with ``PCP_FN_PCP_MANAGER=1``, make vLLM's GPU model
-    runner (V2) build :data:`FunctionalPCPManager`. Idempotent; a no-op without the flag."""
+    runner (V2) build :data:`FunctionalPCPManager`. Idempotent; a no-op without the flag.
+
+    Raises:
+        RuntimeError: (with the flag) the installed vLLM is refused: an unsupported series, or a
+            ``PCPManager`` contract that is not its release's, each difference named
+            (``PCP_FN_ALLOW_UNKNOWN_VLLM=1``: a logged warning instead).
+    """
     if os.environ.get(ENV_FLAG, "0") != "1":
         return
     from .installed import UNSUPPORTED

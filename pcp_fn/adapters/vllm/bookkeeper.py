@@ -47,7 +47,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ...core.checks import host_ints, host_row
+from ...core.checks import check_int, host_ints, host_row
 from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
 from ..schedule_cache import ScheduleCache
 from .contract import VLLM_0_32, VllmContract
@@ -61,6 +61,20 @@ from .engine_types import (
     InputBuffersFactory,
 )
 from .graphs import Destinations, HostSegments, StepGraphs, StepPlan
+from .inputs import (
+    check_block_tables,
+    check_capacities,
+    check_capture,
+    check_descriptor,
+    check_draft_ids,
+    check_flags,
+    check_gathered_input,
+    check_num_tokens,
+    check_req_ids,
+    check_token_tensors,
+    check_upper_bounds,
+    resolve_device,
+)
 from .replace import dict_copy_ok, replace_fields
 
 
@@ -80,6 +94,10 @@ class EngineNames:
             graph ladder pads a batch once, not twice.
         contract: what differs between the vLLM releases
             (:func:`pcp_fn.adapters.vllm.contract.detect`); default vLLM 0.32's.
+        compilation_config: returns the engine's compilation config, when it has one (vLLM:
+            the current config's ``compilation_config``), read at construction; its
+            ``cudagraph_mode`` (resolved later by vLLM, in place) says whether the FULL graphs
+            are mixed ones (:meth:`MRV2Bookkeeper.full_rows`).
     """
 
     InputBuffers: InputBuffersFactory
@@ -88,6 +106,7 @@ class EngineNames:
     get_pcp_group: Callable[[], GroupCoordinator]
     capture_sizes: Callable[[], Sequence[int] | None] | None = None
     contract: VllmContract = VLLM_0_32
+    compilation_config: Callable[[], Any] | None = None
 
 
 _INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
@@ -140,6 +159,13 @@ class MRV2Bookkeeper:
     State after each step (read by the manager and its subclasses): ``last_global_batch``,
     ``last_local_batch``, ``local_rows`` (each local row's global request), ``decode_only``
     (the global batch had no prefill), ``draft_prefill_batch``.
+
+    ``compilation_config``: the engine's compilation config (``engine.compilation_config()`` at
+    construction; ``None``: unknown), whose ``cudagraph_mode`` :meth:`full_rows` reads.
+
+    Raises:
+        TypeError, ValueError: a constructor argument or the block tables out of their limits
+            (:mod:`pcp_fn.adapters.vllm.inputs`), naming it, before anything is allocated.
     """
 
     def __init__(
@@ -161,6 +187,7 @@ class MRV2Bookkeeper:
         token_buckets: Sequence[int] | None = None,
         check_host_syncs: bool = False,
     ) -> None:
+        check_flags(shard_decode_requests, moe_gathers_tokens)
         if moe_gathers_tokens and not engine.contract.moe_mask:
             raise ValueError(
                 f"moe_gathers_tokens=True: vLLM {engine.contract.name}'s PCPManager has no MoE routing mask"
@@ -182,7 +209,15 @@ class MRV2Bookkeeper:
         self.local_rows: np.ndarray = _NO_ROW
         self.decode_only = False
         self.graphs: StepGraphs | None = None
-        self.host = self._host_segments()
+        self.host = self._host_segments()  # (its config checks the sizes and ranks, naming them)
+        # the device a tensor made there reports (cuda -> cuda:0): what the inputs are checked against
+        self.resolved_device = resolve_device(self.device)
+        check_block_tables(block_tables, self.resolved_device)
+        num_groups = 0 if block_tables is None else block_tables.num_kv_cache_groups
+        check_capacities(max_num_reqs, max_num_tokens, self.device, pcp_world_size, num_groups)
+        make_config = engine.compilation_config
+        self.compilation_config = None if make_config is None else make_config()
+        self._metadata_reads_upper = engine.contract.batch_metadata is not None
         self._init_cache()
         # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
         self._capture_rows = (0, 0)
@@ -320,6 +355,7 @@ class MRV2Bookkeeper:
         """vLLM 0.33+'s ``set_block_tables``: new local block tables and slot-mapping buffers
         (the persistent addresses a captured model graph sees from then on), and the block
         tables' ``cp_interleave`` (a different one rebuilds the graphs)."""
+        check_block_tables(block_tables, self.resolved_device)
         interleave = self.cp_interleave if block_tables is None else block_tables.cp_interleave
         if self.graphs is None:  # no capacities: nothing allocated, like vLLM's
             self.block_tables, self.cp_interleave = block_tables, interleave
@@ -342,16 +378,28 @@ class MRV2Bookkeeper:
         ``min(num_tokens, max_num_seqs)`` requests, and its dispatcher checks the *global*
         request count; a split prefill puts a head and a tail row on a rank, so a rank of such
         a graph can hold up to ``min(num_tokens, 2 * max_num_seqs)`` rows (each row has a
-        token). A graph that can replay prefills (queries as long as the graph: vLLM's capture
-        promises ``max_query_len = num_tokens`` to a mixed FULL graph) and whose request count
-        is capped at ``max_num_seqs`` gets those rows; decode graphs (shorter queries, at most
-        one row per request) and graphs below the cap keep vLLM's count. A subclass for an
-        engine that sizes its own graphs' rows returns ``num_reqs``.
+        token). A mixed graph (vLLM's capture promises it ``max_query_len = num_tokens``, and
+        its descriptor has no query bound) whose request count is capped at ``max_num_seqs``
+        gets those rows. Decode graphs keep vLLM's count: their descriptor's
+        ``uniform_token_count`` / ``max_query_len`` bounds the queries, and vLLM's runner
+        hands them decode-only batches (one row per request); so do graphs below the cap.
+
+        A decode graph's bound can equal its tokens (``max_num_seqs`` below the decode query
+        length: 3 requests of 1 + 3 speculative tokens, a 4-token graph), which the capture
+        batch alone does not tell from a mixed graph: the engine's ``cudagraph_mode``
+        (:attr:`compilation_config`) does. Mixed FULL graphs exist only under ``FULL``; under
+        a separate decode routine every FULL graph is a decode graph. Without a known mode
+        such a graph is sized as a mixed one, at capture and replay alike (they call this with
+        the same arguments). A subclass for an engine that sizes its own graphs' rows returns
+        ``num_reqs``.
         """
         R = self.max_num_reqs
-        if max_query_len is not None and max_query_len >= num_tokens and num_reqs == R < num_tokens:
-            return min(num_tokens, 2 * R)
-        return num_reqs
+        if max_query_len != num_tokens or not num_reqs == R < num_tokens:
+            return num_reqs
+        mode = getattr(self.compilation_config, "cudagraph_mode", None)
+        if mode is not None and mode != self.engine.CUDAGraphMode.FULL:  # FULL graphs decode only
+            return num_reqs
+        return min(num_tokens, 2 * R)
 
     def require(self, what: str) -> StepGraphs:
         """The graphs, or a ``RuntimeError`` naming ``what`` needs the capacities (vLLM's
@@ -431,6 +479,11 @@ class MRV2Bookkeeper:
         key = (num_scheduled.dtype, is_prefilling.dtype, num_scheduled.tobytes(), is_prefilling.tobytes())
         found = self._segments_of.get(key)
         if found is None:
+            if num_scheduled.dtype.kind not in "iu" or is_prefilling.dtype != np.bool_:
+                bad = ("num_scheduled_tokens", num_scheduled, "integers")
+                if num_scheduled.dtype.kind in "iu":
+                    bad = ("is_prefilling_np", is_prefilling, "bools")
+                raise ValueError(f"input_batch.{bad[0]} must hold {bad[2]}, got {bad[1].dtype}")
             if num_scheduled.size and int(np.bitwise_or.reduce(num_scheduled)) < 0:
                 host_ints("num_scheduled_tokens", num_scheduled)  # raises, naming the negative entry
             seg = self.host.segments(num_scheduled, is_prefilling)
@@ -462,6 +515,9 @@ class MRV2Bookkeeper:
         arrays = self.check(global_batch)
         num_scheduled, _, _, is_prefilling, _ = arrays
         shape = self.plan(num_scheduled, is_prefilling, batch_desc)
+        num_tokens = global_batch.num_tokens  # what the restores return and the slot mappings cover
+        if num_tokens.__class__ is not int or num_tokens != shape.total:
+            check_num_tokens(num_tokens, shape.total)
         graphs.partition(arrays, global_batch.input_ids, global_batch.positions, shape.total, shape.plan)
         self.decode_only = shape.decode_only  # of the global batch just partitioned
         fields = self.host_fields(global_batch, shape, arrays)
@@ -491,7 +547,29 @@ class MRV2Bookkeeper:
             ints = (computed, prefill_len, idx_mapping)
             name, arr = next((k, a) for k, a in zip(_INT_FIELDS, ints) if a.dtype.kind not in "iu")
             raise ValueError(f"input_batch.{name} must hold integers, got {arr.dtype}")
-        # their values (none negative or past int32) are checked where they are staged
+        # their values (none negative or past int32) are checked where they are staged, and
+        # num_scheduled's dtype where a new schedule's segments are made (segments)
+        # the device token tensors: int32 ids, int64 positions, 1-D, on the manager's device (what
+        # vLLM's index_select takes), by their host attributes alone; inputs.py names a bad one
+        ids, positions, dev = global_batch.input_ids, global_batch.positions, self.resolved_device
+        try:
+            bad = (
+                ids.dtype is not torch.int32
+                or positions.dtype is not torch.int64
+                or ids.ndim != 1
+                or positions.ndim != 1
+                or ids.device != dev
+                or positions.device != dev
+            )
+        except AttributeError:  # not a tensor
+            bad = True
+        if bad:
+            check_token_tensors(ids, positions, dev)
+        if len(global_batch.req_ids) != num_reqs:
+            check_req_ids(global_batch.req_ids, num_reqs)
+        # vLLM 0.33+'s metadata indexes the upper bounds by the local rows' requests
+        if self._metadata_reads_upper and len(global_batch.seq_lens_cpu_upper_bound) < num_reqs:
+            check_upper_bounds(global_batch.seq_lens_cpu_upper_bound, num_reqs)
         return num_scheduled, computed, prefill_len, prefilling, idx_mapping
 
     def plan(
@@ -519,12 +597,14 @@ class MRV2Bookkeeper:
         fields = (
             batch_desc.cg_mode,
             batch_desc.num_tokens,
+            batch_desc.num_tokens.__class__,  # (8.0 == 8: a float is checked, not matched)
             batch_desc.num_reqs,
             getattr(batch_desc, "max_query_len", None),
             getattr(batch_desc, "uniform_token_count", None),
         )
         desc_id = self._desc_ids.get(fields)
         if desc_id is None:
+            check_descriptor(batch_desc, self.engine.CUDAGraphMode)  # once per distinct descriptor
             desc_id = self.schedule_cache.put("descriptors", fields, next(self._desc_count))
         self._last_desc = (batch_desc, desc_id)
         return desc_id
@@ -538,7 +618,8 @@ class MRV2Bookkeeper:
         if mode != Mode.NONE:
             Lp = batch_desc.num_tokens
             if mode == Mode.FULL and batch_desc.num_reqs is not None:
-                # the query bound vLLM's capture gave this graph (prepare_inputs_to_capture)
+                # the query bound vLLM's capture gave this graph (prepare_inputs_to_capture): a
+                # decode graph's, else the graph's tokens
                 bound = (
                     getattr(batch_desc, "max_query_len", None)
                     or getattr(batch_desc, "uniform_token_count", None)
@@ -746,6 +827,7 @@ class MRV2Bookkeeper:
                 "get_dummy_block_tables needs the block_tables, max_num_reqs and max_num_tokens "
                 "given to the constructor"
             )
+        check_int("get_dummy_block_tables: num_reqs", num_reqs, 0, 2 * self.max_num_reqs)
         asked, staged = self._capture_rows
         rows = staged if num_reqs == asked else num_reqs  # the capture batch's rows
         return tuple(t[:rows].zero_() for t in self.local_block_tables)
@@ -753,14 +835,16 @@ class MRV2Bookkeeper:
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
         """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
         self.require("get_dummy_slot_mappings")
+        check_int("get_dummy_slot_mappings: num_tokens", num_tokens, 0, self.max_num_tokens)
         self.gathered_slot_mappings.fill_(self.engine.PAD_SLOT_ID)
         return self.gathered_slot_mappings[:, : num_tokens * self.pcp_world_size]
 
     def stage_capture(self, input_batch: InputBatch) -> InputBatch:
         """Stage a capture or dummy batch in the persistent local buffers; a mixed FULL graph's
         batch gets the rows ``partition_batch`` pads its steps to (:meth:`full_rows`)."""
+        self.require("the capture staging")
         ib = self.input_buffers
-        r, t = input_batch.num_reqs_after_padding, input_batch.num_tokens_after_padding
+        r, t = check_capture(input_batch, 2 * self.max_num_reqs, self.max_num_tokens)
         bound = getattr(input_batch, "max_query_len", None)  # None: no FULL capture
         rows = self.full_rows(r, t, bound)
         self._capture_rows = (r, rows)
@@ -781,7 +865,10 @@ class MRV2Bookkeeper:
         MoE routes (rank-major), in the persistent MoE mask; unchanged without ``moe_gathers_tokens``."""
         if self.moe is None:
             return is_padding
-        out = self.moe[: self.pcp_world_size * is_padding.shape[0]]
+        n, T = is_padding.shape[0], self.max_num_tokens
+        if n > T:
+            raise ValueError(f"moe_is_padding: the mask has {n} rows; max_num_tokens is {T}")
+        out = self.moe[: self.pcp_world_size * n]
         out.view(self.pcp_world_size, -1).copy_(is_padding)
         return out
 
@@ -792,6 +879,12 @@ class MRV2Bookkeeper:
         ``[num_tokens, ...]`` (unchanged before the first ``partition_batch``)."""
         if not self.has_layout:
             return hidden_states
+        try:  # (the local rows: checked before the collective, by their host attributes)
+            bad = not hidden_states.ndim or hidden_states.device != self.resolved_device
+        except AttributeError:  # not a tensor
+            bad = True
+        if bad:
+            self._check_restore_inputs("restore_hidden_states", hidden_states, None)
         gathered = self.engine.get_pcp_group().all_gather(hidden_states, dim=0)
         return self.graphs.restore(gathered, self.global_batch.num_tokens)
 
@@ -800,6 +893,16 @@ class MRV2Bookkeeper:
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, InputBatch]:
         """Restored hidden (and auxiliary) states with the global batch to sample with."""
         global_batch = self.global_batch
+        try:  # (the local rows: checked before the collectives, by their host attributes)
+            bad = (
+                aux_hidden_states is not None
+                or not hidden_states.ndim
+                or hidden_states.device != self.resolved_device
+            )
+        except AttributeError:  # not a tensor
+            bad = True
+        if bad:
+            self._check_restore_inputs("restore_for_sampling", hidden_states, aux_hidden_states)
         group = self.engine.get_pcp_group()
         gathered = group.all_gather(hidden_states, dim=0)  # collectives in vLLM's order
         aux = None if aux_hidden_states is None else [group.all_gather(a, dim=0) for a in aux_hidden_states]
@@ -807,13 +910,27 @@ class MRV2Bookkeeper:
         hidden, aux = graphs.restore_for_sampling(gathered, aux, global_batch.num_tokens)
         return hidden, aux, global_batch
 
+    def _check_restore_inputs(
+        self, op: str, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
+    ) -> None:
+        """The local rows a restore all-gathers: tensors with a row dimension on the manager's
+        device (checked before the collectives: a bad one fails here, not inside one)."""
+        dev = self.resolved_device
+        check_gathered_input(op, "hidden_states", hidden_states, dev)
+        for i, aux in enumerate(aux_hidden_states or ()):
+            check_gathered_input(op, f"aux_hidden_states[{i}]", aux, dev)
+
     # ------------------------------------------------------------ drafter
 
     def prepare_draft_prefill(self, input_batch: InputBatch, input_ids: torch.Tensor) -> None:
         """Point the drafter at this rank's rows of ``input_ids`` (global order), when
-        ``input_batch`` is the batch last partitioned."""
+        ``input_batch`` is the batch last partitioned (``input_ids`` checked first: a bad one
+        leaves the prepared draft as it was)."""
+        current = input_batch is self.last_global_batch and self.last_local_batch is not None
+        if current:
+            check_draft_ids(input_ids, input_batch.num_tokens, self.resolved_device)
         self.draft_prefill_batch = None
-        if input_batch is not self.last_global_batch or self.last_local_batch is None:
+        if not current:
             return
         local = self.last_local_batch
         self.graphs.draft_input_ids(input_ids, local.input_ids)
@@ -837,6 +954,10 @@ class MRV2Bookkeeper:
         """Restore the drafter's outputs to global order (once when both are the same tensor)."""
         if self.draft_prefill_batch is None:
             return last_hidden_states, hidden_states
+        dev, op = self.resolved_device, "restore_draft_prefill"
+        check_gathered_input(op, "last_hidden_states", last_hidden_states, dev)
+        if hidden_states is not last_hidden_states:
+            check_gathered_input(op, "hidden_states", hidden_states, dev)
         group = self.engine.get_pcp_group()
         last = group.all_gather(last_hidden_states, dim=0)
         other = last if hidden_states is last_hidden_states else group.all_gather(hidden_states, dim=0)

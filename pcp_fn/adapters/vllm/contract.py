@@ -29,15 +29,21 @@ This module imports no vLLM.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import logging
+import os
 import re
+import textwrap
 from typing import Any
 
 import numpy as np
 import torch
 
 from .engine_types import BlockTables, InputBatch, InputBuffers
+
+logger = logging.getLogger("pcp_fn.adapters.vllm")
 
 #: The vLLM release series the drop-in is checked against (the current release and the two before
 #: it); development builds of a series (``0.33.1.dev4+g...``) count as that series.
@@ -173,4 +179,204 @@ def detect(manager_cls: type, module: object) -> VllmContract:
         return VllmContract("0.34", _Methods033, moe_mask=True, batch_metadata=metadata)
     return VllmContract(
         "0.33" if metadata else "0.33-dev", _Methods033, moe_mask=True, batch_metadata=metadata
+    )
+
+
+# --------------------------------------------------------------------------- the contract canary
+
+#: Set to ``1`` to serve an installed vLLM whose ``PCPManager`` differs from the release the
+#: drop-in was written for (a build of vLLM main): the differences are logged, not refused.
+ALLOW_UNKNOWN_ENV = "PCP_FN_ALLOW_UNKNOWN_VLLM"
+
+
+class _Default:
+    """A parameter default as the canonical signature prints it: literals as ``repr``, anything
+    else by name (``cls=PCPManager``): stable across processes and releases."""
+
+    def __init__(self, value: object) -> None:
+        literal = value is None or isinstance(value, bool | int | float | str)
+        self.text = repr(value) if literal else getattr(value, "__name__", type(value).__name__)
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def canonical_signature(fn: Any) -> str:
+    """``fn``'s parameters (names, kinds, defaults) as text, without annotations: what a caller's
+    call depends on (``"(self, input_batch, batch_desc)"``)."""
+    sig = inspect.signature(fn)
+    params = [
+        p.replace(
+            annotation=inspect.Parameter.empty,
+            default=p.default if p.default is inspect.Parameter.empty else _Default(p.default),
+        )
+        for p in sig.parameters.values()
+    ]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def public_api(manager_cls: type) -> dict[str, str]:
+    """Every public method of ``manager_cls`` (its own and inherited, but ``object``'s) and its
+    constructor, by name: ``canonical_signature``, prefixed ``static`` / ``class`` for static and
+    class methods; a property is ``"property"``."""
+    names = {"__init__"}
+    for klass in manager_cls.__mro__[:-1]:  # (object last)
+        names.update(n for n in vars(klass) if not n.startswith("_"))
+    api = {}
+    for name in sorted(names):
+        attr = inspect.getattr_static(manager_cls, name)
+        if isinstance(attr, property):
+            api[name] = "property"
+        elif isinstance(attr, staticmethod | classmethod):
+            kind = "static" if isinstance(attr, staticmethod) else "class"
+            api[name] = f"{kind} {canonical_signature(attr.__func__)}"
+        elif callable(attr):
+            api[name] = canonical_signature(attr)
+    return api
+
+
+def build_keywords(build_fn: Any) -> tuple[str, ...] | None:
+    """The keywords ``maybe_build_pcp_manager`` (``build_fn``) passes to the manager class
+    (``cls(...)`` in its source), sorted; ``None`` when its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(build_fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "cls"
+    ]
+    return tuple(sorted(k.arg for call in calls for k in call.keywords if k.arg is not None))
+
+
+_API_032 = {
+    "__init__": (
+        "(self, pcp_world_size, pcp_rank, device, shard_decode_requests, max_num_reqs=None, "
+        "max_num_tokens=None, block_tables=None, dcp_world_size=1, dcp_rank=0, cp_interleave=1)"
+    ),
+    "get_draft_input_buffers": "(self, input_buffers)",
+    "get_dummy_block_tables": "(self, num_reqs)",
+    "get_dummy_slot_mappings": "(self, num_tokens)",
+    "get_num_tokens_for_dispatch": "(self, num_scheduled_tokens, is_prefilling)",
+    "global_batch": "property",
+    "input_buffers": "property",
+    "partition_batch": "(self, input_batch, batch_desc)",
+    "prepare_attn": "(self, input_batch)",
+    "prepare_draft_prefill": "(self, input_batch, input_ids)",
+    "prepare_inputs_to_capture": "(self, input_batch)",
+    "prepare_slot_mappings": "(self)",
+    "replicated_requests": "(self, num_scheduled_tokens, is_prefilling)",
+    "restore_draft_prefill": "(self, last_hidden_states, hidden_states)",
+    "restore_for_sampling": "(self, hidden_states, aux_hidden_states)",
+    "restore_hidden_states": "(self, hidden_states)",
+    "validate_config": "static (vllm_config, supports_mm_inputs)",
+}
+_API_033 = {k: v for k, v in _API_032.items() if k != "prepare_inputs_to_capture"} | {
+    "__init__": _API_032["__init__"][:-1] + ", moe_gathers_tokens=False)",
+    "get_draft_input_buffers": "(self, input_buffers, num_tokens)",
+    "moe_is_padding": "(self, is_padding)",
+    "prepare_inputs_for_capture_or_profile": "(self, input_batch)",
+    "set_block_tables": "(self, block_tables)",
+}
+_KEYWORDS_032 = (
+    "block_tables", "cp_interleave", "dcp_rank", "dcp_world_size", "device", "max_num_reqs",
+    "max_num_tokens", "pcp_rank", "pcp_world_size", "shard_decode_requests",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleaseApi:
+    """What the drop-in was written for in one vLLM release (``vllm/v1/worker/gpu/pcp_manager.py``
+    of its source, read by :func:`public_api`, :func:`canonical_signature` and
+    :func:`build_keywords`).
+
+    Fields:
+        methods: ``PCPManager``'s public methods and constructor (:func:`public_api`).
+        build: ``maybe_build_pcp_manager``'s signature.
+        keywords: the keywords ``maybe_build_pcp_manager`` passes to the manager class.
+    """
+
+    methods: dict[str, str]
+    build: str
+    keywords: tuple[str, ...]
+
+
+#: The contract the drop-in was written for, by release series: 0.32.0, 0.33.0 and 0.34.0's
+#: sources (0.33 adds the MoE flag, the late block tables and the capture/draft names; 0.34
+#: ``sync_drafts``, vLLM's own, inherited).
+RELEASE_APIS: dict[str, ReleaseApi] = {
+    "0.32": ReleaseApi(
+        _API_032, "(vllm_config, device, supports_mm_inputs, block_tables, cls=PCPManager)", _KEYWORDS_032
+    ),
+    "0.33": ReleaseApi(
+        _API_033,
+        "(vllm_config, device, supports_mm_inputs, block_tables=None, cls=PCPManager)",
+        tuple(sorted((*_KEYWORDS_032, "moe_gathers_tokens"))),
+    ),
+}
+RELEASE_APIS["0.34"] = dataclasses.replace(
+    RELEASE_APIS["0.33"],
+    methods=_API_033 | {"sync_drafts": "(self, draft_tokens, idx_mapping, draft_logits)"},
+)
+
+
+def api_differences(series: str, manager_cls: type, build_fn: Any) -> list[str]:
+    """How the installed ``PCPManager`` (``manager_cls``) and ``maybe_build_pcp_manager``
+    (``build_fn``) differ from release ``series``'s (:data:`RELEASE_APIS`), one line each
+    (empty: the same contract)."""
+    want = RELEASE_APIS[series]
+    have = public_api(manager_cls)
+    out = []
+    for name in sorted(want.methods.keys() | have.keys()):
+        expected, got = want.methods.get(name), have.get(name)
+        if got == expected:
+            continue
+        if expected is None:
+            out.append(f"PCPManager.{name} {got}: a public method vLLM {series}.0 does not have")
+        elif got is None:
+            out.append(f"PCPManager.{name} is missing (vLLM {series}.0: {expected})")
+        else:
+            out.append(f"PCPManager.{name} is {got} (vLLM {series}.0: {expected})")
+    build = canonical_signature(build_fn)
+    if build != want.build:
+        out.append(f"maybe_build_pcp_manager is {build} (vLLM {series}.0: {want.build})")
+    keywords = build_keywords(build_fn)
+    if keywords is None:
+        out.append("maybe_build_pcp_manager's source is unavailable: the keywords it passes are unknown")
+    elif keywords != want.keywords:
+        added = sorted(set(keywords) - set(want.keywords))
+        gone = sorted(set(want.keywords) - set(keywords))
+        out.append(
+            f"maybe_build_pcp_manager passes the manager class the keywords {list(keywords)} "
+            f"(new: {added}, gone: {gone}; vLLM {series}.0: {list(want.keywords)})"
+        )
+    return out
+
+
+def check_installed(version: str, manager_cls: type, build_fn: Any, environ: Any = None) -> str | None:
+    """Why the installed vLLM (``version``, its ``PCPManager`` and ``maybe_build_pcp_manager``) is
+    refused, or ``None``: an unsupported series, or a contract that differs from its release's
+    (a build of vLLM main after that release), naming each difference. With
+    ``PCP_FN_ALLOW_UNKNOWN_VLLM=1`` in ``environ`` (default ``os.environ``) the differences are a
+    logged warning instead."""
+    reason = unsupported_reason(version)
+    if reason is not None:
+        return reason
+    series = vllm_series(version)
+    differences = api_differences(series, manager_cls, build_fn)
+    if not differences:
+        return None
+    listed = "\n  - ".join(differences)
+    message = (
+        f"pcp_fn's FunctionalPCPManager was written for vLLM {series}.0's PCPManager; the installed "
+        f"vLLM {version} differs:\n  - {listed}\n"
+    )
+    environ = os.environ if environ is None else environ
+    if environ.get(ALLOW_UNKNOWN_ENV) == "1":
+        logger.warning("%s%s=1: serving it anyway, unchecked", message, ALLOW_UNKNOWN_ENV)
+        return None
+    return message + (
+        f"Install vLLM {series}.0 (or another supported release), unset PCP_FN_PCP_MANAGER to use "
+        f"vLLM's own PCPManager, or set {ALLOW_UNKNOWN_ENV}=1 to serve this build unchecked."
     )

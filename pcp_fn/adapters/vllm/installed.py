@@ -3,7 +3,11 @@
 The installed vLLM's contract (0.32, 0.33 or 0.34: :mod:`pcp_fn.adapters.vllm.contract`)
 is read from its ``PCPManager``; a vLLM outside
 :data:`~pcp_fn.adapters.vllm.contract.SUPPORTED_SERIES` is refused by importing
-``FunctionalPCPManager``, with a message naming the installed and the supported versions.
+``FunctionalPCPManager``, with a message naming the installed and the supported versions, and
+so is one whose ``PCPManager`` public methods or ``maybe_build_pcp_manager`` differ from its
+release's (a build of vLLM main after it: the contract canary,
+:func:`~pcp_fn.adapters.vllm.contract.check_installed`; ``PCP_FN_ALLOW_UNKNOWN_VLLM=1``
+serves it with a logged warning).
 """
 
 from __future__ import annotations
@@ -13,19 +17,35 @@ from typing import Any
 
 import vllm
 
-from .contract import detect, unsupported_reason
+from .contract import check_installed, detect, unsupported_reason
 from .engine_types import GroupCoordinator
 from .manager import FunctionalPCPManagerMixin, VllmApi
 
-#: The installed vLLM's version, and why it is refused (``None``: supported).
+#: The installed vLLM's version, and why it is refused (``None``: supported): a series outside
+#: the supported ones, or a ``PCPManager`` that is not its release's (checked once a process).
 VLLM_VERSION: str = getattr(vllm, "__version__", "unknown")
-UNSUPPORTED = unsupported_reason(VLLM_VERSION)
+
+
+def _refusal() -> str | None:
+    """Why the installed vLLM is refused: its series, then (a supported series: its module
+    exists) its ``PCPManager`` contract."""
+    if unsupported_reason(VLLM_VERSION) is not None:
+        return unsupported_reason(VLLM_VERSION)
+    from vllm.v1.worker.gpu import pcp_manager
+
+    return check_installed(VLLM_VERSION, pcp_manager.PCPManager, pcp_manager.maybe_build_pcp_manager)
+
+
+UNSUPPORTED = _refusal()
 
 
 @functools.cache
 def vllm_api() -> VllmApi:
     """The installed vLLM's names (:class:`~pcp_fn.adapters.vllm.manager.VllmApi`); the vllm-ascend
-    V2 manager builds on the same."""
+    V2 manager builds on the same. ``ImportError`` when the installed vLLM is refused
+    (:data:`UNSUPPORTED`): nothing is built over a guess."""
+    if UNSUPPORTED is not None:
+        raise ImportError(UNSUPPORTED)
     from vllm.config import get_current_vllm_config_or_none
     from vllm.config.compilation import CUDAGraphMode
     from vllm.distributed import parallel_state
@@ -41,6 +61,13 @@ def vllm_api() -> VllmApi:
         config = get_current_vllm_config_or_none()
         return None if config is None else config.compilation_config.cudagraph_capture_sizes
 
+    def compilation_config() -> Any:
+        """The current config's compilation config (``None`` outside a config context): the
+        runner builds the manager under its config, and resolves its ``cudagraph_mode`` in place
+        later (``CompilationConfig.resolve_cudagraph_mode_and_sizes``)."""
+        config = get_current_vllm_config_or_none()
+        return None if config is None else config.compilation_config
+
     return VllmApi(
         PCPManager=pcp_manager.PCPManager,
         InputBuffers=InputBuffers,
@@ -48,6 +75,7 @@ def vllm_api() -> VllmApi:
         PAD_SLOT_ID=PAD_SLOT_ID,
         get_pcp_group=get_pcp_group,
         capture_sizes=capture_sizes,
+        compilation_config=compilation_config,
         contract=detect(pcp_manager.PCPManager, pcp_manager),
     )
 

@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ....core.checks import check_int
 from ...vllm.bookkeeper import MRV2Bookkeeper
 from ...vllm.engine_types import BlockTables, CUDAGraphMode, GroupCoordinator, SpeculativeConfig, VllmConfig
 from ...vllm.manager import FunctionalPCPManagerMixin, VllmApi, class_namespace
@@ -351,8 +352,12 @@ class FunctionalAscendPCPManagerMixin:
         padded_num_tokens: int | None,
         padded_num_reqs: int | None,
     ) -> _Desc:
-        """The base's batch descriptor of vllm-ascend's padded sizes."""
+        """The base's batch descriptor of vllm-ascend's padded sizes (ints, named here when not)."""
         Mode = self.vllm_api.CUDAGraphMode
+        if padded_num_tokens is not None and padded_num_tokens.__class__ is not int:
+            check_int("padded_num_tokens", padded_num_tokens, 0)
+        if padded_num_reqs is not None and padded_num_reqs.__class__ is not int:
+            check_int("padded_num_reqs", padded_num_reqs, 1)
         if (
             padded_num_reqs is not None and np.asarray(global_batch.is_prefilling_np).any()
         ):  # a FULL graph, mixed batch
