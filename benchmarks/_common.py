@@ -190,6 +190,19 @@ def format_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> li
     return [line(cells[0]), "|" + "|".join("-" * (w + 2) for w in width) + "|", *map(line, cells[1:])]
 
 
+def drop_empty_columns(
+    columns: Sequence[str], rows: Sequence[Sequence[object]]
+) -> tuple[list[str], list[list[object]], list[str]]:
+    """``(columns, rows, dropped)``: ``columns`` and ``rows`` without the columns whose every cell
+    is ``None`` or ``""``, and the names of those columns (none dropped from a table without rows)."""
+    for row in rows:
+        assert len(row) == len(columns), f"{len(row)} cells under {len(columns)} columns: {row}"
+    empty = lambda c: c is None or c == ""  # noqa: E731
+    keep = [i for i in range(len(columns)) if not rows or not all(empty(row[i]) for row in rows)]
+    dropped = [str(columns[i]) for i in range(len(columns)) if i not in keep]
+    return [columns[i] for i in keep], [[row[i] for i in keep] for row in rows], dropped
+
+
 class Tables:
     """The tables a benchmark prints, one formatter for all of them (:func:`format_table`); with
     ``--markdown PATH`` (:func:`add_markdown_option`) :meth:`write` also writes them to ``PATH`` as
@@ -206,7 +219,13 @@ class Tables:
         self.blocks: list[str] = []
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
-        """Print ``rows`` under ``columns`` (a markdown table) after ``title``; kept for :meth:`write`."""
+        """Print ``rows`` under ``columns`` (a markdown table) after ``title``; kept for :meth:`write`.
+
+        A column empty in every row (``None`` or ``""``: what a flag such as ``--no-compile`` left
+        unmeasured) is left out, and the title names it, so no table has a column of blanks."""
+        columns, rows, dropped = drop_empty_columns(columns, rows)
+        if dropped:
+            title += f" (not measured in this run: {', '.join(dropped)})"
         lines = format_table(columns, rows)
         print(f"\n{title}\n" + "\n".join(lines), flush=True)
         self.blocks.append(f"*{title}*\n\n" + "\n".join(lines))

@@ -14,8 +14,9 @@ key-query pairs, and
 
 (integers: a float square root guesses it, one step either way makes it exact).
 A fresh prefill (``k = 0``) gets ``b_q ~ n * sqrt(q / P)``: at ``P = 4`` a 256-token
-prompt splits ``[128, 53, 40, 35]`` tokens, equal work; a chunk behind a long
-context (``k >> n``) tends to equal token counts. No pad row, one run per request
+prompt splits ``[127, 53, 41, 35]`` tokens, the work within 3% (the script prints a
+64-token prompt's split); a chunk behind a long context (``k >> n``) tends to equal
+token counts. No pad row, one run per request
 per rank (half DCS's). Decodes are replicated.
 
 Everything else (restore, slot mapping, logits, spec-decode row maps, capture,
