@@ -1,21 +1,21 @@
 """pcp_fn: Prefill Context Parallelism step bookkeeping as pure, capturable torch functions.
 
-Every op is ``op(state, ...) -> (state, outputs)`` on fixed-shape device
-tensors; a whole step traces with ``torch.compile(fullgraph=True)``, exports,
-vmaps and captures into one CUDA/ACL graph. Documentation: ``docs/`` (https://pcp-fn.github.io/pcp_fn/).
+Every op is `op(state, ...) -> (state, outputs)` on fixed-shape device
+tensors; a whole step traces with `torch.compile(fullgraph=True)`, exports,
+vmaps and captures into one CUDA/ACL graph. Documentation: `docs/` (`mkdocs serve`).
 
-The facade (this module) serves any :class:`Layout` (the public layout protocol,
-:mod:`pcp_fn.protocol`: the config, state, batch and row types every layout shares),
-chosen by ``PCPConfig(..., layout=name)``: ``"dcs"`` (DualChunkSwap, the default),
-``"hybrid"`` (``hybrid_attn``), ``"mrv2"`` / ``"mrv2-sharded"`` (model runner V2's unpadded
+The facade (this module) serves any [`Layout`][pcp_fn.Layout] (the public layout protocol,
+[`pcp_fn.protocol`][]: the config, state, batch and row types every layout shares),
+chosen by `PCPConfig(..., layout=name)`: `"dcs"` (DualChunkSwap, the default),
+`"hybrid"` (`hybrid_attn`), `"mrv2"` / `"mrv2-sharded"` (model runner V2's unpadded
 chunks, decodes replicated / dealt round-robin) or a
-researcher's (checked by :func:`pcp_fn.testing.check_layout`). Peers and tools:
+researcher's (checked by [`pcp_fn.testing.check_layout`][]). Peers and tools:
 
-- :mod:`pcp_fn.protocol`: what every layout shares, and :class:`PartitionLayout`;
-- :mod:`pcp_fn.dcs`, :mod:`pcp_fn.hybrid`, :mod:`pcp_fn.mrv2`: the built-in layouts, one package each;
-- :mod:`pcp_fn.spec`: speculative-decode (MTP) prep; :mod:`pcp_fn.multimodal`;
-- :mod:`pcp_fn.graph`: capture per bucket, export, host-sync checks;
-- :mod:`pcp_fn.sim` (not imported here): the simulator, traces and the CLI.
+- [`pcp_fn.protocol`][]: what every layout shares, and [`PartitionLayout`][pcp_fn.PartitionLayout];
+- [`pcp_fn.dcs`][], [`pcp_fn.hybrid`][], [`pcp_fn.mrv2`][]: the built-in layouts, one package each;
+- [`pcp_fn.spec`][]: speculative-decode (MTP) prep; [`pcp_fn.multimodal`][];
+- [`pcp_fn.graph`][]: capture per bucket, export, host-sync checks;
+- [`pcp_fn.sim`][] (not imported here): the simulator, traces and the CLI.
 """
 
 from . import dcs, graph, hybrid, mrv2, multimodal, spec

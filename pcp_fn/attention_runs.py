@@ -2,18 +2,18 @@
 
 A rank's local query rows are, request by request, runs of consecutive tokens:
 DualChunkSwap gives a prefill's head and tail chunk, MRV2 its chunks, a
-replicated decode one run, a :class:`pcp_fn.PartitionLayout` whatever its
-``segments`` say. A run of ``q`` query rows whose last token sits at position
-``p`` attends, causally, the request's first ``p + 1`` keys in the paged cache
+replicated decode one run, a [`pcp_fn.PartitionLayout`][] whatever its
+`segments` say. A run of `q` query rows whose last token sits at position
+`p` attends, causally, the request's first `p + 1` keys in the paged cache
 (after the K/V all-gather every rank's cache holds the whole request). That is
 one sequence of a variable-length attention kernel with bottom-right causal
-alignment (FlashAttention's ``flash_attn_varlen_func(..., causal=True)``: query
-``i`` of a run sees keys ``< seq_len - q + i + 1``), with the request's block
+alignment (FlashAttention's `flash_attn_varlen_func(..., causal=True)`: query
+`i` of a run sees keys `< seq_len - q + i + 1`), with the request's block
 table. vLLM's model runner V2 hands its attention backend the same "virtual
-requests" (``PCPManager.partition_batch``: one local request row per chunk).
+requests" (`PCPManager.partition_batch`: one local request row per chunk).
 
-``P = 2``, the ``"dcs"`` layout, tokens ``[1, 5, 8]``, request 0 a decode behind 7
-cached tokens, requests 1 and 2 fresh prefills (request 1 padded to 8); rank 0::
+`P = 2`, the `"dcs"` layout, tokens `[1, 5, 8]`, request 0 a decode behind 7
+cached tokens, requests 1 and 2 fresh prefills (request 1 padded to 8); rank 0:
 
     local rows (request, position)   (0,7) | (1,0) (1,1) | (1,6) (1,7) | (2,0) (2,1) | (2,6) (2,7) | . ...
     runs                               0         1          2 (pads)        3             4
@@ -22,15 +22,15 @@ cached tokens, requests 1 and 2 fresh prefills (request 1 padded to 8); rank 0::
     request           [0, 1, 1, 2, 2, 0, ...]          (the block-table row of each run)
     is_padding        [F, F, T, F, F, F, ...]
 
-The ``"mrv2"`` layout cuts request 1 at its end (no pad run): ``query_start_loc
-[0, 1, 3, 5, 7, 7, ...]``, ``seq_lens [8, 2, 2, 8, 0, ...]``.
+The `"mrv2"` layout cuts request 1 at its end (no pad run): `query_start_loc
+[0, 1, 3, 5, 7, 7, ...]`, `seq_lens [8, 2, 2, 8, 0, ...]`.
 
 A new run starts where the request changes, the position does not follow the
 previous row's, or real rows give way to a layout's pad rows (offsets past the
 request's scheduled tokens). A pad run attends the request's real keys; its
 rows are dropped by the restore and never written to the cache. Runs past
-``num_runs`` are empty (``query_start_loc`` repeats the local token count,
-``seq_lens`` 0), so the shapes are the bucket's: ``[L_b]`` runs at most, one per
+`num_runs` are empty (`query_start_loc` repeats the local token count,
+`seq_lens` 0), so the shapes are the bucket's: `[L_b]` runs at most, one per
 local row.
 """
 
@@ -47,17 +47,17 @@ from .protocol.state import PCPState, check_state
 
 @pytree_dataclass
 class AttentionRuns:
-    """This rank's local rows as varlen causal attention sequences (``L_b`` from the state's bucket).
+    """This rank's local rows as varlen causal attention sequences (`L_b` from the state's bucket).
 
-    Fields:
+    Attributes:
         num_runs: 0-d int64 runs (sequences) on this rank.
-        query_start_loc: ``[L_b + 1]`` int32 first local row of each run (the kernel's
-            ``cu_seqlens_q``); entries past ``num_runs`` equal the local token count.
-        seq_lens: ``[L_b]`` int32 keys each run attends (``seqused_k``): its last
-            position + 1, the request's ``num_computed + num_scheduled`` for a pad run;
-            0 past ``num_runs``.
-        request: ``[L_b]`` int64 batch row of each run (its block-table row); 0 past ``num_runs``.
-        is_padding: ``[L_b]`` bool runs of a layout's pad rows.
+        query_start_loc: `[L_b + 1]` int32 first local row of each run (the kernel's
+            `cu_seqlens_q`); entries past `num_runs` equal the local token count.
+        seq_lens: `[L_b]` int32 keys each run attends (`seqused_k`): its last
+            position + 1, the request's `num_computed + num_scheduled` for a pad run;
+            0 past `num_runs`.
+        request: `[L_b]` int64 batch row of each run (its block-table row); 0 past `num_runs`.
+        is_padding: `[L_b]` bool runs of a layout's pad rows.
     """
 
     num_runs: torch.Tensor
@@ -70,15 +70,15 @@ class AttentionRuns:
 def attention_runs(state: PCPState) -> tuple[PCPState, AttentionRuns]:
     """The attention runs of the rank's rows for the state's last batch (module docstring).
 
-    Works for every :class:`pcp_fn.Layout`: it reads only the layout's
-    ``state_local_rows`` and the state's record (``num_scheduled``, ``num_computed``);
-    the state passes through unchanged. With the ``"hybrid"`` layout the rows are its
-    linear-attention rows (its FA layers take :func:`pcp_fn.attention_metadata`).
+    Works for every [`pcp_fn.Layout`][]: it reads only the layout's
+    `state_local_rows` and the state's record (`num_scheduled`, `num_computed`);
+    the state passes through unchanged. With the `"hybrid"` layout the rows are its
+    linear-attention rows (its FA layers take [`pcp_fn.attention_metadata`][]).
     Key counts are the request's, before any DCP split of the cache: a DCP kernel
-    takes each DCP rank's share (:func:`pcp_fn.cp_local_seq_lens`).
+    takes each DCP rank's share ([`pcp_fn.cp_local_seq_lens`][]).
 
-    A capture reads the static maxima from the bucket: ``max_seqlen_q = L_b`` and the
-    model's length for ``max_seqlen_k``.
+    A capture reads the static maxima from the bucket: `max_seqlen_q = L_b` and the
+    model's length for `max_seqlen_k`.
     """
     check_state(state, "attention_runs")
     rows = layout_of(state.config).state_local_rows(state)
@@ -110,11 +110,11 @@ def attention_runs(state: PCPState) -> tuple[PCPState, AttentionRuns]:
 
 
 def _starts_run(req: torch.Tensor, real: torch.Tensor, shift: torch.Tensor, Rb: int) -> torch.Tensor:
-    """``[L_b]`` bool: the row's (request, real, position - row) differs from the previous row's.
+    """`[L_b]` bool: the row's (request, real, position - row) differs from the previous row's.
 
-    ``shift = position - row + L_b`` is in ``(0, 2^33)`` (a real position is below ``INT32_MAX``, a
-    pad row's a few rows past its request's end; ``L_b <= 2 * INT32_MAX``), so one int64 code holds
-    the three when the request fits the 30 bits left (``R_b <= 2^29``, static: every real bucket);
+    `shift = position - row + L_b` is in `(0, 2^33)` (a real position is below `INT32_MAX`, a
+    pad row's a few rows past its request's end; `L_b <= 2 * INT32_MAX`), so one int64 code holds
+    the three when the request fits the 30 bits left (`R_b <= 2^29`, static: every real bucket);
     a larger bucket compares them one by one (its code would wrap).
     """
     if Rb <= 2**29:

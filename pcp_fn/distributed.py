@@ -1,28 +1,28 @@
 """The all-gather that PCP needs, as an injectable callable, restore-after-gather, and fault checks.
 
-An ``AllGather`` takes this rank's fixed-size local buffer ``[L_b, ...]`` and
-returns the ``P`` ranks' buffers stacked rank-major ``[P * L_b, ...]``:
+An `AllGather` takes this rank's fixed-size local buffer `[L_b, ...]` and
+returns the `P` ranks' buffers stacked rank-major `[P * L_b, ...]`:
 
-- :func:`process_group_all_gather` uses ``torch.distributed``'s functional
-  collectives (``all_gather_single``), which ``torch.compile`` traces into the
+- [`process_group_all_gather`][pcp_fn.process_group_all_gather] uses `torch.distributed`'s functional
+  collectives (`all_gather_single`), which `torch.compile` traces into the
   graph; it works on any backend (gloo on the CPU, NCCL on CUDA, HCCL on Ascend),
   nothing here is backend-specific.
-- :class:`ThreadedAllGather` simulates ``P`` ranks inside one process (one
+- [`ThreadedAllGather`][pcp_fn.distributed.ThreadedAllGather] simulates `P` ranks inside one process (one
   thread per rank, a barrier per collective), for tests and tools.
 
 Faults end every rank with an error instead of a hang or a wrong answer:
 
-- :func:`init_process_group` is the one process group this package creates;
-  it always has a timeout (default :data:`DEFAULT_TIMEOUT`, a minute, where
+- [`init_process_group`][pcp_fn.distributed.init_process_group] is the one process group this package creates;
+  it always has a timeout (default [`DEFAULT_TIMEOUT`][pcp_fn.distributed.DEFAULT_TIMEOUT], a minute, where
   gloo's own default is 30 minutes), so a stalled or dead peer ends every
   other rank's collective with an error within it.
 - Both all-gathers check, in eager mode, that every rank brings the same shape
   and dtype before the data moves (gloo aborts the process on a size
   mismatch); the check all-gathers a fixed-size descriptor first.
-- :func:`check_same_batch` all-gathers a small digest of one step's batch
-  (:func:`batch_digest`) and names the ranks that disagree (equal sizes, different token ids would
-  otherwise finish with wrong tokens); :class:`pcp_fn.sim.engine.Runner`
-  calls it once per step.
+- [`check_same_batch`][pcp_fn.distributed.check_same_batch] all-gathers a small digest of one step's batch
+  ([`batch_digest`][pcp_fn.distributed.batch_digest]) and names the ranks that disagree (equal
+  sizes, different token ids would otherwise finish with wrong tokens);
+  [`pcp_fn.sim.engine.Runner`][] calls it once per step.
 
     init_process_group("gloo", init_method="file:///tmp/pcp", rank=r, world_size=P)
     gather = process_group_all_gather()
@@ -49,6 +49,7 @@ from .protocol.state import PCPState
 from .restore import restore_hidden_states
 
 AllGather = Callable[[torch.Tensor], torch.Tensor]
+"""An all-gather along dim 0 over the PCP group: `[L_b, ...] -> [P * L_b, ...]`, rank order."""
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 """Timeout of every collective of a process group this package creates (gloo's default is 30 min)."""
@@ -90,10 +91,10 @@ def init_process_group(
     world_size: int,
     timeout: datetime.timedelta | float = DEFAULT_TIMEOUT,
 ) -> None:
-    """``torch.distributed.init_process_group`` with a timeout (seconds or a timedelta).
+    """`torch.distributed.init_process_group` with a timeout (seconds or a timedelta).
 
     Every collective of the group, and the rendezvous itself, fails after
-    ``timeout`` when a peer stalls or dies, on every waiting rank.
+    `timeout` when a peer stalls or dies, on every waiting rank.
     """
     dist.init_process_group(
         backend, init_method=init_method, rank=rank, world_size=world_size, timeout=_as_timedelta(timeout)
@@ -114,7 +115,7 @@ def _dtype_code(dtype: torch.dtype) -> int:
 
 
 def _describe(t: torch.Tensor) -> torch.Tensor:
-    """A fixed-size int64 descriptor of ``t``: ndim, dtype code, shape (at most ``_MAX_DIMS`` dims)."""
+    """A fixed-size int64 descriptor of `t`: ndim, dtype code, shape (at most `_MAX_DIMS` dims)."""
     if t.dim() > _MAX_DIMS:
         raise ValueError(f"all_gather supports at most {_MAX_DIMS} dims, got shape {tuple(t.shape)}")
     desc = [t.dim(), _dtype_code(t.dtype), *t.shape] + [0] * (_MAX_DIMS - t.dim())
@@ -131,17 +132,17 @@ def _explain(descs: Sequence[Sequence[int]], local: torch.Tensor) -> str:
 
 
 def process_group_all_gather(group: object = None, *, check_sizes: bool = True) -> AllGather:
-    """All-gather along dim 0 over ``group`` (default: the world) with functional collectives.
+    """All-gather along dim 0 over `group` (default: the world) with functional collectives.
 
-    With ``check_sizes`` (default), an eager call first all-gathers a
+    With `check_sizes` (default), an eager call first all-gathers a
     fixed-size descriptor of the local buffer (shape, dtype) and raises
-    :class:`CollectiveMismatch` on every rank, naming each rank's shape, when
-    they differ; gloo would abort the process. Under ``torch.compile`` the
+    [`CollectiveMismatch`][pcp_fn.distributed.CollectiveMismatch] on every rank, naming each rank's
+    shape, when they differ; gloo would abort the process. Under `torch.compile` the
     check is left out (it reads values on the host): shapes are static there
-    and derive from the batch, which :func:`check_same_batch` compares.
+    and derive from the batch, which [`check_same_batch`][pcp_fn.distributed.check_same_batch] compares.
 
     In eager mode a failure of the backend (a peer that stalled past the
-    group's timeout, or died) is raised as :class:`CollectiveError` with the
+    group's timeout, or died) is raised as [`CollectiveError`][pcp_fn.distributed.CollectiveError] with the
     backend's message on one line.
     """
 
@@ -170,17 +171,18 @@ def process_group_all_gather(group: object = None, *, check_sizes: bool = True) 
 
 
 class ThreadedAllGather:
-    """``P`` ranks in one process: ``gather.for_rank(r)`` is rank ``r``'s ``AllGather``.
+    """`P` ranks in one process: `gather.for_rank(r)` is rank `r`'s `AllGather`.
 
     Every rank's thread must call its collective the same number of times, in
     the same order (as with a real process group). A rank that does not arrive
-    within ``timeout`` seconds, or that fails (:meth:`abort`), ends every
-    waiting rank with :class:`CollectiveError`; ranks that bring different
-    shapes or dtypes all raise :class:`CollectiveMismatch`.
+    within `timeout` seconds, or that fails ([`abort`][pcp_fn.distributed.ThreadedAllGather.abort]),
+    ends every waiting rank with [`CollectiveError`][pcp_fn.distributed.CollectiveError]; ranks that
+    bring different shapes or dtypes all raise
+    [`CollectiveMismatch`][pcp_fn.distributed.CollectiveMismatch].
 
     A collective returns every rank's buffer of that very collective or raises. The
-    barrier counts arrivals, not ranks, so the ranks must be distinct: ``for_rank``
-    takes ``0 <= rank < world_size`` only, and a rank's ``all_gather`` called from a
+    barrier counts arrivals, not ranks, so the ranks must be distinct: `for_rank`
+    takes `0 <= rank < world_size` only, and a rank's `all_gather` called from a
     second thread while its first call runs raises instead of standing in for another
     rank (which once returned one caller's buffer in place of the missing rank's).
     """
@@ -210,15 +212,16 @@ class ThreadedAllGather:
         self._barrier.abort()
 
     def run(self, body: Callable[[int, AllGather], object]) -> list[object]:
-        """``body(rank, all_gather)`` for every rank, each on its own thread; their results in
+        """`body(rank, all_gather)` for every rank, each on its own thread; their results in
         rank order. A rank that raises breaks the collective (its peers stop waiting instead
         of timing out) and the first failure is raised here once every thread has ended.
 
-        Once one rank has ended (returned or raised), every other rank has ``timeout``
+        Once one rank has ended (returned or raised), every other rank has `timeout`
         seconds to end too; one still running then (blocked outside a collective, or
-        waiting for a rank that has left) is reported as :class:`CollectiveError` naming
-        it, and left behind (a daemon thread: it does not keep the process alive; the
-        collective is broken, so any collective it reaches raises).
+        waiting for a rank that has left) is reported as
+        [`CollectiveError`][pcp_fn.distributed.CollectiveError] naming it, and left behind (a daemon
+        thread: it does not keep the process alive; the collective is broken, so any collective it
+        reaches raises).
         """
         results: list[object] = [None] * self.world_size
         errors: list[tuple[int, BaseException]] = []
@@ -269,7 +272,7 @@ class ThreadedAllGather:
         )
 
     def for_rank(self, rank: int) -> AllGather:
-        """Rank ``rank``'s ``AllGather`` (``0 <= rank < world_size``)."""
+        """Rank `rank`'s `AllGather` (`0 <= rank < world_size`)."""
         if isinstance(rank, bool) or not isinstance(rank, int):
             raise TypeError(f"rank must be an int, got {type(rank).__name__} {rank!r}")
         if not 0 <= rank < self.world_size:
@@ -306,7 +309,7 @@ class ThreadedAllGather:
 
 
 def batch_digest(*arrays: Sequence[int]) -> torch.Tensor:
-    """``[1, 4]`` int64: a SHA-256 of integer arrays (a step's schedule, slots and token ids)."""
+    """`[1, 4]` int64: a SHA-256 of integer arrays (a step's schedule, slots and token ids)."""
     h = hashlib.sha256()
     for a in arrays:
         h.update(len(a).to_bytes(8, "little"))
@@ -316,10 +319,11 @@ def batch_digest(*arrays: Sequence[int]) -> torch.Tensor:
 
 
 def check_same_batch(all_gather: AllGather, digest: torch.Tensor) -> None:
-    """All-gather every rank's ``[1, 4]`` batch digest (:func:`batch_digest`) and raise when they differ.
+    """All-gather every rank's `[1, 4]` batch digest
+    ([`batch_digest`][pcp_fn.distributed.batch_digest]) and raise when they differ.
 
-    Raises :class:`CollectiveMismatch` on every rank, naming the groups of
-    ranks that agree with each other (``ranks [0, 2], ranks [1]``); the engine
+    Raises [`CollectiveMismatch`][pcp_fn.distributed.CollectiveMismatch] on every rank, naming the groups of
+    ranks that agree with each other (`ranks [0, 2], ranks [1]`); the engine
     adds the step.
     """
     digests = all_gather(digest.reshape(1, -1)).tolist()
@@ -337,9 +341,9 @@ def check_same_batch(all_gather: AllGather, digest: torch.Tensor) -> None:
 def all_gather_and_restore(
     state: PCPState, local: torch.Tensor, all_gather: AllGather
 ) -> tuple[PCPState, torch.Tensor]:
-    """All-gather this rank's ``[L_b, ...]`` local buffer and restore request order.
+    """All-gather this rank's `[L_b, ...]` local buffer and restore request order.
 
-    Returns ``[P * L_b, ...]`` like :func:`pcp_fn.restore_hidden_states`: rows
-    ``[:P * num_tokens]`` in padded request order.
+    Returns `[P * L_b, ...]` like [`pcp_fn.restore_hidden_states`][]: rows
+    `[:P * num_tokens]` in padded request order.
     """
     return restore_hidden_states(state, all_gather(local))

@@ -2,23 +2,26 @@
 
 Under PCP a rank holds a request's head and tail chunks, so its tokens are not
 a contiguous slice of the request: everything indexed by token position must be
-gathered by the rank's absolute positions (``step(...).positions``) instead of
+gathered by the rank's absolute positions (`step(...).positions`) instead of
 sliced. Two kinds of helpers live here:
 
-- device ops (fixed shapes, capturable): :func:`remap_mrope_positions` and
-  :func:`gather_prompt_embeds`, fed by the host packers
-  :func:`pack_mrope_tables` / :func:`pack_prompt_embeds` (one copy each, where
-  bad input raises ``ValueError``);
+- device ops (fixed shapes, capturable): [`remap_mrope_positions`][pcp_fn.remap_mrope_positions] and
+  [`gather_prompt_embeds`][pcp_fn.gather_prompt_embeds], fed by the host packers
+  [`pack_mrope_tables`][pcp_fn.pack_mrope_tables] /
+  [`pack_prompt_embeds`][pcp_fn.pack_prompt_embeds] (one copy each, where bad input raises
+  `ValueError`);
 - host helpers on the scheduler's Python objects (the encoder schedule is a
   dict of request ids, and the encoder runs eagerly anyway):
-  :func:`local_schedule_layout`, :func:`build_local_mm_schedule`,
-  :func:`gather_mm_embeddings` and :func:`localize_scheduler_output`. They are
+  [`local_schedule_layout`][pcp_fn.multimodal.local_schedule_layout],
+  [`build_local_mm_schedule`][pcp_fn.multimodal.build_local_mm_schedule],
+  [`gather_mm_embeddings`][pcp_fn.multimodal.gather_mm_embeddings] and
+  [`localize_scheduler_output`][pcp_fn.multimodal.localize_scheduler_output]. They are
   pure: they return new objects and never mutate what they are given (vllm-ascend
   mutates the scheduler output and restores it afterwards).
 
-``P = 2``, rank 0, one fresh prefill of 5 tokens padded to 8: the rank holds
-positions ``[0, 1, 6, 7]``; with a 5-column M-RoPE table ``m`` and delta ``d``
-its M-RoPE positions are ``[m[:, 0], m[:, 1], 6 + d, 7 + d]`` (positions past
+`P = 2`, rank 0, one fresh prefill of 5 tokens padded to 8: the rank holds
+positions `[0, 1, 6, 7]`; with a 5-column M-RoPE table `m` and delta `d`
+its M-RoPE positions are `[m[:, 0], m[:, 1], 6 + d, 7 + d]` (positions past
 the prompt are completion positions, shifted by the delta).
 """
 
@@ -52,14 +55,14 @@ from .core.ragged import masked_gather
 
 @pytree_dataclass
 class MRopeTables:
-    """Every request's ``[3, n]`` M-RoPE table packed into one buffer (``R_b`` request rows).
+    """Every request's `[3, n]` M-RoPE table packed into one buffer (`R_b` request rows).
 
-    Fields:
-        positions: ``[R_b, 3, M]`` int64, request ``i``'s table in columns
-            ``[:length[i]]`` (0 after).
-        length: ``[R_b]`` int64 columns of each table; 0 = the request has no
+    Attributes:
+        positions: `[R_b, 3, M]` int64, request `i`'s table in columns
+            `[:length[i]]` (0 after).
+        length: `[R_b]` int64 columns of each table; 0 = the request has no
             table (its M-RoPE positions are its 1-D positions).
-        delta: ``[R_b]`` int64 ``mrope_position_delta`` (0 when it has none).
+        delta: `[R_b]` int64 `mrope_position_delta` (0 when it has none).
     """
 
     positions: torch.Tensor
@@ -74,22 +77,22 @@ def pack_mrope_tables(
     max_len: int,
     device: torch.device | str | None = None,
 ) -> MRopeTables:
-    """Host boundary: pack per-request M-RoPE tables into a ``[num_rows, 3, max_len]`` buffer.
+    """Host boundary: pack per-request M-RoPE tables into a `[num_rows, 3, max_len]` buffer.
 
-    ``tables[i]`` is request ``i``'s ``req.mrope_positions`` (``[3, n]`` or
-    ``None``), ``deltas[i]`` its ``mrope_position_delta``. ``max_len`` is static
-    (use ``max_model_len``) so the buffer's shape never changes. ::
+    `tables[i]` is request `i`'s `req.mrope_positions` (`[3, n]` or
+    `None`), `deltas[i]` its `mrope_position_delta`. `max_len` is static
+    (use `max_model_len`) so the buffer's shape never changes.
 
         pack_mrope_tables([m0, None], [100, None], num_rows=2, max_len=6)
         # positions[0, :, :5] = m0, length [5, 0], delta [100, 0]
 
     Raises:
-        ValueError: more tables than ``num_rows``, ``tables``/``deltas`` of
-            different lengths, a table that is not ``[3, n]`` integers, a
-            ``uint64`` table holding a value past the int64 limit, a ``meta``
-            table, a table wider than ``max_len`` (the buffer could not serve its
-            positions ``max_len .. n-1``), a buffer larger than this machine's
-            memory, or a ``device`` this machine does not have.
+        ValueError: more tables than `num_rows`, `tables`/`deltas` of
+            different lengths, a table that is not `[3, n]` integers, a
+            `uint64` table holding a value past the int64 limit, a `meta`
+            table, a table wider than `max_len` (the buffer could not serve its
+            positions `max_len .. n-1`), a buffer larger than this machine's
+            memory, or a `device` this machine does not have.
     """
     check_int("num_rows", num_rows, 1)
     check_int("max_len", max_len, 1)
@@ -140,9 +143,9 @@ def pack_mrope_tables(
 
 
 def _check_local_tokens(positions: object, request_index: object) -> None:
-    """Static: ``positions`` and ``request_index`` are ``[L]`` integer tensors (one entry per local
-    token). Their values are device data, never read here: ``request_index`` must lie in
-    ``[0, R_b)`` (``layout.request_index`` does), which is the caller's contract."""
+    """Static: `positions` and `request_index` are `[L]` integer tensors (one entry per local
+    token). Their values are device data, never read here: `request_index` must lie in
+    `[0, R_b)` (`layout.request_index` does), which is the caller's contract."""
     check_int_tensor("positions", positions)
     if positions.dim() != 1:
         raise ValueError(
@@ -158,30 +161,30 @@ def remap_mrope_positions(
     request_index: torch.Tensor,
     num_tokens: torch.Tensor,
 ) -> torch.Tensor:
-    """``[3, L]`` int64 M-RoPE positions of the rank's tokens (vllm-ascend ``remap_mrope_positions_for_pcp``).
+    """`[3, L]` int64 M-RoPE positions of the rank's tokens (vllm-ascend `remap_mrope_positions_for_pcp`).
 
     Args:
-        tables: from :func:`pack_mrope_tables` (``R_b`` rows).
-        num_prompt: ``[R_b]`` prompt lengths (``batch.num_prompt``).
-        positions: ``[L]`` absolute positions of the local tokens
-            (``step(...).positions``).
-        request_index: ``[L]`` request of each local token (``layout.request_index``).
+        tables: from [`pack_mrope_tables`][pcp_fn.pack_mrope_tables] (`R_b` rows).
+        num_prompt: `[R_b]` prompt lengths (`batch.num_prompt`).
+        positions: `[L]` absolute positions of the local tokens
+            (`step(...).positions`).
+        request_index: `[L]` request of each local token (`layout.request_index`).
         num_tokens: 0-d local token count; rows past it are 0.
 
-    For a token at absolute position ``x`` of a request with an ``n``-column
-    table, prompt length ``p`` and delta ``d``: ``x < min(p, n)`` -> column
-    ``x`` of the table; ``x >= p`` (completion, and the PCP padding past the
-    prompt) -> ``x + d`` in all three rows; otherwise (a table shorter than
+    For a token at absolute position `x` of a request with an `n`-column
+    table, prompt length `p` and delta `d`: `x < min(p, n)` -> column
+    `x` of the table; `x >= p` (completion, and the PCP padding past the
+    prompt) -> `x + d` in all three rows; otherwise (a table shorter than
     the prompt) -> the table's last column. A request without a table gets
-    ``x`` in all three rows. ``P = 2``, rank 0, requests ``[5 (table m, d=100),
-    2 (no table)]`` at positions ``[1, 3, 5 | 2, 4]`` ->
-    ``[[m0_1, m0_3, 105, 2, 4], [m1_1, m1_3, 105, 2, 4], [m2_1, m2_3, 105, 2, 4]]``.
+    `x` in all three rows. `P = 2`, rank 0, requests `[5 (table m, d=100),
+    2 (no table)]` at positions `[1, 3, 5 | 2, 4]` ->
+    `[[m0_1, m0_3, 105, 2, 4], [m1_1, m1_3, 105, 2, 4], [m2_1, m2_3, 105, 2, 4]]`.
 
     Raises:
-        TypeError, ValueError (static types and shapes only): ``positions`` and
-            ``request_index`` not ``[L]`` integers, tables of another request count.
-            ``request_index`` values in ``[0, R_b)`` are the caller's contract
-            (device data, never read on the host; ``layout.request_index`` holds it).
+        TypeError, ValueError (static types and shapes only): `positions` and
+            `request_index` not `[L]` integers, tables of another request count.
+            `request_index` values in `[0, R_b)` are the caller's contract
+            (device data, never read on the host; `layout.request_index` holds it).
     """
     if tables.positions.dim() != 3 or tables.positions.shape[1] != 3:
         raise ValueError(f"tables.positions must be [R, 3, M], got {tuple(tables.positions.shape)}")
@@ -212,13 +215,13 @@ def remap_mrope_positions(
 
 @pytree_dataclass
 class PromptEmbeds:
-    """Every request's prompt embeds back to back in one ``[E, H]`` buffer (``R_b`` request rows).
+    """Every request's prompt embeds back to back in one `[E, H]` buffer (`R_b` request rows).
 
-    Fields:
-        values: ``[E, H]`` the requests' embeds, request ``i``'s at rows
-            ``start[i] : start[i] + length[i]``.
-        start: ``[R_b]`` int64 first row of each request.
-        length: ``[R_b]`` int64 rows of each request (0: no prompt embeds).
+    Attributes:
+        values: `[E, H]` the requests' embeds, request `i`'s at rows
+            `start[i] : start[i] + length[i]`.
+        start: `[R_b]` int64 first row of each request.
+        length: `[R_b]` int64 rows of each request (0: no prompt embeds).
     """
 
     values: torch.Tensor
@@ -234,21 +237,21 @@ def pack_prompt_embeds(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> PromptEmbeds:
-    """Host boundary: pack ``{request index: [E_i, H] embeds}`` into a ``[capacity, H]`` buffer.
+    """Host boundary: pack `{request index: [E_i, H] embeds}` into a `[capacity, H]` buffer.
 
-    ``embeds`` is the runner's ``input_batch.req_prompt_embeds`` (a dict by
-    request index) or a list with ``None`` for requests without embeds.
-    ``capacity`` is static (e.g. ``max_num_reqs * max_model_len`` or a bucket). ::
+    `embeds` is the runner's `input_batch.req_prompt_embeds` (a dict by
+    request index) or a list with `None` for requests without embeds.
+    `capacity` is static (e.g. `max_num_reqs * max_model_len` or a bucket).
 
         pack_prompt_embeds({1: e1}, num_rows=2, hidden_size=H, capacity=8)
         # values[:len(e1)] = e1, start [0, 0], length [0, len(e1)]
 
     Raises:
-        ValueError: a request index outside ``[0, num_rows)``, embeds that are
-            not 2-D, embeds of the wrong width (not ``hidden_size``), ``meta``
-            embeds (no values to pack), mixed dtypes, more rows than ``capacity``,
-            a ``[capacity, hidden_size]`` buffer larger than this machine's memory
-            (checked before it is allocated), or a ``device`` this machine does not have.
+        ValueError: a request index outside `[0, num_rows)`, embeds that are
+            not 2-D, embeds of the wrong width (not `hidden_size`), `meta`
+            embeds (no values to pack), mixed dtypes, more rows than `capacity`,
+            a `[capacity, hidden_size]` buffer larger than this machine's memory
+            (checked before it is allocated), or a `device` this machine does not have.
     """
     check_int("num_rows", num_rows, 1)
     check_int("hidden_size", hidden_size, 1)
@@ -302,21 +305,21 @@ def gather_prompt_embeds(
     num_tokens: torch.Tensor,
     out: torch.Tensor,
 ) -> torch.Tensor:
-    """``[L, H]``: ``out`` with the rank's prompt embeds filled in (``fill_prompt_embeds_for_pcp``).
+    """`[L, H]`: `out` with the rank's prompt embeds filled in (`fill_prompt_embeds_for_pcp`).
 
-    A local token at absolute position ``x`` of request ``i`` takes
-    ``embeds`` row ``x`` of request ``i`` when ``x < length[i]``; every other
-    row (no embeds, past the embeds, padding rows) keeps ``out``'s value, as
-    vllm-ascend leaves its buffer untouched there. ``P = 2``, rank 0, one
-    request with 6 embed rows ``e`` at positions ``[0, 1, 6, 7]`` ->
-    ``[e[0], e[1], out[2], out[3]]``. A masked gather: no boolean indexing.
+    A local token at absolute position `x` of request `i` takes
+    `embeds` row `x` of request `i` when `x < length[i]`; every other
+    row (no embeds, past the embeds, padding rows) keeps `out`'s value, as
+    vllm-ascend leaves its buffer untouched there. `P = 2`, rank 0, one
+    request with 6 embed rows `e` at positions `[0, 1, 6, 7]` ->
+    `[e[0], e[1], out[2], out[3]]`. A masked gather: no boolean indexing.
 
     Raises:
-        TypeError, ValueError (static types and shapes only): ``positions`` and
-            ``request_index`` not ``[L]`` integers, ``out`` not ``[L, H]`` with the
-            embeds' width and dtype. ``request_index`` values in ``[0, R_b)``
-            (``R_b``: the packed request rows) are the caller's contract: they are
-            device data, never read on the host (``layout.request_index`` holds it).
+        TypeError, ValueError (static types and shapes only): `positions` and
+            `request_index` not `[L]` integers, `out` not `[L, H]` with the
+            embeds' width and dtype. `request_index` values in `[0, R_b)`
+            (`R_b`: the packed request rows) are the caller's contract: they are
+            device data, never read on the host (`layout.request_index` holds it).
     """
     _check_local_tokens(positions, request_index)
     L = positions.shape[0]
@@ -342,13 +345,13 @@ def gather_prompt_embeds(
 
 @dataclasses.dataclass(frozen=True)
 class LocalScheduleLayout:
-    """This rank's scheduled token counts (vllm-ascend ``cache_local_schedule_layout`` /
-    ``get_local_schedule_layout``, as a value instead of manager state).
+    """This rank's scheduled token counts (vllm-ascend `cache_local_schedule_layout` /
+    `get_local_schedule_layout`, as a value instead of manager state).
 
-    Fields:
-        num_scheduled_tokens: ``[num_reqs]`` read-only copy of the local counts
-            (``layout.pcp_tokens``), or ``None``.
-        total_num_scheduled_tokens: their sum (the local token count), or ``None``.
+    Attributes:
+        num_scheduled_tokens: `[num_reqs]` read-only copy of the local counts
+            (`layout.pcp_tokens`), or `None`.
+        total_num_scheduled_tokens: their sum (the local token count), or `None`.
     """
 
     num_scheduled_tokens: np.ndarray | None
@@ -358,7 +361,7 @@ class LocalScheduleLayout:
 def local_schedule_layout(
     num_scheduled_tokens: np.ndarray | Sequence[int], num_reqs: int, total_num_scheduled_tokens: int
 ) -> LocalScheduleLayout:
-    """Snapshot the rank's local schedule: ``([1, 4, 4, x], 3, 9)`` -> counts ``[1, 4, 4]``, total 9."""
+    """Snapshot the rank's local schedule: `([1, 4, 4, x], 3, 9)` -> counts `[1, 4, 4]`, total 9."""
     counts = np.array(num_scheduled_tokens[:num_reqs], copy=True)
     counts.setflags(write=False)
     return LocalScheduleLayout(counts, int(total_num_scheduled_tokens))
@@ -384,7 +387,7 @@ def _local_counts(
     req_ids: Sequence[str], positions: np.ndarray, local_num_scheduled_tokens: np.ndarray | Sequence[int]
 ) -> np.ndarray:
     """The host checks of the local counts: 1-D integers >= 0 (int64 copy), at least one per
-    request, and no more tokens than ``positions`` holds."""
+    request, and no more tokens than `positions` holds."""
     counts = host_ints("local_num_scheduled_tokens", local_num_scheduled_tokens)
     if counts.shape[0] < len(req_ids):
         raise ValueError(
@@ -405,18 +408,18 @@ def build_local_mm_schedule(
     local_num_scheduled_tokens: np.ndarray,
     encoder_cache: Mapping[str, Any],
 ) -> tuple[dict[str, list[int]], set[str]]:
-    """Which encoder inputs this rank needs (vllm-ascend ``build_local_mm_schedule``).
+    """Which encoder inputs this rank needs (vllm-ascend `build_local_mm_schedule`).
 
-    ``positions`` are the rank's absolute token positions, request after
-    request (``local_num_scheduled_tokens[i]`` each). A multimodal feature is
+    `positions` are the rank's absolute token positions, request after
+    request (`local_num_scheduled_tokens[i]` each). A multimodal feature is
     needed when one of the rank's tokens falls in its window (and, with an
-    ``is_embed`` mask, on an embedding slot). Returns ``({req_id: [feature
-    indices not in encoder_cache]}, {hashes of every needed feature})``.
-    ``P = 2``, rank 1 of a 16-token prompt holds positions ``4..11``: an image
-    at offsets ``12..15`` is not needed here, one at ``8..9`` is.
+    `is_embed` mask, on an embedding slot). Returns `({req_id: [feature
+    indices not in encoder_cache]}, {hashes of every needed feature})`.
+    `P = 2`, rank 1 of a 16-token prompt holds positions `4..11`: an image
+    at offsets `12..15` is not needed here, one at `8..9` is.
 
     Raises:
-        ValueError: a negative local count, or fewer ``positions`` than the counts add up to.
+        ValueError: a negative local count, or fewer `positions` than the counts add up to.
     """
     counts = _local_counts(req_ids, positions, local_num_scheduled_tokens)
     scheduled: dict[str, list[int]] = {}
@@ -446,16 +449,17 @@ def build_local_mm_schedule(
 
 @dataclasses.dataclass(frozen=True)
 class LocalMMEmbeddings:
-    """What :func:`gather_mm_embeddings` returns.
+    """What [`gather_mm_embeddings`][pcp_fn.multimodal.gather_mm_embeddings] returns.
 
-    Fields:
+    Attributes:
         embeds: the multimodal embedding rows this rank's tokens use, in the
-            order its ``is_mm_embed`` mask lists them.
-        is_mm_embed: ``[num_local_tokens]`` bool, tokens that take a
+            order its `is_mm_embed` mask lists them.
+        is_mm_embed: `[num_local_tokens]` bool, tokens that take a
             multimodal embedding.
-        should_sync_mrope_positions, should_sync_xdrope_positions: as vllm-ascend.
-        mrope_updates: ``{req_id: (new mrope_positions, new delta)}`` from the
-            model's ``recompute_mrope_positions`` (multimodal pruning); the
+        should_sync_mrope_positions: as vllm-ascend's.
+        should_sync_xdrope_positions: as vllm-ascend's.
+        mrope_updates: `{req_id: (new mrope_positions, new delta)}` from the
+            model's `recompute_mrope_positions` (multimodal pruning); the
             caller applies them (vllm-ascend writes them into the request state).
     """
 
@@ -478,21 +482,21 @@ def gather_mm_embeddings(
     uses_mrope: bool = False,
     warning_once: Callable[..., Any] | None = None,
 ) -> LocalMMEmbeddings:
-    """The encoder outputs this rank's tokens consume (vllm-ascend ``gather_mm_embeddings_for_pcp``).
+    """The encoder outputs this rank's tokens consume (vllm-ascend `gather_mm_embeddings_for_pcp`).
 
-    For each request, the rank's tokens (at ``positions + shift_computed_tokens``)
-    that fall in a feature's window (on an ``is_embed`` slot, if the feature
-    has a mask) take the matching encoder-output row (the ``k``-th embedding
-    slot of the feature is row ``k``). Overlapping features: the first one
+    For each request, the rank's tokens (at `positions + shift_computed_tokens`)
+    that fall in a feature's window (on an `is_embed` slot, if the feature
+    has a mask) take the matching encoder-output row (the `k`-th embedding
+    slot of the feature is row `k`). Overlapping features: the first one
     wins. Because a rank's positions are not monotonic (head chunk, then tail
-    chunk), a request's rows are put in local token order. ``P = 2``, rank 0
-    of a fresh 8-token prompt holds positions ``[0, 1, 6, 7]``; an image at
-    ``6..7`` gives ``embeds [enc[0:2]]``, ``is_mm_embed [F, F, T, T]``.
+    chunk), a request's rows are put in local token order. `P = 2`, rank 0
+    of a fresh 8-token prompt holds positions `[0, 1, 6, 7]`; an image at
+    `6..7` gives `embeds [enc[0:2]]`, `is_mm_embed [F, F, T, T]`.
 
     Raises:
         ValueError: fewer local counts than requests, a negative local count
-            (``TypeError``: not integers), fewer ``positions`` than the counts add
-            up to, or an encoder output missing from ``encoder_cache`` (vllm-ascend asserts).
+            (`TypeError`: not integers), fewer `positions` than the counts add
+            up to, or an encoder output missing from `encoder_cache` (vllm-ascend asserts).
     """
     counts = _local_counts(req_ids, positions, local_num_scheduled_tokens)
     is_mm_embed = torch.zeros(int(counts.sum()), dtype=torch.bool)
@@ -531,14 +535,14 @@ def gather_mm_embeddings(
 def _feature_embeds(
     req_id: str, features: Sequence[Any], req_positions: np.ndarray, encoder_cache: Mapping[str, torch.Tensor]
 ) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
-    """``(rows [k_f] int64, embeddings [k_f, ...])`` of each feature a request's local tokens
-    (at ``req_positions``) take, in feature order: a token in the feature's window, on an
-    ``is_embed`` slot if the feature has a mask, takes the encoder output's row of its embedding
-    slot, unless an earlier feature gave it one; ``rows`` are the tokens' indices in
-    ``req_positions``.
+    """`(rows [k_f] int64, embeddings [k_f, ...])` of each feature a request's local tokens
+    (at `req_positions`) take, in feature order: a token in the feature's window, on an
+    `is_embed` slot if the feature has a mask, takes the encoder output's row of its embedding
+    slot, unless an earlier feature gave it one; `rows` are the tokens' indices in
+    `req_positions`.
 
     Raises:
-        ValueError: a feature's encoder output is not in ``encoder_cache``.
+        ValueError: a feature's encoder output is not in `encoder_cache`.
     """
     owner = np.zeros(req_positions.shape[0], dtype=bool)  # a local token already given a row
     for feature in features:
@@ -570,7 +574,7 @@ def _in_local_order(
     pieces: list[torch.Tensor], piece_rows: list[np.ndarray], warning_once: Callable[..., Any] | None
 ) -> list[torch.Tensor]:
     """A request's embedding pieces (feature order) as one tensor in local token order, the
-    order its ``is_mm_embed`` rows list them (``piece_rows``: each piece's local rows). When
+    order its `is_mm_embed` rows list them (`piece_rows`: each piece's local rows). When
     the rows and the embeddings differ in number (the model's multimodal pruning), the pieces
     stay as they are, with vllm-ascend's warning."""
     num_rows = sum(r.size for r in piece_rows)
@@ -599,16 +603,16 @@ def localize_scheduler_output(
 ) -> Any:
     """The scheduler output as this rank sees it for multimodal preprocessing.
 
-    vllm-ascend's ``maybe_localize_scheduler_output_for_mm_preprocess`` rewrites
-    the caller's object and ``restore_scheduler_output_after_mm_preprocess``
+    vllm-ascend's `maybe_localize_scheduler_output_for_mm_preprocess` rewrites
+    the caller's object and `restore_scheduler_output_after_mm_preprocess`
     puts it back; this returns a NEW shallow copy with the local fields
     instead (or the same object when nothing differs) and never mutates the
     input, so there is nothing to restore. The copy has: the local token total;
-    ``num_scheduled_tokens`` with the local counts; ``scheduled_encoder_inputs``
-    from :func:`build_local_mm_schedule`; and ``free_encoder_mm_hashes``
+    `num_scheduled_tokens` with the local counts; `scheduled_encoder_inputs`
+    from [`build_local_mm_schedule`][pcp_fn.multimodal.build_local_mm_schedule]; and `free_encoder_mm_hashes`
     without any hash an active request still references or this rank needs.
-    ``P = 2``, a 16-token prefill scheduled whole: rank 0's copy has
-    ``total_num_scheduled_tokens = 8`` and ``num_scheduled_tokens {r: 8}``.
+    `P = 2`, a 16-token prefill scheduled whole: rank 0's copy has
+    `total_num_scheduled_tokens = 8` and `num_scheduled_tokens {r: 8}`.
     """
     differs = (
         local_total_num_scheduled_tokens is not None

@@ -1,4 +1,4 @@
-"""``step``: the whole PCP bookkeeping of one model step as one pure function.
+"""`step`: the whole PCP bookkeeping of one model step as one pure function.
 
     state, out = step(state, batch, slot_mapping)
     # forward: embed input ids at out.positions, write K/V through out.slot_mapping,
@@ -6,9 +6,9 @@
     # out.logits_indices.
 
 It composes update_tokens -> absolute positions -> logits indices -> padded
-slot mapping; every output shape derives from ``(state.config, batch.bucket)``,
-so ``torch.compile(step, fullgraph=True, dynamic=False)`` makes one graph per
-bucket and ``pcp_fn.graph.capture(step, ...)`` one CUDA/ACL graph per bucket.
+slot mapping; every output shape derives from `(state.config, batch.bucket)`,
+so `torch.compile(step, fullgraph=True, dynamic=False)` makes one graph per
+bucket and `pcp_fn.graph.capture(step, ...)` one CUDA/ACL graph per bucket.
 """
 
 from __future__ import annotations
@@ -28,21 +28,23 @@ from .protocol.state import PCPState, check_batch
 class StepOutputs:
     """Everything a model runner needs for the forward of one rank.
 
-    Fields (``R_b``, ``L_b`` from the batch's bucket, ``G_b = P * L_b``):
-        layout: the :class:`TokenLayout` (per-request counts, position offsets,
+    Sizes: `R_b`, `L_b` from the batch's bucket, `G_b = P * L_b`.
+
+    Attributes:
+        layout: the [`TokenLayout`][pcp_fn.TokenLayout] (per-request counts, position offsets,
             request of each row, unpad mask, restore index) of the config's
-            :class:`pcp_fn.Layout`; a :class:`pcp_fn.hybrid.HybridLayout` when
-            ``config.hybrid_attn``.
-        positions: ``[L_b]`` int64 absolute positions
-            (``num_computed[request] + offset``); 0 on padding rows.
-        query_start_loc: ``[R_b + 1]`` int32 start of each request's local
+            [`pcp_fn.Layout`][]; a [`pcp_fn.hybrid.HybridLayout`][pcp_fn.HybridLayout] when
+            `config.hybrid_attn`.
+        positions: `[L_b]` int64 absolute positions
+            (`num_computed[request] + offset`); 0 on padding rows.
+        query_start_loc: `[R_b + 1]` int32 start of each request's local
             rows (the linear rows when hybrid); entries past the requests
-            equal ``num_tokens``.
-        logits_indices: ``[R_b]`` int64 rows of the restored hidden states to
-            sample from (see :func:`pcp_fn.get_logits_indices`; the hybrid
-            form when ``config.hybrid_attn``).
-        slot_mapping: ``[G_b]`` the padded KV slot mapping (see
-            :func:`pcp_fn.padded_slot_mapping`; the DCS one in both layouts).
+            equal `num_tokens`.
+        logits_indices: `[R_b]` int64 rows of the restored hidden states to
+            sample from (see [`pcp_fn.get_logits_indices`][]; the hybrid
+            form when `config.hybrid_attn`).
+        slot_mapping: `[G_b]` the padded KV slot mapping (see
+            [`pcp_fn.padded_slot_mapping`][]; the DCS one in both layouts).
     """
 
     layout: TokenLayout
@@ -60,11 +62,11 @@ def step(
 
     Args:
         state: any state of the batch's config (only its config and rank are
-            read: :mod:`pcp_fn.core.entry`).
-        batch: from :func:`pcp_fn.make_batch`.
-        slot_mapping: ``[F_b]`` KV slots of the batch's tokens in scheduler
-            order, padded to the bucket (see :func:`pcp_fn.padded_slot_mapping`);
-            default ``batch.slot_mapping`` (``make_batch(..., slot_mapping=...)``).
+            read: [`pcp_fn.core.entry`][]).
+        batch: from [`pcp_fn.make_batch`][].
+        slot_mapping: `[F_b]` KV slots of the batch's tokens in scheduler
+            order, padded to the bucket (see [`pcp_fn.padded_slot_mapping`][]);
+            default `batch.slot_mapping` (`make_batch(..., slot_mapping=...)`).
     """
     up, out = step_update(state, batch, slot_mapping)
     return up.state, out
@@ -73,8 +75,8 @@ def step(
 def step_update(
     state: PCPState, batch: SchedulerBatch, slot_mapping: torch.Tensor | None = None
 ) -> tuple[LayoutUpdate, StepOutputs]:
-    """:func:`step`, with the layout update it was built from (the next state and the batch's
-    request geometry) for the ops that compose ``step`` and read the geometry (``spec_step``)."""
+    """[`step`][pcp_fn.step.step], with the layout update it was built from (the next state and the batch's
+    request geometry) for the ops that compose `step` and read the geometry (`spec_step`)."""
     check_batch(state, batch)
     if slot_mapping is None:
         slot_mapping = batch.slot_mapping

@@ -1,50 +1,51 @@
-"""``check_layout``: the conformance suite a researcher runs on their own :class:`pcp_fn.Layout`.
+"""`check_layout`: the conformance suite a researcher runs on their own [`pcp_fn.Layout`][].
 
     from pcp_fn.testing import check_layout
     check_layout(MyLayout())          # raises LayoutCheckError: the rule, the batch, the rows that break it
 
-It runs the facade ops (``step``, ``update_tokens``, ``restore_hidden_states``,
-``padded_slot_mapping``, ``get_logits_indices``) under the layout on hypothesis
-batches at ``P = 1..8`` (decodes first, then fresh, chunked and empty prefills)
-plus the capacity edges (``R`` one-token prefills, one ``T``-token prefill, ``R``
+It runs the facade ops (`step`, `update_tokens`, `restore_hidden_states`,
+`padded_slot_mapping`, `get_logits_indices`) under the layout on hypothesis
+batches at `P = 1..8` (decodes first, then fresh, chunked and empty prefills)
+plus the capacity edges (`R` one-token prefills, one `T`-token prefill, `R`
 decodes, the empty batch), and checks the protocol's invariants
-(:class:`pcp_fn.Layout`) against an independent per-token count:
+([`pcp_fn.Layout`][]) against an independent per-token count:
 
 - ownership: every scheduled token is on exactly the ranks the layout says
-  (a request the layout's geometry marks ``replicated`` on every rank, typically
-  the decodes when ``P > 1``; any other token on exactly one), rows
-  grouped by request, ``query_start_loc`` counting them, padding at the tail;
-- positions ``num_computed + offset`` on real rows, 0 on padding;
-- restore: ``restore_hidden_states`` of the rank-major all-gather puts every token
-  once, in request order, at the rows ``restored_spans`` names, each read from the rank
+  (a request the layout's geometry marks `replicated` on every rank, typically
+  the decodes when `P > 1`; any other token on exactly one), rows
+  grouped by request, `query_start_loc` counting them, padding at the tail;
+- positions `num_computed + offset` on real rows, 0 on padding;
+- restore: `restore_hidden_states` of the rank-major all-gather puts every token
+  once, in request order, at the rows `restored_spans` names, each read from the rank
   that holds it (rank 0's copy of a replicated token: all-gathered rows tagged by rank);
-- slots: every scheduled slot exactly once in ``padded_slot_mapping``, the other
-  rows ``pad_slot_id``; logits rows land on each request's last token;
-- attention runs: :func:`pcp_fn.attention_runs` (read from the layout's ``state_local_rows``)
-  cuts the rows ``step`` returns into maximal runs of consecutive tokens of one request,
-  real or pad, each run attending its last position + 1 keys (a pad run: the request's);
+- slots: every scheduled slot exactly once in `padded_slot_mapping`, the other
+  rows `pad_slot_id`; logits rows land on each request's last token;
+- attention runs: [`pcp_fn.attention_runs`][pcp_fn.attention_runs.attention_runs] (read from the
+  layout's `state_local_rows`) cuts the rows `step` returns into maximal runs of consecutive tokens
+  of one request, real or pad, each run attending its last position + 1 keys (a pad run: the
+  request's);
 - fixed shapes: every output's shapes are those of an empty batch of the same bucket;
-- ``all_ranks`` (``vmap`` over the rank) equals each rank's own static-rank step;
-- spec decode (configs with speculative tokens, decodes drafting ``n - 1``): the rows
-  ``spec_decode_indices`` samples hold each request's last ``drafts + 1`` tokens and its
-  draft ids are the decodes' drafts; ``decode_hidden_states`` gives the decode tokens in
-  order; the drafter's first pass (``first_pass_rows``) holds every prefill token on
-  exactly one rank and the decodes on every rank, and ``first_pass_inputs`` /
-  ``split_prefill_for_draft`` give each of its rows its own token's id and restored
+- `all_ranks` (`vmap` over the rank) equals each rank's own static-rank step;
+- spec decode (configs with speculative tokens, decodes drafting `n - 1`): the rows
+  `spec_decode_indices` samples hold each request's last `drafts + 1` tokens and its
+  draft ids are the decodes' drafts; `decode_hidden_states` gives the decode tokens in
+  order; the drafter's first pass (`first_pass_rows`) holds every prefill token on
+  exactly one rank and the decodes on every rank, and `first_pass_inputs` /
+  `split_prefill_for_draft` give each of its rows its own token's id and restored
   hidden state (pads 0) and sample each request's last token. The runner then samples
-  through ``spec_decode_indices``, so ``get_logits_indices``' rows are checked without
+  through `spec_decode_indices`, so `get_logits_indices`' rows are checked without
   spec tokens only (the hybrid layout keeps vllm-ascend's token-major decode rows there).
 
-Then, for ``graph_pcp_sizes``: ``no_host_syncs``, ``torch.compile(fullgraph=True)``
+Then, for `graph_pcp_sizes`: `no_host_syncs`, `torch.compile(fullgraph=True)`
 with one graph per bucket (two batches of a bucket: one graph; a third bucket: one
-more), compiled equal to eager (``attention_runs`` after it too), and ``torch.export``
+more), compiled equal to eager (`attention_runs` after it too), and `torch.export`
 with static shapes; with spec
-tokens, the post-forward spec-decode prep (``spec_decode_indices``,
-``decode_hidden_states``, ``split_prefill_for_draft``, ``first_pass_inputs``) under
-``no_host_syncs`` and ``fullgraph=True``, compiled equal to eager.
+tokens, the post-forward spec-decode prep (`spec_decode_indices`,
+`decode_hidden_states`, `split_prefill_for_draft`, `first_pass_inputs`) under
+`no_host_syncs` and `fullgraph=True`, compiled equal to eager.
 A failure names the rule, the config, the batch, the rank and the first differing rows with
 their expected and actual values. The hypothesis batches are the same on every run (derandomized,
-or a ``seed=`` given) and no file is written. Needs ``hypothesis`` (the ``test`` extra).
+or a `seed=` given) and no file is written. Needs `hypothesis` (the `test` extra).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ EXCERPT_ROWS = 4  # a failure message shows the first few differing rows, then h
 
 
 def _config_text(cfg: PCPConfig) -> str:
-    """``P=2 (R=6, T=48, num_spec_tokens=1)``: the config a failure was found at."""
+    """`P=2 (R=6, T=48, num_spec_tokens=1)`: the config a failure was found at."""
     extra = f", num_spec_tokens={cfg.num_spec_tokens}" if cfg.num_spec_tokens else ""
     extra += f", dcp_size={cfg.dcp_size}" if cfg.dcp_size > 1 else ""
     return f"P={cfg.pcp_size} (R={cfg.max_num_reqs}, T={cfg.max_num_tokens}{extra})"
@@ -131,14 +132,14 @@ def _fail(rule: str, cfg: PCPConfig, b: Batch, detail: str, cause: BaseException
 
 
 def _excerpt(items: Sequence[str]) -> str:
-    """The first :data:`EXCERPT_ROWS` of ``items``, then how many more."""
+    """The first `EXCERPT_ROWS` of `items`, then how many more."""
     more = f"; and {len(items) - EXCERPT_ROWS} more" if len(items) > EXCERPT_ROWS else ""
     return "; ".join(items[:EXCERPT_ROWS]) + more
 
 
 def _differing(want: Any, got: Any, label: Any = "row {}".format, first: int = 0) -> str:
-    """``row 3: expected 5, got 7; ...``: the rows where ``got`` differs from ``want`` (arrays or lists
-    of rows; a row one of them lacks reads ``nothing``). ``label(l)`` names row ``first + l``."""
+    """`row 3: expected 5, got 7; ...`: the rows where `got` differs from `want` (arrays or lists
+    of rows; a row one of them lacks reads `nothing`). `label(l)` names row `first + l`."""
     want, got = np.atleast_1d(np.asarray(want)), np.atleast_1d(np.asarray(got))
     n = max(len(want), len(got))
     if want.shape[1:] == got.shape[1:]:
@@ -156,8 +157,8 @@ def _differing(want: Any, got: Any, label: Any = "row {}".format, first: int = 0
 
 @st.composite
 def batches(draw: Any, max_reqs: int, max_tokens: int, num_spec_tokens: int = 0) -> Batch:
-    """Decodes (context, ``1..1 + num_spec_tokens`` tokens), then fresh / chunked / empty prefills;
-    sometimes exactly ``max_reqs`` requests or exactly ``max_tokens`` tokens."""
+    """Decodes (context, `1..1 + num_spec_tokens` tokens), then fresh / chunked / empty prefills;
+    sometimes exactly `max_reqs` requests or exactly `max_tokens` tokens."""
     n_reqs = max_reqs if draw(st.booleans()) else draw(st.integers(0, max_reqs))
     n_dec = draw(st.integers(0, n_reqs))
     budget = max_tokens
@@ -185,8 +186,8 @@ def batches(draw: Any, max_reqs: int, max_tokens: int, num_spec_tokens: int = 0)
 
 
 def edge_batches(R: int, T: int) -> list[Batch]:
-    """The capacity edges: ``min(R, T)`` one-token prefills (the most local rows), one ``T``-token
-    prefill, ``R`` decodes, decodes then a prefill filling ``T``, and the empty batch."""
+    """The capacity edges: `min(R, T)` one-token prefills (the most local rows), one `T`-token
+    prefill, `R` decodes, decodes then a prefill filling `T`, and the empty batch."""
     k = min(R, T)
     out = [Batch((1,) * k, (0,) * k, (1,) * k), Batch((T,), (0,), (T,)), Batch((), (), ())]
     d = min(R, T)
@@ -207,13 +208,13 @@ def _shapes(tree: Any) -> list[Any]:
 
 
 def _tensor_leaves(tree: Any) -> list[tuple[str, torch.Tensor]]:
-    """``(path, tensor)`` of each tensor leaf: ``(".layout.positions", ...)``."""
+    """`(path, tensor)` of each tensor leaf: `(".layout.positions", ...)`."""
     leaves, _ = pytree.tree_flatten_with_path(tree)
     return [(pytree.keystr(k), x) for k, x in leaves if isinstance(x, torch.Tensor)]
 
 
 def _shape_diff(want: Any, got: Any) -> str:
-    """The leaves of ``got`` whose shape (or value, for a non-tensor leaf) differs from ``want``'s."""
+    """The leaves of `got` whose shape (or value, for a non-tensor leaf) differs from `want`'s."""
     w_leaves, w_spec = pytree.tree_flatten_with_path(want)
     g_leaves, g_spec = pytree.tree_flatten_with_path(got)
     if w_spec != g_spec:
@@ -232,10 +233,12 @@ def _shape_diff(want: Any, got: Any) -> str:
 
 
 def check_batch_exact(cfg: PCPConfig, b: Batch, *, fresh: Callable[..., PCPState] = init_state) -> None:
-    """Every exactness invariant of the layout on one batch (eager); raises :class:`LayoutCheckError`.
+    """Every exactness invariant of the layout on one batch (eager); raises
+    [`LayoutCheckError`][pcp_fn.testing.LayoutCheckError].
 
-    ``fresh(config, rank=...)`` makes each rank's state: :func:`pcp_fn.init_state` (which first runs
-    a new layout on its canonical batches), or :func:`pcp_fn.protocol.state.fresh_state` (which does
+    `fresh(config, rank=...)` makes each rank's state: [`pcp_fn.init_state`][] (which first runs
+    a new layout on its canonical batches), or
+    [`pcp_fn.protocol.state.fresh_state`][pcp_fn.protocol.fresh_state] (which does
     not: the rules then name the rows of this batch).
     """
     try:
@@ -245,8 +248,8 @@ def check_batch_exact(cfg: PCPConfig, b: Batch, *, fresh: Callable[..., PCPState
 
 
 def _refused(cfg: PCPConfig, error: LayoutError) -> NoReturn:
-    """``init_state`` refused the layout on one of its canonical batches, naming the rule and the
-    batch: the same rules, here, on those batches name the rows too (``error``'s message if not)."""
+    """`init_state` refused the layout on one of its canonical batches, naming the rule and the
+    batch: the same rules, here, on those batches name the rows too (`error`'s message if not)."""
     for counts in canonical_batches(cfg):
         b = Batch(*counts)
         bucket = _exact_bucket(cfg, b)  # init_state runs each in the bucket the layout's bound asks for
@@ -263,8 +266,8 @@ def _refused(cfg: PCPConfig, error: LayoutError) -> NoReturn:
 
 
 def _exact_bucket(cfg: PCPConfig, b: Batch) -> Bucket | None:
-    """The bucket of exactly the rows the layout's ``num_local_tokens`` asks for (``None``: a bound
-    ``make_batch`` refuses, which it then names)."""
+    """The bucket of exactly the rows the layout's `num_local_tokens` asks for (`None`: a bound
+    `make_batch` refuses, which it then names)."""
     sched, comp = np.asarray(b.sched, np.int64), np.asarray(b.comp, np.int64)
     try:
         bound = cfg.layout_impl.num_local_tokens(cfg, sched, _num_decodes(cfg, b), comp)
@@ -277,9 +280,9 @@ def _exact_bucket(cfg: PCPConfig, b: Batch) -> Bucket | None:
 def _exact_or_fail(
     cfg: PCPConfig, b: Batch, fresh: Callable[..., PCPState], bucket: Bucket | None = None
 ) -> None:
-    """The exactness rules on ``b`` (in ``bucket``) with the fresh states ``fresh(config, rank=...)``
-    makes; any error but a :class:`LayoutError` of ``init_state`` (re-raised) is a
-    :class:`LayoutCheckError`."""
+    """The exactness rules on `b` (in `bucket`) with the fresh states `fresh(config, rank=...)`
+    makes; any error but a [`LayoutError`][pcp_fn.protocol.LayoutError] of `init_state` (re-raised) is a
+    [`LayoutCheckError`][pcp_fn.testing.LayoutCheckError]."""
     try:
         _check_batch_exact(cfg, b, fresh, bucket)
     except LayoutCheckError:
@@ -296,8 +299,8 @@ def _exact_or_fail(
 def _check_batch_exact(
     cfg: PCPConfig, b: Batch, fresh: Callable[..., PCPState] = init_state, bucket: Bucket | None = None
 ) -> None:
-    """The exactness rules on one batch, in the module docstring's order (in ``bucket``, or the one
-    ``make_batch`` picks)."""
+    """The exactness rules on one batch, in the module docstring's order (in `bucket`, or the one
+    `make_batch` picks)."""
     total = sum(b.sched)
     slots = [SLOT_BASE + t for t in range(total)]
     batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=slots, bucket=bucket)
@@ -321,7 +324,7 @@ def _check_batch_exact(
 
 
 class _RankSteps(NamedTuple):
-    """A batch under check and every rank's own (static-rank) ``step`` of it."""
+    """A batch under check and every rank's own (static-rank) `step` of it."""
 
     batch: SchedulerBatch
     states: list[PCPState]  # [P] each rank's state after the step
@@ -329,14 +332,14 @@ class _RankSteps(NamedTuple):
 
 
 def _token_starts(b: Batch) -> np.ndarray:
-    """``[R + 1]`` int64: the first scheduler-order token of each request, then the total."""
+    """`[R + 1]` int64: the first scheduler-order token of each request, then the total."""
     return np.concatenate([[0], np.cumsum(b.sched)]).astype(np.int64)
 
 
 def _rank_steps(
     cfg: PCPConfig, b: Batch, batch: SchedulerBatch, fresh: Callable[..., PCPState]
 ) -> _RankSteps:
-    """Each rank's own step of ``batch``, checked equal to ``all_ranks`` (vmap over the rank) and
+    """Each rank's own step of `batch`, checked equal to `all_ranks` (vmap over the rank) and
     of the shapes an empty batch forced to the same bucket gives (fixed shapes)."""
     _, outs = all_ranks(step, fresh(cfg, rank=0), batch)
     states, rank_outs = [], []
@@ -370,12 +373,12 @@ def _rank_steps(
 def _check_rows(
     cfg: PCPConfig, b: Batch, steps: _RankSteps, bound: int
 ) -> tuple[np.ndarray, dict[tuple[int, int], list[int]]]:
-    """Capacity, ownership and positions of each rank's rows: at most ``bound``
-    (``num_local_tokens``) and ``L_b`` rows, grouped by request, counted by ``query_start_loc``
-    and ``pcp_tokens``, padding ``(0, 0)`` at the tail, positions ``num_computed + offset``.
+    """Capacity, ownership and positions of each rank's rows: at most `bound`
+    (`num_local_tokens`) and `L_b` rows, grouped by request, counted by `query_start_loc`
+    and `pcp_tokens`, padding `(0, 0)` at the tail, positions `num_computed + offset`.
 
-    Returns ``codes [P, L_b]`` (each real row's scheduler-order token, -1 elsewhere) and the
-    ranks holding each ``(request, offset)``.
+    Returns `codes [P, L_b]` (each real row's scheduler-order token, -1 elsewhere) and the
+    ranks holding each `(request, offset)`.
     """
     P, R = cfg.pcp_size, len(b.sched)
     starts = _token_starts(b)
@@ -400,15 +403,15 @@ def _check_rows(
 
 
 def _local_rows(request: np.ndarray, offset: np.ndarray, num_rows: int) -> Callable[[int], str]:
-    """The label of each local row: ``row 3 (request 1, offset 2)``, ``padding row 9``."""
+    """The label of each local row: `row 3 (request 1, offset 2)`, `padding row 9`."""
     return lambda l: (
         f"row {l} (request {request[l]}, offset {offset[l]})" if l < num_rows else f"padding row {l}"
     )
 
 
 def _check_rank_rows(cfg: PCPConfig, b: Batch, bucket: Bucket, r: int, out: StepOutputs, bound: int) -> None:
-    """Rank ``r``'s rows: at most ``bound`` and ``L_b``, grouped by request (requests of ``b``),
-    counted by ``query_start_loc`` and ``pcp_tokens``, padding ``(0, 0)`` at the tail."""
+    """Rank `r`'s rows: at most `bound` and `L_b`, grouped by request (requests of `b`),
+    counted by `query_start_loc` and `pcp_tokens`, padding `(0, 0)` at the tail."""
     R, Rb, Lb = len(b.sched), bucket.num_reqs, bucket.num_tokens
     n_r = int(out.layout.num_tokens)
     req, pos = _np(out.layout.request_index), _np(out.layout.positions)
@@ -449,7 +452,7 @@ def _check_rank_rows(cfg: PCPConfig, b: Batch, bucket: Bucket, r: int, out: Step
 def _add_holder(
     held: dict[tuple[int, int], list[int]], r: int, request: np.ndarray, offset: np.ndarray
 ) -> None:
-    """Rank ``r`` holds token ``offset[l]`` of request ``request[l]``, for every ``l``."""
+    """Rank `r` holds token `offset[l]` of request `request[l]`, for every `l`."""
     for i, o in zip(request.tolist(), offset.tolist()):
         held.setdefault((i, o), []).append(r)
 
@@ -462,10 +465,10 @@ def _rightly_held(ranks: list[int], replicated: bool, P: int) -> bool:
 def _source_ranks(
     cfg: PCPConfig, b: Batch, held: dict[tuple[int, int], list[int]], whole: np.ndarray, cut_note: str = ""
 ) -> np.ndarray:
-    """``[total]`` the rank each token's restored row must be read from: rank 0's copy of a
-    replicated (``whole``) request's token, the owner's of any other. Checks every scheduled token
-    is on the ranks it should be, and ``held`` (emptied) names no other token. ``cut_note``: what a
-    token on no rank may mean (:func:`_cut_note`)."""
+    """`[total]` the rank each token's restored row must be read from: rank 0's copy of a
+    replicated (`whole`) request's token, the owner's of any other. Checks every scheduled token
+    is on the ranks it should be, and `held` (emptied) names no other token. `cut_note`: what a
+    token on no rank may mean (`_cut_note`)."""
     starts = _token_starts(b)
     source = np.zeros(sum(b.sched), np.int64)
     wrong = _wrongly_held(cfg, b, held, whole)
@@ -484,7 +487,7 @@ def _source_ranks(
 
 def _cut_note(steps: _RankSteps, bound: int) -> str:
     """For a token on no rank: the ranks whose rows fill the bucket, where a layout's rows past
-    ``L_b`` are cut (a :class:`pcp_fn.PartitionLayout`'s), with the capacity hint; ``""`` if none."""
+    `L_b` are cut (a [`pcp_fn.PartitionLayout`][]'s), with the capacity hint; `""` if none."""
     Lb = steps.batch.bucket.num_tokens
     full = [r for r, out in enumerate(steps.outs) if int(out.layout.num_tokens) >= Lb]
     if not full:
@@ -498,8 +501,8 @@ def _cut_note(steps: _RankSteps, bound: int) -> str:
 def _wrongly_held(
     cfg: PCPConfig, b: Batch, held: dict[tuple[int, int], list[int]], whole: np.ndarray, where: str = ""
 ) -> list[str]:
-    """``token j of request i is on ranks [...], expected ...`` for each scheduled token ``held`` has
-    on the wrong ranks (every rank for a ``whole`` request's token, exactly one for any other)."""
+    """`token j of request i is on ranks [...], expected ...` for each scheduled token `held` has
+    on the wrong ranks (every rank for a `whole` request's token, exactly one for any other)."""
     P, every = cfg.pcp_size, list(range(cfg.pcp_size))
     wrong = []
     for i, n in enumerate(b.sched):
@@ -512,16 +515,16 @@ def _wrongly_held(
 
 
 def _span_rows(i: int, first: int) -> Callable[[int], str]:
-    """The label of each restored row of request ``i``, whose first is ``first``."""
+    """The label of each restored row of request `i`, whose first is `first`."""
     return lambda l: f"restored row {l} (token {l - first} of request {i})"
 
 
 def _check_restore(
     cfg: PCPConfig, b: Batch, steps: _RankSteps, codes: np.ndarray, source: np.ndarray
 ) -> np.ndarray:
-    """``restore_hidden_states`` of the rank-major all-gather of ``codes`` (each rank's token codes)
-    puts every token once, in request order, at the rows ``restored_spans`` names, each read from
-    its ``source`` rank (the all-gather of each row's rank says). Returns the restored codes ``[G_b]``."""
+    """`restore_hidden_states` of the rank-major all-gather of `codes` (each rank's token codes)
+    puts every token once, in request order, at the rows `restored_spans` names, each read from
+    its `source` rank (the all-gather of each row's rank says). Returns the restored codes `[G_b]`."""
     P, R, Lb = cfg.pcp_size, len(b.sched), steps.batch.bucket.num_tokens
     G = P * Lb
     starts = _token_starts(b)
@@ -587,8 +590,8 @@ def _check_restore(
 
 
 def _check_logits(cfg: PCPConfig, b: Batch, steps: _RankSteps, restored: np.ndarray) -> None:
-    """``get_logits_indices`` equals step's ``logits_indices``, whose row of each request holds (a
-    copy of) its last token in the ``restored`` codes; rows past ``num_reqs`` are 0."""
+    """`get_logits_indices` equals step's `logits_indices`, whose row of each request holds (a
+    copy of) its last token in the `restored` codes; rows past `num_reqs` are 0."""
     R, G = len(b.sched), cfg.pcp_size * steps.batch.bucket.num_tokens
     starts = _token_starts(b)
     logits = _np(steps.outs[0].logits_indices)
@@ -624,8 +627,8 @@ def _check_logits(cfg: PCPConfig, b: Batch, steps: _RankSteps, restored: np.ndar
 
 
 def _check_slots(cfg: PCPConfig, b: Batch, steps: _RankSteps, r: int) -> None:
-    """Rank ``r``'s ``[P * L_b]`` slot mapping holds every scheduled slot exactly once,
-    ``pad_slot_id`` elsewhere, and ``padded_slot_mapping`` gives the same."""
+    """Rank `r`'s `[P * L_b]` slot mapping holds every scheduled slot exactly once,
+    `pad_slot_id` elsewhere, and `padded_slot_mapping` gives the same."""
     G = cfg.pcp_size * steps.batch.bucket.num_tokens
     sm = _np(steps.outs[r].slot_mapping)
     if sm.shape != (G,):
@@ -644,7 +647,7 @@ def _check_slots(cfg: PCPConfig, b: Batch, steps: _RankSteps, r: int) -> None:
 
 
 def _slot_errors(sm: np.ndarray, want: np.ndarray, pad: int) -> str:
-    """The slots ``sm`` lacks, holds twice, or holds that are no scheduled token's, with their rows."""
+    """The slots `sm` lacks, holds twice, or holds that are no scheduled token's, with their rows."""
     errors = []
     for slot in want:
         rows = np.flatnonzero(sm == slot).tolist()
@@ -657,8 +660,8 @@ def _slot_errors(sm: np.ndarray, want: np.ndarray, pad: int) -> str:
 
 
 def _expected_runs(b: Batch, req: np.ndarray, offset: np.ndarray) -> list[list[int]]:
-    """``[first_row, rows, request, is_pad, keys]`` of each run of a rank's real rows, one row at a time
-    (the ownership rule has checked every ``req`` is a request of ``b``)."""
+    """`[first_row, rows, request, is_pad, keys]` of each run of a rank's real rows, one row at a time
+    (the ownership rule has checked every `req` is a request of `b`)."""
     runs: list[list[int]] = []
     for row, (i, o) in enumerate(zip(req.tolist(), offset.tolist())):
         pad = int(o >= b.sched[i])
@@ -705,10 +708,10 @@ def _check_attention_runs(cfg: PCPConfig, b: Batch, r: int, st_r: PCPState, out:
 def _check_spec(
     cfg: PCPConfig, b: Batch, states: list, codes: np.ndarray, is_decode: np.ndarray, whole: np.ndarray
 ) -> None:
-    """The spec-decode prep (:mod:`pcp_fn.spec`) under the layout, against per-token codes.
+    """The spec-decode prep ([`pcp_fn.spec`][]) under the layout, against per-token codes.
 
-    Token ``t`` (scheduler order) has id and hidden state ``t + 1`` (0: none), so every row
-    the ops return says which token it carries. A decode drafts ``n - 1`` tokens.
+    Token `t` (scheduler order) has id and hidden state `t + 1` (0: none), so every row
+    the ops return says which token it carries. A decode drafts `n - 1` tokens.
     """
     case = _spec_case(cfg, b, states[0], codes, is_decode)
     seen: dict[tuple[int, int], list[int]] = {}
@@ -725,8 +728,8 @@ def _check_spec(
 
 
 class _SpecCase(NamedTuple):
-    """One batch under the spec-decode rules: token ``t`` (scheduler order) has id and hidden
-    state ``t + 1`` (0: none)."""
+    """One batch under the spec-decode rules: token `t` (scheduler order) has id and hidden
+    state `t + 1` (0: none)."""
 
     cfg: PCPConfig
     b: Batch
@@ -744,7 +747,7 @@ class _SpecCase(NamedTuple):
 def _spec_case(
     cfg: PCPConfig, b: Batch, st0: PCPState, codes: np.ndarray, is_decode: np.ndarray
 ) -> _SpecCase:
-    """The spec ops' inputs for ``b``: the ids and hidden states of its tokens (``codes``: each
+    """The spec ops' inputs for `b`: the ids and hidden states of its tokens (`codes`: each
     rank's rows' scheduler-order tokens, -1 elsewhere), its decodes and their draft counts."""
     R, Rb = len(b.sched), st0.bucket.num_reqs
     starts = _token_starts(b)
@@ -760,8 +763,8 @@ def _spec_case(
 
 
 def _check_spec_indices(case: _SpecCase, r: int, state: PCPState) -> SpecDecodeIndices:
-    """What the runner samples (``spec_decode_indices``, drafts read from the rank's rows): each
-    request's last ``drafts + 1`` tokens, and the decodes' draft tokens as draft ids."""
+    """What the runner samples (`spec_decode_indices`, drafts read from the rank's rows): each
+    request's last `drafts + 1` tokens, and the decodes' draft tokens as draft ids."""
     cfg, b, starts, drafts = case.cfg, case.b, case.starts, case.drafts
     _, idx = spec_decode_indices(state, drafts, case.code[r])
     ns, nd = int(idx.num_sampled), int(idx.num_drafts)
@@ -790,7 +793,7 @@ def _check_spec_indices(case: _SpecCase, r: int, state: PCPState) -> SpecDecodeI
 
 
 def _check_decode_hidden_states(case: _SpecCase, r: int, state: PCPState) -> None:
-    """``decode_hidden_states``: the decode tokens' hidden states in order, without the replication."""
+    """`decode_hidden_states`: the decode tokens' hidden states in order, without the replication."""
     b, starts = case.b, case.starts
     want = np.concatenate(
         [starts[i] + 1 + np.arange(n) for i, n in enumerate(b.sched) if case.decode[i]] + [[]]
@@ -807,7 +810,7 @@ def _check_decode_hidden_states(case: _SpecCase, r: int, state: PCPState) -> Non
 
 
 class _DraftRows(NamedTuple):
-    """A rank's rows of the drafter's first pass (the layout's ``first_pass_rows``)."""
+    """A rank's rows of the drafter's first pass (the layout's `first_pass_rows`)."""
 
     request: np.ndarray  # [L_b] request of each row
     offset: np.ndarray  # [L_b] the row's offset inside its request's padded tokens
@@ -818,7 +821,7 @@ class _DraftRows(NamedTuple):
 
 
 def _first_pass_rows(case: _SpecCase, state: PCPState) -> _DraftRows:
-    """The layout's first-pass rows of ``state``'s rank and the token each must carry."""
+    """The layout's first-pass rows of `state`'s rank and the token each must carry."""
     R, Rb = len(case.b.sched), case.bucket.num_reqs
     rows = case.cfg.layout_impl.first_pass_rows(state)
     req, off, valid = _np(rows.request), _np(rows.position), _np(rows.valid)
@@ -835,8 +838,8 @@ def _first_pass_rows(case: _SpecCase, state: PCPState) -> _DraftRows:
 def _check_first_pass(
     case: _SpecCase, r: int, state: PCPState, idx: SpecDecodeIndices, rows: _DraftRows
 ) -> None:
-    """``first_pass_inputs`` gives the first pass the layout's rows, each with its own token's id and
-    restored hidden state (pads 0), and samples each request's last token (``P > 1``; at ``P = 1``
+    """`first_pass_inputs` gives the first pass the layout's rows, each with its own token's id and
+    restored hidden state (pads 0), and samples each request's last token (`P > 1`; at `P = 1`
     it passes its inputs through)."""
     cfg, b, P, R = case.cfg, case.b, case.cfg.pcp_size, len(case.b.sched)
     tis = idx.bonus_logits_indices  # a decode samples its bonus token
@@ -881,7 +884,7 @@ def _check_first_pass(
 
 
 def _check_split_prefill(case: _SpecCase, r: int, state: PCPState, rows: _DraftRows) -> None:
-    """``split_prefill_for_draft``: the first-pass rows after the decodes', with their tokens."""
+    """`split_prefill_for_draft`: the first-pass rows after the decodes', with their tokens."""
     cfg, b, decode = case.cfg, case.b, case.decode
     _, sp = split_prefill_for_draft(state, case.full, case.hidden)
     D = int(case.sched[decode].sum())
@@ -927,7 +930,7 @@ def _counting_backend() -> tuple[list[int], Any]:
 
 
 def check_graphs(cfg: PCPConfig, R: int, T: int) -> None:
-    """No host sync, ``fullgraph=True`` compile with one graph per bucket (equal to eager), export."""
+    """No host sync, `fullgraph=True` compile with one graph per bucket (equal to eager), export."""
     b1 = Batch((1, T - 1), (5, 0), (3, T - 1)) if T > 1 else Batch((1,), (0,), (1,))
     b2 = Batch((T - 1, 1), (0, 0), (T - 1, 1)) if T > 1 else Batch((1,), (3,), (1,))
     made = []
@@ -963,13 +966,13 @@ def check_graphs(cfg: PCPConfig, R: int, T: int) -> None:
 
 
 def _graph_failure(cfg: PCPConfig) -> str:
-    """``layout 'x' fails the graph checks at P=2 (R=6, T=48)``: how a graph failure starts."""
+    """`layout 'x' fails the graph checks at P=2 (R=6, T=48)`: how a graph failure starts."""
     return f"layout {cfg.layout_name!r} fails the graph checks at {_config_text(cfg)}"
 
 
 def _module_hint(error: BaseException) -> str:
-    """What to do when Dynamo could not import a traced function's module (``""`` for any other
-    error): it imports each module by the name its globals hold (``__name__``)."""
+    """What to do when Dynamo could not import a traced function's module (`""` for any other
+    error): it imports each module by the name its globals hold (`__name__`)."""
     seen: BaseException | None = error
     while seen is not None and not isinstance(seen, ModuleNotFoundError):
         seen = seen.__cause__ or seen.__context__
@@ -987,8 +990,8 @@ def _module_hint(error: BaseException) -> str:
 def _eager_and_compiled(
     cfg: PCPConfig, what: str, fn: Any, calls: list[tuple[Any, ...]]
 ) -> tuple[list[Any], list[int]]:
-    """``fn(*args)`` for each ``args`` of ``calls`` under ``no_host_syncs``, then compiled with
-    ``fullgraph=True`` (equal to eager); returns the eager outputs and the graphs made so far
+    """`fn(*args)` for each `args` of `calls` under `no_host_syncs`, then compiled with
+    `fullgraph=True` (equal to eager); returns the eager outputs and the graphs made so far
     after each compiled call."""
     try:
         with no_host_syncs():
@@ -1037,7 +1040,7 @@ def _draft_prep(
 
 
 def check_spec_graphs(cfg: PCPConfig, R: int, T: int) -> None:
-    """The spec-decode prep under the layout: no host sync, ``fullgraph=True``, compiled equal to eager."""
+    """The spec-decode prep under the layout: no host sync, `fullgraph=True`, compiled equal to eager."""
     b = Batch((2, T - 2), (7, 0), (6, T - 2)) if T > 2 else Batch((1,), (0,), (1,))
     batch = make_batch(cfg, b.sched, b.comp, b.prompt, slot_mapping=range(sum(b.sched)), bucket=cfg.capacity)
     state, _ = step(init_state(cfg), batch)
@@ -1064,35 +1067,37 @@ def check_layout(
     dcp_size: int = 1,
     seed: int | None = None,
 ) -> None:
-    """Check ``layout`` against the :class:`pcp_fn.Layout` invariants (module docstring).
+    """Check `layout` against the [`pcp_fn.Layout`][] invariants (module docstring).
 
-    With the defaults it runs 80 capacity-edge batches (5 at each ``P`` and spec count), 20
-    hypothesis batches and the graph checks at ``P = 2``: a few seconds on a CPU. Every run draws
-    the same batches (hypothesis' ``derandomize``); it writes no file (no ``.hypothesis/`` folder).
+    With the defaults it runs 80 capacity-edge batches (5 at each `P` and spec count), 20
+    hypothesis batches and the graph checks at `P = 2`: a few seconds on a CPU. Every run draws
+    the same batches (hypothesis' `derandomize`); it writes no file (no `.hypothesis/` folder).
 
     Args:
-        layout: a :class:`pcp_fn.Layout` object, registered under its ``name`` if it is not yet
-            (:func:`pcp_fn.register_layout`: another instance of the same class, a re-run notebook
+        layout: a [`pcp_fn.Layout`][] object, registered under its `name` if it is not yet
+            ([`pcp_fn.register_layout`][]: another instance of the same class, a re-run notebook
             cell, replaces the one registered), or the name of a registered or built-in layout.
-        pcp_sizes: the ``P`` values of the exactness checks: each hypothesis batch draws one, the
+        pcp_sizes: the `P` values of the exactness checks: each hypothesis batch draws one, the
             capacity edges run at each. Empty: no exactness check (the graph checks alone).
-        max_examples: how many hypothesis batches (drawn over ``pcp_sizes`` and the spec counts).
+        max_examples: how many hypothesis batches (drawn over `pcp_sizes` and the spec counts).
             0: none (the capacity edges and graph checks alone). More examples, more batch shapes.
-        max_num_reqs, max_num_tokens: every config's ``R`` (request rows) and ``T`` (tokens of a
-            step); the batches fill them, the capacity edges reach them exactly.
+        max_num_reqs: every config's `R` (request rows); the batches fill it, the capacity
+            edges reach it exactly.
+        max_num_tokens: every config's `T` (tokens of a step); the batches fill it, the
+            capacity edges reach it exactly.
         num_spec_tokens: the configs have 0 or this many speculative tokens (each batch draws one;
-            decodes of ``1 .. 1 + num_spec_tokens`` tokens, drafting ``n - 1``); with spec tokens the
+            decodes of `1 .. 1 + num_spec_tokens` tokens, drafting `n - 1`); with spec tokens the
             spec-decode prep is checked too. 0: no speculative decoding (a layout that refuses spec
-            tokens in its ``check_config``, like ``"mrv2-sharded"``, needs it).
-        graph_pcp_sizes: the ``P`` values of the graph checks (no host sync, one
-            ``torch.compile(fullgraph=True)`` graph per bucket, ``torch.export``; about a second each).
-            Empty: no graph check. A layout from a file run by path (``runpy.run_path``) has its
-            module put in ``sys.modules`` for them, where Dynamo imports it.
-        edges: also run the capacity-edge batches at every ``P`` of ``pcp_sizes`` and spec count.
+            tokens in its `check_config`, like `"mrv2-sharded"`, needs it).
+        graph_pcp_sizes: the `P` values of the graph checks (no host sync, one
+            `torch.compile(fullgraph=True)` graph per bucket, `torch.export`; about a second each).
+            Empty: no graph check. A layout from a file run by path (`runpy.run_path`) has its
+            module put in `sys.modules` for them, where Dynamo imports it.
+        edges: also run the capacity-edge batches at every `P` of `pcp_sizes` and spec count.
         dcp_size: every config's decode context parallelism (a layout may split differently under it).
-        seed: a random seed for the hypothesis batches: the same ``seed=`` draws the same batches
-            on every run, another value others. ``None`` (default): derandomized, the same batches
-            on every run (hypothesis' ``derandomize=True``).
+        seed: a random seed for the hypothesis batches: the same `seed=` draws the same batches
+            on every run, another value others. `None` (default): derandomized, the same batches
+            on every run (hypothesis' `derandomize=True`).
 
     Raises:
         LayoutCheckError: the layout breaks a rule. The message names the rule, the config and
@@ -1100,8 +1105,8 @@ def check_layout(
             and the first differing rows, each with its expected and its actual value.
         ValueError / TypeError: an argument out of its range, a name that is neither registered
             nor built in, a layout object whose name another layout holds (the message says how to
-            free it), or a config the layout refuses (its ``check_config``: pass the ``pcp_sizes``,
-            ``num_spec_tokens`` and ``dcp_size`` it serves).
+            free it), or a config the layout refuses (its `check_config`: pass the `pcp_sizes`,
+            `num_spec_tokens` and `dcp_size` it serves).
     """
     _check_arguments(pcp_sizes, graph_pcp_sizes, max_examples, num_spec_tokens, edges, random_seed=seed)
     name = _registered_name(layout)
@@ -1140,8 +1145,8 @@ def _check_arguments(
     edges: Any,
     random_seed: Any,
 ) -> None:
-    """``TypeError`` / ``ValueError`` naming the :func:`check_layout` argument out of its range (the
-    configs' own fields are :class:`pcp_fn.PCPConfig`'s to check)."""
+    """`TypeError` / `ValueError` naming the [`check_layout`][pcp_fn.testing.check_layout] argument
+    out of its range (the configs' own fields are [`pcp_fn.PCPConfig`][]'s to check)."""
     for key, sizes in (("pcp_sizes", pcp_sizes), ("graph_pcp_sizes", graph_pcp_sizes)):
         if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence):
             raise TypeError(f"check_layout: {key} must be a sequence of ints, got {sizes!r}")
@@ -1157,7 +1162,7 @@ def _check_arguments(
 
 
 def _registered_name(layout: Layout | str) -> str:
-    """The registry name of ``layout``, registering a layout object under it."""
+    """The registry name of `layout`, registering a layout object under it."""
     if isinstance(layout, str):
         return get_layout(layout).name  # ValueError naming the registered layouts
     try:
@@ -1172,8 +1177,8 @@ def _registered_name(layout: Layout | str) -> str:
 def _configs(
     name: str, sizes: Sequence[int], spec_counts: Sequence[int], R: int, T: int, dcp_size: int
 ) -> dict[tuple[int, int], PCPConfig]:
-    """``(P, spec tokens) -> PCPConfig`` of every config the checks run, made before any runs: a
-    config the layout refuses (its ``check_config``) is an argument error, named at once."""
+    """`(P, spec tokens) -> PCPConfig` of every config the checks run, made before any runs: a
+    config the layout refuses (its `check_config`) is an argument error, named at once."""
     configs = {}
     for P in sizes:
         for spec in spec_counts:
@@ -1197,9 +1202,10 @@ def _check_examples(
     max_examples: int,
     random_seed: int | None,
 ) -> None:
-    """``check_batch_exact`` on ``max_examples`` hypothesis batches: the same batches every run (the
-    ``seed=`` given, or derandomized), no file written, one :class:`LayoutCheckError` raised (the
-    smallest failing batch's), not an exception group of every distinct failure."""
+    """`check_batch_exact` on `max_examples` hypothesis batches: the same batches every run (the
+    `seed=` given, or derandomized), no file written, one
+    [`LayoutCheckError`][pcp_fn.testing.LayoutCheckError] raised (the smallest failing batch's), not
+    an exception group of every distinct failure."""
 
     @settings(
         parent=settings.get_profile("default"),  # whatever profile the caller's tests load
@@ -1225,8 +1231,8 @@ def _check_examples(
 
 @contextlib.contextmanager
 def _hypothesis_scratch_home() -> Iterator[None]:
-    """Hypothesis keeps a cache of the local modules' constants under ``.hypothesis/`` in the current
-    folder, even with ``database=None``: it goes to a temporary folder, removed after the run."""
+    """Hypothesis keeps a cache of the local modules' constants under `.hypothesis/` in the current
+    folder, even with `database=None`: it goes to a temporary folder, removed after the run."""
     previous = getattr(hypothesis_configuration, "__hypothesis_home_directory", None)
     with tempfile.TemporaryDirectory(prefix="pcp_fn_check_layout_") as scratch:
         hypothesis_configuration.set_hypothesis_home_dir(scratch)
@@ -1239,9 +1245,9 @@ def _hypothesis_scratch_home() -> Iterator[None]:
 @contextlib.contextmanager
 def _importable_modules(layout: object) -> Iterator[None]:
     """Dynamo reads a traced function's globals through its module, imported by the name the globals
-    hold (``__name__``): a layout run from a file by path (``runpy.run_path``; importlib without
-    ``sys.modules[name] = module``) has a module no import finds, and every graph check would fail
-    with ``ModuleNotFoundError``. For the graph checks, such a module is put in ``sys.modules`` (the
+    hold (`__name__`): a layout run from a file by path (`runpy.run_path`; importlib without
+    `sys.modules[name] = module`) has a module no import finds, and every graph check would fail
+    with `ModuleNotFoundError`. For the graph checks, such a module is put in `sys.modules` (the
     layout's package module itself, or a module holding the same globals) and taken out after."""
     package = getattr(layout, "package", None)
     added: dict[str, types.ModuleType] = {}
@@ -1265,7 +1271,7 @@ def _importable_modules(layout: object) -> Iterator[None]:
 
 def _code_scopes(layout: object) -> list[dict[str, Any]]:
     """The globals of the layout's own functions: its class's and bases' methods, the functions it
-    holds (a :class:`pcp_fn.PackageLayout`'s), its package module's."""
+    holds (a [`pcp_fn.PackageLayout`][]'s), its package module's."""
     found = [*getattr(layout, "__dict__", {}).values()]
     for cls in type(layout).__mro__:
         found += vars(cls).values()
@@ -1283,10 +1289,10 @@ def _code_scopes(layout: object) -> list[dict[str, Any]]:
 
 
 def _forget_dynamo_imports(modules: list[types.ModuleType]) -> None:
-    """Dynamo keeps each module it imported by name, in a cache (``_import_module``) and as an
-    ``__import_<name>`` global of the module it traced: drop ``modules`` from both (private, where
+    """Dynamo keeps each module it imported by name, in a cache (`_import_module`) and as an
+    `__import_<name>` global of the module it traced: drop `modules` from both (private, where
     this torch has them), so that a later check of a module of the same name (every file
-    ``runpy.run_path`` runs is ``<run_path>``) imports its own."""
+    `runpy.run_path` runs is `<run_path>`) imports its own."""
     cached = getattr(getattr(torch._dynamo, "symbolic_convert", None), "_import_module", None)
     if callable(getattr(cached, "cache_clear", None)):
         cached.cache_clear()

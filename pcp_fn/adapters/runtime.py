@@ -2,29 +2,27 @@
 
 An adapter (the vLLM MRV2 bookkeeping, vllm-ascend's DualChunkSwap device
 graphs) declares each device function of each rung of its ladder as a
-:class:`GraphCall`: the function, the persistent buffers it writes (``fixed``)
-and the staging inputs it reads (``staged``). The runtime then owns what every
+[`GraphCall`][pcp_fn.adapters.runtime.GraphCall]: the function, the persistent buffers it writes (`fixed`)
+and the staging inputs it reads (`staged`). The runtime then owns what every
 adapter needs around them, once:
 
-- :meth:`GraphRuntime.prepare` (start-up): every call's graph made
-  (:func:`pcp_fn.graph.capture`: a CUDA / NPU graph, ``torch.compile``, or an
+- [`GraphRuntime.prepare`][pcp_fn.adapters.runtime.GraphRuntime.prepare] (start-up): every call's graph made
+  ([`pcp_fn.graph.capture`][pcp_fn.graph.capture.capture]: a CUDA / NPU graph, `torch.compile`, or an
   AOTInductor package loaded from the disk cache when there is one), bound to
-  its staging inputs (``Captured.bind``: a replay has no signature lookup) and
+  its staging inputs (`Captured.bind`: a replay has no signature lookup) and
   run once, so no step compiles;
-- :meth:`GraphRuntime.run` (a step): one replay; a call without a graph runs
-  eagerly, logged once and counted in ``stats.fallbacks``;
-- the host-sync guard (:meth:`GraphRuntime.guard`, and around every plain
-  call), and :class:`~pcp_fn.adapters.backend.GraphStats`.
-
-::
+- [`GraphRuntime.run`][pcp_fn.adapters.runtime.GraphRuntime.run] (a step): one replay; a call
+  without a graph runs eagerly, logged once and counted in `stats.fallbacks`;
+- the host-sync guard ([`GraphRuntime.guard`][pcp_fn.adapters.runtime.GraphRuntime.guard], and
+  around every plain call), and [`GraphStats`][pcp_fn.adapters.backend.GraphStats].
 
     runtime = GraphRuntime("inductor", device)
     call = runtime.add(("step", bucket), step_into, fixed=(state, out), staged=(packed,))
     runtime.prepare()      # start-up: one graph per call, bound to `packed`
-    ...                    # a step writes `packed` (a :class:`Staging` buffer) in place
-    runtime.run(call)      # and replays
+    ...                    # a step writes `packed` (a [`Staging`][pcp_fn.adapters.runtime.Staging]
+    buffer) in place runtime.run(call)      # and replays
 
-With ``backend=None`` nothing is compiled: :meth:`run` makes plain calls.
+With `backend=None` nothing is compiled: [`run`][pcp_fn.adapters.runtime.GraphRuntime.run] makes plain calls.
 """
 
 from __future__ import annotations
@@ -52,19 +50,20 @@ _NO_GUARD = contextlib.nullcontext()  # reusable
 
 @dataclasses.dataclass(eq=False, slots=True)
 class GraphCall:
-    """One device function of one rung, bound to its buffers (made by :meth:`GraphRuntime.add`).
+    """One device function of one rung, bound to its buffers (made by
+    [`GraphRuntime.add`][pcp_fn.adapters.runtime.GraphRuntime.add]).
 
     Attributes:
-        key: names the call in logs (``("step", bucket)``...).
-        fn: ``fn(*fixed, *staged)`` writes its results into ``fixed``'s buffers, returns nothing.
+        key: names the call in logs (`("step", bucket)`...).
+        fn: `fn(*fixed, *staged)` writes its results into `fixed`'s buffers, returns nothing.
         fixed: the persistent arguments (state, output buffers: pytrees of tensors).
         staged: the staging inputs, the tensors a graph reads at each replay.
-        graph_key: calls with one ``graph_key`` share a graph (they differ in ``staged`` only);
+        graph_key: calls with one `graph_key` share a graph (they differ in `staged` only);
             it also names the AOTInductor package.
         in_place: the staging inputs are always these tensors: a device graph reads them
-            in place (``capture(persistent_inputs=True)``), a replay copies nothing.
-        step: a run of this call is a step (counted in ``stats.steps``).
-        bound: the replay (a bound graph, or the plain call), ``None`` until made.
+            in place (`capture(persistent_inputs=True)`), a replay copies nothing.
+        step: a run of this call is a step (counted in `stats.steps`).
+        bound: the replay (a bound graph, or the plain call), `None` until made.
         fallback: it runs eagerly although the runtime has a backend (no graph was made).
     """
 
@@ -87,18 +86,20 @@ class GraphRuntime:
     """The graphs of one adapter instance.
 
     Args:
-        backend: ``None`` (plain calls), ``"aoti"`` (AOTInductor packages), or a
-            ``torch.compile`` backend (device graphs on CUDA / NPU):
-            :func:`pcp_fn.adapters.backend.resolve_graph_backend`'s value.
+        backend: `None` (plain calls), `"aoti"` (AOTInductor packages), or a
+            `torch.compile` backend (device graphs on CUDA / NPU):
+            [`pcp_fn.adapters.backend.resolve_graph_backend`][]'s value.
         device: where the graphs run.
-        check_host_syncs: run every plain call, and :meth:`guard`'s blocks, under
-            :func:`pcp_fn.graph.no_host_syncs` (a graph was checked when it was
-            traced; ``torch.compile`` refuses to run under the detector).
-        package_dir: ``backend="aoti"``: a directory caching one package per graph
-            (:meth:`package_path`); ``None``: compiled into a temporary file each time.
-        package_prefix, package_key: name the packages (the adapter's config: a
-            package is reused only for the same config, graph, device type, torch
-            and pcp_fn sources).
+        check_host_syncs: run every plain call, and
+            [`guard`][pcp_fn.adapters.runtime.GraphRuntime.guard]'s blocks, under
+            [`pcp_fn.graph.no_host_syncs`][pcp_fn.no_host_syncs] (a graph was checked when it was
+            traced; `torch.compile` refuses to run under the detector).
+        package_dir: `backend="aoti"`: a directory caching one package per graph
+            ([`package_path`][pcp_fn.adapters.runtime.GraphRuntime.package_path]); `None`: compiled
+            into a temporary file each time.
+        package_prefix: the first part of the packages' names.
+        package_key: the rest of what names the packages (the adapter's config: a package is
+            reused only for the same config, graph, device type, torch and pcp_fn sources).
     """
 
     def __init__(
@@ -136,7 +137,9 @@ class GraphRuntime:
         in_place: bool = True,
         step: bool = False,
     ) -> GraphCall:
-        """Declare one call (made by the next :meth:`prepare`; run by :meth:`run`)."""
+        """Declare one call (made by the next
+        [`prepare`][pcp_fn.adapters.runtime.GraphRuntime.prepare]; run by
+        [`run`][pcp_fn.adapters.runtime.GraphRuntime.run])."""
         call = GraphCall(key, fn, fixed, staged, key if graph_key is None else graph_key, in_place, step)
         self.calls.append(call)
         return call
@@ -144,7 +147,7 @@ class GraphRuntime:
     def prepare(self, calls: Iterable[GraphCall] | None = None) -> GraphStats:
         """Make the graph of every call not made yet (default: all declared) now, at start-up, and
         run each once on what is staged (the graphs write their persistent buffers: call it
-        before serving, not inside a step). A no-op with ``backend=None``."""
+        before serving, not inside a step). A no-op with `backend=None`."""
         if self.backend is None:
             return self.stats
         start = time.perf_counter()
@@ -176,8 +179,8 @@ class GraphRuntime:
         return captured.bind(*args)
 
     def package_path(self, graph_key: Hashable) -> str:
-        """The AOTInductor package of a graph in :attr:`package_dir`, named by all it depends on:
-        the adapter's config (``package_key``), the graph, the device type, torch's version and
+        """The AOTInductor package of a graph in `package_dir`, named by all it depends on:
+        the adapter's config (`package_key`), the graph, the device type, torch's version and
         pcp_fn's sources."""
         assert self.package_dir is not None
         name = package_name(self.package_prefix, *self.package_key, graph_key, self.device.type)
@@ -185,7 +188,7 @@ class GraphRuntime:
 
     @property
     def num_graphs(self) -> int:
-        """Graphs made so far (``0`` with plain calls)."""
+        """Graphs made so far (`0` with plain calls)."""
         return len(self._captured)
 
     # ---------------------------------------------------------------- running
@@ -211,7 +214,7 @@ class GraphRuntime:
         self.invoke(call, bound)
 
     def invoke(self, call: GraphCall, bound: Callable[[], None]) -> None:
-        """Call ``bound`` (``call``'s replay) in the mode it was made in, plain calls under the
+        """Call `bound` (`call`'s replay) in the mode it was made in, plain calls under the
         host-sync guard. A benchmark replaces it to model what a device's replay costs."""
         if self._bare:
             bound()
@@ -226,20 +229,21 @@ class GraphRuntime:
         return _NO_GUARD
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
-        """:func:`pcp_fn.graph.no_host_syncs` with ``check_host_syncs``, else nothing: for the
+        """[`pcp_fn.graph.no_host_syncs`][pcp_fn.no_host_syncs] with `check_host_syncs`, else nothing: for the
         adapter's own device work around the graphs (staging copies, gathers)."""
         return graph.no_host_syncs() if self.check_host_syncs else _NO_GUARD
 
 
 class Staging:
-    """A persistent int32 device buffer that graphs read (:attr:`device_buffer`), written from
-    the host each step.
+    """A persistent int32 device buffer that graphs read
+    ([`device_buffer`][pcp_fn.adapters.runtime.Staging]), written from the host each step.
 
-    On the CPU the host writes the buffer itself: :meth:`host` is its numpy view, the
-    same every step (:attr:`persistent`: its words stay as the last step left them).
-    Elsewhere :meth:`host` hands out a pinned buffer of the rotation
-    (:func:`pcp_fn.core.staging.host_buffer`, uninitialised: the caller writes every
-    word) and :meth:`commit` copies it into the device buffer in one non-blocking copy.
+    On the CPU the host writes the buffer itself: [`host`][pcp_fn.adapters.runtime.Staging.host] is
+    its numpy view, the same every step ([`persistent`][pcp_fn.adapters.runtime.Staging]: its words
+    stay as the last step left them). Elsewhere [`host`][pcp_fn.adapters.runtime.Staging.host] hands
+    out a pinned buffer of the rotation ([`pcp_fn.core.staging.host_buffer`][], uninitialised: the
+    caller writes every word) and [`commit`][pcp_fn.adapters.runtime.Staging.commit] copies it into
+    the device buffer in one non-blocking copy.
     """
 
     def __init__(self, numel: int, device: torch.device) -> None:
@@ -248,12 +252,13 @@ class Staging:
         self._host = self.device_buffer.numpy() if self.persistent else None
 
     def host(self) -> np.ndarray:
-        """``[numel]`` int32: where the host writes this step's words."""
+        """`[numel]` int32: where the host writes this step's words."""
         if self._host is not None:
             return self._host
         return host_buffer(self.device_buffer.shape[0], np.int32, self.device_buffer.device)
 
     def commit(self, host: np.ndarray) -> None:
-        """Move ``host`` (from :meth:`host`) into the device buffer (nothing to do on the CPU)."""
+        """Move `host` (from [`host`][pcp_fn.adapters.runtime.Staging.host]) into the device buffer
+        (nothing to do on the CPU)."""
         if host is not self._host:
             to_device(host, self.device_buffer.device, out=self.device_buffer)

@@ -6,35 +6,35 @@ and a step's padded sizes take a handful of values. The host work that only the
 schedule decides (the host twin's segments, the step's shape and plan, the
 views of the persistent buffers at its sizes) is made once and looked up after.
 
-All of it lives in one :class:`ScheduleCache`, in named tables:
+All of it lives in one [`ScheduleCache`][pcp_fn.adapters.schedule_cache.ScheduleCache], in named tables:
 
-========================  ==================================================  ====================
-table                     key                                                 value
-========================  ==================================================  ====================
-``segments``              the schedule: ``num_scheduled_tokens`` and          the host twin's
-                          ``is_prefilling`` (dtype and bytes)                 segments, the widest
-                                                                              rank's tokens
-``descriptors``           what a batch descriptor says of the sizes           a small id
-``shapes``                the schedule and the descriptor's id                the step's shape
-``views``                 the step's sizes ``(Lp, Rpad, n, rows)``            plan, device views
-``plans``                 ``(Lp, Rpad, rows)``                                the bookkeeping plan
-``states``                ``Lp``                                              the consumers' state
-``input_ids`` ...         a row count (``input_ids``, ``positions``,         a buffer's prefix
-                          ``restore``)
-``contexts``              vllm-ascend V2: the attention context's sizes       views of the buffers
-========================  ==================================================  ====================
+| table           | key                                              | value                |
+|-----------------|--------------------------------------------------|----------------------|
+| `segments`      | the schedule: `num_scheduled_tokens` and         | the host twin's      |
+|                 | `is_prefilling` (dtype and bytes)                | segments, the widest |
+|                 |                                                  | rank's tokens        |
+| `descriptors`   | what a batch descriptor says of the sizes        | a small id           |
+| `shapes`        | the schedule and the descriptor's id             | the step's shape     |
+| `views`         | the step's sizes `(Lp, Rpad, n, rows)`           | plan, device views   |
+| `plans`         | `(Lp, Rpad, rows)`                               | the bookkeeping plan |
+| `states`        | `Lp`                                             | the consumers' state |
+| `input_ids` ... | a row count (`input_ids`, `positions`,         a | buffer's prefix      |
+|                 | `restore`)                                       |                      |
+| `contexts`      | vllm-ascend V2: the attention context's sizes    | views of the buffers |
 
-**Bound**: :attr:`ScheduleCache.max_entries` entries in all the tables
-together; the entry that would pass it clears every table first (a server
+**Bound**: [`ScheduleCache.max_entries`][pcp_fn.adapters.schedule_cache.ScheduleCache] entries in
+all the tables together; the entry that would pass it clears every table first (a server
 repeats a few schedules; after a clear each is made once more). **Invalidation**:
-:meth:`ScheduleCache.clear` whenever what the entries hold changes (the
-manager's block tables and slot-mapping buffers are replaced, or its layout
-rules: ``set_block_tables``). Nothing else removes an entry.
+[`ScheduleCache.clear`][pcp_fn.adapters.schedule_cache.ScheduleCache.clear] whenever what the
+entries hold changes (the manager's block tables and slot-mapping buffers are replaced, or its
+layout
+rules: `set_block_tables`). Nothing else removes an entry.
 
-A hit is one ``dict.get`` on a table the owner holds (:meth:`table`); a miss
-goes through :meth:`put`, which keeps the bound. :attr:`made` counts the misses
-by table (what a test checks to see that a repeated schedule recomputes
-nothing).
+A hit is one `dict.get` on a table the owner holds
+([`table`][pcp_fn.adapters.schedule_cache.ScheduleCache.table]); a miss goes through
+[`put`][pcp_fn.adapters.schedule_cache.ScheduleCache.put], which keeps the bound.
+[`made`][pcp_fn.adapters.schedule_cache.ScheduleCache] counts the misses by table (what a test
+checks to see that a repeated schedule recomputes nothing).
 """
 
 from __future__ import annotations
@@ -63,14 +63,15 @@ class ScheduleCache:
         self.clears = 0
 
     def table(self, name: str) -> dict[Hashable, Any]:
-        """The table ``name`` (made on first use): read it with ``.get``, write it with :meth:`put`."""
+        """The table `name` (made on first use): read it with `.get`, write it with
+        [`put`][pcp_fn.adapters.schedule_cache.ScheduleCache.put]."""
         table = self._tables.get(name)
         if table is None:
             table = self._tables[name] = {}
         return table
 
     def put(self, name: str, key: Hashable, value: V) -> V:
-        """Store ``value`` under ``key`` in table ``name`` and return it; when the cache is full,
+        """Store `value` under `key` in table `name` and return it; when the cache is full,
         every table is cleared first."""
         table = self._tables[name]
         if key not in table:
@@ -82,7 +83,7 @@ class ScheduleCache:
         return value
 
     def forget(self, *names: str) -> None:
-        """Drop the entries of the tables ``names`` only (a benchmark timing a new schedule's
+        """Drop the entries of the tables `names` only (a benchmark timing a new schedule's
         host work forgets the schedule's tables and keeps the size-keyed views)."""
         for name in names:
             table = self._tables.get(name)

@@ -1,8 +1,8 @@
 """Host-side validation: config fields and the scheduler's per-request integer arrays.
 
-Everything here runs on the host, at a boundary (a config's ``__post_init__``,
-a ``make_batch``), before anything is computed, and raises ``ValueError`` (or
-``TypeError`` for a wrong type) naming the field and the limit.
+Everything here runs on the host, at a boundary (a config's `__post_init__`,
+a `make_batch`), before anything is computed, and raises `ValueError` (or
+`TypeError` for a wrong type) naming the field and the limit.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ ArrayLike = Sequence[int] | np.ndarray | torch.Tensor
 
 
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
-    """``value`` is a Python int (not a bool) in ``[minimum, maximum]``."""
+    """`value` is a Python int (not a bool) in `[minimum, maximum]`."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
@@ -37,7 +37,7 @@ def check_bool(name: str, value: object) -> None:
 
 
 def check_not_meta(name: str, value: object) -> None:
-    """A host boundary reads ``value``'s entries: a ``meta`` tensor (shape only) has none."""
+    """A host boundary reads `value`'s entries: a `meta` tensor (shape only) has none."""
     if isinstance(value, torch.Tensor) and value.device.type == "meta":
         raise ValueError(f"{name} is a meta tensor: the host boundary needs real values")
 
@@ -55,15 +55,15 @@ def _host_array(name: str, values: ArrayLike) -> np.ndarray:
 def host_row(
     name: str, values: Any, n: int | None = None, *, longer_ok: bool = False, integers: bool = False
 ) -> np.ndarray:
-    """An engine's per-request host array, its shape checked, its values not read: ``values``
+    """An engine's per-request host array, its shape checked, its values not read: `values`
     itself when it is a 1-D numpy array (the engine's arrays, every step), else as one.
 
-    ``n``: the entries it must have (``longer_ok``: at least ``n``, and its first ``n`` are
-    returned: an engine's arrays at capacity). ``integers``: its dtype must be an integer
+    `n`: the entries it must have (`longer_ok`: at least `n`, and its first `n` are
+    returned: an engine's arrays at capacity). `integers`: its dtype must be an integer
     one. A tensor must be on the host.
 
     Raises:
-        ValueError: naming ``name``: not 1-D, the wrong length or dtype, or a tensor off
+        ValueError: naming `name`: not 1-D, the wrong length or dtype, or a tensor off
             the host.
     """
     arr = values
@@ -91,9 +91,9 @@ def host_row(
 
 
 def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.ndarray:
-    """``[n]`` int64 copy of a per-request count array, each entry in ``[0, maximum]``.
+    """`[n]` int64 copy of a per-request count array, each entry in `[0, maximum]`.
 
-    Rejects bools (``[1, True]``), floats, objects and values past ``maximum``
+    Rejects bools (`[1, True]`), floats, objects and values past `maximum`
     (int32 by default: the device buffers are int32) with the index of the
     first bad entry.
     """
@@ -123,8 +123,8 @@ def host_ints(name: str, values: ArrayLike, *, maximum: int = INT32_MAX) -> np.n
 
 
 def check_uint64_within(name: str, arr: np.ndarray, maximum: int) -> None:
-    """A ``uint64`` array's entries are at most ``maximum`` (an int64 value), compared before any
-    cast to int64, where ``2**63`` would wrap to a negative number; other dtypes pass."""
+    """A `uint64` array's entries are at most `maximum` (an int64 value), compared before any
+    cast to int64, where `2**63` would wrap to a negative number; other dtypes pass."""
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.uint64(maximum):
         at = np.unravel_index(int(np.argmax(arr > np.uint64(maximum))), arr.shape)
         where = ", ".join(str(int(i)) for i in at)
@@ -142,15 +142,16 @@ _FAST_INTS = frozenset(
 def host_int_rows(
     names: tuple[str, ...], arrays: tuple[ArrayLike, ...], maximum: int = INT32_MAX
 ) -> tuple[list[np.ndarray], np.ndarray, int]:
-    """``(arrays, [k, n] int64 rows, a bound on their largest entry)``: per-request count
-    arrays of one length (``names[i]`` names ``arrays[i]``), each checked like
-    :func:`host_ints` (1-D integers in ``[0, maximum]``) and by :func:`check_same_length`;
-    the arrays come back as numpy integer arrays (the caller's own when they already are).
+    """`(arrays, [k, n] int64 rows, a bound on their largest entry)`: per-request count
+    arrays of one length (`names[i]` names `arrays[i]`), each checked like
+    [`host_ints`][pcp_fn.core.checks.host_ints] (1-D integers in `[0, maximum]`) and by
+    [`check_same_length`][pcp_fn.core.checks.check_same_length]; the arrays come back as numpy
+    integer arrays (the caller's own when they already are).
 
     The common case (1-D numpy integer arrays) is checked all at once: one
     concatenation and one bitwise-or over it (the bound returned: no entry
     exceeds it, and a negative entry makes it negative). Any other kind of array,
-    or a bound outside ``[0, maximum]``, goes through :func:`host_ints`, which
+    or a bound outside `[0, maximum]`, goes through [`host_ints`][pcp_fn.core.checks.host_ints], which
     raises with its exact message for a bad entry.
     """
     arrs = [
@@ -173,10 +174,10 @@ def host_int_rows(
 
 
 def check_sequence_ends(rows: np.ndarray, bound: int, meaning: str) -> None:
-    """``num_computed_tokens + num_scheduled_tokens`` (``rows[1] + rows[0]`` of
-    :func:`host_int_rows`) must fit int32; ``bound`` is its bound on every entry, so the sums
-    are only formed when two entries could overflow. ``meaning`` says what the sum is (``{i}``
-    is the request) in the ``ValueError``.
+    """`num_computed_tokens + num_scheduled_tokens` (`rows[1] + rows[0]` of
+    [`host_int_rows`][pcp_fn.core.checks.host_int_rows]) must fit int32; `bound` is its bound on
+    every entry, so the sums are only formed when two entries could overflow. `meaning` says what
+    the sum is (`{i}` is the request) in the `ValueError`.
     """
     if 2 * bound <= INT32_MAX:
         return
@@ -190,7 +191,7 @@ def check_sequence_ends(rows: np.ndarray, bound: int, meaning: str) -> None:
 
 
 def host_bools(name: str, values: ArrayLike) -> np.ndarray:
-    """``[n]`` bool copy of a per-request flag array (dtype must be bool)."""
+    """`[n]` bool copy of a per-request flag array (dtype must be bool)."""
     arr = _host_array(name, values)
     if arr.size and arr.dtype != np.bool_:
         raise TypeError(f"{name} must hold bools, got dtype {arr.dtype}")
@@ -207,7 +208,7 @@ def check_same_length(**arrays: np.ndarray) -> int:
 
 
 def check_int_tensor(name: str, value: object, shape: tuple[int, ...] | None = None, what: str = "") -> None:
-    """``value`` is an integer tensor (not bool) of exactly ``shape``, if given (``what`` says what
+    """`value` is an integer tensor (not bool) of exactly `shape`, if given (`what` says what
     the shape is).
 
     Static (type, dtype and shape only): safe inside an op that is traced or captured.
@@ -225,8 +226,8 @@ _PRESENT: set[torch.device] = set()
 
 
 def check_device(name: str, device: torch.device) -> None:
-    """A ``cuda`` or ``npu`` ``device`` must exist on this machine (checked once per device, then
-    a set lookup); other device types pass (the CPU, ``meta``)."""
+    """A `cuda` or `npu` `device` must exist on this machine (checked once per device, then
+    a set lookup); other device types pass (the CPU, `meta`)."""
     if device in _PRESENT or device.type not in ("cuda", "npu"):
         return
     if device.type == "npu":
@@ -252,7 +253,7 @@ def check_device(name: str, device: torch.device) -> None:
 
 @functools.cache  # fixed for the process's life; a syscall saved per packed step
 def host_memory_bytes() -> int | None:
-    """This machine's physical memory, or ``None`` where the OS does not say."""
+    """This machine's physical memory, or `None` where the OS does not say."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -260,7 +261,7 @@ def host_memory_bytes() -> int | None:
 
 
 def check_host_buffer(name: str, nbytes: int, what: str) -> None:
-    """A host buffer of ``nbytes`` (sized by the argument ``name``; ``what`` describes it) must fit
+    """A host buffer of `nbytes` (sized by the argument `name`; `what` describes it) must fit
     in this machine's memory: refused with the sizes instead of failing in the allocator."""
     total = host_memory_bytes()
     if total is not None and nbytes > total:
@@ -271,7 +272,7 @@ def check_host_buffer(name: str, nbytes: int, what: str) -> None:
 
 
 def same_ints(a: np.ndarray, b: np.ndarray) -> bool:
-    """``a`` and ``b`` hold the same integers (``np.array_equal``; their bytes compared when they
+    """`a` and `b` hold the same integers (`np.array_equal`; their bytes compared when they
     share a dtype and a contiguous layout: a tenth of the cost)."""
     if a.dtype == b.dtype and a.shape == b.shape and a.flags.c_contiguous and b.flags.c_contiguous:
         return a.tobytes() == b.tobytes()

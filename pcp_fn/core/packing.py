@@ -2,8 +2,8 @@
 
 A host boundary moves a step's per-request arrays to the device in one copy; a
 captured graph reads them from one persistent buffer. Both sides must agree on
-where each array lives. :class:`PackedRequests` names them, so no offset is
-written anywhere else::
+where each array lives. [`PackedRequests`][pcp_fn.core.packing.PackedRequests] names them, so no offset is
+written anywhere else:
 
     layout = PackedRequests(rows=("num_scheduled", "num_computed"), scalars=("num_reqs",))
     R = 3, two requests scheduled [4, 1] with [0, 7] computed:
@@ -16,7 +16,7 @@ written anywhere else::
     views = layout.unpack(device_buffer, R)                  # the graph side (views, no copy)
     views["num_computed"]  ->  tensor([0, 7, 0]);  views["num_reqs"]  ->  tensor(2)  (0-d)
 
-Rows past the requests are zero (a graph reads ``[R]`` rows whatever the step).
+Rows past the requests are zero (a graph reads `[R]` rows whatever the step).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import torch
 
 @dataclasses.dataclass(frozen=True)
 class PackedRequests:
-    """``rows`` ``[R]`` int32 arrays, one after the other, then ``scalars`` words.
+    """`rows` `[R]` int32 arrays, one after the other, then `scalars` words.
 
-    Fields:
+    Attributes:
         rows: the per-request arrays' names, in buffer order.
         scalars: the names of the words after them.
     """
@@ -42,11 +42,11 @@ class PackedRequests:
     scalars: tuple[str, ...]
 
     def size(self, R: int) -> int:
-        """Words in the buffer for ``R`` requests."""
+        """Words in the buffer for `R` requests."""
         return len(self.rows) * R + len(self.scalars)
 
     def sizes(self, R: int) -> list[int]:
-        """Each part's words, in buffer order (for ``split_with_sizes``)."""
+        """Each part's words, in buffer order (for `split_with_sizes`)."""
         return [R] * len(self.rows) + [1] * len(self.scalars)
 
     def with_scalars(self, *names: str) -> PackedRequests:
@@ -54,13 +54,13 @@ class PackedRequests:
         return PackedRequests(self.rows, (*self.scalars, *names))
 
     def offset(self, R: int, name: str) -> int:
-        """The first word of ``name``."""
+        """The first word of `name`."""
         if name in self.rows:
             return self.rows.index(name) * R
         return len(self.rows) * R + self.scalars.index(name)
 
     def table(self, buffer: np.ndarray, R: int) -> np.ndarray:
-        """``[len(rows), R]``: the rows of a host ``buffer`` (a view)."""
+        """`[len(rows), R]`: the rows of a host `buffer` (a view)."""
         return buffer[: len(self.rows) * R].reshape(len(self.rows), R)
 
     def pack(
@@ -72,18 +72,20 @@ class PackedRequests:
         scalars: Sequence[int],
         zero_to: int = -1,
     ) -> None:
-        """Write ``rows`` (each ``[n]``, the ``n`` requests', in :attr:`rows` order) and
-        ``scalars`` (in :attr:`scalars` order) into a host ``buffer``; the rows' entries from
-        ``n`` to ``zero_to`` (default ``R``: all) are zeroed. A buffer reused each step passes
-        the last step's ``n`` as ``zero_to``: its words past that are still zero."""
+        """Write `rows` (each `[n]`, the `n` requests', in
+        [`rows`][pcp_fn.core.packing.PackedRequests] order) and `scalars` (in
+        [`scalars`][pcp_fn.core.packing.PackedRequests] order) into a host `buffer`; the rows'
+        entries from `n` to `zero_to` (default `R`: all) are zeroed. A buffer reused each step
+        passes the last step's `n` as `zero_to`: its words past that are still zero."""
         Packer(self, buffer, R).pack(n, rows, scalars, zero_to)
 
     def packer(self, buffer: np.ndarray, R: int) -> Packer:
-        """:meth:`pack` bound to one host ``buffer`` (a buffer reused every step keeps one)."""
+        """[`pack`][pcp_fn.core.packing.PackedRequests.pack] bound to one host `buffer` (a buffer
+        reused every step keeps one)."""
         return Packer(self, buffer, R)
 
     def unpack(self, buffer: torch.Tensor, R: int) -> dict[str, torch.Tensor]:
-        """Views of a device ``buffer`` by name: ``[R]`` rows, 0-d scalars (no copy; in a graph)."""
+        """Views of a device `buffer` by name: `[R]` rows, 0-d scalars (no copy; in a graph)."""
         # one plain loop: a plain (eager) graph call runs this every step, and a comprehension
         # costs a function object, a frame and an enumerate more
         views: dict[str, torch.Tensor] = {}
@@ -98,8 +100,8 @@ class PackedRequests:
 
 
 class Packer:
-    """:meth:`PackedRequests.pack` bound to one host buffer: its ``[len(rows), R]`` table view
-    and scalar words made once."""
+    """[`PackedRequests.pack`][pcp_fn.core.packing.PackedRequests.pack] bound to one host buffer:
+    its `[len(rows), R]` table view and scalar words made once."""
 
     __slots__ = ("buffer", "scalars_at", "table")
 
@@ -109,7 +111,7 @@ class Packer:
         self.scalars_at = len(layout.rows) * R
 
     def pack(self, n: int, rows: Sequence[Any], scalars: Sequence[int], zero_to: int = -1) -> None:
-        """See :meth:`PackedRequests.pack`."""
+        """See [`PackedRequests.pack`][pcp_fn.core.packing.PackedRequests.pack]."""
         table = self.table
         # row by row: assigning a tuple of arrays builds a [k, n] temporary first
         for k, values in enumerate(rows):

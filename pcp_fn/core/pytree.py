@@ -1,9 +1,9 @@
-"""Frozen dataclasses that are torch pytrees (the ``flax.struct`` idea on torch).
+"""Frozen dataclasses that are torch pytrees (the `flax.struct` idea on torch).
 
-A field marked ``static_field()`` rides in the tree *structure* (the treespec
-context): it must be hashable and is compared by ``torch.compile`` guards,
-``torch.export`` input specs and ``graph.capture`` keys. Every other field is a
-child: a tensor, ``None`` or another pytree. ``dataclasses.replace`` makes the
+A field marked `static_field()` rides in the tree *structure* (the treespec
+context): it must be hashable and is compared by `torch.compile` guards,
+`torch.export` input specs and `graph.capture` keys. Every other field is a
+child: a tensor, `None` or another pytree. `dataclasses.replace` makes the
 next value; nothing is mutated.
 
     @pytree_dataclass
@@ -34,7 +34,7 @@ def static_field(**kwargs: Any) -> Any:
 
 
 def pytree_dataclass(cls: type[T]) -> type[T]:
-    """Make ``cls`` a frozen dataclass registered with ``torch.utils._pytree``."""
+    """Make `cls` a frozen dataclass registered with `torch.utils._pytree`."""
     if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
         cls = dataclasses.dataclass(frozen=True)(cls)
     fields = dataclasses.fields(cls)

@@ -1,14 +1,14 @@
 """The rank, static or as data, in one place.
 
-A state's rank is either ``None`` (the static ``config.pcp_rank``: each rank
+A state's rank is either `None` (the static `config.pcp_rank`: each rank
 traces its own graph) or a 0-d int64 tensor leaf (rank as data: every rank
-traces the identical graph, and ``torch.func.vmap`` maps over it)::
+traces the identical graph, and `torch.func.vmap` maps over it):
 
     state = init_state(cfg, rank=0)                       # rank as data
     state, out = all_ranks(pcp_fn.step, state, batch, slots)
     out.positions                                         # [P, L_b]: row r is rank r's
 
-Ops never read a tensor rank on the host; they select with :func:`select_rank`.
+Ops never read a tensor rank on the host; they select with [`select_rank`][pcp_fn.core.rank.select_rank].
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import torch
 
 
 def rank_leaf(pcp_size: int, rank: object, device: torch.device) -> torch.Tensor | None:
-    """Validate ``rank`` (host boundary) and return the state's rank leaf.
+    """Validate `rank` (host boundary) and return the state's rank leaf.
 
-    ``None`` keeps the rank static. An int, a numpy integer or a 0-d integer
-    tensor must lie in ``[0, pcp_size)``; a tensor is read once here, at
-    ``init_state`` (never inside an op), and must not be a meta tensor.
+    `None` keeps the rank static. An int, a numpy integer or a 0-d integer
+    tensor must lie in `[0, pcp_size)`; a tensor is read once here, at
+    `init_state` (never inside an op), and must not be a meta tensor.
     """
     if rank is None:
         return None
@@ -48,10 +48,10 @@ def rank_leaf(pcp_size: int, rank: object, device: torch.device) -> torch.Tensor
 
 
 def select_rank(table: torch.Tensor, rank: int | torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """``table.select(dim, rank)`` for a static rank or a 0-d tensor one.
+    """`table.select(dim, rank)` for a static rank or a 0-d tensor one.
 
-    Indexing by a 0-d tensor would read it on the host (``.item()``), so a
-    tensor rank goes through ``index_select``.
+    Indexing by a 0-d tensor would read it on the host (`.item()`), so a
+    tensor rank goes through `index_select`.
     """
     if isinstance(rank, int):
         return table.select(dim, rank)
@@ -59,9 +59,9 @@ def select_rank(table: torch.Tensor, rank: int | torch.Tensor, dim: int = 0) -> 
 
 
 def all_ranks(fn: Callable[..., Any], state: Any, *args: Any) -> Any:
-    """``fn(state_for_rank_r, *args)`` for every rank ``r``, stacked on a new leading dim.
+    """`fn(state_for_rank_r, *args)` for every rank `r`, stacked on a new leading dim.
 
-    ``state`` is any layout state with a ``config`` and a ``rank`` field (its
+    `state` is any layout state with a `config` and a `rank` field (its
     own rank is ignored).
     """
     ranks = torch.arange(state.config.pcp_size, dtype=torch.int64, device=_device_of(state))

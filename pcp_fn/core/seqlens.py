@@ -1,9 +1,9 @@
 """Per-rank KV lengths under context parallelism, on the device and on the host.
 
-``C = pcp_size * dcp_size`` ranks are dealt a sequence's KV round-robin in blocks of
-``interleave`` tokens (vllm-ascend ``_get_cp_local_seq_lens``). Both functions here are exact for
+`C = pcp_size * dcp_size` ranks are dealt a sequence's KV round-robin in blocks of
+`interleave` tokens (vllm-ascend `_get_cp_local_seq_lens`). Both functions here are exact for
 every length their input's dtype holds: no intermediate sum can pass the dtype's range (a length
-near ``INT32_MAX`` in an int32 tensor gives its exact shares), and the result has the input's
+near `INT32_MAX` in an int32 tensor gives its exact shares), and the result has the input's
 dtype (every share is at most the length).
 """
 
@@ -22,8 +22,8 @@ _LENGTH_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8
 
 
 def check_cp_sizes(pcp_size: object, dcp_size: object, interleave: object) -> None:
-    """The static arguments of :func:`cp_local_seq_lens`: ints in ``[1, INT32_MAX]`` (a config's
-    limits), named in the ``TypeError`` / ``ValueError``."""
+    """The static arguments of [`cp_local_seq_lens`][pcp_fn.cp_local_seq_lens]: ints in
+    `[1, INT32_MAX]` (a config's limits), named in the `TypeError` / `ValueError`."""
     check_int("pcp_size", pcp_size, 1, INT32_MAX)
     check_int("dcp_size", dcp_size, 1, INT32_MAX)
     check_int("interleave", interleave, 1, INT32_MAX)
@@ -32,25 +32,27 @@ def check_cp_sizes(pcp_size: object, dcp_size: object, interleave: object) -> No
 def cp_local_seq_lens(
     seq_lens: torch.Tensor, pcp_size: int, dcp_size: int = 1, interleave: int = 1
 ) -> torch.Tensor:
-    """``[...] -> [..., pcp_size, dcp_size]``: KV tokens of each sequence held by each CP rank.
+    """`[...] -> [..., pcp_size, dcp_size]`: KV tokens of each sequence held by each CP rank.
 
-    KV is dealt round-robin to the ``C = pcp_size * dcp_size`` ranks in blocks of
-    ``interleave`` tokens (vllm-ascend ``_get_cp_local_seq_lens``). ``seq_lens = [129]``,
-    ``pcp_size = 2``, ``interleave = 128``: rank 0 holds 128, rank 1 holds 1.
+    KV is dealt round-robin to the `C = pcp_size * dcp_size` ranks in blocks of
+    `interleave` tokens (vllm-ascend `_get_cp_local_seq_lens`). `seq_lens = [129]`,
+    `pcp_size = 2`, `interleave = 128`: rank 0 holds 128, rank 1 holds 1.
 
-    Exact for every length of the input's dtype (``seq_lens = [2**31 - 1]`` int32, ``pcp_size =
-    2``: ``[[2**30], [2**30 - 1]]``), in the input's dtype. Capturable: the checks below read
+    Exact for every length of the input's dtype (`seq_lens = [2**31 - 1]` int32, `pcp_size =
+    2`: `[[2**30], [2**30 - 1]]`), in the input's dtype. Capturable: the checks below read
     only the arguments' types, dtype and the static sizes.
 
     Args:
         seq_lens: integer tensor (int8, int16, int32, int64 or uint8) of sequence lengths, any
             shape. Its values are device data, never read on the host: a negative length (a
             caller's bug this op cannot see) holds no token, 0 on every rank.
-        pcp_size, dcp_size, interleave: ints ``>= 1``.
+        pcp_size: prefill context-parallel ranks, an int `>= 1`.
+        dcp_size: decode context-parallel ranks, an int `>= 1`.
+        interleave: tokens per KV interleave block, an int `>= 1`.
 
     Raises:
-        TypeError: ``seq_lens`` not an integer tensor of those dtypes, or a size not an int.
-        ValueError: a size below 1 or past ``INT32_MAX`` (named).
+        TypeError: `seq_lens` not an integer tensor of those dtypes, or a size not an int.
+        ValueError: a size below 1 or past `INT32_MAX` (named).
     """
     check_cp_sizes(pcp_size, dcp_size, interleave)
     if not isinstance(seq_lens, torch.Tensor):
@@ -64,7 +66,7 @@ def cp_local_seq_lens(
 
 
 def _shares(s: torch.Tensor, C: int, I: int) -> torch.Tensor:
-    """``[..., 1] -> [..., C]`` each rank's tokens of lengths ``s >= 0`` (int32 or int64), in ``s``'s
+    """`[..., 1] -> [..., C]` each rank's tokens of lengths `s >= 0` (int32 or int64), in `s`'s
     dtype, with no intermediate value outside it."""
     top = torch.iinfo(s.dtype).max
     span = C * I  # tokens of one round of C blocks
@@ -82,18 +84,19 @@ def _shares(s: torch.Tensor, C: int, I: int) -> torch.Tensor:
 
 @functools.cache
 def _rank_ends(C: int) -> np.ndarray:
-    """``rank + 1`` for each of the ``C`` CP ranks, int32 (read-only)."""
+    """`rank + 1` for each of the `C` CP ranks, int32 (read-only)."""
     out = np.arange(1, C + 1, dtype=np.int32)
     out.flags.writeable = False
     return out
 
 
 def host_cp_local_seq_lens(seq_lens: np.ndarray, P: int, D: int, interleave: int) -> np.ndarray:
-    """``[n] -> [n, P, D]``: KV tokens of each (pcp, dcp) rank, dealt round-robin in ``interleave`` blocks.
+    """`[n] -> [n, P, D]`: KV tokens of each (pcp, dcp) rank, dealt round-robin in `interleave` blocks.
 
-    vllm-ascend ``_get_cp_local_seq_lens``, in the input's dtype: :func:`cp_local_seq_lens` on the
-    host (numpy), for an engine's host-side metadata. Exact for every non-negative length of an
-    integer dtype (no sum is formed that could pass it). The engine's lengths are validated host
+    vllm-ascend `_get_cp_local_seq_lens`, in the input's dtype:
+    [`cp_local_seq_lens`][pcp_fn.cp_local_seq_lens] on the host (numpy), for an engine's host-side
+    metadata. Exact for every non-negative length of an integer dtype (no sum is formed that could
+    pass it). The engine's lengths are validated host
     counts: unlike the device op, a negative length is not read as 0.
     """
     C = P * D

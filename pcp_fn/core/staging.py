@@ -1,14 +1,14 @@
 """Host-to-device staging: a step's host inputs in ONE non-blocking copy from pinned memory.
 
-A host boundary (``make_batch`` and friends) packs everything a step needs into
+A host boundary (`make_batch` and friends) packs everything a step needs into
 one host buffer and moves it with one copy. On a GPU or NPU that copy must come
-from pinned (page-locked) memory to be asynchronous: a pageable ``.to(device)``
+from pinned (page-locked) memory to be asynchronous: a pageable `.to(device)`
 blocks the host until the copy is done. But an asynchronous copy reads its
 source *later*: a pinned buffer refilled for the next step while the previous
 step's copy is still queued hands the device the wrong step's inputs. (vllm-ascend
 fixed this race twice: refilling a pinned buffer with no event between.)
 
-:class:`HostStaging` keeps two pinned buffers used in turn. After each copy it
+[`HostStaging`][pcp_fn.core.staging.HostStaging] keeps two pinned buffers used in turn. After each copy it
 records an event on the copying stream; a buffer is handed out again only once
 the event of the copy that last read it has completed. With two buffers that
 is the copy of two steps ago, long done unless the host runs two steps ahead
@@ -19,8 +19,8 @@ of the device (then the host waits, which is the point).
     host[:] = ...                      # pack the step's inputs
     dev = staging.to_device(host)      # one non-blocking copy; the buffer is now in flight
 
-On the CPU there is nothing to stage: :func:`host_buffer` gives fresh memory
-and :func:`to_device` wraps it (the device tensor *is* the host buffer, so it is
+On the CPU there is nothing to stage: [`host_buffer`][pcp_fn.core.staging.host_buffer] gives fresh memory
+and [`to_device`][pcp_fn.core.staging.to_device] wraps it (the device tensor *is* the host buffer, so it is
 never reused). The MRV2 and spec-decode boundaries can adopt the same two calls.
 """
 
@@ -42,9 +42,9 @@ _TORCH_DTYPES = {
 
 
 def _device_module(device: torch.device):
-    """``torch.cuda`` or ``torch.npu`` (``torch_npu`` imported only then): ``Event``, ``current_stream``.
+    """`torch.cuda` or `torch.npu` (`torch_npu` imported only then): `Event`, `current_stream`.
 
-    Raises ``ValueError`` naming ``device`` when it is not on this machine, before any pinned
+    Raises `ValueError` naming `device` when it is not on this machine, before any pinned
     memory is asked for (which would fail deep inside torch, without the device's name).
     """
     check_device("device", device)  # imports torch_npu for an npu
@@ -59,7 +59,7 @@ class HostStaging:
     """Pinned host buffers, used in turn, each guarded by the event of its last copy.
 
     Args:
-        device: a ``cuda`` or ``npu`` device (the copies go to it, on its current stream).
+        device: a `cuda` or `npu` device (the copies go to it, on its current stream).
         slots: buffers in the rotation (2: one being filled while one is in flight).
     """
 
@@ -76,7 +76,7 @@ class HostStaging:
         self._filling: int | None = None
 
     def host(self, numel: int, dtype: np.dtype | type = np.int32) -> np.ndarray:
-        """A numpy view of ``numel`` elements of the next free pinned buffer (uninitialised).
+        """A numpy view of `numel` elements of the next free pinned buffer (uninitialised).
 
         Blocks only while the copy that last read this buffer is still pending.
         """
@@ -95,9 +95,10 @@ class HostStaging:
         return buf[:nbytes].numpy().view(dtype)
 
     def to_device(self, host: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy ``host`` (the array :meth:`host` returned) to the device without blocking.
+        """Copy `host` (the array [`host`][pcp_fn.core.staging.HostStaging.host] returned) to the
+        device without blocking.
 
-        Returns a fresh device tensor, or ``out`` (a device tensor of ``host``'s size and
+        Returns a fresh device tensor, or `out` (a device tensor of `host`'s size and
         dtype: a persistent buffer that graphs read) written; records the buffer's event on
         the current stream.
         """
@@ -121,7 +122,7 @@ _local = threading.local()
 
 
 def staging_for(device: torch.device) -> HostStaging:
-    """This thread's :class:`HostStaging` for ``device`` (made on first use)."""
+    """This thread's [`HostStaging`][pcp_fn.core.staging.HostStaging] for `device` (made on first use)."""
     table = getattr(_local, "staging", None)
     if table is None:
         table = _local.staging = {}
@@ -135,17 +136,18 @@ STAGED_DEVICES = ("cuda", "npu")  # devices with streams and pinned host memory
 
 
 def host_buffer(numel: int, dtype: np.dtype | type, device: torch.device) -> np.ndarray:
-    """Host memory for one step's inputs bound for ``device``: pinned and rotated
-    (:class:`HostStaging`) on a GPU or NPU, fresh elsewhere (the CPU; ``meta``, where
-    shapes are all that is checked)."""
+    """Host memory for one step's inputs bound for `device`: pinned and rotated
+    ([`HostStaging`][pcp_fn.core.staging.HostStaging]) on a GPU or NPU, fresh elsewhere (the CPU;
+    `meta`, where shapes are all that is checked)."""
     if device.type not in STAGED_DEVICES:
         return np.empty(numel, dtype)
     return staging_for(device).host(numel, dtype)
 
 
 def to_device(host: np.ndarray, device: torch.device, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Move the array :func:`host_buffer` returned to ``device`` in one copy (non-blocking off the
-    CPU): a fresh tensor, or into ``out`` (``host``'s size and dtype, on ``device``)."""
+    """Move the array [`host_buffer`][pcp_fn.core.staging.host_buffer] returned to `device` in one
+    copy (non-blocking off the CPU): a fresh tensor, or into `out` (`host`'s size and dtype, on
+    `device`)."""
     if device.type not in STAGED_DEVICES:
         src = torch.from_numpy(host)
         return src.to(device) if out is None else out.copy_(src)

@@ -1,17 +1,18 @@
-"""The DualChunkSwap layout (vllm-ascend ``worker/pcp_utils.py`` ``PCPManager``).
+"""The DualChunkSwap layout (vllm-ascend `worker/pcp_utils.py` `PCPManager`).
 
-A prefill is padded to a multiple of ``2P`` and cut into ``2P`` chunks; rank
-``r`` owns chunks ``r`` and ``2P-1-r``; decodes are replicated on every rank.
+A prefill is padded to a multiple of `2P` and cut into `2P` chunks; rank
+`r` owns chunks `r` and `2P-1-r`; decodes are replicated on every rank.
 
-- :mod:`.geometry`: :class:`ChunkGeometry`, every per-request size from one scan;
-- :mod:`.layout_tables`, :mod:`.attention_tables`: its config-only tables, rows named;
-- :mod:`.layout`: the layout's maps (local rows, the padded order, logits, spans);
-- :mod:`.attention`: the attention index metadata (vllm-ascend ``generate_pcp_metadata``);
-- :mod:`.host`: the host twin (every host value vllm-ascend's runner reads, O(R) numpy);
-- :mod:`.packing`: the scheduler batch's staging layout.
+- [`pcp_fn.dcs.geometry`][]: [`ChunkGeometry`][pcp_fn.dcs.ChunkGeometry], every per-request size
+  from one scan;
+- [`pcp_fn.dcs.layout_tables`][], [`pcp_fn.dcs.attention_tables`][]: its config-only tables, rows named;
+- [`pcp_fn.dcs.layout`][]: the layout's maps (local rows, the padded order, logits, spans);
+- [`pcp_fn.dcs.attention`][]: the attention index metadata (vllm-ascend `generate_pcp_metadata`);
+- [`pcp_fn.dcs.host`][]: the host twin (every host value vllm-ascend's runner reads, O(R) numpy);
+- [`pcp_fn.dcs.packing`][]: the scheduler batch's staging layout.
 
-:data:`LAYOUT` is the built-in ``"dcs"`` :class:`pcp_fn.Layout` (the functions of
-:mod:`.layout`), the facade's default; the hybrid layout (:mod:`pcp_fn.hybrid`) keeps its
+[`LAYOUT`][pcp_fn.dcs.LAYOUT] is the built-in `"dcs"` [`pcp_fn.Layout`][] (the functions of
+[`pcp_fn.dcs.layout`][]), the facade's default; the hybrid layout ([`pcp_fn.hybrid`][]) keeps its
 geometry for the full-attention layers.
 """
 
@@ -34,6 +35,8 @@ from .layout import (
 )
 
 LAYOUT = PackageLayout("dcs", layout)
+"""The built-in `"dcs"` [`pcp_fn.Layout`][], the facade's default: the functions of
+[`pcp_fn.dcs.layout`][]."""
 
 __all__ = [
     "LAYOUT",

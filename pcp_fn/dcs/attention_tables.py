@@ -1,21 +1,21 @@
-"""Static run tables of the attention index metadata, per ``P`` (config-only).
+"""Static run tables of the attention index metadata, per `P` (config-only).
 
-``init_state`` puts them on the device once (``state.constants``) so that
-:func:`pcp_fn.attention_metadata` never copies host data to the device. See
-:mod:`pcp_fn.dcs.attention` for what the runs paint.
+`init_state` puts them on the device once (`state.constants`) so that
+[`pcp_fn.attention_metadata`][] never copies host data to the device. See
+[`pcp_fn.dcs.attention`][] for what the runs paint.
 """
 
 from __future__ import annotations
 
 
 def range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[list[int]]]]:
-    """Capacities (in chunk rows ``C_b``) and the run tables ``A + B*h`` of every index tensor.
+    """Capacities (in chunk rows `C_b`) and the run tables `A + B*h` of every index tensor.
 
-    Request ``i`` of tensor ``k`` is three runs ``e = 0, 1, 2`` (``b = c_before[i]``,
-    ``c = c[i]``). Run ``e`` starts at local slot ``sb*b + sc*c`` and holds
-    ``slot + hb*b + hc*c + ht*total``; ``(sb, sc, hb, hc, ht)`` are rows of the
-    tables, each entry ``A + B*h``. A plain range (length ``m*c``, first value
-    ``a*b + beta*c``) is runs 0 and 1 at ``m*b`` with shift ``(a-m)*b + beta*c``.
+    Request `i` of tensor `k` is three runs `e = 0, 1, 2` (`b = c_before[i]`,
+    `c = c[i]`). Run `e` starts at local slot `sb*b + sc*c` and holds
+    `slot + hb*b + hc*c + ht*total`; `(sb, sc, hb, hc, ht)` are rows of the
+    tables, each entry `A + B*h`. A plain range (length `m*c`, first value
+    `a*b + beta*c`) is runs 0 and 1 at `m*b` with shift `(a-m)*b + beta*c`.
     Run 2 starts at the request's end and closes it (its values are made
     negative, i.e. padding, unless the next request starts there too).
     """
@@ -51,13 +51,14 @@ def range_tables(P: int) -> tuple[list[int], list[list[list[int]]], list[list[li
 
 
 def run_tables(P: int) -> list[list[list[list[list[list[int]]]]]]:
-    """Per rank ``h``: ``[4, 2, 10, 1, 3]`` multipliers of ``(b, c, total, C_b)`` for the
-    (start, shift) of every run (tensor ``k``, run ``e``) of :func:`range_tables`, with
-    the tensors' buffer offsets (``C_b`` times the capacities before them) folded in.
+    """Per rank `h`: `[4, 2, 10, 1, 3]` multipliers of `(b, c, total, C_b)` for the
+    (start, shift) of every run (tensor `k`, run `e`) of
+    [`range_tables`][pcp_fn.dcs.attention_tables.range_tables], with the tensors' buffer offsets
+    (`C_b` times the capacities before them) folded in.
 
-    Run ``e = 2`` closes the request: its shift ``-(sum(caps) + offset + 1) * C_b``
+    Run `e = 2` closes the request: its shift `-(sum(caps) + offset + 1) * C_b`
     turns every slot it covers negative (padding, clamped to 0), whatever the
-    slot (``< sum(caps) * C_b``), as long as ``C_b >= 1`` (else there is no slot).
+    slot (`< sum(caps) * C_b`), as long as `C_b >= 1` (else there is no slot).
     """
     caps, A, B = range_tables(P)
     offset = [sum(caps[:k]) for k in range(len(caps))]
@@ -86,9 +87,9 @@ def run_tables(P: int) -> list[list[list[list[list[list[int]]]]]]:
 
 
 def sum_tables(P: int) -> list[list[list[int]]]:
-    """Per rank ``h``: ``[2, 6]`` multipliers of the prefill-chunk prefix sums before and
-    through each prefill, giving ``c`` and the cumulative ``c``, ``h*c``, ``t*c``,
-    ``(h+1)*c``, ``(t+1)*c`` (``t = 2P-1-h``)."""
+    """Per rank `h`: `[2, 6]` multipliers of the prefill-chunk prefix sums before and
+    through each prefill, giving `c` and the cumulative `c`, `h*c`, `t*c`,
+    `(h+1)*c`, `(t+1)*c` (`t = 2P-1-h`)."""
     out = []
     for h in range(P):
         t = 2 * P - 1 - h
@@ -97,9 +98,9 @@ def sum_tables(P: int) -> list[list[list[int]]]:
 
 
 def attention_constants(P: int) -> dict[str, list]:
-    """The static tables of :func:`attention_metadata` for ``P`` ranks, as nested lists.
+    """The static tables of [`attention_metadata`][pcp_fn.attention_metadata] for `P` ranks, as nested lists.
 
-    :func:`pcp_fn.init_state` puts them on the device once (``state.constants``),
+    [`pcp_fn.init_state`][] puts them on the device once (`state.constants`),
     so the op itself never copies host data to the device.
     """
     if P == 1:

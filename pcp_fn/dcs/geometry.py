@@ -1,16 +1,17 @@
 """The DualChunkSwap request geometry: every per-request size of the layout from one scan.
 
-A request of ``n`` scheduled tokens is either replicated (a decode when ``P > 1``; every
-request when ``P == 1``: ``n`` rows on each rank, ``n * P`` in the gathered order) or split
-(a prefill: padded to ``2P`` chunks of ``c = ceil(n / 2P)``, two chunks a rank). ``P = 2``,
-tokens ``[1, 5, 8]``, request 0 a decode::
+A request of `n` scheduled tokens is either replicated (a decode when `P > 1`; every
+request when `P == 1`: `n` rows on each rank, `n * P` in the gathered order) or split
+(a prefill: padded to `2P` chunks of `c = ceil(n / 2P)`, two chunks a rank). `P = 2`,
+tokens `[1, 5, 8]`, request 0 a decode:
 
     num_scheduled  [1, 5, 8]       local (per rank)   [1, 4, 4]     chunk          [1, 2, 2]
     num_padded     [2, 8, 8]       num_pads           [1, 3, 0]     prefill_chunk  [0, 2, 2]
     padded_start   [0, 2, 10, 18]  local_start        [0, 1, 5, 9]  token_start    [0, 1, 6, 14]
 
-:func:`request_geometry` returns the layout-neutral :class:`pcp_fn.protocol.rows.RequestGeometry`
-with this layout's own sizes, :class:`ChunkGeometry`, in its ``own`` field.
+[`request_geometry`][pcp_fn.dcs.request_geometry] returns the layout-neutral
+[`pcp_fn.protocol.rows.RequestGeometry`][pcp_fn.RequestGeometry] with this layout's own sizes,
+[`ChunkGeometry`][pcp_fn.dcs.ChunkGeometry], in its `own` field.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from .layout_tables import SIZES
 
 
 class ChunkGeometry(NamedTuple):
-    """DualChunkSwap's own per-request sizes (``RequestGeometry.own``); ``[R_b]`` int64, ``*_start``
-    ``[R_b + 1]`` (each request's first row, then the total)."""
+    """DualChunkSwap's own per-request sizes (`RequestGeometry.own`); `[R_b]` int64, `*_start`
+    `[R_b + 1]` (each request's first row, then the total)."""
 
     num_padded: torch.Tensor  # rows in the gathered, padded order: n*P (replicated) or ceil(n/2P)*2P
     chunk: torch.Tensor  # rows per chunk: n (replicated) or local // 2
@@ -41,7 +42,7 @@ class ChunkGeometry(NamedTuple):
 
 
 def pad_multiple(pcp_size: int) -> int:
-    """Prefills are padded to a multiple of this: ``2P`` (``1`` when ``P == 1``)."""
+    """Prefills are padded to a multiple of this: `2P` (`1` when `P == 1`)."""
     return 2 * pcp_size if pcp_size > 1 else 1
 
 
@@ -52,13 +53,13 @@ def request_geometry(
     constants: dict[str, torch.Tensor],
     arange: torch.Tensor | None = None,
 ) -> RequestGeometry:
-    """The geometry of requests ``[n]`` (``num_scheduled`` int32 or int64, ``is_decode`` bool).
+    """The geometry of requests `[n]` (`num_scheduled` int32 or int64, `is_decode` bool).
 
     Each size is an integer combination of five per-request quantities
-    (:data:`pcp_fn.dcs.layout_tables.BASE`), so one multiply-and-sum with
-    ``constants["dcs_sizes"]`` (``state.constants``) makes them all, in int64, and one
-    scan makes their starts. ``arange``: a longer int64 arange the caller shares
-    (:func:`pcp_fn.core.ragged.arange_of`); its head is ``request_ids``.
+    ([`pcp_fn.dcs.layout_tables.BASE`][]), so one multiply-and-sum with
+    `constants["dcs_sizes"]` (`state.constants`) makes them all, in int64, and one
+    scan makes their starts. `arange`: a longer int64 arange the caller shares
+    ([`pcp_fn.core.ragged.arange_of`][]); its head is `request_ids`.
     """
     P = config.pcp_size
     n = num_scheduled

@@ -1,22 +1,22 @@
 """The DualChunkSwap host twin: every host value vllm-ascend's 0.23 runner reads, from O(R) numpy.
 
-``model_runner_v1.py`` keeps part of its input preparation on the host: it
+`model_runner_v1.py` keeps part of its input preparation on the host: it
 gathers input ids from its CPU token table with the positions the manager
-returns, reads ``num_pcp_pads_cpu`` to build spec-decode logits indices, and
+returns, reads `num_pcp_pads_cpu` to build spec-decode logits indices, and
 sizes buffers from Python ints. So the manager must hand it numpy arrays and
 ints. They are computed here from the per-request arrays the runner passes in
-(``num_scheduled_tokens``, ``num_computed_tokens``, ``num_prompt_tokens``):
+(`num_scheduled_tokens`, `num_computed_tokens`, `num_prompt_tokens`):
 O(R) integer arithmetic, the same the pcp_fn layout does on the device, never
 a read-back of a device tensor. The only per-token host output is the local
 positions array, which the runner needs on the host; it is expanded from O(R)
 runs in one vectorised pass. The hybrid layout's twin (its linear split) extends it
-(:class:`pcp_fn.hybrid.host.HybridHostLayout`).
+([`pcp_fn.hybrid.host.HybridHostLayout`][]).
 
-Everything here is a pure function of its arguments; a :class:`HostLayout` is
+Everything here is a pure function of its arguments; a [`HostLayout`][pcp_fn.dcs.host.HostLayout] is
 frozen and its arrays are never written after it is made. It runs every step,
-so each function is a handful of numpy calls on ``[n]`` arrays (a call costs
+so each function is a handful of numpy calls on `[n]` arrays (a call costs
 about a microsecond whatever its size here): what is derived is only made
-when read (cached properties), the decode-only and ``P = 1`` steps take
+when read (cached properties), the decode-only and `P = 1` steps take
 shorter paths.
 """
 
@@ -37,7 +37,7 @@ NO_CHUNKS = np.zeros(0, dtype=np.int32)  # the chunk rows of a step without pref
 
 
 def _arange(n: int, dtype: type = np.int64) -> np.ndarray:
-    """``arange(n, dtype=dtype)``, a read-only view of a cached one (grown as needed)."""
+    """`arange(n, dtype=dtype)`, a read-only view of a cached one (grown as needed)."""
     cached = _ARANGES.get(dtype)
     if cached is None or cached.shape[0] < n:
         size = max(n, 1024) if cached is None else max(n, 2 * cached.shape[0])
@@ -47,7 +47,7 @@ def _arange(n: int, dtype: type = np.int64) -> np.ndarray:
 
 
 def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Concatenated ``arange(start, start + length)`` runs: ``[3, 0], [2, 1] -> [3, 4, 0]`` (int64)."""
+    """Concatenated `arange(start, start + length)` runs: `[3, 0], [2, 1] -> [3, 4, 0]` (int64)."""
     lengths = lengths.astype(np.int64, copy=False)
     ends = lengths.cumsum()
     total = int(ends[-1]) if ends.shape[0] else 0
@@ -56,7 +56,7 @@ def runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 class HostRule(DecodeRule, Protocol):
-    """What the twin reads of its config: a :class:`pcp_fn.PCPConfig`, or an engine's settings
+    """What the twin reads of its config: a [`pcp_fn.PCPConfig`][], or an engine's settings
     with the same names."""
 
     @property
@@ -68,25 +68,31 @@ class HostRule(DecodeRule, Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class HostLayout:
-    """One step's layout on this rank, per request (arrays ``[n]`` unless said otherwise).
+    """One step's layout on this rank, per request (arrays `[n]` unless said otherwise).
 
-    Fields:
-        pcp_size, pcp_rank: ``P`` and this rank.
-        counts: ``[3, n]`` int32 copy of the runner's arrays (scheduled, computed, prompt);
-        num_scheduled, num_computed, num_prompt: its rows.
-        bound: ``>=`` every count, negative if one is (their bitwise or; 0 without requests).
-        device_prompt: ``num_prompt`` as handed to the device batch (see :func:`host_layout`).
+    Attributes:
+        pcp_size: `P`.
+        pcp_rank: this rank.
+        counts: `[3, n]` int32 copy of the runner's arrays (scheduled, computed, prompt).
+        num_scheduled: its first row.
+        num_computed: its second row.
+        num_prompt: its third row.
+        bound: `>=` every count, negative if one is (their bitwise or; 0 without requests).
+        device_prompt: `num_prompt` as handed to the device batch (see
+            [`host_layout`][pcp_fn.dcs.host.host_layout]).
         is_decode: bool, a prefix (decodes first).
-        num_decode_reqs, num_decode_tokens: ints.
-        pcp_tokens: int32 DualChunkSwap rows of each request on every rank (``n`` for a
-            decode, ``n`` rounded up to ``2P``, over ``P``, for a prefill).
-        num_tokens: ``N``, their sum (the local token count of the non-hybrid layout).
-        total_scheduled: the scheduled tokens, ``sum(num_scheduled)``.
+        num_decode_reqs: int, the decode requests.
+        num_decode_tokens: int, their tokens.
+        pcp_tokens: int32 DualChunkSwap rows of each request on every rank (`n` for a
+            decode, `n` rounded up to `2P`, over `P`, for a prefill).
+        num_tokens: `N`, their sum (the local token count of the non-hybrid layout).
+        total_scheduled: the scheduled tokens, `sum(num_scheduled)`.
 
-    Everything but the counts, the decode mask and ``device_prompt`` depends on the
-    scheduled counts and the number of decodes alone (:attr:`SHAPE`): a step with the
-    same ones as the last (a steady decode batch) takes them from it
-    (:func:`host_layout`'s ``previous``); the arrays are shared, so a caller gets copies.
+    Everything but the counts, the decode mask and `device_prompt` depends on the
+    scheduled counts and the number of decodes alone ([`SHAPE`][pcp_fn.dcs.host.HostLayout.SHAPE]):
+    a step with the same ones as the last (a steady decode batch) takes them from it
+    ([`host_layout`][pcp_fn.dcs.host.host_layout]'s `previous`); the arrays are shared, so a caller
+    gets copies.
     """
 
     pcp_size: int
@@ -106,28 +112,29 @@ class HostLayout:
 
     @functools.cached_property
     def num_padded(self) -> np.ndarray:
-        """int64 rows of each request in the gathered, padded order (``n * P`` for a decode,
-        ``n`` rounded up to ``2P`` for a prefill: past int32 for a prefill near ``INT32_MAX``)."""
+        """int64 rows of each request in the gathered, padded order (`n * P` for a decode,
+        `n` rounded up to `2P` for a prefill: past int32 for a prefill near `INT32_MAX`)."""
         return self.pcp_tokens.astype(np.int64) * self.pcp_size
 
     @functools.cached_property
     def dcs_rows(self) -> np.ndarray:
-        """:func:`dcs_positions` (shared: never written)."""
+        """[`dcs_positions`][pcp_fn.dcs.host.dcs_positions] (shared: never written)."""
         return dcs_positions(self)
 
     @functools.cached_property
     def logits(self) -> np.ndarray:
-        """:func:`logits_indices` (shared: never written)."""
+        """[`logits_indices`][pcp_fn.dcs.host.logits_indices] (shared: never written)."""
         return logits_indices(self, False)
 
     @functools.cached_property
     def logits_hybrid(self) -> np.ndarray:
-        """:func:`logits_indices` in the hybrid form (shared: never written)."""
+        """[`logits_indices`][pcp_fn.dcs.host.logits_indices] in the hybrid form (shared: never written)."""
         return logits_indices(self, True)
 
     @functools.cached_property
     def attention(self) -> AttentionLists:
-        """:func:`attention_lists` (shared: its lists and arrays are never written)."""
+        """[`attention_lists`][pcp_fn.dcs.host.attention_lists] (shared: its lists and arrays are
+        never written)."""
         return attention_lists(self)
 
     @property
@@ -140,7 +147,7 @@ class HostLayout:
 
     @functools.cached_property
     def num_pads(self) -> np.ndarray:
-        """int32 pads of each request (vllm-ascend ``num_pcp_pads_cpu[:n]``; fewer than ``2P``)."""
+        """int32 pads of each request (vllm-ascend `num_pcp_pads_cpu[:n]`; fewer than `2P`)."""
         return (self.num_padded - self.num_scheduled).astype(np.int32)
 
     @property
@@ -148,12 +155,10 @@ class HostLayout:
         return int(self.num_scheduled[self.num_decode_reqs :].sum())
 
     def local_tokens(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(request, offset)`` int64 of each local row (the scheduled tokens themselves at ``P = 1``)."""
+        """`(request, offset)` int64 of each local row (the scheduled tokens themselves at `P = 1`)."""
         request = np.repeat(np.arange(self.num_reqs, dtype=np.int64), self.pcp_tokens)
         return request, self.dcs_rows.astype(np.int64)
 
-    #: What a layout derives from its scheduled counts and number of decodes alone (fields and
-    #: cached values): a step repeating the last one's takes them from it (:func:`host_layout`).
     SHAPE: ClassVar[tuple[str, ...]] = (
         "pcp_tokens",
         "num_tokens",
@@ -166,6 +171,9 @@ class HostLayout:
         "logits_hybrid",
         "attention",
     )
+    """What a layout derives from its scheduled counts and number of decodes alone (fields and
+    cached values): a step repeating the last one's takes them from it
+    ([`host_layout`][pcp_fn.dcs.host.host_layout])."""
 
 
 H = TypeVar("H", bound="HostLayout")
@@ -182,14 +190,14 @@ def host_layout(
     """The host twin of a step (O(R)).
 
     The runner orders decodes first, so the decode mask is a prefix. A dummy
-    run (``_dummy_run``) can hand stale ``num_computed_tokens`` that classify a
+    run (`_dummy_run`) can hand stale `num_computed_tokens` that classify a
     request after a prefill as a decode; such a request is made a prefill here
-    and, through ``device_prompt`` (``num_computed + 2``: the prompt is not
+    and, through `device_prompt` (`num_computed + 2`: the prompt is not
     done), on the device too, so the layout stays well formed.
 
-    ``previous`` (the last step's layout, of the same settings and class): when this step has
-    its scheduled counts and number of decodes, everything in ``cls.SHAPE`` it made is reused.
-    ``cls``: :class:`HostLayout` or a subclass (the hybrid layout's twin).
+    `previous` (the last step's layout, of the same settings and class): when this step has
+    its scheduled counts and number of decodes, everything in `cls.SHAPE` it made is reused.
+    `cls`: [`HostLayout`][pcp_fn.dcs.host.HostLayout] or a subclass (the hybrid layout's twin).
     """
     # one fresh [3, n] copy (a layout's arrays are never written; the runner's are, later)
     counts = np.array((sched, computed, prompt), dtype=np.int32)
@@ -250,12 +258,12 @@ def host_layout(
 
 
 def dcs_positions(h: HostLayout) -> np.ndarray:
-    """int32 ``[N]``: offset of each local DualChunkSwap row inside its request's scheduled tokens.
+    """int32 `[N]`: offset of each local DualChunkSwap row inside its request's scheduled tokens.
 
-    vllm-ascend ``update_tokens_for_pcp(...)[1]``: a decode's rows are ``0 .. n-1``;
-    a prefill's are its head chunk ``r`` then its tail chunk ``2P-1-r``
-    (chunks of ``pcp_tokens // 2``). ``P = 2``, tokens ``[1, 5, 8]``, rank 0:
-    ``[0, 0, 1, 6, 7, 0, 1, 6, 7]``.
+    vllm-ascend `update_tokens_for_pcp(...)[1]`: a decode's rows are `0 .. n-1`;
+    a prefill's are its head chunk `r` then its tail chunk `2P-1-r`
+    (chunks of `pcp_tokens // 2`). `P = 2`, tokens `[1, 5, 8]`, rank 0:
+    `[0, 0, 1, 6, 7, 0, 1, 6, 7]`.
     """
     P, r, nd, n = h.pcp_size, h.pcp_rank, h.num_decode_reqs, h.num_reqs
     if P == 1 or nd == n:  # every request replicated: 0 .. n-1 each (int32 throughout)
@@ -275,11 +283,11 @@ def dcs_positions(h: HostLayout) -> np.ndarray:
 
 
 def logits_indices(h: HostLayout, hybrid_form: bool) -> np.ndarray:
-    """int64 ``[n]`` rows to sample (vllm-ascend ``get_logits_indices``).
+    """int64 `[n]` rows to sample (vllm-ascend `get_logits_indices`).
 
-    DualChunkSwap: the last real token in the padded order, ``padded_start + n - 1``
-    (``cu * P - num_pcp_pads - 1``). Hybrid form (``tokens_original`` given):
-    ``cumsum(n + (P - 1) * is_decode) - 1``.
+    DualChunkSwap: the last real token in the padded order, `padded_start + n - 1`
+    (`cu * P - num_pcp_pads - 1`). Hybrid form (`tokens_original` given):
+    `cumsum(n + (P - 1) * is_decode) - 1`.
     """
     if hybrid_form:
         return np.cumsum(h.num_scheduled.astype(np.int64) + (h.pcp_size - 1) * h.is_decode) - 1
@@ -287,7 +295,7 @@ def logits_indices(h: HostLayout, hybrid_form: bool) -> np.ndarray:
 
 
 def adjust_cu(h: HostLayout, cu: np.ndarray) -> np.ndarray:
-    """vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``: prefills end at ``P * cu[D-1] + cumsum(n)``.
+    """vllm-ascend `adjust_cu_num_scheduled_tokens_for_pcp`: prefills end at `P * cu[D-1] + cumsum(n)`.
 
     Decode rows are kept; the input comes back as it is without prefills.
     """
@@ -302,11 +310,11 @@ def adjust_cu(h: HostLayout, cu: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class AttentionLists:
-    """The host fields of vllm-ascend's ``AscendPrefillContextParallelMetadata`` for ``P > 1``.
+    """The host fields of vllm-ascend's `AscendPrefillContextParallelMetadata` for `P > 1`.
 
-    ``chunk_seqlens``: int32 ``[num_prefill]`` chunk rows ``c`` of each prefill;
-    the lists are inclusive cumulative sums of ``c``, ``h*c``, ``t*c``,
-    ``(h+1)*c`` and ``(t+1)*c`` (``h`` this rank, ``t = 2P-1-h``); ``lengths``
+    `chunk_seqlens`: int32 `[num_prefill]` chunk rows `c` of each prefill;
+    the lists are inclusive cumulative sums of `c`, `h*c`, `t*c`,
+    `(h+1)*c` and `(t+1)*c` (`h` this rank, `t = 2P-1-h`); `lengths`
     maps each index tensor to its real length.
     """
 
@@ -350,5 +358,5 @@ def attention_lists(h: HostLayout) -> AttentionLists:
 
 
 def mtp_rows(h: HostLayout, decode_threshold: int) -> int:
-    """Rows of the MTP slot layout: every request's tokens plus ``decode_threshold - 2`` extra."""
+    """Rows of the MTP slot layout: every request's tokens plus `decode_threshold - 2` extra."""
     return h.total_scheduled + h.num_reqs * max(decode_threshold - 2, 0)

@@ -3,48 +3,48 @@
     captured = pcp_fn.graph.capture(pcp_fn.step, state, batch, slot_mapping)
     state, out = captured(state, next_batch, next_slot_mapping)   # replay
 
-Backends, chosen from the device of the example's tensors and ``backend``:
+Backends, chosen from the device of the example's tensors and `backend`:
 
-- ``cuda``: ``torch.cuda.CUDAGraph``. Every tensor leaf of the arguments gets a
-  static buffer; a call ``copy_``\\ s the new leaves into them and replays.
-- ``npu``: ``torch.npu.NPUGraph`` from ``torch_npu`` (imported only then), the
+- `cuda`: `torch.cuda.CUDAGraph`. Every tensor leaf of the arguments gets a
+  static buffer; a call `copy_`\\ s the new leaves into them and replays.
+- `npu`: `torch.npu.NPUGraph` from `torch_npu` (imported only then), the
   same way.
-- ``backend="aoti"`` (any device AOTInductor compiles for; the CPU's fast
-  path): per signature, ``torch.export`` of the function over its flattened
-  tensor leaves, ``aoti_compile_and_package`` into ``package_dir``, and
-  ``aoti_load_package``; a call runs the loaded model on the leaves and
+- `backend="aoti"` (any device AOTInductor compiles for; the CPU's fast
+  path): per signature, `torch.export` of the function over its flattened
+  tensor leaves, `aoti_compile_and_package` into `package_dir`, and
+  `aoti_load_package`; a call runs the loaded model on the leaves and
   rebuilds the result tree. No Dynamo guards, no Python wrapper per graph.
-- anything else (the CPU): ``torch.compile(fullgraph=True, dynamic=False)``,
-  one compiled graph per bucket (``backend="inductor"`` unless told).
+- anything else (the CPU): `torch.compile(fullgraph=True, dynamic=False)`,
+  one compiled graph per bucket (`backend="inductor"` unless told).
 
 On the CPU both inductor paths compile a graph of index maps alone to scalar
 C++ and one that moves floating-point rows to vectorised C++
-(:func:`inductor_options`; ``inductor_options=`` chooses instead).
+([`inductor_options`][pcp_fn.graph.inductor_options]; `inductor_options=` chooses instead).
 
-:func:`compile_per_bucket` takes the compile path on every device: one
-``torch.compile`` per signature, each under its own code object, so Dynamo
+[`compile_per_bucket`][pcp_fn.graph.compile_per_bucket] takes the compile path on every device: one
+`torch.compile` per signature, each under its own code object, so Dynamo
 keeps one cache entry per code object and a function serving any number of
 buckets compiles exactly one graph per bucket within torch's default
-recompile limit (``torch._dynamo.config.recompile_limit``, left untouched).
+recompile limit (`torch._dynamo.config.recompile_limit`, left untouched).
 
 A call finds its graph by one walk over the arguments
-(:func:`pcp_fn.graph.flat.flatten`: structure, static fields, leaf shapes,
+([`pcp_fn.graph.flat.flatten`][]: structure, static fields, leaf shapes,
 dtypes and devices) and one dict lookup; the capacity and config checks run
 when a signature is first seen.
 
-Entry ops (:func:`pcp_fn.core.entry.entry_op`: ``update_tokens``, ``step``,
-``spec_step``, MRV2 ``partition_batch``...) read only the config and rank of
+Entry ops ([`pcp_fn.core.entry.entry_op`][]: `update_tokens`, `step`,
+`spec_step`, MRV2 `partition_batch`...) read only the config and rank of
 the state they are given, so for them the state is keyed by its config and
 rank alone: a state coming out of any step, built for any bucket, replays the
 graph of the new batch's bucket. Other functions are keyed by every argument.
 
 One graph per *signature*: the tree structure of the arguments (configs and
 buckets are static parts of it) plus every tensor leaf's shape and dtype. A
-call with a new signature captures a new graph on first use (``grow=True``) or
-raises :class:`CaptureError` (``grow=False``: only what was captured up front,
-with :meth:`Captured.capture`, is served). A batch whose bucket exceeds the
+call with a new signature captures a new graph on first use (`grow=True`) or
+raises [`CaptureError`][pcp_fn.graph.CaptureError] (`grow=False`: only what was captured up front,
+with [`Captured.capture`][pcp_fn.graph.Captured.capture], is served). A batch whose bucket exceeds the
 capacities of the state's config, or a state of another config, always raises
-:class:`CaptureError`; the captured callable stays usable afterwards.
+[`CaptureError`][pcp_fn.graph.CaptureError]; the captured callable stays usable afterwards.
 
 Output rule (graph backends): a replay returns the graph's own output tensors.
 They stay valid until the next replay *of the same graph* (the same bucket),
@@ -85,13 +85,13 @@ def _device_of(leaves: list[Any]) -> torch.device:
 
 
 def _is_state(x: Any) -> bool:
-    """A layout state (``PCPState``, ``mrv2.MRV2State``): it lists the fields entry ops read
+    """A layout state (`PCPState`, `mrv2.MRV2State`): it lists the fields entry ops read
     (a batch carries its config too, but no entry fields)."""
     return hasattr(type(x), "ENTRY_FIELDS") and hasattr(x, "config")
 
 
 def _is_batch(x: Any) -> bool:
-    """A batch (``SchedulerBatch``, ``mrv2.GlobalBatch``): it carries its bucket."""
+    """A batch (`SchedulerBatch`, `mrv2.GlobalBatch`): it carries its bucket."""
     return isinstance(getattr(x, "bucket", None), Bucket) and not _is_state(x)
 
 
@@ -142,16 +142,16 @@ def _fresh_code(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def inductor_options(args: tuple[Any, ...], device: torch.device) -> dict[str, Any]:
-    """Inductor options of a graph over ``args`` on ``device`` (``{}``: inductor's defaults).
+    """Inductor options of a graph over `args` on `device` (`{}`: inductor's defaults).
 
     On the CPU, a graph of index maps only (no floating-point tensor among its
     arguments: every bookkeeping op) is compiled to scalar C++
-    (``cpp.simdlen=1``). Its kernels are table lookups at computed indices,
+    (`cpp.simdlen=1`). Its kernels are table lookups at computed indices,
     which inductor's vectorised C++ does a lane at a time through a stack
     buffer (a store and a reload per lookup); plain scalar loops are faster on
-    one thread: AOTInductor ``step`` 99 -> 74 us, ``update_tokens`` 101 -> 70,
-    ``attention_metadata`` 210 -> 144, MRV2 ``partition_batch`` 324 -> 160
-    (``P = 8``, ``P * L_b = 8192``). A graph that moves floating-point rows (a
+    one thread: AOTInductor `step` 99 -> 74 us, `update_tokens` 101 -> 70,
+    `attention_metadata` 210 -> 144, MRV2 `partition_batch` 324 -> 160
+    (`P = 8`, `P * L_b = 8192`). A graph that moves floating-point rows (a
     hidden-state restore) keeps the vectorised code, which copies those rows
     5x faster than scalar loops.
     """
@@ -164,8 +164,8 @@ def inductor_options(args: tuple[Any, ...], device: torch.device) -> dict[str, A
 
 
 def _scalar_isa_note(record: logging.LogRecord) -> bool:
-    """Drops the loader's warning that a scalar package (``cpp.simdlen=1``: no vector ISA, so
-    ``INVALID_VEC_ISA``) differs from this CPU's ISA: scalar code runs on any CPU."""
+    """Drops the loader's warning that a scalar package (`cpp.simdlen=1`: no vector ISA, so
+    `INVALID_VEC_ISA`) differs from this CPU's ISA: scalar code runs on any CPU."""
     args = record.args if isinstance(record.args, tuple) else ()
     return not (len(args) == 3 and args[0] == "AOTI_CPU_ISA" and args[2] == "INVALID_VEC_ISA")
 
@@ -181,11 +181,11 @@ class _CompiledGraph:
 
 
 class _AOTIGraph:
-    """One AOTInductor package: ``fn`` exported over the tensor leaves of ``args``.
+    """One AOTInductor package: `fn` exported over the tensor leaves of `args`.
 
-    With ``reuse``, a package already at ``path`` is loaded instead of compiled (the
-    caller's ``path`` names everything the program depends on); a new one is written
-    under an exclusive lock, so processes sharing ``path`` compile it once.
+    With `reuse`, a package already at `path` is loaded instead of compiled (the
+    caller's `path` names everything the program depends on); a new one is written
+    under an exclusive lock, so processes sharing `path` compile it once.
     """
 
     def __init__(
@@ -227,7 +227,7 @@ class _AOTIGraph:
 
 @contextlib.contextmanager
 def _package_lock(path: str) -> Any:
-    """An exclusive ``flock`` on ``path + ".lock"`` (POSIX; elsewhere no lock)."""
+    """An exclusive `flock` on `path + ".lock"` (POSIX; elsewhere no lock)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
@@ -248,14 +248,14 @@ class StaticInputs:
       (same object, same version counter), is not copied again: an entry op's
       state fields that come from its template, and the constant tables a
       state hands on from step to step, cost nothing after the first replay.
-    - Leaves that are views of one buffer (a batch from ``make_batch``: slots,
-      counts and ``num_reqs`` packed back to back) get static views of one
+    - Leaves that are views of one buffer (a batch from `make_batch`: slots,
+      counts and `num_reqs` packed back to back) get static views of one
       buffer laid out alike, and are refreshed by ONE copy of the whole span
       whenever the new leaves are packed the same way (else leaf by leaf).
 
     So a replay costs one copy of the batch and the graph launch.
 
-    With ``in_place`` the leaves themselves are the static buffers (the caller's
+    With `in_place` the leaves themselves are the static buffers (the caller's
     persistent staging tensors): a call passing those very tensors copies nothing.
     """
 
@@ -316,8 +316,8 @@ class StaticInputs:
 
 
 def _packed(leaves: list[Any], group: list[int]) -> tuple[list[int], torch.Tensor] | None:
-    """``(byte offsets from the span's start, the span as uint8)`` when the ``group``'s leaves
-    are contiguous views of one storage, else ``None``."""
+    """`(byte offsets from the span's start, the span as uint8)` when the `group`'s leaves
+    are contiguous views of one storage, else `None`."""
     xs = [leaves[i] for i in group]
     storage = xs[0].untyped_storage()
     if any(not x.is_contiguous() or x.untyped_storage().data_ptr() != storage.data_ptr() for x in xs):
@@ -332,7 +332,7 @@ def _packed(leaves: list[Any], group: list[int]) -> tuple[list[int], torch.Tenso
 
 
 def _view_of(span: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
-    """A tensor shaped like ``like`` at byte ``offset`` of the uint8 ``span``."""
+    """A tensor shaped like `like` at byte `offset` of the uint8 `span`."""
     out = torch.empty(0, dtype=like.dtype, device=span.device)
     return out.set_(span.untyped_storage(), offset // like.element_size(), like.shape, like.stride())
 
@@ -374,7 +374,7 @@ class _DeviceGraph:
 
 
 class Captured:
-    """A callable with ``fn``'s signature that replays one captured graph per signature."""
+    """A callable with `fn`'s signature that replays one captured graph per signature."""
 
     def __init__(
         self,
@@ -410,7 +410,7 @@ class Captured:
 
     @property
     def kind(self) -> str:
-        """``"cuda-graph"``, ``"npu-graph"``, ``"aoti"`` or ``"compile"`` (set by the first capture)."""
+        """`"cuda-graph"`, `"npu-graph"`, `"aoti"` or `"compile"` (set by the first capture)."""
         if self._device is None:
             return "unset"
         if self._device.type in ("cuda", "npu") and self.backend != "aoti" and not self.compile_only:
@@ -418,9 +418,9 @@ class Captured:
         return "aoti" if self.backend == "aoti" else "compile"
 
     def entry_args(self, *args: Any) -> tuple[Any, ...]:
-        """The arguments a call with ``args`` runs ``fn`` on (and a graph replays from).
+        """The arguments a call with `args` runs `fn` on (and a graph replays from).
 
-        For an entry op (:func:`pcp_fn.core.entry.entry_op`) each state becomes the first state
+        For an entry op ([`pcp_fn.core.entry.entry_op`][]) each state becomes the first state
         this object saw of its config and rank kind, the template, with this call's entry fields
         (rank, constants): the template itself when those are its own objects (a state handing
         its constants on, step after step), so a replay copies none of them again. Any other
@@ -461,7 +461,7 @@ class Captured:
             raise CaptureError(f"arguments are on {device}, the graphs on {self._device}")
 
     def capture(self, *args: Any) -> None:
-        """Capture the graph for ``args``' signature now (no-op when it exists)."""
+        """Capture the graph for `args`' signature now (no-op when it exists)."""
         args = self._as_entry(args)
         leaves, sig = flatten(args)
         if sig not in self._graphs:
@@ -509,10 +509,10 @@ class Captured:
         return graph(args, leaves)
 
     def bind(self, *args: Any) -> Callable[[], Any]:
-        """A zero-argument callable replaying the graph of ``args`` on these very objects.
+        """A zero-argument callable replaying the graph of `args` on these very objects.
 
         The signature lookup and the checks of a call run once, here (capturing
-        the graph now if it is missing and ``grow`` allows it), so each call of
+        the graph now if it is missing and `grow` allows it), so each call of
         the result costs the replay alone: for a caller that stages every step's
         inputs into the same persistent tensors. Each call reads the tensors'
         current contents (a device graph copies them into its static inputs, as
@@ -550,26 +550,26 @@ def capture(
     inductor_options: dict[str, Any] | None = None,
     persistent_inputs: bool = False,
 ) -> Captured:
-    """Capture ``fn(*example_args)`` into a graph now and return the replaying callable.
+    """Capture `fn(*example_args)` into a graph now and return the replaying callable.
 
     Args:
         grow: capture new buckets on first use (default) or raise
-            :class:`CaptureError` for anything not captured up front.
-        backend: ``"aoti"`` (AOTInductor, one package per signature), or the
-            ``torch.compile`` backend of the compile path (CPU).
+            [`CaptureError`][pcp_fn.graph.CaptureError] for anything not captured up front.
+        backend: `"aoti"` (AOTInductor, one package per signature), or the
+            `torch.compile` backend of the compile path (CPU).
         warmup: eager runs before a CUDA/NPU capture.
-        package_dir: where ``backend="aoti"`` writes its ``.pt2`` packages
+        package_dir: where `backend="aoti"` writes its `.pt2` packages
             (default: a new temporary directory).
-        package_path: ``backend="aoti"``: the package file of the example's
+        package_path: `backend="aoti"`: the package file of the example's
             signature, loaded if it exists (compiled and written there
             otherwise, under a lock: processes sharing it compile once). The
             caller names it by everything the program depends on (a disk
-            cache); other signatures go to ``package_dir``.
-        inductor_options: inductor config of the compiled graphs (``backend="aoti"``
-            or ``"inductor"``); default :func:`inductor_options` of the arguments.
+            cache); other signatures go to `package_dir`.
+        inductor_options: inductor config of the compiled graphs (`backend="aoti"`
+            or `"inductor"`); default [`inductor_options`][pcp_fn.graph.inductor_options] of the arguments.
         persistent_inputs: the example's tensors are persistent buffers that calls
             pass again with new contents (a caller staging each step in place, then
-            replaying :meth:`Captured.bind`): a CUDA/NPU graph reads them where they
+            replaying [`Captured.bind`][pcp_fn.graph.Captured.bind]): a CUDA/NPU graph reads them where they
             are, with no static copies and no copy per replay (a call with other
             tensors still copies them in). Other backends read their arguments anyway.
     """
@@ -588,18 +588,18 @@ def capture(
 
 
 def compile_per_bucket(fn: Callable[..., Any], *, backend: str = "inductor", grow: bool = True) -> Captured:
-    """``torch.compile(fn, fullgraph=True, dynamic=False)``, one graph per bucket, on any device.
+    """`torch.compile(fn, fullgraph=True, dynamic=False)`, one graph per bucket, on any device.
 
-    The returned :class:`Captured` compiles a graph the first time it sees a
+    The returned [`Captured`][pcp_fn.graph.Captured] compiles a graph the first time it sees a
     signature (the arguments' tree structure, which holds the configs and
     buckets, plus every tensor leaf's shape and dtype), each under its own code
     object: Dynamo's recompile limit counts graphs per code object, so any
     number of buckets compiles without raising it and without a recompile.
-    With bucket-shaped inputs (``make_batch(..., slot_mapping=...)``) and an
-    entry op keyed by its batch alone (:func:`pcp_fn.core.entry.entry_op`), a
-    run compiles exactly as many graphs as it meets buckets, ``len(result)``;
-    a state with its rank as data (``init_state(cfg, rank=r)``) shares them
-    across ranks. Unlike :func:`capture` it never records a CUDA/NPU graph,
+    With bucket-shaped inputs (`make_batch(..., slot_mapping=...)`) and an
+    entry op keyed by its batch alone ([`pcp_fn.core.entry.entry_op`][]), a
+    run compiles exactly as many graphs as it meets buckets, `len(result)`;
+    a state with its rank as data (`init_state(cfg, rank=r)`) shares them
+    across ranks. Unlike [`capture`][pcp_fn.graph.capture.capture] it never records a CUDA/NPU graph,
     and compiles lazily (nothing up front).
 
         compiled = compile_per_bucket(pcp_fn.step, backend="eager")

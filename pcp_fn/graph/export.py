@@ -1,4 +1,4 @@
-"""``torch.export`` of a PCP function with every shape static."""
+"""`torch.export` of a PCP function with every shape static."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ class _AsModule(torch.nn.Module):
 
 
 def export(fn: Callable[..., Any], *example_args: Any) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``fn`` for the example's bucket, with every shape static.
+    """`torch.export` of `fn` for the example's bucket, with every shape static.
 
-    Raises :class:`CaptureError` if the program has any symbolic (data-dependent
+    Raises [`CaptureError`][pcp_fn.graph.CaptureError] if the program has any symbolic (data-dependent
     or dynamic) size, which would mean an op read a value to decide a shape.
     """
     ep = torch.export.export(_AsModule(fn), tuple(example_args), strict=False)

@@ -1,13 +1,13 @@
 """Fast flattening of PCP arguments and results: what a replay costs on the host besides the graph.
 
-``torch.utils._pytree`` is generic and slow (~8 us to flatten a ``(PCPState,
-SchedulerBatch)``, ~20 us to rebuild a step's outputs, ~100 us for the checks
-``graph.capture`` layered on it). A captured step runs in tens of
-microseconds, so :class:`pcp_fn.graph.Captured` keys and rebuilds with these
-instead: :func:`flatten` walks tuples, lists, dicts and the package's pytree
+`torch.utils._pytree` is generic and slow (~8 us to flatten a `(PCPState,
+SchedulerBatch)`, ~20 us to rebuild a step's outputs, ~100 us for the checks
+`graph.capture` layered on it). A captured step runs in tens of
+microseconds, so [`pcp_fn.graph.Captured`][] keys and rebuilds with these
+instead: [`flatten`][pcp_fn.graph.flat.flatten] walks tuples, lists, dicts and the package's pytree
 dataclasses (their field lists are cached on the class by
-:func:`pcp_fn.core.pytree.pytree_dataclass`) and hands anything else to
-``torch.utils._pytree``; :class:`Rebuild` turns a flat list of leaves back into
+[`pcp_fn.core.pytree.pytree_dataclass`][]) and hands anything else to
+`torch.utils._pytree`; [`Rebuild`][pcp_fn.graph.flat.Rebuild] turns a flat list of leaves back into
 the tree of an example, with the dataclasses built field by field.
 
     leaves, key = flatten((state, batch))   # key: hashable, equal for calls one graph serves
@@ -26,11 +26,11 @@ Tensor = torch.Tensor
 
 
 def flatten(tree: Any, memo: dict[int, Any] | None = None) -> tuple[list[Any], tuple[Any, ...]]:
-    """``(leaves, key)``: the tensor (and other) leaves in ``torch.utils._pytree`` order, and
+    """`(leaves, key)`: the tensor (and other) leaves in `torch.utils._pytree` order, and
     a hashable key of everything a graph specialises on: the structure, static fields
     (configs, buckets), and each tensor's shape, dtype and device.
 
-    ``memo`` (a dict the caller keeps) remembers the leaves and key of each
+    `memo` (a dict the caller keeps) remembers the leaves and key of each
     dataclass object walked, by identity: frozen objects passed again (a state
     handed from step to step) cost one lookup. It holds them alive; keep it small.
     """
@@ -85,11 +85,12 @@ def _walk(x: Any, leaves: list[Any], key: list[Any], memo: dict[int, Any] | None
 
 
 class Rebuild:
-    """Rebuilds trees shaped like ``example`` from their flat leaves (:func:`flatten`'s order).
+    """Rebuilds trees shaped like `example` from their flat leaves
+    ([`flatten`][pcp_fn.graph.flat.flatten]'s order).
 
     The builder is generated once per structure as straight-line Python: each
-    dataclass is made with one ``__dict__`` assignment (no ``__init__``, no
-    per-field ``__setattr__``), each leaf is one indexing.
+    dataclass is made with one `__dict__` assignment (no `__init__`, no
+    per-field `__setattr__`), each leaf is one indexing.
     """
 
     def __init__(self, example: Any) -> None:
@@ -108,8 +109,8 @@ class Rebuild:
 
 
 def _emit(x: Any, at: int, env: dict[str, Any], lines: list[str]) -> tuple[str, int]:
-    """Source of an expression building ``x``'s structure from the leaves ``L[at:]``, and
-    the position after it; objects are made by statements appended to ``lines``."""
+    """Source of an expression building `x`'s structure from the leaves `L[at:]`, and
+    the position after it; objects are made by statements appended to `lines`."""
     t = type(x)
     if t is Tensor or isinstance(x, Tensor) or x is None:
         return f"L[{at}]", at + 1

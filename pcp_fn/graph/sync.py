@@ -1,23 +1,23 @@
 """A host-sync detector: run a function and fail on anything a graph cannot capture.
 
-``no_host_syncs()`` is a ``TorchDispatchMode`` that raises :class:`HostSyncError`
+`no_host_syncs()` is a `TorchDispatchMode` that raises [`HostSyncError`][pcp_fn.HostSyncError]
 on the aten calls that read a device value on the host or give a
 data-dependent shape:
 
-- ``_local_scalar_dense`` (``.item()``, ``int(t)``, ``bool(t)``, ``if t:``),
-  ``is_nonzero``, ``equal``;
-- ``nonzero``, ``argwhere``, ``masked_select``, every ``unique`` variant,
-  ``bincount`` and ``repeat_interleave`` without ``output_size``, and
-  ``index`` / ``index_put`` with a boolean mask (they call ``nonzero`` inside);
+- `_local_scalar_dense` (`.item()`, `int(t)`, `bool(t)`, `if t:`),
+  `is_nonzero`, `equal`;
+- `nonzero`, `argwhere`, `masked_select`, every `unique` variant,
+  `bincount` and `repeat_interleave` without `output_size`, and
+  `index` / `index_put` with a boolean mask (they call `nonzero` inside);
 - any copy that lands on the CPU from another device, and any copy of host
   memory to another device.
 
-A ``TorchFunctionMode`` beside it catches, at the Python API, what never
-reaches the dispatcher on a CPU tensor: ``.tolist()``, ``.numpy()``, and
-tensors built from host data (``torch.tensor``, ``torch.as_tensor``,
-``torch.from_numpy``): on a GPU that is a synchronous host-to-device copy,
+A `TorchFunctionMode` beside it catches, at the Python API, what never
+reaches the dispatcher on a CPU tensor: `.tolist()`, `.numpy()`, and
+tensors built from host data (`torch.tensor`, `torch.as_tensor`,
+`torch.from_numpy`): on a GPU that is a synchronous host-to-device copy,
 which a CUDA graph cannot capture, even for a constant. Keep constants in the
-state (``init_state`` makes them once) or derive them with ``arange``.
+state (`init_state` makes them once) or derive them with `arange`.
 
     with no_host_syncs():
         state, layout = update_tokens(state, batch)
@@ -129,22 +129,22 @@ class _HostDataDetector(TorchFunctionMode):
 
 @contextlib.contextmanager
 def no_host_syncs() -> Iterator[None]:
-    """Context manager: raise :class:`HostSyncError` on any host sync inside."""
+    """Context manager: raise [`HostSyncError`][pcp_fn.HostSyncError] on any host sync inside."""
     with _HostDataDetector(), _Detector():
         yield
 
 
 def assert_no_host_syncs(fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
-    """Run ``fn(*args, **kwargs)`` under :func:`no_host_syncs` and return its result."""
+    """Run `fn(*args, **kwargs)` under [`no_host_syncs`][pcp_fn.no_host_syncs] and return its result."""
     with no_host_syncs():
         return fn(*args, **kwargs)
 
 
 def is_view_op(func: Any) -> bool:
-    """``func`` (an aten overload) only makes a view: its first output aliases an input, read-only.
+    """`func` (an aten overload) only makes a view: its first output aliases an input, read-only.
 
-    ``view``, ``slice``, ``select``, ``unsqueeze``, ``expand``, ``unbind``, ``split``,
-    ``transpose``, ``as_strided``, ``alias``...: metadata on the host, no device kernel.
+    `view`, `slice`, `select`, `unsqueeze`, `expand`, `unbind`, `split`,
+    `transpose`, `as_strided`, `alias`...: metadata on the host, no device kernel.
     """
     returns = func._schema.returns
     alias = returns[0].alias_info if returns else None
@@ -152,9 +152,9 @@ def is_view_op(func: Any) -> bool:
 
 
 class OpCounter(TorchDispatchMode):
-    """Count the aten ops a function dispatches (``counter.total``, ``counter.counts``).
+    """Count the aten ops a function dispatches (`counter.total`, `counter.counts`).
 
-    ``counter.kernels`` leaves out the view ops (:func:`is_view_op`): what an
+    `counter.kernels` leaves out the view ops ([`is_view_op`][pcp_fn.graph.is_view_op]): what an
     eager replay launches on the device, one kernel each (an ACL graph of
     eager ops replays exactly these).
     """
@@ -181,15 +181,15 @@ class OpCounter(TorchDispatchMode):
 
 
 def count_aten_ops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
-    """Number of aten ops ``fn(*args, **kwargs)`` dispatches."""
+    """Number of aten ops `fn(*args, **kwargs)` dispatches."""
     with OpCounter() as counter:
         fn(*args, **kwargs)
     return counter.total
 
 
 def count_kernels(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
-    """Kernel-launching aten ops ``fn(*args, **kwargs)`` dispatches: :func:`count_aten_ops`
-    minus the view ops (:func:`is_view_op`)."""
+    """Kernel-launching aten ops `fn(*args, **kwargs)` dispatches: [`count_aten_ops`][pcp_fn.count_aten_ops]
+    minus the view ops ([`is_view_op`][pcp_fn.graph.is_view_op])."""
     with OpCounter() as counter:
         fn(*args, **kwargs)
     return counter.kernels

@@ -1,14 +1,14 @@
-"""The hybrid-attention layout (``PCPConfig(..., hybrid_attn=True)``: qwen3-next, qwen3.5).
+"""The hybrid-attention layout (`PCPConfig(..., hybrid_attn=True)`: qwen3-next, qwen3.5).
 
 Linear-attention layers get each prefill split *linearly* (contiguous tokens
-per rank); the full-attention layers keep DualChunkSwap (:mod:`pcp_fn.dcs`).
-Config and host boundary are the facade's (:class:`pcp_fn.PCPConfig` with
-``hybrid_attn=True``, :func:`pcp_fn.make_batch`); this package holds the
-layout (:mod:`.layout`: :class:`HybridLayout` and its index maps), its
-ops (:mod:`.ops`) and its host twin (:mod:`.host`); the draft model's linear prefill
-split is :func:`pcp_fn.spec.split_prefill_for_draft` on a hybrid config.
-:data:`LAYOUT` is the built-in ``"hybrid"`` :class:`pcp_fn.Layout` (the functions of
-:mod:`.ops`), which ``pcp_fn.update_tokens``, the other facade ops and :mod:`pcp_fn.spec`
+per rank); the full-attention layers keep DualChunkSwap ([`pcp_fn.dcs`][]).
+Config and host boundary are the facade's ([`pcp_fn.PCPConfig`][] with
+`hybrid_attn=True`, [`pcp_fn.make_batch`][]); this package holds the
+layout ([`pcp_fn.hybrid.layout`][]: [`HybridLayout`][pcp_fn.HybridLayout] and its index maps), its
+ops ([`pcp_fn.hybrid.ops`][]) and its host twin ([`pcp_fn.hybrid.host`][]); the draft model's linear prefill
+split is [`pcp_fn.spec.split_prefill_for_draft`][pcp_fn.split_prefill_for_draft] on a hybrid config.
+[`LAYOUT`][pcp_fn.hybrid.LAYOUT] is the built-in `"hybrid"` [`pcp_fn.Layout`][] (the functions of
+[`pcp_fn.hybrid.ops`][]), which `pcp_fn.update_tokens`, the other facade ops and [`pcp_fn.spec`][]
 find by the config.
 """
 
@@ -31,6 +31,8 @@ from .ops import (
 )
 
 LAYOUT = PackageLayout("hybrid", ops)
+"""The built-in `"hybrid"` [`pcp_fn.Layout`][] (`PCPConfig(..., hybrid_attn=True)`): the functions of
+[`pcp_fn.hybrid.ops`][]."""
 
 __all__ = [
     "LAYOUT",

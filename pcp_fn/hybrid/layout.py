@@ -1,14 +1,14 @@
-"""The hybrid-attention layout (``config.hybrid_attn``, e.g. qwen3-next / qwen3.5).
+"""The hybrid-attention layout (`config.hybrid_attn`, e.g. qwen3-next / qwen3.5).
 
 A hybrid model has linear-attention (FLA / GDN) layers and full-attention (FA)
 layers. The linear layers need each request's tokens *contiguous* on a rank, so
-a prefill of ``n`` tokens is split linearly: rank ``q`` holds ``n // P + (q < n % P)``
-consecutive tokens (``_get_cp_local_seq_lens`` with interleave 1). The FA layers
-keep the DualChunkSwap (DCS) layout of :mod:`pcp_fn.dcs.layout`. The index maps here
+a prefill of `n` tokens is split linearly: rank `q` holds `n // P + (q < n % P)`
+consecutive tokens (`_get_cp_local_seq_lens` with interleave 1). The FA layers
+keep the DualChunkSwap (DCS) layout of [`pcp_fn.dcs.layout`][]. The index maps here
 move hidden states between the two around every FA layer. Decodes are not
 split (every rank holds all their tokens) and come first on every rank.
 
-Worked example (vllm-ascend's own test), ``P = 2``, two fresh prefills ``[3, 5]``::
+Worked example (vllm-ascend's own test), `P = 2`, two fresh prefills `[3, 5]`:
 
     request                   0 (n=3)          1 (n=5)
     linear split              r0: t0 t1        r0: t0 t1 t2
@@ -28,21 +28,21 @@ Worked example (vllm-ascend's own test), ``P = 2``, two fresh prefills ``[3, 5]`
     back to the linear rows: exit_fa_scatter_idx [0, 6, 2, 3, 8] (rows of the
       all-gathered FA outputs, each rank's DCS prefill queries, 6 per rank)
 
-Fixed shapes: per-token outputs have the bucket's ``L_b`` local rows or
-``P * L_b`` gathered rows. ``L_b`` holds the DCS local count ``N_dcs``, which
-bounds ``M`` and every rank's linear count (see :mod:`pcp_fn.protocol.config`). Rank
-buffers in a gathered tensor are the fixed ``[L_b]`` local buffers, so indices
-into gathered buffers read ``rank * L_b + row`` where vllm-ascend reads
-``rank * M + row`` (enter) or ``rank * (N_dcs - D) + row`` (exit); with ``L_b``
+Fixed shapes: per-token outputs have the bucket's `L_b` local rows or
+`P * L_b` gathered rows. `L_b` holds the DCS local count `N_dcs`, which
+bounds `M` and every rank's linear count (see [`pcp_fn.protocol.config`][]). Rank
+buffers in a gathered tensor are the fixed `[L_b]` local buffers, so indices
+into gathered buffers read `rank * L_b + row` where vllm-ascend reads
+`rank * M + row` (enter) or `rank * (N_dcs - D) + row` (exit); with `L_b`
 equal to those sizes they are vllm-ascend's, value for value.
 
 Decode order in the FA input (from vllm-ascend): without speculative tokens
-(``num_spec_tokens == 0``) token-major, ``[t0r0, t0r1, ..., t1r0, ...]``; with
-them (vllm-ascend's ``speculative_config`` set) rank-major,
-``[r0: t0 .. t(D-1), r1: ...]``. vllm-ascend's token-major branch counts decode
+(`num_spec_tokens == 0`) token-major, `[t0r0, t0r1, ..., t1r0, ...]`; with
+them (vllm-ascend's `speculative_config` set) rank-major,
+`[r0: t0 .. t(D-1), r1: ...]`. vllm-ascend's token-major branch counts decode
 *requests*; here it counts decode *tokens*, the same whenever every decode has
 one token (the only case that branch handles: a zero-token decode makes vllm-ascend
-raise in ``_build_fa_padding_restore_idx``).
+raise in `_build_fa_padding_restore_idx`).
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ from ..protocol.state import PCPState, next_state
 class LinearRuns(NamedTuple):
     """The linear split of every request as runs of rows, from two scans; int64.
 
-    ``m`` runs of the compact FA input: ``n * P`` (request ``i``, rank ``q``) runs, request-major,
-    preceded with speculative tokens configured by ``P`` rank-major decode runs (``m = (n + 1) * P``).
+    `m` runs of the compact FA input: `n * P` (request `i`, rank `q`) runs, request-major,
+    preceded with speculative tokens configured by `P` rank-major decode runs (`m = (n + 1) * P`).
     """
 
     counts: torch.Tensor  # [n, P] prefill tokens of every rank (0 for decodes)
@@ -85,16 +85,16 @@ def linear_runs(
     rows_per_rank: int,
     constants: dict[str, torch.Tensor],
 ) -> LinearRuns:
-    """The linear split of the requests of ``geo`` and the runs of the compact FA input.
+    """The linear split of the requests of `geo` and the runs of the compact FA input.
 
-    Rank ``q`` holds ``ceil((n - q) / P)`` tokens of a prefill of ``n`` (``n // P + (q < n % P)``).
+    Rank `q` holds `ceil((n - q) / P)` tokens of a prefill of `n` (`n // P + (q < n % P)`).
     Without speculative tokens every decode has at most one token (the decode threshold), so its
-    ``P`` replicated rows in the token-major decode region are ``P`` runs of (at most) one row, one
-    per rank: run ``(i, q)`` of every request, decode or prefill, is rank ``q``'s rows of request
-    ``i`` and starts, in the FA input, after every earlier run (request-major). With them the decode
-    region is ``P`` rank-major runs of ``D`` rows. Inside a run the gathered row
-    ``q * rows_per_rank + linear row`` grows with the FA row: one shift per run.
-    ``constants``: ``state.constants`` (its chunk ranks give ``0 .. P-1`` and ``P-1 .. 0``).
+    `P` replicated rows in the token-major decode region are `P` runs of (at most) one row, one
+    per rank: run `(i, q)` of every request, decode or prefill, is rank `q`'s rows of request
+    `i` and starts, in the FA input, after every earlier run (request-major). With them the decode
+    region is `P` rank-major runs of `D` rows. Inside a run the gathered row
+    `q * rows_per_rank + linear row` grows with the FA row: one shift per run.
+    `constants`: `state.constants` (its chunk ranks give `0 .. P-1` and `P-1 .. 0`).
     """
     P = config.pcp_size
     n = geo.num_scheduled
@@ -116,21 +116,21 @@ def linear_runs(
 
 
 def paint_enter_fa(runs: LinearRuns, run: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """``enter_fa_restore_idx`` of the compact FA rows ``k`` (``arange``) from each row's run: gathered
-    linear row, 0 past ``fa_len``."""
+    """`enter_fa_restore_idx` of the compact FA rows `k` (`arange`) from each row's run: gathered
+    linear row, 0 past `fa_len`."""
     return (k + runs.fa_shift.index_select(0, run)) * (k < runs.fa_end[-1])
 
 
 def enter_fa_rows(runs: LinearRuns, size: int, *, arange: torch.Tensor | None = None) -> torch.Tensor:
-    """``[size]`` int64 ``enter_fa_restore_idx`` with one search of the run ends (``arange``: a shared
-    int64 arange, :func:`pcp_fn.core.ragged.arange_of`)."""
+    """`[size]` int64 `enter_fa_restore_idx` with one search of the run ends (`arange`: a shared
+    int64 arange, [`pcp_fn.core.ragged.arange_of`][])."""
     k = arange_of(size, runs.fa_end.device, arange)
     return paint_enter_fa(runs, segment_of(runs.fa_end[:-1], k), k)
 
 
 class LinearLocal(NamedTuple):
-    """This rank's linear rows; ``exit_rows`` ``[2 L_b]``: padding rows past the bucket (0) let a reader
-    shift by up to ``L_b`` rows without a clamp."""
+    """This rank's linear rows; `exit_rows` `[2 L_b]`: padding rows past the bucket (0) let a reader
+    shift by up to `L_b` rows without a clamp."""
 
     rows: LocalRows  # request, position, validity and absolute position of the local rows
     exit_rows: torch.Tensor  # row of the all-gathered DCS prefill queries holding the row's token
@@ -144,15 +144,15 @@ def linear_segments(
     rows_per_rank: int,
     constants: dict[str, torch.Tensor],
 ) -> tuple[PaintedSegments, torch.Tensor]:
-    """The ``2P n`` segments of this rank's linear rows and their start per request (``[n + 1]``).
+    """The `2P n` segments of this rank's linear rows and their start per request (`[n + 1]`).
 
-    Rank ``r`` holds tokens ``[o, o + rows)`` of request ``i`` (``o``: the earlier ranks' counts), at
-    local rows from ``start[i]``: position ``row + o - start[i]``. Split at the DCS chunk
-    boundaries (chunk ``k``: tokens ``[k c, (k + 1) c)``, ``c = geo.own.chunk``), a request's rows are
-    ``2P`` segments; in chunk ``k`` a token sits at DCS prefill row
-    ``local_start - D + o - k c (+ c for a tail)`` of the chunk's rank (``dcs_chunks``: rank and
-    ``beta_k``), so the exit row also grows with the row. Channels: ``[position shift, (absolute
-    position shift: num_computed [n] added, when given), exit shift, request]``.
+    Rank `r` holds tokens `[o, o + rows)` of request `i` (`o`: the earlier ranks' counts), at
+    local rows from `start[i]`: position `row + o - start[i]`. Split at the DCS chunk
+    boundaries (chunk `k`: tokens `[k c, (k + 1) c)`, `c = geo.own.chunk`), a request's rows are
+    `2P` segments; in chunk `k` a token sits at DCS prefill row
+    `local_start - D + o - k c (+ c for a tail)` of the chunk's rank (`dcs_chunks`: rank and
+    `beta_k`), so the exit row also grows with the row. Channels: `[position shift, (absolute
+    position shift: num_computed [n] added, when given), exit shift, request]`.
     """
     P = runs.counts.shape[1]
     upto, _, chunk_rank, beta = constants["dcs_chunks"].unbind(0)
@@ -180,8 +180,9 @@ def paint_linear(
     row: torch.Tensor,
     rows_per_rank: int,
 ) -> LinearLocal:
-    """:class:`LinearLocal` from the linear segments and each row's segment (``row``: ``arange(2 L_b)``,
-    or ``arange(L_b)`` for a reader of the local rows alone; ``absolute`` where the segments have it)."""
+    """[`LinearLocal`][pcp_fn.hybrid.layout.LinearLocal] from the linear segments and each row's
+    segment (`row`: `arange(2 L_b)`, or `arange(L_b)` for a reader of the local rows alone;
+    `absolute` where the segments have it)."""
     Lb = rows_per_rank
     painted = segments.table.index_select(1, segment)
     valid = row < start[-1]
@@ -195,10 +196,10 @@ def paint_linear(
 def query_segments(
     geo: RequestGeometry, rank: int | torch.Tensor, P: int, constants: dict[str, torch.Tensor]
 ) -> PaintedSegments:
-    """The ``2n`` DCS local segments of this rank (head, tail: :func:`pcp_fn.dcs.layout.local_rows`),
-    one channel: local row minus DCS padded row, relative to the prefill region (``+ P * D``).
+    """The `2n` DCS local segments of this rank (head, tail: [`pcp_fn.dcs.layout.local_rows`][]),
+    one channel: local row minus DCS padded row, relative to the prefill region (`+ P * D`).
 
-    In a segment the padded row is ``row + padded_start - local_start + c * (chunks before)``.
+    In a segment the padded row is `row + padded_start - local_start + c * (chunks before)`.
     """
     le, c = geo.local_start[1:], geo.own.prefill_chunk
     ends = torch.stack([le - c, le], -1).flatten()
@@ -210,23 +211,23 @@ def query_segments(
 def paint_queries(
     geo: RequestGeometry, segments: PaintedSegments, segment: torch.Tensor, row: torch.Tensor
 ) -> torch.Tensor:
-    """DCS padded-order row (less ``P * D``) of each of this rank's DCS local rows ``row`` (``arange``),
-    0 past ``N_dcs``."""
+    """DCS padded-order row (less `P * D`) of each of this rank's DCS local rows `row` (`arange`),
+    0 past `N_dcs`."""
     return (row - segments.table[0].index_select(0, segment)) * (row < geo.local_start[-1])
 
 
 def fa_padding_restore_index(
     order: GatheredOrder, D: torch.Tensor, fa_len: torch.Tensor, P: int, *, arange: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """``[G]`` int64: compact FA-input row of each DCS padded-order row.
+    """`[G]` int64: compact FA-input row of each DCS padded-order row.
 
-    vllm-ascend ``_build_fa_padding_restore_idx``.
+    vllm-ascend `_build_fa_padding_restore_idx`.
 
-    Decode region (first ``P * D`` rows): the identity. Prefill region: a real
-    row takes its token's compact row ``P * D + (token - D)``; a pad row, and
-    every row past ``P * N_dcs``, takes ``fa_len`` (one past the compact rows:
-    the consumer appends one zero row there). Where vllm-ascend returns ``None``
-    (no prefill pads) this is the identity on ``[:P * N_dcs]``.
+    Decode region (first `P * D` rows): the identity. Prefill region: a real
+    row takes its token's compact row `P * D + (token - D)`; a pad row, and
+    every row past `P * N_dcs`, takes `fa_len` (one past the compact rows:
+    the consumer appends one zero row there). Where vllm-ascend returns `None`
+    (no prefill pads) this is the identity on `[:P * N_dcs]`.
     """
     g = arange_of(order.unpad_mask.shape[0], D.device, arange)
     real = torch.where(order.unpad_mask, torch.add(order.token, D, alpha=P - 1), fa_len)
@@ -236,37 +237,39 @@ def fa_padding_restore_index(
 @pytree_dataclass
 @dataclasses.dataclass(frozen=True)  # explicit: a subclass would otherwise reuse TokenLayout's fields
 class HybridLayout(TokenLayout):
-    """What ``update_tokens`` returns when ``config.hybrid_attn`` (``R_b``, ``L_b`` from the bucket).
+    """What `update_tokens` returns when `config.hybrid_attn` (`R_b`, `L_b` from the bucket).
 
-    The :class:`TokenLayout` fields keep their meaning, with the linear split
+    The [`TokenLayout`][pcp_fn.TokenLayout] fields keep their meaning, with the linear split
     for the local rows:
 
-    - ``pcp_tokens`` ``[R_b]`` int32: linear tokens of each request on this
-      rank (decodes: all ``n``); vllm-ascend's ``update_tokens_for_pcp(...)[0]``.
-    - ``positions``, ``request_index`` ``[L_b]``: of the linear local rows
-      (vllm-ascend ``[1]``); ``num_tokens``: their count (vllm-ascend ``total_num_scheduled_tokens``).
-    - ``num_pads``, ``unpad_mask``, ``restore_index``: of the DCS layout the FA
+    - `pcp_tokens` `[R_b]` int32: linear tokens of each request on this
+      rank (decodes: all `n`); vllm-ascend's `update_tokens_for_pcp(...)[0]`.
+    - `positions`, `request_index` `[L_b]`: of the linear local rows
+      (vllm-ascend `[1]`); `num_tokens`: their count (vllm-ascend `total_num_scheduled_tokens`).
+    - `num_pads`, `unpad_mask`, `restore_index`: of the DCS layout the FA
       layers use (identical to the non-hybrid ones).
 
-    Hybrid-only fields (0-d int64 unless said otherwise):
-        pcp_tokens_padded: ``[R_b]`` int32 DCS tokens of each request on each
-            rank (vllm-ascend ``num_scheduled_tokens_padded``: the FA query lengths).
-        num_tokens_padded: ``N_dcs = sum(pcp_tokens_padded)`` (vllm-ascend
-            ``num_actual_tokens_pcp_padded // P``).
-        max_num_tokens_across_pcp: ``M``, linear rows of the fullest rank;
+    Its own fields are 0-d int64 unless said otherwise.
+
+    Attributes:
+        pcp_tokens_padded: `[R_b]` int32 DCS tokens of each request on each
+            rank (vllm-ascend `num_scheduled_tokens_padded`: the FA query lengths).
+        num_tokens_padded: `N_dcs = sum(pcp_tokens_padded)` (vllm-ascend
+            `num_actual_tokens_pcp_padded // P`).
+        max_num_tokens_across_pcp: `M`, linear rows of the fullest rank;
             every rank's linear rows are padded to it before the all-gather.
-        pcp_padded_tokens_fla: ``M - num_tokens``, this rank's padding to ``M``.
-        total_pcp_padding_tokens_fla: ``P * (M - D) - prefill tokens``.
-        enter_fa_restore_idx: ``[P*L_b]`` gathered linear row of each compact
-            FA-input row; length ``enter_fa_len``, 0 past it.
-        enter_fa_len: ``P * D + prefill tokens`` (vllm-ascend's ``actual_qkv_len``).
-        fa_padding_restore_idx: ``[P*L_b]`` compact FA-input row of each DCS
-            padded-order row; pads hold ``enter_fa_len``; length ``P * N_dcs``.
-        fa_query_idx: ``[L_b]`` this rank's prefill queries in the DCS padded
-            prefill order; length ``fa_query_len = N_dcs - D``, 0 past it.
-        exit_fa_scatter_idx: ``[L_b]`` row of the all-gathered FA prefill
-            queries (``rank * L_b + query``) for each local linear prefill
-            token; length ``exit_fa_len = num_tokens - D``, 0 past it.
+        pcp_padded_tokens_fla: `M - num_tokens`, this rank's padding to `M`.
+        total_pcp_padding_tokens_fla: `P * (M - D) - prefill tokens`.
+        enter_fa_restore_idx: `[P*L_b]` gathered linear row of each compact
+            FA-input row; length `enter_fa_len`, 0 past it.
+        enter_fa_len: `P * D + prefill tokens` (vllm-ascend's `actual_qkv_len`).
+        fa_padding_restore_idx: `[P*L_b]` compact FA-input row of each DCS
+            padded-order row; pads hold `enter_fa_len`; length `P * N_dcs`.
+        fa_query_idx: `[L_b]` this rank's prefill queries in the DCS padded
+            prefill order; length `fa_query_len = N_dcs - D`, 0 past it.
+        exit_fa_scatter_idx: `[L_b]` row of the all-gathered FA prefill
+            queries (`rank * L_b + query`) for each local linear prefill
+            token; length `exit_fa_len = num_tokens - D`, 0 past it.
     """
 
     pcp_tokens_padded: torch.Tensor
@@ -284,7 +287,7 @@ class HybridLayout(TokenLayout):
 
 
 def build(state: PCPState, batch: SchedulerBatch) -> LayoutUpdate:
-    """The hybrid layout of ``batch`` for ``state``'s rank (see :class:`HybridLayout`)."""
+    """The hybrid layout of `batch` for `state`'s rank (see [`HybridLayout`][pcp_fn.HybridLayout])."""
     cfg = state.config
     P, Lb, rank = cfg.pcp_size, batch.bucket.num_tokens, state.pcp_rank
     is_decode = batch_is_decode(cfg, batch)

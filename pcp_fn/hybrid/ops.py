@@ -1,10 +1,10 @@
 """The hybrid layout's consumer ops: logits rows, the FA-entry restore, spec-decode re-alignment.
 
-They read the record of the state's last update (``PCPState``) at its bucket's
-sizes, like the DualChunkSwap ones in :mod:`pcp_fn.dcs.layout`, and offer the
+They read the record of the state's last update (`PCPState`) at its bucket's
+sizes, like the DualChunkSwap ones in [`pcp_fn.dcs.layout`][], and offer the
 same interface: with the DualChunkSwap geometry, KV order, host bound and tables (the
-full-attention layers keep them) this module is the ``"hybrid"`` :class:`pcp_fn.Layout`
-(``pcp_fn.hybrid.LAYOUT``).
+full-attention layers keep them) this module is the `"hybrid"` [`pcp_fn.Layout`][]
+(`pcp_fn.hybrid.LAYOUT`).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ __all__ = [
 
 
 def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torch.Tensor) -> torch.Tensor:
-    """``[R_b]`` int64: ``cumsum(n + (P-1)*decode) - 1``.
+    """`[R_b]` int64: `cumsum(n + (P-1)*decode) - 1`.
 
-    vllm-ascend ``PCPManager.get_logits_indices`` with ``tokens_original``:
-    rows of the FA-order restored hidden states. Each decode counts ``P - 1``
+    vllm-ascend `PCPManager.get_logits_indices` with `tokens_original`:
+    rows of the FA-order restored hidden states. Each decode counts `P - 1`
     extra rows even when it has no token (as vllm-ascend counts them). 0 past
-    ``num_reqs``; a leading request with no token is clamped to 0. ``P = 2``,
-    tokens ``[1, 1, 3, 5]`` (two decodes) -> ``[1, 3, 6, 11]``.
+    `num_reqs`; a leading request with no token is clamped to 0. `P = 2`,
+    tokens `[1, 1, 3, 5]` (two decodes) -> `[1, 3, 6, 11]`.
     """
     rows = torch.add(geo.num_scheduled, geo.replicated, alpha=config.pcp_size - 1)
     last = (torch.cumsum(rows, 0) - 1).clamp(min=0)
@@ -50,13 +50,13 @@ def logits_from_geometry(config: PCPConfig, geo: RequestGeometry, num_reqs: torc
 
 
 def _state_runs(state: PCPState, geo: RequestGeometry) -> LinearRuns:
-    """The linear split of the state's last update (``geo``: its geometry), as ``build`` makes it."""
+    """The linear split of the state's last update (`geo`: its geometry), as `build` makes it."""
     is_decode = state.is_decode[: state.bucket.num_reqs]
     return linear_runs(state.config, geo, is_decode, state.bucket.num_tokens, state.constants)
 
 
 def restore_index(state: PCPState) -> torch.Tensor:
-    """``[P*L_b]`` int64: the state's ``enter_fa_restore_idx`` (rank-independent)."""
+    """`[P*L_b]` int64: the state's `enter_fa_restore_idx` (rank-independent)."""
     cfg, Lb = state.config, state.bucket.num_tokens
     geo = state_geometry(state)
     runs = _state_runs(state, geo)
@@ -68,20 +68,20 @@ def adjust_cu_num_scheduled_tokens(
 ) -> tuple[PCPState, torch.Tensor]:
     """Re-align cumulative scheduled tokens to the FA-order restored rows.
 
-    vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``.
+    vllm-ascend `adjust_cu_num_scheduled_tokens_for_pcp`.
 
     For spec-decode logits indices under the hybrid layout. Decode rows are
-    returned unchanged; prefill request ``i`` ends at
-    ``P * cu[num_decode_reqs - 1] + (prefill tokens up to i)``, which is the
-    vllm-ascend's ``(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)``. ``P = 2``,
-    tokens ``[1, 1, 3, 5]`` (two decodes), ``cu [1, 2, 5, 10]`` -> ``[1, 2, 7, 12]``.
+    returned unchanged; prefill request `i` ends at
+    `P * cu[num_decode_reqs - 1] + (prefill tokens up to i)`, which is the
+    vllm-ascend's `(cu[D-1] + cumsum(pcp_tokens)) * P - cumsum(pads)`. `P = 2`,
+    tokens `[1, 1, 3, 5]` (two decodes), `cu [1, 2, 5, 10]` -> `[1, 2, 7, 12]`.
 
     Args:
-        cu_num_scheduled_tokens: ``[R_b]`` cumulative tokens of the requests of
+        cu_num_scheduled_tokens: `[R_b]` cumulative tokens of the requests of
             the state's last update (its bucket's request rows), as the runner
-            has them. Rows past ``num_reqs`` are returned unchanged.
+            has them. Rows past `num_reqs` are returned unchanged.
 
-    Returns ``[R_b]`` in the input's dtype.
+    Returns `[R_b]` in the input's dtype.
     """
     cu = cu_num_scheduled_tokens
     k = state.bucket.num_reqs
@@ -103,12 +103,12 @@ def adjust_cu_num_scheduled_tokens(
 
 # -- what the spec-decode (MTP) prep reads of the layout (pcp_fn.spec, through pcp_fn.layout_of) --
 def state_local_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
-    """This rank's ``[L_b]`` linear rows of the state's last update (``HybridLayout.request_index`` /
-    ``positions``): request and offset inside its scheduled tokens, ``valid`` False past them.
+    """This rank's `[L_b]` linear rows of the state's last update (`HybridLayout.request_index` /
+    `positions`): request and offset inside its scheduled tokens, `valid` False past them.
 
-    ``build``'s painting (:func:`.layout.linear_segments`) without ``num_computed`` (the state
-    does not keep it), on the ``L_b`` local rows alone. ``geometry``:
-    :func:`pcp_fn.dcs.layout.state_geometry` of the state when the caller has it.
+    `build`'s painting ([`pcp_fn.hybrid.layout.linear_segments`][]) without `num_computed` (the state
+    does not keep it), on the `L_b` local rows alone. `geometry`:
+    [`pcp_fn.dcs.layout.state_geometry`][pcp_fn.dcs.state_geometry] of the state when the caller has it.
     """
     geo = state_geometry(state) if geometry is None else geometry
     Lb = state.bucket.num_tokens
@@ -118,12 +118,12 @@ def state_local_rows(state: PCPState, *, geometry: RequestGeometry | None = None
 
 
 def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = None) -> torch.Tensor:
-    """``[R_b + 1]`` int64: first linear row of each request on this rank, then the total.
+    """`[R_b + 1]` int64: first linear row of each request on this rank, then the total.
 
-    ``StepOutputs.query_start_loc``: ``[0, cumsum(pcp_tokens)]`` of the linear counts, the runner's
-    ``cu_num_tokens`` with a leading 0. ``P = 2``, fresh prefills ``[3, 5]``: rank 0 ``[0, 2, 5]``,
-    rank 1 ``[0, 1, 3]``. ``geometry``: :func:`pcp_fn.dcs.layout.state_geometry` of the state when
-    the caller has it.
+    `StepOutputs.query_start_loc`: `[0, cumsum(pcp_tokens)]` of the linear counts, the runner's
+    `cu_num_tokens` with a leading 0. `P = 2`, fresh prefills `[3, 5]`: rank 0 `[0, 2, 5]`,
+    rank 1 `[0, 1, 3]`. `geometry`: [`pcp_fn.dcs.layout.state_geometry`][pcp_fn.dcs.state_geometry]
+    of the state when the caller has it.
     """
     geo = state_geometry(state) if geometry is None else geometry
     # a column of the [R_b + 1, P] starts: made contiguous, like every other op's output
@@ -131,17 +131,18 @@ def state_local_start(state: PCPState, *, geometry: RequestGeometry | None = Non
 
 
 def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) -> RestoredSpans:
-    """Where each request's tokens sit in the FA order that ``restore_hidden_states`` returns.
+    """Where each request's tokens sit in the FA order that `restore_hidden_states` returns.
 
-    The FA order holds the ``P * D`` decode rows (``D`` decode tokens), then every prefill
-    token in scheduler order, no pads: a prefill's tokens start at ``token_start + (P - 1) * D``.
+    The FA order holds the `P * D` decode rows (`D` decode tokens), then every prefill
+    token in scheduler order, no pads: a prefill's tokens start at `token_start + (P - 1) * D`.
     With spec tokens configured the decode rows are rank-major, so rank 0's copy of decode
-    token ``t`` is row ``t``; without them token-major, row ``t * P``. So request ``i``'s last
-    token is row ``start + n - 1``: one less than vllm-ascend
-    ``adjust_cu_num_scheduled_tokens_for_pcp`` (which the runner's ``_calc_spec_decode_metadata``
-    uses under hybrid attention). ``length`` is ``n``. ``P = 2``, one spec token, decodes
-    ``[2, 2]`` then a prefill of 7: ``start [0, 2, 8]``, ``length [2, 2, 7]``.
-    ``geometry``: :func:`pcp_fn.dcs.layout.state_geometry` of the state when the caller has it.
+    token `t` is row `t`; without them token-major, row `t * P`. So request `i`'s last
+    token is row `start + n - 1`: one less than vllm-ascend
+    `adjust_cu_num_scheduled_tokens_for_pcp` (which the runner's `_calc_spec_decode_metadata`
+    uses under hybrid attention). `length` is `n`. `P = 2`, one spec token, decodes
+    `[2, 2]` then a prefill of 7: `start [0, 2, 8]`, `length [2, 2, 7]`.
+    `geometry`: [`pcp_fn.dcs.layout.state_geometry`][pcp_fn.dcs.state_geometry] of the state when
+    the caller has it.
     """
     cfg = state.config
     geo = state_geometry(state) if geometry is None else geometry
@@ -153,15 +154,15 @@ def restored_spans(state: PCPState, *, geometry: RequestGeometry | None = None) 
 
 
 def first_pass_rows(state: PCPState, *, geometry: RequestGeometry | None = None) -> LocalRows:
-    """``[L_b]`` rows of the MTP drafter's first pass on this rank: request and offset inside the
-    request's padded tokens (``offset >= n``: a zero pad), decode tokens first, ``valid`` False past.
+    """`[L_b]` rows of the MTP drafter's first pass on this rank: request and offset inside the
+    request's padded tokens (`offset >= n`: a zero pad), decode tokens first, `valid` False past.
 
-    vllm-ascend ``_split_spec_decode_pcp_prefill_input_hybrid``: a prefill is padded to a
-    multiple of ``2P`` and rank ``r`` takes its ``k = padded / P`` consecutive rows from
-    ``r * k`` (a *linear* slice, not the layout's linear split of the unpadded tokens); a decode
-    keeps all its tokens. Each request has ``k`` (``pcp_tokens_padded``) rows, as in the
-    DualChunkSwap layout. ``P = 2``, rank 1, prefills ``[3, 5]``: requests ``[0, 0, 1, 1, 1, 1]``,
-    offsets ``[2, 3, 4, 5, 6, 7]`` (offsets 3, 5, 6, 7 are pads).
+    vllm-ascend `_split_spec_decode_pcp_prefill_input_hybrid`: a prefill is padded to a
+    multiple of `2P` and rank `r` takes its `k = padded / P` consecutive rows from
+    `r * k` (a *linear* slice, not the layout's linear split of the unpadded tokens); a decode
+    keeps all its tokens. Each request has `k` (`pcp_tokens_padded`) rows, as in the
+    DualChunkSwap layout. `P = 2`, rank 1, prefills `[3, 5]`: requests `[0, 0, 1, 1, 1, 1]`,
+    offsets `[2, 3, 4, 5, 6, 7]` (offsets 3, 5, 6, 7 are pads).
     """
     geo = state_geometry(state) if geometry is None else geometry
     rows = state.bucket.num_tokens

@@ -1,4 +1,4 @@
-"""The vLLM model-runner-V2 PCP layout (``v1/worker/gpu/pcp_manager.py``, ``PCPManager``) as pure,
+"""The vLLM model-runner-V2 PCP layout (`v1/worker/gpu/pcp_manager.py`, `PCPManager`) as pure,
 fixed-shape functions.
 
     cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=256, max_num_tokens=8192)
@@ -9,19 +9,20 @@ fixed-shape functions.
     state, slots = gathered_slot_mappings(state, global_slots)      # [K, F_b] -> [K, P*Lp]
     state, hidden = restore_hidden_states(state, all_gathered)      # [P*Lp, H] -> [F_b, H]
 
-Unlike the DualChunkSwap layout (``pcp_fn.update_tokens``), prefills are not
+Unlike the DualChunkSwap layout (`pcp_fn.update_tokens`), prefills are not
 padded (chunks are cut at the request's end), decodes are replicated or sharded,
 every rank orders its rows decodes first, and the gathered buffer is mapped by
-``padded_gather_idx`` / ``hidden_restore_idx`` with a KV write mask.
+`padded_gather_idx` / `hidden_restore_idx` with a KV write mask.
 
-:data:`LAYOUT` and :data:`SHARDED_LAYOUT` (:class:`MRV2Partition`) serve the same partition
-to the facade, as the built-in ``"mrv2"`` and ``"mrv2-sharded"`` :class:`pcp_fn.Layout`; the
-chunk and replication rules are written once, in :mod:`.chunks`.
+[`LAYOUT`][pcp_fn.mrv2.LAYOUT] and [`SHARDED_LAYOUT`][pcp_fn.mrv2.SHARDED_LAYOUT]
+([`MRV2Partition`][pcp_fn.MRV2Partition]) serve the same partition to the facade, as the built-in
+`"mrv2"` and `"mrv2-sharded"` [`pcp_fn.Layout`][]; the chunk and replication rules are written once,
+in [`pcp_fn.mrv2.chunks`][].
 
-Sizes come with the data: ``partition_batch`` and ``build_layout`` (entry
+Sizes come with the data: `partition_batch` and `build_layout` (entry
 ops: they read only the state's config and rank) record the batch's bucket
-``(Rl, Lp)`` in the state, and every consumer shapes its outputs from it
-(``F_b = token_rows(config, bucket) = min(T, P * Lp)`` global token rows).
+`(Rl, Lp)` in the state, and every consumer shapes its outputs from it
+(`F_b = token_rows(config, bucket) = min(T, P * Lp)` global token rows).
 """
 
 from .batch import (
@@ -48,9 +49,10 @@ from .restore import (
     restore_hidden_states,
 )
 
-# the built-in "mrv2" and "mrv2-sharded" layouts of the facade (pcp_fn.PCPConfig(layout=...))
 LAYOUT = MRV2Partition()
+"""The built-in `"mrv2"` layout of the facade (`pcp_fn.PCPConfig(layout="mrv2")`): decodes replicated."""
 SHARDED_LAYOUT = MRV2Partition(shard_decode_requests=True)
+"""The built-in `"mrv2-sharded"` layout of the facade: decode requests dealt round-robin to the ranks."""
 
 __all__ = [
     "LAYOUT",

@@ -1,13 +1,13 @@
-"""The host boundary of the MRV2 layout: ``make_batch``, ``num_tokens_for_dispatch`` and the bucket checks.
+"""The host boundary of the MRV2 layout: `make_batch`, `num_tokens_for_dispatch` and the bucket checks.
 
 The only place that reads values on the host. It validates the scheduler's
 per-request arrays, counts every rank's local tokens and segments (O(P * R)
 integer arithmetic on arrays the host already has, vLLM's
-``PCPManager.get_num_tokens_for_dispatch``), picks or checks the graph bucket,
-pads the per-token arrays to the bucket's ``F_b`` global token rows and moves
+`PCPManager.get_num_tokens_for_dispatch`), picks or checks the graph bucket,
+pads the per-token arrays to the bucket's `F_b` global token rows and moves
 everything to the device in one copy (from a pinned staging buffer on a GPU or
-NPU, :mod:`pcp_fn.core.staging`). Per-token work all happens on the device,
-except the default positions (``num_computed + offset``).
+NPU, [`pcp_fn.core.staging`][]). Per-token work all happens on the device,
+except the default positions (`num_computed + offset`).
 
     >>> cfg = MRV2Config(pcp_size=2, pcp_rank=0, max_num_reqs=4, max_num_tokens=16)
     >>> num_tokens_for_dispatch(cfg, [3, 8], [False, True])   # decode 3 + prefill 8 -> 3 + 4
@@ -48,21 +48,21 @@ from .packing import REQUESTS
 class GlobalBatch:
     """One step's global (scheduler-order) batch in fixed shapes.
 
-    Fields (``R = max_num_reqs``, ``F_b = token_rows(config, bucket)``; rows
+    Fields (`R = max_num_reqs`, `F_b = token_rows(config, bucket)`; rows
     past the real requests / tokens are 0 / False):
-        config: static :class:`MRV2Config` the batch was validated for; an op
-            given a state of another config raises ``ValueError``.
-        bucket: static :class:`pcp_fn.Bucket` ``(local request rows, local
-            tokens per rank)`` the local batch is padded to.
+        config: static [`MRV2Config`][pcp_fn.MRV2Config] the batch was validated for; an op
+            given a state of another config raises `ValueError`.
+        bucket: static [`pcp_fn.Bucket`][] `(local request rows, local
+            tokens per rank)` the local batch is padded to.
         num_reqs: 0-d int32, real requests.
-        num_scheduled: ``[R]`` int32 tokens scheduled this step.
-        num_computed: ``[R]`` int32 tokens already computed (host cursor).
-        prefill_len: ``[R]`` int32 prompt (prefill) length.
-        is_prefilling: ``[R]`` bool, the request still prefills.
-        idx_mapping: ``[R]`` int32 persistent request-state index of each row.
-        input_ids: ``[F_b]`` int32 token ids in scheduler order (vLLM's
-            ``input_ids`` buffers are int32).
-        positions: ``[F_b]`` int64 absolute positions (the device cursor).
+        num_scheduled: `[R]` int32 tokens scheduled this step.
+        num_computed: `[R]` int32 tokens already computed (host cursor).
+        prefill_len: `[R]` int32 prompt (prefill) length.
+        is_prefilling: `[R]` bool, the request still prefills.
+        idx_mapping: `[R]` int32 persistent request-state index of each row.
+        input_ids: `[F_b]` int32 token ids in scheduler order (vLLM's
+            `input_ids` buffers are int32).
+        positions: `[F_b]` int64 absolute positions (the device cursor).
     """
 
     config: MRV2Config = static_field()
@@ -78,14 +78,14 @@ class GlobalBatch:
 
 
 def token_rows(config: MRV2Config, bucket: Bucket) -> int:
-    """``F_b``: global (scheduler-order) token rows of a bucket, ``min(T, P * Lp)``.
+    """`F_b`: global (scheduler-order) token rows of a bucket, `min(T, P * Lp)`.
 
     Every global token is written by exactly one rank's copy, so a batch whose
-    ranks each hold at most ``Lp`` tokens has at most ``P * Lp`` (and ``T``)
-    tokens. ``P = 2``, ``T = 16``: ``Bucket(4, 4)`` -> 8, ``Bucket(4, 16)`` -> 16.
-    The global inputs (``GlobalBatch.input_ids``, the slot mappings of
-    :func:`pcp_fn.mrv2.gathered_slot_mappings`, the drafter's ids of
-    :func:`pcp_fn.mrv2.prepare_draft_prefill`) and the restored hidden states
+    ranks each hold at most `Lp` tokens has at most `P * Lp` (and `T`)
+    tokens. `P = 2`, `T = 16`: `Bucket(4, 4)` -> 8, `Bucket(4, 16)` -> 16.
+    The global inputs (`GlobalBatch.input_ids`, the slot mappings of
+    [`pcp_fn.mrv2.gathered_slot_mappings`][], the drafter's ids of
+    [`pcp_fn.mrv2.prepare_draft_prefill`][]) and the restored hidden states
     have this many rows.
     """
     return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
@@ -94,13 +94,13 @@ def token_rows(config: MRV2Config, bucket: Bucket) -> int:
 def rank_counts(
     config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``([P], [P])``: local tokens and local segments (request rows) of every rank.
+    """`([P], [P])`: local tokens and local segments (request rows) of every rank.
 
-    The host twin of the device layout (:func:`pcp_fn.mrv2.host.local_segments`, vLLM
-    ``PCPManager._iter_rank_chunks`` for every rank). ``P = 2``, scheduled
-    ``[3, 8]``, request 1 prefilling: the decode is replicated (3 tokens on each
+    The host twin of the device layout ([`pcp_fn.mrv2.host.local_segments`][], vLLM
+    `PCPManager._iter_rank_chunks` for every rank). `P = 2`, scheduled
+    `[3, 8]`, request 1 prefilling: the decode is replicated (3 tokens on each
     rank), the prefill is cut in 4 chunks of 2, rank 0 takes chunks 0 and 3, rank 1
-    chunks 1 and 2: tokens ``[7, 7]``, segments ``[3, 3]``.
+    chunks 1 and 2: tokens `[7, 7]`, segments `[3, 3]`.
     """
     return host.counts(config, num_scheduled, is_prefilling)
 
@@ -110,10 +110,10 @@ def num_tokens_for_dispatch(
 ) -> int:
     """The largest real rank-local batch, before graph padding.
 
-    vLLM ``PCPManager.get_num_tokens_for_dispatch``.
+    vLLM `PCPManager.get_num_tokens_for_dispatch`.
 
-    ``P = 2``: ``[8]`` prefill -> 4; ``[7]`` prefill -> 4; ``[3]`` decode -> 3;
-    ``[3, 8]`` decode + prefill -> 7. ``P = 4``, ``[2, 9]`` -> 5 (replicated
+    `P = 2`: `[8]` prefill -> 4; `[7]` prefill -> 4; `[3]` decode -> 3;
+    `[3, 8]` decode + prefill -> 7. `P = 4`, `[2, 9]` -> 5 (replicated
     decodes) or 4 (sharded: rank 0 takes the decode, rank 3 has 3 tokens).
     """
     _check_config(config)
@@ -125,22 +125,22 @@ def num_tokens_for_dispatch(
 
 
 def check_bucket(config: MRV2Config, bucket: Bucket, num_local_tokens: int, num_local_reqs: int) -> None:
-    """vLLM's capture validations (``PCPManager._build_batch_layout``,
-    ``_resolve_num_reqs_after_padding``), as ``ValueError``\\ s.
+    """vLLM's capture validations (`PCPManager._build_batch_layout`,
+    `_resolve_num_reqs_after_padding`), as `ValueError`\\ s.
 
     Args:
-        num_local_tokens: the largest rank-local batch (``num_tokens_for_dispatch``).
+        num_local_tokens: the largest rank-local batch (`num_tokens_for_dispatch`).
         num_local_reqs: the most local request rows of any rank (at least 1:
             a rank without tokens keeps one placeholder row, like vLLM).
 
     A mixed prefill + decode batch is allowed in every bucket that holds it
-    (vLLM only lets decode-only batches into FULL graphs). ``P = 2``, three
+    (vLLM only lets decode-only batches into FULL graphs). `P = 2`, three
     replicated one-token decodes (3 tokens and 3 rows on each rank):
-    ``Bucket(4, 2)`` raises "... smaller than the largest rank-local batch: 2 < 3";
-    ``Bucket(2, 4)`` raises "... request capacity must cover the rank-local batch".
+    `Bucket(4, 2)` raises "... smaller than the largest rank-local batch: 2 < 3";
+    `Bucket(2, 4)` raises "... request capacity must cover the rank-local batch".
 
     Raises:
-        TypeError: ``bucket`` is not a :class:`pcp_fn.Bucket`.
+        TypeError: `bucket` is not a [`pcp_fn.Bucket`][].
     """
     if not isinstance(bucket, Bucket):
         raise TypeError(f"bucket must be a pcp_fn.Bucket, got {type(bucket).__name__}")
@@ -182,13 +182,13 @@ def _token_array(
     maximum: int,
     device: torch.device,
 ) -> tuple[np.ndarray | None, torch.Tensor | None]:
-    """Validate a per-token array of ``total <= n <= T`` entries.
+    """Validate a per-token array of `total <= n <= T` entries.
 
     Host data (lists, numpy arrays, CPU tensors) is read and checked value by
-    value (``[0, maximum]``) and returned as int64 numpy, its first ``rows`` entries; a tensor on
-    another device is never read: its dtype must be one of ``dtypes`` (no cast
-    that could wrap a value), and it is returned as a ``[rows]`` device tensor.
-    Only padding entries (past ``total <= rows``) are cut or added.
+    value (`[0, maximum]`) and returned as int64 numpy, its first `rows` entries; a tensor on
+    another device is never read: its dtype must be one of `dtypes` (no cast
+    that could wrap a value), and it is returned as a `[rows]` device tensor.
+    Only padding entries (past `total <= rows`) are cut or added.
     """
     shape = tuple(values.shape) if isinstance(values, torch.Tensor) else np.shape(values)
     if len(shape) != 1:
@@ -224,27 +224,29 @@ def make_batch(
     bucket: Bucket | None = None,
     device: torch.device | str | None = None,
 ) -> GlobalBatch:
-    """Validate the global batch, pick or check its bucket, and build a :class:`GlobalBatch`.
+    """Validate the global batch, pick or check its bucket, and build a
+    [`GlobalBatch`][pcp_fn.mrv2.GlobalBatch].
 
     Args:
-        num_scheduled_tokens, num_computed_tokens, prefill_len: one entry per
-            request, in the scheduler's order (any mix of decodes and prefills).
-        is_prefilling: default ``num_computed < prefill_len`` (vLLM's
-            ``is_prefilling_np``).
+        num_scheduled_tokens: tokens scheduled this step, one entry per request, in the
+            scheduler's order (any mix of decodes and prefills).
+        num_computed_tokens: tokens already computed, one entry per request, in the same order.
+        prefill_len: each request's prefill length (vLLM's), in the same order.
+        is_prefilling: default `num_computed < prefill_len` (vLLM's
+            `is_prefilling_np`).
         idx_mapping: persistent request-state index per request; default
-            ``arange``.
-        input_ids, positions: per-token arrays covering at least the scheduled
-            tokens, at most ``T`` entries; carried as ``[F_b]``
-            (:func:`token_rows`): zeros added, or padding entries past
-            ``F_b`` dropped. Host data (lists, numpy, CPU tensors) is checked
-            value by value: ids must fit int32 (vLLM's ``input_ids`` buffers
-            are int32), positions must be below ``2**31 - 1`` (the int32
-            ``seq_lens`` are ``position + 1``). A tensor on another device is
-            never read: ``input_ids`` must then be int32, ``positions`` int64
-            or int32. Defaults: zeros, and ``num_computed + offset inside the
-            request``.
-        bucket: the graph bucket ``(local request rows, local tokens per
-            rank)``; default the smallest configured one holding every rank.
+            `arange`.
+        input_ids: a per-token array covering at least the scheduled tokens, at most `T`
+            entries; carried as `[F_b]` ([`token_rows`][pcp_fn.mrv2.token_rows]): zeros added,
+            or padding entries past `F_b` dropped. Host data (lists, numpy, CPU tensors) is
+            checked value by value: ids must fit int32 (vLLM's `input_ids` buffers are int32).
+            A tensor on another device is never read: it must then be int32. Default: zeros.
+        positions: a per-token array like `input_ids`, carried the same way. Host data is
+            checked value by value: positions must be below `2**31 - 1` (the int32 `seq_lens`
+            are `position + 1`). A tensor on another device is never read: it must then be
+            int64 or int32. Default: `num_computed + offset inside the request`.
+        bucket: the graph bucket `(local request rows, local tokens per
+            rank)`; default the smallest configured one holding every rank.
         device: where the batch lives (default CPU). Everything the host
             supplies is packed into one buffer and moved in one copy (on a GPU
             or NPU, one non-blocking copy from a pinned staging buffer that is
@@ -253,14 +255,14 @@ def make_batch(
             it with one copy).
 
     Raises:
-        TypeError: ``config`` not an :class:`MRV2Config`, ``bucket`` not a
-            :class:`pcp_fn.Bucket`, non-integer arrays (non-bool
-            ``is_prefilling``), or a device ``input_ids`` not int32.
+        TypeError: `config` not an [`MRV2Config`][pcp_fn.MRV2Config], `bucket` not a
+            [`pcp_fn.Bucket`][], non-integer arrays (non-bool
+            `is_prefilling`), or a device `input_ids` not int32.
         ValueError: arrays of different lengths, not 1-D, negative or past
-            int32 (an ``input_ids`` entry past int32 names its index);
-            ``num_computed_tokens + num_scheduled_tokens`` (a sequence length,
-            vLLM's ``seq_lens_cpu_upper_bound``) past int32; more than
-            ``max_num_reqs`` requests or ``max_num_tokens`` tokens; a token
+            int32 (an `input_ids` entry past int32 names its index);
+            `num_computed_tokens + num_scheduled_tokens` (a sequence length,
+            vLLM's `seq_lens_cpu_upper_bound`) past int32; more than
+            `max_num_reqs` requests or `max_num_tokens` tokens; a token
             array too short or too long; a bucket smaller than the largest
             rank-local batch ("smaller than the largest rank-local batch"), a
             request capacity below the local requests of a rank, or a bucket
@@ -283,10 +285,10 @@ def make_batch(
 def _check_counts(
     config: MRV2Config, names: tuple[str, ...], counts: tuple[ArrayLike, ...], is_prefilling: ArrayLike | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The per-request arrays (``counts`` named by ``names``, and ``is_prefilling``) checked: one
-    length, integers in int32, sequence ends in int32, within ``max_num_reqs`` requests and
-    ``max_num_tokens`` tokens. Returns ``([k, n] int64 rows of counts, its [n] scheduled row,
-    [n] bool is_prefilling (default ``num_computed < prefill_len``), the scheduled tokens)``."""
+    """The per-request arrays (`counts` named by `names`, and `is_prefilling`) checked: one
+    length, integers in int32, sequence ends in int32, within `max_num_reqs` requests and
+    `max_num_tokens` tokens. Returns `([k, n] int64 rows of counts, its [n] scheduled row,
+    [n] bool is_prefilling (default `num_computed < prefill_len`), the scheduled tokens)`."""
     arrays, rows, bound = host_int_rows(names, counts)  # [k, n] int64, each in [0, bound <= INT32_MAX]
     num_reqs = rows.shape[1]
     if is_prefilling is not None:
@@ -309,9 +311,9 @@ def _check_counts(
 def _local_bucket(
     config: MRV2Config, bucket: Bucket | None, sched: np.ndarray, pf: np.ndarray, total: int
 ) -> Bucket:
-    """The graph bucket of the largest rank-local batch (vLLM ``get_num_tokens_for_dispatch``) of
-    ``sched [n]`` scheduled tokens (``total`` in all), ``pf [n]`` prefilling: the smallest
-    configured one, or ``bucket`` checked (:func:`check_bucket`)."""
+    """The graph bucket of the largest rank-local batch (vLLM `get_num_tokens_for_dispatch`) of
+    `sched [n]` scheduled tokens (`total` in all), `pf [n]` prefilling: the smallest
+    configured one, or `bucket` checked ([`check_bucket`][pcp_fn.mrv2.check_bucket])."""
     if config.shard_decode_requests or np.count_nonzero(pf):
         need_tokens, need_reqs = host.largest_rank(config, sched, pf, total)
     else:  # no prefill, replicated: every rank holds every non-empty request
@@ -343,8 +345,8 @@ def _token_inputs(
     total: int,
     dev: torch.device,
 ) -> _TokenInputs:
-    """``input_ids`` (int32 values) and ``positions`` (below ``INT32_MAX``), each covering the
-    ``total`` scheduled tokens, carried as the bucket's ``F_b`` rows (:data:`_TokenInputs`)."""
+    """`input_ids` (int32 values) and `positions` (below `INT32_MAX`), each covering the
+    `total` scheduled tokens, carried as the bucket's `F_b` rows (`_TokenInputs`)."""
     T = config.max_num_tokens
     F = min(T, config.pcp_size * bucket.num_tokens)  # token_rows(config, bucket)
     ids, dev_ids = (None, None)
@@ -362,9 +364,9 @@ def _pack(
     config: MRV2Config, rows: np.ndarray, pf: np.ndarray, tokens: _TokenInputs, dev: torch.device
 ) -> _HostWords:
     """Everything the host supplies in one buffer (pinned and rotated off the CPU,
-    :func:`pcp_fn.core.staging.host_buffer`), zero past the real requests and tokens; the
-    positions default to ``num_computed + offset inside the request``, the ids to 0. Returns the
-    buffer and its parts (:data:`_HostWords`)."""
+    [`pcp_fn.core.staging.host_buffer`][]), zero past the real requests and tokens; the
+    positions default to `num_computed + offset inside the request`, the ids to 0. Returns the
+    buffer and its parts (`_HostWords`)."""
     R = config.max_num_reqs
     F, total, ids, dev_ids, pos, dev_pos = tokens
     num_reqs = rows.shape[1]
@@ -397,7 +399,7 @@ def _pack(
 
 
 def _fill_padded(out: np.ndarray, values: np.ndarray) -> None:
-    """``out [F_b]``: ``values`` then zeros."""
+    """`out [F_b]`: `values` then zeros."""
     out[: values.shape[0]] = values
     out[values.shape[0] :] = 0
 
@@ -405,8 +407,9 @@ def _fill_padded(out: np.ndarray, values: np.ndarray) -> None:
 def _global_batch(
     config: MRV2Config, bucket: Bucket, buf: _HostWords, tokens: _TokenInputs, dev: torch.device
 ) -> GlobalBatch:
-    """The :class:`GlobalBatch` over ``buf`` moved to ``dev`` in one copy (staged through pinned
-    memory off the CPU): every leaf a view of the device buffer, or the device tensor given."""
+    """The [`GlobalBatch`][pcp_fn.mrv2.GlobalBatch] over `buf` moved to `dev` in one copy (staged
+    through pinned memory off the CPU): every leaf a view of the device buffer, or the device tensor
+    given."""
     R = config.max_num_reqs
     words, host_pos, per_request, host_ids, flags = buf
     _, _, _, dev_ids, _, dev_pos = tokens
@@ -446,7 +449,7 @@ def _global_batch(
 
 
 def _default_positions(out: np.ndarray, rows: np.ndarray, most: int, total: int) -> None:
-    """``out [F]`` int64: ``num_computed + offset inside the request`` for the ``total`` tokens, then 0."""
+    """`out [F]` int64: `num_computed + offset inside the request` for the `total` tokens, then 0."""
     sched, comp = rows[0], rows[1]
     if most <= 1 and total == sched.shape[0]:  # one token a request: its position is num_computed
         out[:total] = comp
@@ -461,7 +464,7 @@ _ARANGES: dict[int, np.ndarray] = {}
 
 
 def _arange(n: int) -> np.ndarray:
-    """A shared read-only ``np.arange(n)`` int64 (callers slice it)."""
+    """A shared read-only `np.arange(n)` int64 (callers slice it)."""
     got = _ARANGES.get(n)
     if got is None:
         got = _ARANGES[n] = np.arange(n, dtype=np.int64)
@@ -483,10 +486,10 @@ def unpack_batch(
     positions: torch.Tensor,
     layout: PackedRequests = REQUESTS,
 ) -> GlobalBatch:
-    """The :class:`GlobalBatch` over a buffer packed in ``layout`` (:data:`~pcp_fn.mrv2.REQUESTS`,
-    what :func:`make_batch` copies, or one with more scalars after its own): views, no copy;
-    ``input_ids [F]`` int32, ``positions [F]``. What a captured adapter staging its own buffer
-    calls inside its graph."""
+    """The [`GlobalBatch`][pcp_fn.mrv2.GlobalBatch] over a buffer packed in `layout`
+    ([`REQUESTS`][pcp_fn.mrv2.REQUESTS], what [`make_batch`][pcp_fn.mrv2.make_batch] copies, or one
+    with more scalars after its own): views, no copy; `input_ids [F]` int32, `positions [F]`. What a
+    captured adapter staging its own buffer calls inside its graph."""
     views = layout.unpack(packed, config.max_num_reqs)
     return GlobalBatch(
         config=config,
@@ -503,11 +506,12 @@ def unpack_batch(
 
 
 def check_global_batch(config: MRV2Config, batch: object, name: str = "global_batch") -> None:
-    """``batch`` is a :class:`GlobalBatch` of ``config``, its bucket within capacity, its leaves
-    of the shapes ``make_batch`` gives (checked on static shapes only: nothing is read).
+    """`batch` is a [`GlobalBatch`][pcp_fn.mrv2.GlobalBatch] of `config`, its bucket within
+    capacity, its leaves of the shapes `make_batch` gives (checked on static shapes only: nothing is
+    read).
 
     Raises:
-        TypeError: not a :class:`GlobalBatch`.
+        TypeError: not a [`GlobalBatch`][pcp_fn.mrv2.GlobalBatch].
         ValueError: built for another config (the differing fields are named),
             a bucket past the capacities, or a leaf of the wrong rows.
     """

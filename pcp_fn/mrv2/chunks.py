@@ -1,18 +1,19 @@
-"""vLLM model runner V2's chunk and replication rules, written once (``PCPManager._iter_rank_chunks``,
-``replicated_requests``).
+"""vLLM model runner V2's chunk and replication rules, written once (`PCPManager._iter_rank_chunks`,
+`replicated_requests`).
 
-Every function works on Python ints, numpy arrays (the host twin, :mod:`pcp_fn.mrv2.host`)
-and tensors (the device layout, :mod:`pcp_fn.mrv2.layout`, and the facade layout,
-:mod:`pcp_fn.mrv2.facade`) alike. ``P`` ranks, ``C = 2P`` chunks:
+Every function works on Python ints, numpy arrays (the host twin, [`pcp_fn.mrv2.host`][])
+and tensors (the device layout, [`pcp_fn.mrv2.layout`][], and the facade layout,
+[`pcp_fn.mrv2.facade`][]) alike. `P` ranks, `C = 2P` chunks:
 
-- a split prefill of ``n`` tokens is cut into ``C`` chunks of ``c = ceil(n / C)``
-  (:func:`chunk_size`); rank ``q`` holds chunk ``q`` (head) and chunk ``C-1-q`` (tail), each
-  cut at the request's end (:func:`chunk_length`: no padding, an empty chunk dropped);
-- a prefill is split unless ``dcp_size > 1`` and it is too short to fill all ``C`` chunks
-  (``(C-1) * c >= n``): then it is replicated like a decode (:func:`splits`).
+- a split prefill of `n` tokens is cut into `C` chunks of `c = ceil(n / C)`
+  ([`chunk_size`][pcp_fn.mrv2.chunks.chunk_size]); rank `q` holds chunk `q` (head) and chunk `C-1-q`
+  (tail), each cut at the request's end ([`chunk_length`][pcp_fn.mrv2.chunks.chunk_length]: no
+  padding, an empty chunk dropped);
+- a prefill is split unless `dcp_size > 1` and it is too short to fill all `C` chunks
+  (`(C-1) * c >= n`): then it is replicated like a decode ([`splits`][pcp_fn.mrv2.chunks.splits]).
 
-``P = 2``, ``n = 7``: ``c = 2``, chunks ``[0 1 | 2 3 | 4 5 | 6]``, rank 0 holds tokens
-``0 1 6``, rank 1 ``2 3 4 5``.
+`P = 2`, `n = 7`: `c = 2`, chunks `[0 1 | 2 3 | 4 5 | 6]`, rank 0 holds tokens
+`0 1 6`, rank 1 `2 3 4 5`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ N = TypeVar("N", int, np.ndarray, torch.Tensor)
 
 
 class ChunkRule(Protocol):
-    """What the rules read of a config (an :class:`pcp_fn.MRV2Config` or a :class:`pcp_fn.PCPConfig`)."""
+    """What the rules read of a config (an [`pcp_fn.MRV2Config`][] or a [`pcp_fn.PCPConfig`][])."""
 
     @property
     def pcp_size(self) -> int: ...
@@ -36,10 +37,10 @@ class ChunkRule(Protocol):
 
 
 def chunk_size(n: N, num_chunks: int) -> N:
-    """``ceil(n / num_chunks)``: tokens per chunk of a split prefill of ``n >= 0``.
+    """`ceil(n / num_chunks)`: tokens per chunk of a split prefill of `n >= 0`.
 
-    On int32 counts (the device batch's) as ``(n - 1) // num_chunks + 1``, which cannot wrap where
-    ``n + num_chunks - 1`` can (a prefill near ``INT32_MAX``); equal for every ``n >= 0``.
+    On int32 counts (the device batch's) as `(n - 1) // num_chunks + 1`, which cannot wrap where
+    `n + num_chunks - 1` can (a prefill near `INT32_MAX`); equal for every `n >= 0`.
     """
     if getattr(n, "dtype", None) in (torch.int32, np.int32):
         return (n - 1) // num_chunks + 1
@@ -48,8 +49,8 @@ def chunk_size(n: N, num_chunks: int) -> N:
 
 def splits(config: ChunkRule, n: Any, prefilling: Any, c: Any = None) -> Any:
     """The requests split into chunks: the prefilling ones, but under DCP only those whose last
-    chunk is non-empty (vLLM ``replicated_requests`` holds the others). ``c``: their
-    :func:`chunk_size`, when the caller has it."""
+    chunk is non-empty (vLLM `replicated_requests` holds the others). `c`: their
+    [`chunk_size`][pcp_fn.mrv2.chunks.chunk_size], when the caller has it."""
     if config.dcp_size == 1:
         return prefilling
     C = 2 * config.pcp_size
@@ -58,8 +59,8 @@ def splits(config: ChunkRule, n: Any, prefilling: Any, c: Any = None) -> Any:
 
 
 def chunk_length(rest: N, size: Any) -> N:
-    """Tokens of a chunk of ``size`` whose request has ``rest`` tokens from the chunk's start on
-    (``n - first``): ``min(max(rest, 0), size)``, the chunk cut at the request's end."""
+    """Tokens of a chunk of `size` whose request has `rest` tokens from the chunk's start on
+    (`n - first`): `min(max(rest, 0), size)`, the chunk cut at the request's end."""
     if isinstance(rest, torch.Tensor):
         return torch.minimum(rest.clamp(min=0), size)
     if isinstance(rest, np.ndarray):

@@ -1,24 +1,24 @@
-"""Static configuration of the MRV2 PCP layout (vLLM ``v1/worker/gpu/pcp_manager.py``).
+"""Static configuration of the MRV2 PCP layout (vLLM `v1/worker/gpu/pcp_manager.py`).
 
 Plain, hashable Python: the static half of every MRV2 pytree, so
-``torch.compile``, ``torch.export`` and ``graph.capture`` specialise on it.
+`torch.compile`, `torch.export` and `graph.capture` specialise on it.
 
-Capacities (``P = pcp_size``, ``R = max_num_reqs``, ``T = max_num_tokens``)::
+Capacities (`P = pcp_size`, `R = max_num_reqs`, `T = max_num_tokens`):
 
     local tokens per rank     Lp <= T        a rank's chunks of a request are disjoint
                                              pieces of it, so no rank holds more than
                                              the T scheduled tokens
     local request rows        Rl <= 2R       a request puts at most two segments
                                              (head and tail chunk) on a rank
-                                             (vLLM ``PCPManager``'s ``2 * max_num_reqs``
+                                             (vLLM PCPManager's 2 * max_num_reqs
                                              local input buffers)
     gathered rows             P * Lp
 
-A graph bucket is a :class:`pcp_fn.Bucket` ``(num_reqs=Rl, num_tokens=Lp)``:
+A graph bucket is a [`pcp_fn.Bucket`][] `(num_reqs=Rl, num_tokens=Lp)`:
 local request rows (the FULL-graph request capacity, vLLM
-``PCPManager.partition_batch``'s ``num_reqs_after_padding``) and local tokens
-per rank (its ``padded_num_tokens``). The global batch keeps ``[R]`` request
-rows and ``F_b = min(T, P * Lp)`` token rows (:func:`pcp_fn.mrv2.token_rows`).
+`PCPManager.partition_batch`'s `num_reqs_after_padding`) and local tokens
+per rank (its `padded_num_tokens`). The global batch keeps `[R]` request
+rows and `F_b = min(T, P * Lp)` token rows ([`pcp_fn.mrv2.token_rows`][]).
 """
 
 from __future__ import annotations
@@ -34,33 +34,34 @@ class MRV2Config(RankConfig):
     """Static configuration of one rank of the MRV2 layout.
 
     Args:
-        pcp_size: ``P``, prefill context-parallel ranks.
-        pcp_rank: this rank, ``0 <= pcp_rank < P`` (or give the rank as a 0-d
-            tensor to :func:`pcp_fn.mrv2.init_state`: rank as data).
-        max_num_reqs: ``R``, global requests per step.
-        max_num_tokens: ``T``, global scheduled tokens per step.
+        pcp_size: `P`, prefill context-parallel ranks.
+        pcp_rank: this rank, `0 <= pcp_rank < P` (or give the rank as a 0-d
+            tensor to [`pcp_fn.mrv2.init_state`][]: rank as data).
+        max_num_reqs: `R`, global requests per step.
+        max_num_tokens: `T`, global scheduled tokens per step.
         shard_decode_requests: each decode goes to exactly one rank,
             round-robin over the decodes of the step (vLLM
-            ``pcp_shard_decode_requests``); otherwise decodes are replicated on
+            `pcp_shard_decode_requests`); otherwise decodes are replicated on
             every rank and rank 0 writes their KV.
-        dcp_size, dcp_rank: decode context parallelism. With ``dcp_size > 1``,
-            prefills too short to fill all ``2P`` chunks are replicated, and the
-            local batch carries the DCP sequence-length upper bound.
-            ``dcp_rank`` does not change the layout (kept for completeness).
-        cp_kv_cache_interleave_size: KV interleave size (vLLM's ``cp_interleave``).
+        dcp_size: decode context-parallel ranks. With `dcp_size > 1`, prefills too short to
+            fill all `2P` chunks are replicated, and the local batch carries the DCP
+            sequence-length upper bound.
+        dcp_rank: this rank's decode context-parallel rank; it does not change the layout
+            (kept for completeness).
+        cp_kv_cache_interleave_size: KV interleave size (vLLM's `cp_interleave`).
         moe_gathers_tokens: the MoE all-gathers PCP tokens to route them (no
             expert-parallel all2all); the local batch then carries the padding
-            mask over the ``P * Lp`` gathered rows.
+            mask over the `P * Lp` gathered rows.
         pad_slot_id: slot of gathered rows that must not write the KV cache
-            (vLLM ``PAD_SLOT_ID``).
-        request_buckets, token_buckets: allowed local request rows and local
-            tokens per rank. Default: powers of two, then the capacity.
+            (vLLM `PAD_SLOT_ID`).
+        request_buckets: allowed local request rows. Default: powers of two, then the capacity.
+        token_buckets: allowed local tokens per rank. Default: powers of two, then the capacity.
 
     Raises:
-        ValueError: a field out of range, or ``shard_decode_requests`` with
-            ``dcp_size > 1``: vLLM never combines them
-            (``ParallelConfig.pcp_shard_decode_requests`` is False when DCP > 1),
-            and vLLM's ``PCPManager`` would leave the KV of a replicated short prefill owned
+        ValueError: a field out of range, or `shard_decode_requests` with
+            `dcp_size > 1`: vLLM never combines them
+            (`ParallelConfig.pcp_shard_decode_requests` is False when DCP > 1),
+            and vLLM's `PCPManager` would leave the KV of a replicated short prefill owned
             by a rank other than 0 unwritten and its hidden-restore rows unset.
     """
 
@@ -86,15 +87,15 @@ class MRV2Config(RankConfig):
 
     @property
     def num_chunks(self) -> int:
-        """``2P``: a split prefill is cut into this many chunks."""
+        """`2P`: a split prefill is cut into this many chunks."""
         return 2 * self.pcp_size
 
     @property
     def max_local_tokens(self) -> int:
-        """Most local tokens a rank can hold: ``T`` (module docstring)."""
+        """Most local tokens a rank can hold: `T` (module docstring)."""
         return self.max_num_tokens
 
     @property
     def max_local_reqs(self) -> int:
-        """Most local request rows (segments) a rank can hold: ``2R``."""
+        """Most local request rows (segments) a rank can hold: `2R`."""
         return 2 * self.max_num_reqs

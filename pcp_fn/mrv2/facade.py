@@ -1,15 +1,15 @@
-"""``MRV2Partition``: vLLM model runner V2's partition as a :class:`pcp_fn.Layout` of the facade.
+"""`MRV2Partition`: vLLM model runner V2's partition as a [`pcp_fn.Layout`][] of the facade.
 
-The built-in ``"mrv2"`` and ``"mrv2-sharded"`` layouts: ``PCPConfig(..., layout="mrv2")`` runs
-:func:`pcp_fn.step`, the spec-decode prep and every tool of the facade on MRV2's partition.
-The chunk and replication rules are :mod:`pcp_fn.mrv2.chunks`' (the device layout and the
+The built-in `"mrv2"` and `"mrv2-sharded"` layouts: `PCPConfig(..., layout="mrv2")` runs
+[`pcp_fn.step`][pcp_fn.step.step], the spec-decode prep and every tool of the facade on MRV2's partition.
+The chunk and replication rules are [`pcp_fn.mrv2.chunks`][]' (the device layout and the
 host twin use the same functions); restore, slots and logits come from
-:class:`pcp_fn.PartitionLayout`, in scheduler order (the MRV2 ``hidden_restore_idx`` order).
-The vLLM adapters use :mod:`pcp_fn.mrv2`'s own config, state and API instead.
+[`pcp_fn.PartitionLayout`][], in scheduler order (the MRV2 `hidden_restore_idx` order).
+The vLLM adapters use [`pcp_fn.mrv2`][]'s own config, state and API instead.
 
-``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode): chunks of ``c = ceil(n / 4)`` cut at the
-request's end, rank 0 holds ``(0,0) (1,0) (1,1) (2,0) (2,1) (2,6) (2,7)``, rank 1 ``(0,0)
-(1,2) (1,3) (1,4) (2,2) .. (2,5)``; logits ``[0, 5, 13]``.
+`P = 2`, tokens `[1, 5, 8]` (request 0 a decode): chunks of `c = ceil(n / 4)` cut at the
+request's end, rank 0 holds `(0,0) (1,0) (1,1) (2,0) (2,1) (2,6) (2,7)`, rank 1 `(0,0)
+(1,2) (1,3) (1,4) (2,2) .. (2,5)`; logits `[0, 5, 13]`.
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ from .config import MRV2Config
 
 
 class MRV2Partition(PartitionLayout):
-    """vLLM model runner V2's partition (``vllm/v1/worker/gpu/pcp_manager.py``) as a facade layout.
+    """vLLM model runner V2's partition (`vllm/v1/worker/gpu/pcp_manager.py`) as a facade layout.
 
-    A prefill of ``n`` tokens is cut into ``2P`` chunks of ``c = ceil(n / 2P)``; rank
-    ``q`` holds chunk ``q`` (head) and ``2P-1-q`` (tail), each cut at the request's
-    end (no pads). A decode, and with ``dcp_size > 1`` a prefill too short to fill
-    all ``2P`` chunks (``(2P-1) * c >= n``, vLLM ``replicated_requests``), is
-    replicated on every rank (``"mrv2"``), or with ``shard_decode_requests=True``
-    (``"mrv2-sharded"``, vLLM's ``pcp_shard_decode_requests``, its default when
-    ``dcp_size == 1``) given whole to rank ``j % P``, ``j`` its ordinal among the
+    A prefill of `n` tokens is cut into `2P` chunks of `c = ceil(n / 2P)`; rank
+    `q` holds chunk `q` (head) and `2P-1-q` (tail), each cut at the request's
+    end (no pads). A decode, and with `dcp_size > 1` a prefill too short to fill
+    all `2P` chunks (`(2P-1) * c >= n`, vLLM `replicated_requests`), is
+    replicated on every rank (`"mrv2"`), or with `shard_decode_requests=True`
+    (`"mrv2-sharded"`, vLLM's `pcp_shard_decode_requests`, its default when
+    `dcp_size == 1`) given whole to rank `j % P`, `j` its ordinal among the
     non-empty replicated requests. The decode classification is the facade's
-    (:func:`pcp_fn.protocol.batch.classify_decodes`).
+    ([`pcp_fn.protocol.batch.classify_decodes`][pcp_fn.protocol.classify_decodes]).
 
-    ``"mrv2-sharded"`` refuses ``dcp_size > 1`` (vLLM never shards decodes under DCP)
-    and speculative tokens (:mod:`pcp_fn.spec` reads a decode's draft tokens from
+    `"mrv2-sharded"` refuses `dcp_size > 1` (vLLM never shards decodes under DCP)
+    and speculative tokens ([`pcp_fn.spec`][] reads a decode's draft tokens from
     this rank's rows, where a sharded decode is not; vLLM MRV2 broadcasts rank 0's
     drafts instead).
     """
@@ -66,7 +66,7 @@ class MRV2Partition(PartitionLayout):
             )
 
     def _whole(self, config: PCPConfig, requests: Requests) -> torch.Tensor:
-        """vLLM ``replicated_requests``: the requests not split (decodes; short prefills under DCP)."""
+        """vLLM `replicated_requests`: the requests not split (decodes; short prefills under DCP)."""
         prefilling = requests.request_ids >= requests.num_decode_reqs
         return ~splits(config, requests.num_scheduled, prefilling)
 
@@ -97,7 +97,7 @@ class MRV2Partition(PartitionLayout):
     def num_local_tokens(
         self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
     ) -> int:
-        """Host: the fullest rank's rows, by the host twin (vLLM ``get_num_tokens_for_dispatch``)."""
+        """Host: the fullest rank's rows, by the host twin (vLLM `get_num_tokens_for_dispatch`)."""
         twin = _host_config(config.pcp_size, config.dcp_size, self.shard_decode_requests)
         prefilling = np.arange(num_scheduled.shape[0]) >= num_decodes
         total = int(np.add.reduce(num_scheduled))

@@ -1,24 +1,24 @@
 """The host (numpy) twin of the MRV2 segment rules: O(P * R) integer arithmetic, no per-token work.
 
-The device layout (:mod:`pcp_fn.mrv2.layout`) builds every per-token index, by the same
-rules (:mod:`pcp_fn.mrv2.chunks`);
+The device layout ([`pcp_fn.mrv2.layout`][]) builds every per-token index, by the same
+rules ([`pcp_fn.mrv2.chunks`][]);
 a serving engine still needs a few *host* values each step before anything
 runs on the device: every rank's token and row counts (to pick a graph
-bucket, vLLM ``get_num_tokens_for_dispatch``) and this rank's segments (the
+bucket, vLLM `get_num_tokens_for_dispatch`) and this rank's segments (the
 request ids, query start locations and sequence-length upper bounds the
 attention builders read on the host). This module computes them from the
 scheduler's per-request arrays with the same rules, vectorised over requests:
 
-- a prefill of ``n`` tokens is cut into ``2P`` chunks of ``c = ceil(n / 2P)``,
-  rank ``q`` takes chunk ``q`` (head) and ``2P-1-q`` (tail), each cut at the
+- a prefill of `n` tokens is cut into `2P` chunks of `c = ceil(n / 2P)`,
+  rank `q` takes chunk `q` (head) and `2P-1-q` (tail), each cut at the
   request's end, an empty chunk dropped;
-- a decode (not prefilling), or with ``dcp_size > 1`` a prefill too short to
-  fill all ``2P`` chunks, is replicated on every rank, or with
-  ``shard_decode_requests`` given whole to rank ``ordinal % P``;
+- a decode (not prefilling), or with `dcp_size > 1` a prefill too short to
+  fill all `2P` chunks, is replicated on every rank, or with
+  `shard_decode_requests` given whole to rank `ordinal % P`;
 - each rank lists its segments decodes first, then prefills, by request, head
   before tail.
 
-``P = 2``, scheduled ``[3, 8]``, request 1 prefilling, rank 1::
+`P = 2`, scheduled `[3, 8]`, request 1 prefilling, rank 1:
 
     >>> cfg = MRV2Config(pcp_size=2, pcp_rank=1, max_num_reqs=4, max_num_tokens=16)
     >>> seg = local_segments(cfg, 1, np.array([3, 8]), np.array([False, True]))
@@ -41,12 +41,12 @@ from .config import MRV2Config
 class LocalSegments(NamedTuple):
     """One rank's segments in its local order, plus every rank's counts.
 
-    Fields:
-        request: ``[S]`` intp global batch row of each segment.
-        offset: ``[S]`` int64 first token of the segment inside its request.
-        length: ``[S]`` int64 tokens of the segment (all ``> 0``).
-        per_rank_num_tokens: ``[P]`` int64 local tokens of every rank.
-        per_rank_num_reqs: ``[P]`` int64 local segments of every rank.
+    Attributes:
+        request: `[S]` intp global batch row of each segment.
+        offset: `[S]` int64 first token of the segment inside its request.
+        length: `[S]` int64 tokens of the segment (all `> 0`).
+        per_rank_num_tokens: `[P]` int64 local tokens of every rank.
+        per_rank_num_reqs: `[P]` int64 local segments of every rank.
     """
 
     request: np.ndarray
@@ -63,12 +63,12 @@ _NONE.flags.writeable = False
 def local_segments(
     config: MRV2Config, rank: int, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> LocalSegments:
-    """Rank ``rank``'s segments (vLLM ``PCPManager._get_rank_segments``) and every rank's counts.
+    """Rank `rank`'s segments (vLLM `PCPManager._get_rank_segments`) and every rank's counts.
 
-    ``num_scheduled`` ``[R]`` ints, ``is_prefilling`` ``[R]`` bools, scheduler
-    order. Up to :data:`FEW_REQUESTS` requests, one pass over Python integers
-    (:func:`_local_segments_few`); beyond, numpy: replicated requests cost
-    ``O(R)``, only split prefills are expanded over the ``P`` ranks (``[P, S]``),
+    `num_scheduled` `[R]` ints, `is_prefilling` `[R]` bools, scheduler
+    order. Up to `FEW_REQUESTS` requests, one pass over Python integers
+    (`_local_segments_few`); beyond, numpy: replicated requests cost
+    `O(R)`, only split prefills are expanded over the `P` ranks (`[P, S]`),
     so a decode-only step stays a few numpy calls.
     """
     if len(num_scheduled) <= FEW_REQUESTS:
@@ -132,7 +132,7 @@ def local_segments(
     return LocalSegments(request, offset, length, tokens, rows)
 
 
-# Up to this many requests, :func:`local_segments` walks them as Python integers: a numpy call
+# Up to this many requests, `local_segments` walks them as Python integers: a numpy call
 # costs 5-15 us right after other work (cold caches), about what 20-50 requests cost in Python.
 # Measured on the vLLM drop-in's benchmark batches (2-core EPYC, after a vLLM step): 16 decodes
 # 52 -> 27 us, 64 decodes + 2 prefills 131 -> 61 us, 255 decodes + 1 prefill 164 -> 117 us;
@@ -143,10 +143,11 @@ FEW_REQUESTS = 256
 def _local_segments_few(
     config: MRV2Config, rank: int, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> LocalSegments:
-    """:func:`local_segments` for a few requests: the same rules, one pass over Python ints.
+    """[`local_segments`][pcp_fn.mrv2.host.local_segments] for a few requests: the same rules, one
+    pass over Python ints.
 
     Decodes (and, with DCP, short prefills) are replicated, or dealt round-robin with
-    ``shard_decode_requests``; a split prefill's ``2P`` chunks are counted on every rank
+    `shard_decode_requests`; a split prefill's `2P` chunks are counted on every rank
     and this rank's head and tail listed. Local order: the replicated requests not
     prefilling, then the prefills (split or, with DCP, replicated), by request.
     """
@@ -205,9 +206,9 @@ def _local_segments_few(
 def counts(
     config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``([P], [P])`` int64: local tokens and local segments (request rows) of every rank.
+    """`([P], [P])` int64: local tokens and local segments (request rows) of every rank.
 
-    The counts of :func:`local_segments` without listing any rank's segments:
+    The counts of [`local_segments`][pcp_fn.mrv2.host.local_segments] without listing any rank's segments:
     replicated requests are counted as a whole, only the split prefills are cut.
     """
     n = np.asarray(num_scheduled)
@@ -228,10 +229,10 @@ def counts(
 def largest_rank(
     config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray, total: int
 ) -> tuple[int, int]:
-    """``(tokens, rows)``: the most local tokens and the most local request rows of any rank
-    (:func:`counts`' maxima; ``total = sum(num_scheduled)``), what the host boundary needs to
-    pick a bucket: a few numpy calls on ``[R]``, then the split prefills one by one (or as
-    ``[2P, S]`` when there are many)."""
+    """`(tokens, rows)`: the most local tokens and the most local request rows of any rank
+    ([`counts`][pcp_fn.mrv2.host.counts]' maxima; `total = sum(num_scheduled)`), what the host
+    boundary needs to pick a bucket: a few numpy calls on `[R]`, then the split prefills one by one
+    (or as `[2P, S]` when there are many)."""
     n = num_scheduled
     split = _split(config, n, is_prefilling)
     ns = n[split]
@@ -250,13 +251,13 @@ def largest_rank(
 
 
 def _split(config: MRV2Config, n: np.ndarray, prefilling: np.ndarray) -> np.ndarray:
-    """``[R]`` bool: the request is a split prefill (or an empty prefill: it counts for nothing)."""
+    """`[R]` bool: the request is a split prefill (or an empty prefill: it counts for nothing)."""
     return chunks.splits(config, n, prefilling)  # under DCP a prefill whose last chunk would be empty is not
 
 
 def _sharded(config: MRV2Config, replicated: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``([P], [P])`` tokens and rows of the non-empty replicated requests (in order) dealt
-    round-robin: the ``j``-th goes to rank ``j % P``."""
+    """`([P], [P])` tokens and rows of the non-empty replicated requests (in order) dealt
+    round-robin: the `j`-th goes to rank `j % P`."""
     P, k = config.pcp_size, replicated.size
     per_rank = np.zeros(-(-k // P) * P, dtype=np.int64)
     per_rank[:k] = replicated
@@ -264,9 +265,9 @@ def _sharded(config: MRV2Config, replicated: np.ndarray) -> tuple[np.ndarray, np
 
 
 def _add_split_prefill(P: int, n: int, c: int, tokens: list[int], rows: list[int]) -> None:
-    """Add the ``2P`` chunks of ``c`` tokens of a split prefill of ``n > 0`` tokens to every
-    rank's ``tokens`` and ``rows``: ``f = n // c`` full chunks, then ``r = n - f * c`` (chunk
-    ``f``, when ``r > 0``); rank ``q`` holds chunks ``q`` and ``2P-1-q``."""
+    """Add the `2P` chunks of `c` tokens of a split prefill of `n > 0` tokens to every
+    rank's `tokens` and `rows`: `f = n // c` full chunks, then `r = n - f * c` (chunk
+    `f`, when `r > 0`); rank `q` holds chunks `q` and `2P-1-q`."""
     C = 2 * P
     full, rest = divmod(n, c)
     for q in range(P):
@@ -282,8 +283,8 @@ def _add_split_prefill(P: int, n: int, c: int, tokens: list[int], rows: list[int
 def _add_rank_chunks(
     rank: int, C: int, i: int, n: int, c: int, reqs: list[int], offs: list[int], lens: list[int]
 ) -> None:
-    """Append rank ``rank``'s head (chunk ``rank``) and tail (chunk ``C-1-rank``) of request
-    ``i``, a split prefill of ``n`` tokens in chunks of ``c``, to its segments (each cut at the
+    """Append rank `rank`'s head (chunk `rank`) and tail (chunk `C-1-rank`) of request
+    `i`, a split prefill of `n` tokens in chunks of `c`, to its segments (each cut at the
     request's end, an empty one dropped)."""
     for first in (rank * c, (C - 1 - rank) * c):
         size = chunks.chunk_length(n - first, c)
@@ -298,11 +299,11 @@ FEW_PREFILLS = 16  # up to this many split prefills, Python integers beat numpy'
 
 
 def _split_counts(config: MRV2Config, ns: np.ndarray) -> tuple[Any, Any]:
-    """``([P], [P])`` tokens and rows the split prefills ``ns [S]`` put on every rank (lists of
+    """`([P], [P])` tokens and rows the split prefills `ns [S]` put on every rank (lists of
     ints for a few prefills, int64 arrays for many).
 
-    A prefill of ``n`` tokens is ``f = n // c`` full chunks of ``c = ceil(n / 2P)``, then
-    ``r = n - f * c`` (chunk ``f``, when ``r > 0``); rank ``q`` holds chunks ``q`` and ``2P-1-q``.
+    A prefill of `n` tokens is `f = n // c` full chunks of `c = ceil(n / 2P)`, then
+    `r = n - f * c` (chunk `f`, when `r > 0`); rank `q` holds chunks `q` and `2P-1-q`.
     """
     P, C = config.pcp_size, config.num_chunks
     if ns.size <= FEW_PREFILLS:
@@ -323,9 +324,9 @@ def _split_counts(config: MRV2Config, ns: np.ndarray) -> tuple[Any, Any]:
 
 
 def dcp_rank0_seq_lens(seq_lens: np.ndarray, dcp_size: int, interleave: int) -> np.ndarray:
-    """``[n]``: KV tokens DCP rank 0 holds of each sequence when blocks of ``interleave``
-    tokens are dealt round-robin over ``dcp_size`` ranks (the largest shard; vLLM
-    ``get_dcp_local_seq_lens(seq_lens, dcp_size, 0, interleave)``)."""
+    """`[n]`: KV tokens DCP rank 0 holds of each sequence when blocks of `interleave`
+    tokens are dealt round-robin over `dcp_size` ranks (the largest shard; vLLM
+    `get_dcp_local_seq_lens(seq_lens, dcp_size, 0, interleave)`)."""
     s = np.asarray(seq_lens, dtype=np.int64)
     span = dcp_size * interleave
     return (s // span) * interleave + np.minimum(s % span, interleave)

@@ -1,22 +1,22 @@
-"""The MRV2 segment layout on the device: ``build_layout`` and the state that carries it.
+"""The MRV2 segment layout on the device: `build_layout` and the state that carries it.
 
-Every rank's rows are *segments* of global requests (vLLM ``RankSegment``),
-``P`` ranks, ``2P`` chunks of ``c = ceil(n / 2P)`` tokens per split prefill
-(vLLM ``PCPManager._iter_rank_chunks``):
+Every rank's rows are *segments* of global requests (vLLM `RankSegment`),
+`P` ranks, `2P` chunks of `c = ceil(n / 2P)` tokens per split prefill
+(vLLM `PCPManager._iter_rank_chunks`):
 
-- a prefill is split: rank ``q`` takes chunk ``q`` (head) and chunk
-  ``2P-1-q`` (tail), each cut at the request's end (no padding), an empty
+- a prefill is split: rank `q` takes chunk `q` (head) and chunk
+  `2P-1-q` (tail), each cut at the request's end (no padding), an empty
   chunk dropped;
 - a decode (not prefilling) is replicated on every rank, or, with
-  ``shard_decode_requests``, given whole to rank ``ordinal % P`` where
-  ``ordinal`` counts the non-empty replicated requests before it;
-- with ``dcp_size > 1`` a prefill too short to fill all ``2P`` chunks
-  (``(2P-1) * c >= n``) is replicated as well (``PCPManager.replicated_requests``);
+  `shard_decode_requests`, given whole to rank `ordinal % P` where
+  `ordinal` counts the non-empty replicated requests before it;
+- with `dcp_size > 1` a prefill too short to fill all `2P` chunks
+  (`(2P-1) * c >= n`) is replicated as well (`PCPManager.replicated_requests`);
 - a request with no scheduled token has no segment;
 - each rank orders its segments decodes (non-prefilling) first, then
-  prefills, by request, head before tail (``PCPManager._reorder_segments``).
+  prefills, by request, head before tail (`PCPManager._reorder_segments`).
 
-``P = 2``, global batch ``[A B C D E F G]`` = one prefill of 7 tokens (``c = 2``)::
+`P = 2`, global batch `[A B C D E F G]` = one prefill of 7 tokens (`c = 2`):
 
     rank 0 / rank 1:    [A B G] / [C D E F]
     padded gathered:    [A B G _ | C D E F]          (Lp = 4)
@@ -25,12 +25,12 @@ Every rank's rows are *segments* of global requests (vLLM ``RankSegment``),
     kv write mask:      [T, T, T, F, T, T, T, T]
 
 A replicated row is written to the KV cache (and read back by
-``hidden_restore_idx``) from rank 0's copy only; a sharded decode from its owner.
+`hidden_restore_idx`) from rank 0's copy only; a sharded decode from its owner.
 
-The chunk and replication rules are :mod:`pcp_fn.mrv2.chunks`'. Every rank's segments are
-computed at once, in wide ``[P, 2, R, 2]`` tables
+The chunk and replication rules are [`pcp_fn.mrv2.chunks`][]'. Every rank's segments are
+computed at once, in wide `[P, 2, R, 2]` tables
 (rank, group, request, head/tail), and compacted into each rank's local order
-by one prefix sum and one scatter (:func:`segments`): the layout needs every
+by one prefix sum and one scatter ([`segments`][pcp_fn.mrv2.layout.segments]): the layout needs every
 rank, the local batch one row of it.
 """
 
@@ -54,20 +54,20 @@ from .config import MRV2Config
 
 @pytree_dataclass
 class MRV2Layout:
-    """The gathered-row maps of one step (``Lp`` local rows per rank, ``F_b = min(T, P * Lp)``).
+    """The gathered-row maps of one step (`Lp` local rows per rank, `F_b = min(T, P * Lp)`).
 
-    Fields:
-        per_rank_num_tokens: ``[P]`` int64 real local tokens of every rank.
-        num_tokens: 0-d int64 real global tokens (``sum(num_scheduled)``).
-        hidden_restore_idx: ``[F_b]`` int64 gathered row of each global token
-            (the writing copy); 0 past ``num_tokens``.
-        padded_gather_idx: ``[P*Lp]`` int64 global token of each gathered row;
+    Attributes:
+        per_rank_num_tokens: `[P]` int64 real local tokens of every rank.
+        num_tokens: 0-d int64 real global tokens (`sum(num_scheduled)`).
+        hidden_restore_idx: `[F_b]` int64 gathered row of each global token
+            (the writing copy); 0 past `num_tokens`.
+        padded_gather_idx: `[P*Lp]` int64 global token of each gathered row;
             0 on padding rows (vLLM's zeros).
-        gathered_kv_write_mask: ``[P*Lp]`` bool, the row writes the KV cache.
+        gathered_kv_write_mask: `[P*Lp]` bool, the row writes the KV cache.
 
-    The sizes come with the data: ``Lp`` is :attr:`padded_num_tokens` (read
-    off the static shapes), and the state holding the layout carries the
-    bucket it was built for.
+    The sizes come with the data: `Lp` is
+    [`padded_num_tokens`][pcp_fn.mrv2.MRV2Layout.padded_num_tokens] (read off the static shapes),
+    and the state holding the layout carries the bucket it was built for.
     """
 
     per_rank_num_tokens: torch.Tensor
@@ -78,7 +78,7 @@ class MRV2Layout:
 
     @property
     def padded_num_tokens(self) -> int:
-        """``Lp``, local rows per rank (static: from the shapes)."""
+        """`Lp`, local rows per rank (static: from the shapes)."""
         return self.padded_gather_idx.shape[0] // self.per_rank_num_tokens.shape[0]
 
 
@@ -86,20 +86,20 @@ class MRV2Layout:
 class MRV2State:
     """State of one rank of the MRV2 layout: a fixed tree structure.
 
-    Fields:
-        config: static :class:`MRV2Config`.
-        bucket: static :class:`pcp_fn.Bucket` of the last layout (of the
+    Attributes:
+        config: static [`MRV2Config`][pcp_fn.MRV2Config].
+        bucket: static [`pcp_fn.Bucket`][] of the last layout (of the
             empty layout at the smallest bucket for a fresh state): the
             shapes the consumer ops take and return.
-        rank: ``None`` (the rank is ``config.pcp_rank``, static) or a 0-d int64
+        rank: `None` (the rank is `config.pcp_rank`, static) or a 0-d int64
             tensor (rank as data: one graph serves every rank).
-        layout: the :class:`MRV2Layout` of the last ``build_layout`` /
-            ``partition_batch`` (for a fresh state, the layout of an empty
+        layout: the [`MRV2Layout`][pcp_fn.mrv2.MRV2Layout] of the last `build_layout` /
+            `partition_batch` (for a fresh state, the layout of an empty
             batch at the smallest bucket: no token, every row padding).
 
-    ``build_layout`` and ``partition_batch`` are entry ops
-    (:mod:`pcp_fn.core.entry`): of the state they read only ``config`` and the
-    fields in ``ENTRY_FIELDS``, so the state returned by any step may be fed to
+    `build_layout` and `partition_batch` are entry ops
+    ([`pcp_fn.core.entry`][]): of the state they read only `config` and the
+    fields in `ENTRY_FIELDS`, so the state returned by any step may be fed to
     the graph of any bucket.
     """
 
@@ -128,13 +128,13 @@ def init_state(
 ) -> MRV2State:
     """A state holding the layout of an empty batch at the smallest configured bucket.
 
-    ``rank=None`` keeps the rank static (``config.pcp_rank``); an int, numpy
-    integer or 0-d integer tensor (checked against ``pcp_size`` here) makes it
-    a tensor leaf on ``device`` (``config.pcp_rank`` is then ignored by the
+    `rank=None` keeps the rank static (`config.pcp_rank`); an int, numpy
+    integer or 0-d integer tensor (checked against `pcp_size` here) makes it
+    a tensor leaf on `device` (`config.pcp_rank` is then ignored by the
     ops). The empty layout is a real one (built by the same code as every
     other): consumers given the fresh state return its bucket's shapes, with
-    padding values only. ``P = 2``, default buckets: ``Bucket(1, 1)``,
-    ``padded_gather_idx [0, 0]``, write mask ``[F, F]``, ``hidden_restore_idx [0, 0]``.
+    padding values only. `P = 2`, default buckets: `Bucket(1, 1)`,
+    `padded_gather_idx [0, 0]`, write mask `[F, F]`, `hidden_restore_idx [0, 0]`.
     """
     if not isinstance(config, MRV2Config):
         raise TypeError(f"config must be an MRV2Config, got {type(config).__name__}")
@@ -147,19 +147,19 @@ def init_state(
 
 
 def check_state(state: object, op: str) -> MRV2State:
-    """``state`` is an :class:`MRV2State` (``TypeError`` naming ``op`` otherwise)."""
+    """`state` is an [`MRV2State`][pcp_fn.mrv2.MRV2State] (`TypeError` naming `op` otherwise)."""
     if not isinstance(state, MRV2State):
         raise TypeError(f"{op}: state must be an mrv2.MRV2State, got {type(state).__name__}")
     return state
 
 
 class Segments(NamedTuple):
-    """Every rank's segments in its local order: ``[P, Rl]`` each, row ``k`` is the rank's
-    ``k``-th local request row (views of one int32 table, see :func:`segments`).
+    """Every rank's segments in its local order: `[P, Rl]` each, row `k` is the rank's
+    `k`-th local request row (views of one int32 table, see [`segments`][pcp_fn.mrv2.layout.segments]).
 
     Rows past a rank's segments hold 0, except row 0 of a rank without any: the
-    placeholder of global row 0 (vLLM's ``PCPManager.partition_batch``), with
-    request 0's ``start``, ``prefill_len``, ``idx_mapping`` and ``request_len``
+    placeholder of global row 0 (vLLM's `PCPManager.partition_batch`), with
+    request 0's `start`, `prefill_len`, `idx_mapping` and `request_len`
     and no token.
     """
 
@@ -174,7 +174,7 @@ class Segments(NamedTuple):
 
 
 class Compacted(NamedTuple):
-    """:func:`segments`' result."""
+    """[`segments`][pcp_fn.mrv2.layout.segments]' result."""
 
     table: torch.Tensor  # [8, P, Rl + 1] int32: the Segments channels, then one empty row per rank
     count: torch.Tensor  # [P] int64 segments (local request rows) of each rank
@@ -182,17 +182,17 @@ class Compacted(NamedTuple):
 
 
 def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
-    """Every rank's segments of ``batch`` compacted in its local order (module docstring for
-    the rules): :class:`Segments` channels ``[8, P, Rl]``, then one empty row per rank.
+    """Every rank's segments of `batch` compacted in its local order (module docstring for
+    the rules): [`Segments`][pcp_fn.mrv2.layout.Segments] channels `[8, P, Rl]`, then one empty row per rank.
 
-    Every (rank, request, head/tail) slot is a chunk ``k`` of ``size`` tokens cut at the
-    request's end, ``length = clamp(n - k * size, 0, size)``: a split prefill's head and
-    tail are chunks ``q`` and ``2P-1-q`` of ``ceil(n / 2P)``; a replicated request takes
-    ``size = n`` and chunk 0 (head) on its ranks, chunk 1 (empty) elsewhere. One prefix
-    sum over ``[P, group, R, head/tail]`` (non-prefilling requests first) numbers the
+    Every (rank, request, head/tail) slot is a chunk `k` of `size` tokens cut at the
+    request's end, `length = clamp(n - k * size, 0, size)`: a split prefill's head and
+    tail are chunks `q` and `2P-1-q` of `ceil(n / 2P)`; a replicated request takes
+    `size = n` and chunk 0 (head) on its ranks, chunk 1 (empty) elsewhere. One prefix
+    sum over `[P, group, R, head/tail]` (non-prefilling requests first) numbers the
     non-empty slots in local order, and one scatter compacts every channel (row 0 of the
-    scatter is a trash row for the empty slots; a batch has at most ``2R`` rows a rank,
-    and :func:`pcp_fn.mrv2.make_batch` checked that ``Rl`` holds them).
+    scatter is a trash row for the empty slots; a batch has at most `2R` rows a rank,
+    and [`pcp_fn.mrv2.make_batch`][] checked that `Rl` holds them).
     """
     P, C, R, Rl = config.pcp_size, config.num_chunks, config.max_num_reqs, batch.bucket.num_reqs
     n, prefilling = batch.num_scheduled, batch.is_prefilling
@@ -251,11 +251,11 @@ class Built(NamedTuple):
 
 
 def build(config: MRV2Config, batch: GlobalBatch) -> Built:
-    """The layout of ``batch`` at its bucket (``Lp = batch.bucket.num_tokens``) and the
-    segment tables it came from. ``batch`` must already be checked against ``config``.
+    """The layout of `batch` at its bucket (`Lp = batch.bucket.num_tokens`) and the
+    segment tables it came from. `batch` must already be checked against `config`.
 
-    The gathered rows are painted segment by segment: rank ``q``'s local rows start at
-    gathered row ``q * Lp``, one search of the ``P * (Rl + 1)`` segment starts (each
+    The gathered rows are painted segment by segment: rank `q`'s local rows start at
+    gathered row `q * Lp`, one search of the `P * (Rl + 1)` segment starts (each
     rank's empty last row starts at its end) finds the last segment starting at or
     before each row, and one gather reads its global-token shift, written flag and
     length (0: the row is padding).
@@ -283,24 +283,24 @@ def build(config: MRV2Config, batch: GlobalBatch) -> Built:
 
 @entry_op
 def build_layout(state: MRV2State, batch: GlobalBatch) -> tuple[MRV2State, MRV2Layout]:
-    """Every rank's rows of ``batch`` in a padded gathered buffer (vLLM ``PCPManager._build_batch_layout``).
+    """Every rank's rows of `batch` in a padded gathered buffer (vLLM `PCPManager._build_batch_layout`).
 
-    ``Lp`` (vLLM's ``padded_num_tokens``) is ``batch.bucket.num_tokens``,
-    which :func:`pcp_fn.mrv2.make_batch` checked holds the largest rank-local
-    batch; to pad further, pass ``make_batch(..., bucket=...)``.
+    `Lp` (vLLM's `padded_num_tokens`) is `batch.bucket.num_tokens`,
+    which [`pcp_fn.mrv2.make_batch`][] checked holds the largest rank-local
+    batch; to pad further, pass `make_batch(..., bucket=...)`.
 
-    ``P = 2``, three one-token decodes, bucket ``(4, 4)``: per-rank tokens
-    ``[3, 3]``, ``hidden_restore_idx [0, 1, 2]`` (then zeros), ``padded_gather_idx
-    [0, 1, 2, 0, 0, 1, 2, 0]``, write mask ``[T, T, T, F, F, F, F, F]``; with
-    ``shard_decode_requests``: ``[2, 1]``, ``[0, 4, 1]``,
-    ``[0, 2, 0, 0, 1, 0, 0, 0]``, ``[T, T, F, F, T, F, F, F]``.
+    `P = 2`, three one-token decodes, bucket `(4, 4)`: per-rank tokens
+    `[3, 3]`, `hidden_restore_idx [0, 1, 2]` (then zeros), `padded_gather_idx
+    [0, 1, 2, 0, 0, 1, 2, 0]`, write mask `[T, T, T, F, F, F, F, F]`; with
+    `shard_decode_requests`: `[2, 1]`, `[0, 4, 1]`,
+    `[0, 2, 0, 0, 1, 0, 0, 0]`, `[T, T, F, F, T, F, F, F]`.
 
-    An entry op: reads only ``state.config`` (the layout covers every rank)
+    An entry op: reads only `state.config` (the layout covers every rank)
     and returns the state with the new layout and bucket.
 
     Raises:
-        TypeError: ``state`` / ``batch`` of the wrong type.
-        ValueError: ``batch`` built for another config, its bucket past
+        TypeError: `state` / `batch` of the wrong type.
+        ValueError: `batch` built for another config, its bucket past
             the capacities, or its leaves of the wrong rows.
     """
     check_state(state, "build_layout")

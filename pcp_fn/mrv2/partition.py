@@ -1,9 +1,9 @@
-"""The rank-local batch of the MRV2 layout: ``partition_batch`` (vLLM ``PCPManager.partition_batch``).
+"""The rank-local batch of the MRV2 layout: `partition_batch` (vLLM `PCPManager.partition_batch`).
 
 Each of this rank's segments becomes one local request row: a split prefill
-gives two rows (head and tail chunk), a decode one. ``P = 2``, scheduled
-``[3, 8]`` (request 0 a 3-token decode at position 16, request 1 a fresh
-prefill), rank 1, bucket ``(4, 8)``::
+gives two rows (head and tail chunk), a decode one. `P = 2`, scheduled
+`[3, 8]` (request 0 a 3-token decode at position 16, request 1 a fresh
+prefill), rank 1, bucket `(4, 8)`:
 
     segments          decode 0 (16..18)   prefill chunk 1 (2, 3)   chunk 2 (4, 5)
     input rows        g0 g1 g2            g5 g6                    g7 g8          . (padding)
@@ -15,7 +15,7 @@ prefill), rank 1, bucket ``(4, 8)``::
     logits_indices    [2, 4, 6, 6]        (query_start_loc[1:] - 1)
 
 A rank with no segment keeps one placeholder row (global row 0, no tokens),
-as vLLM's ``PCPManager.partition_batch`` does.
+as vLLM's `PCPManager.partition_batch` does.
 """
 
 from __future__ import annotations
@@ -35,42 +35,42 @@ from .layout import MRV2State, Segments, build, check_state
 
 @pytree_dataclass
 class LocalBatch:
-    """This rank's batch (``Rl, Lp`` = the bucket's request rows and local tokens).
+    """This rank's batch (`Rl, Lp` = the bucket's request rows and local tokens).
 
-    Per-request fields are ``[Rl]`` and hold 0 (False) past ``num_reqs``;
-    vLLM keeps the unpadded ones ``[num_reqs]`` long.
+    Per-request fields are `[Rl]` and hold 0 (False) past `num_reqs`;
+    vLLM keeps the unpadded ones `[num_reqs]` long.
 
-    Fields:
-        bucket: static ``(Rl, Lp)`` (vLLM's ``num_reqs_after_padding``,
-            ``num_tokens_after_padding``).
+    Attributes:
+        bucket: static `(Rl, Lp)` (vLLM's `num_reqs_after_padding`,
+            `num_tokens_after_padding`).
         num_reqs: 0-d int64 local request rows, at least 1 (placeholder).
         num_tokens: 0-d int64 real local tokens.
-        global_batch_req_idx: ``[Rl]`` int64 global batch row of each local row.
-        idx_mapping: ``[Rl]`` request-state index (``idx_mapping[global row]``).
-        num_scheduled_tokens: ``[Rl]`` int32 tokens of each local row.
-        num_computed_tokens: ``[Rl]`` int32 host start position of the segment
-            (``num_computed + offset inside the request``).
-        query_start_loc: ``[Rl + 1]`` int32; entries past the rows equal
-            ``num_tokens``.
-        seq_lens: ``[Rl]`` int32 last local position + 1 (from the device
+        global_batch_req_idx: `[Rl]` int64 global batch row of each local row.
+        idx_mapping: `[Rl]` request-state index (`idx_mapping[global row]`).
+        num_scheduled_tokens: `[Rl]` int32 tokens of each local row.
+        num_computed_tokens: `[Rl]` int32 host start position of the segment
+            (`num_computed + offset inside the request`).
+        query_start_loc: `[Rl + 1]` int32; entries past the rows equal
+            `num_tokens`.
+        seq_lens: `[Rl]` int32 last local position + 1 (from the device
             positions); 0 past the real rows and when the rank has no token.
-        seq_lens_cpu_upper_bound: ``[Rl]`` int32 ``num_computed + num_scheduled``.
-        dcp_local_seq_lens_cpu_upper_bound: ``[Rl]`` int32 DCP rank 0's share
-            of the whole request's KV (``dcp_size > 1``), else ``None``.
-        prefill_len: ``[Rl]`` int32 prompt length of the request.
-        num_computed_prefill_tokens: ``[Rl]`` int32 ``min(num_computed, prefill_len)``.
-        is_prefilling: ``[Rl]`` bool, the segment starts inside the prompt.
+        seq_lens_cpu_upper_bound: `[Rl]` int32 `num_computed + num_scheduled`.
+        dcp_local_seq_lens_cpu_upper_bound: `[Rl]` int32 DCP rank 0's share
+            of the whole request's KV (`dcp_size > 1`), else `None`.
+        prefill_len: `[Rl]` int32 prompt length of the request.
+        num_computed_prefill_tokens: `[Rl]` int32 `min(num_computed, prefill_len)`.
+        is_prefilling: `[Rl]` bool, the segment starts inside the prompt.
         has_prefill: 0-d bool, any local row prefilling (decode graph not eligible).
-        input_ids: ``[Lp]`` global ids of the local rows; 0 on padding rows.
-        positions: ``[Lp]`` int64 global positions of the local rows; 0 on padding.
-        is_padding: ``[Lp]`` bool, rows past ``num_tokens``.
-        moe_is_padding: ``[P*Lp]`` bool padding of the gathered rows the MoE
-            routes (``moe_gathers_tokens``; vLLM hands it to the runner as
-            the local batch's ``is_padding``), else ``None``.
-        logits_indices: ``[Rl]`` int32 ``query_start_loc[1:] - 1`` (never
+        input_ids: `[Lp]` global ids of the local rows; 0 on padding rows.
+        positions: `[Lp]` int64 global positions of the local rows; 0 on padding.
+        is_padding: `[Lp]` bool, rows past `num_tokens`.
+        moe_is_padding: `[P*Lp]` bool padding of the gathered rows the MoE
+            routes (`moe_gathers_tokens`; vLLM hands it to the runner as
+            the local batch's `is_padding`), else `None`.
+        logits_indices: `[Rl]` int32 `query_start_loc[1:] - 1` (never
             sampled: sampling uses the restored global hidden states).
-        cu_num_logits: ``[Rl + 1]`` int32 ``0, 1, ..`` up to the real rows, then flat.
-        gather_idx: ``[Lp]`` int64 global token of each local row (0 on padding).
+        cu_num_logits: `[Rl + 1]` int32 `0, 1, ..` up to the real rows, then flat.
+        gather_idx: `[Lp]` int64 global token of each local row (0 on padding).
     """
 
     bucket: Bucket = static_field()
@@ -98,27 +98,27 @@ class LocalBatch:
 
 
 def expand_moe_padding(config: MRV2Config, is_padding: torch.Tensor) -> torch.Tensor:
-    """vLLM ``PCPManager.moe_is_padding``: a capture/dummy mask ``[L]``, identical on every
-    rank, tiled to the ``[P*L]`` rows the MoE routes; unchanged without
-    ``moe_gathers_tokens``. ``P = 2``: ``[F, T]`` -> ``[F, T, F, T]``."""
+    """vLLM `PCPManager.moe_is_padding`: a capture/dummy mask `[L]`, identical on every
+    rank, tiled to the `[P*L]` rows the MoE routes; unchanged without
+    `moe_gathers_tokens`. `P = 2`: `[F, T]` -> `[F, T, F, T]`."""
     return is_padding.repeat(config.pcp_size) if config.moe_gathers_tokens else is_padding
 
 
 @entry_op
 def partition_batch(state: MRV2State, global_batch: GlobalBatch) -> tuple[MRV2State, LocalBatch]:
-    """Build the layout of ``global_batch`` and this rank's local batch from it.
+    """Build the layout of `global_batch` and this rank's local batch from it.
 
-    vLLM ``PCPManager.partition_batch`` (with ``_build_batch_layout``). An
-    entry op: reads only ``state.config`` and ``state.rank``, and returns the
+    vLLM `PCPManager.partition_batch` (with `_build_batch_layout`). An
+    entry op: reads only `state.config` and `state.rank`, and returns the
     state with the new layout and bucket (for the slot mappings, restores and
-    draft prefill). The bucket is ``global_batch.bucket``, checked on the host
-    by :func:`pcp_fn.mrv2.make_batch` for every rank. A mixed prefill + decode
+    draft prefill). The bucket is `global_batch.bucket`, checked on the host
+    by [`pcp_fn.mrv2.make_batch`][] for every rank. A mixed prefill + decode
     batch is served in any bucket that holds it (vLLM's FULL graphs take
     decode-only batches). Example: the module docstring.
 
     Raises:
-        TypeError: ``state`` / ``global_batch`` of the wrong type.
-        ValueError: ``global_batch`` built for another config, its bucket past
+        TypeError: `state` / `global_batch` of the wrong type.
+        ValueError: `global_batch` built for another config, its bucket past
             the capacities, or its leaves of the wrong rows.
     """
     check_state(state, "partition_batch")

@@ -2,18 +2,21 @@
 
 A layout author reads this package and nothing of a layout's own:
 
-- :mod:`.config`: :class:`PCPConfig`, its capacities, the two-chunk bound;
-- :mod:`.batch`: the host boundary, :func:`make_batch` -> :class:`SchedulerBatch`;
-- :mod:`.state`: :class:`PCPState`, :func:`init_state` (:func:`fresh_state`), :func:`next_state`;
-- :mod:`.rows`: the row, order and per-request types a layout returns;
-- :mod:`.layout`: the :class:`Layout` protocol and :func:`layout_of`;
-- :mod:`.registry`: the registry (built-ins found by name, no import side effect);
-- :mod:`.canonical`: ``init_state``'s first run of a layout that is not a built-in;
-- :mod:`.partition`: :class:`PartitionLayout`, a layout from its token partition alone;
-- :mod:`.package`: :class:`PackageLayout`, a layout from a module's functions.
+- [`pcp_fn.protocol.config`][]: [`PCPConfig`][pcp_fn.PCPConfig], its capacities, the two-chunk bound;
+- [`pcp_fn.protocol.batch`][]: the host boundary, [`make_batch`][pcp_fn.make_batch] ->
+  [`SchedulerBatch`][pcp_fn.SchedulerBatch];
+- [`pcp_fn.protocol.state`][]: [`PCPState`][pcp_fn.PCPState], [`init_state`][pcp_fn.init_state]
+  ([`fresh_state`][pcp_fn.protocol.fresh_state]), [`next_state`][pcp_fn.protocol.next_state];
+- [`pcp_fn.protocol.rows`][]: the row, order and per-request types a layout returns;
+- [`pcp_fn.protocol.layout`][]: the [`Layout`][pcp_fn.Layout] protocol and [`layout_of`][pcp_fn.layout_of];
+- [`pcp_fn.protocol.registry`][]: the registry (built-ins found by name, no import side effect);
+- [`pcp_fn.protocol.canonical`][]: `init_state`'s first run of a layout that is not a built-in;
+- [`pcp_fn.protocol.partition`][]: [`PartitionLayout`][pcp_fn.PartitionLayout], a layout from its
+  token partition alone;
+- [`pcp_fn.protocol.package`][]: [`PackageLayout`][pcp_fn.PackageLayout], a layout from a module's functions.
 
-The layouts (:mod:`pcp_fn.dcs`, :mod:`pcp_fn.hybrid`, :mod:`pcp_fn.mrv2`) build on it; the ops
-(:func:`pcp_fn.step`...) are written against it, never against one layout.
+The layouts ([`pcp_fn.dcs`][], [`pcp_fn.hybrid`][], [`pcp_fn.mrv2`][]) build on it; the ops
+([`pcp_fn.step`][pcp_fn.step.step]...) are written against it, never against one layout.
 """
 
 from .batch import SchedulerBatch, classify_decodes, make_batch

@@ -1,13 +1,13 @@
-"""The host boundary: ``make_batch`` turns the scheduler's arrays into a ``SchedulerBatch``.
+"""The host boundary: `make_batch` turns the scheduler's arrays into a `SchedulerBatch`.
 
 This is the one place that reads values on the host. It validates the
 scheduler's per-request arrays, computes the number of local tokens per rank
 (O(R) integer arithmetic on arrays the host already has, like vLLM's
-``get_num_tokens_for_dispatch``), picks the smallest bucket that holds the
+`get_num_tokens_for_dispatch`), picks the smallest bucket that holds the
 batch, packs the arrays (padded to the bucket's request rows) and the slot
 mapping (padded to its token rows) into ONE host buffer and moves it to the
 device in ONE copy: on a GPU or NPU a non-blocking copy from a pinned buffer
-that no earlier copy still reads (:mod:`pcp_fn.core.staging`). Every check is
+that no earlier copy still reads ([`pcp_fn.core.staging`][]). Every check is
 vectorised (a handful of numpy reductions over the arrays); the loops that
 name a bad entry run only once a check has failed. Per-token work all happens
 on the device.
@@ -40,20 +40,22 @@ A = TypeVar("A", np.ndarray, torch.Tensor)
 
 @pytree_dataclass
 class SchedulerBatch:
-    """One step's scheduler inputs, padded to ``bucket.num_reqs`` rows (``R_b``).
+    """One step's scheduler inputs, padded to `bucket.num_reqs` rows (`R_b`).
 
-    Fields (int32 unless said otherwise):
-        config: static :class:`PCPConfig` the batch was validated for, with
-            the ranks zeroed (``config.shared``: one batch serves every rank);
+    Fields are int32 unless said otherwise.
+
+    Attributes:
+        config: static [`PCPConfig`][pcp_fn.PCPConfig] the batch was validated for, with
+            the ranks zeroed (`config.shared`: one batch serves every rank);
             an op given a state of another config raises.
-        bucket: static :class:`Bucket`; every output shape derives from it.
+        bucket: static [`Bucket`][pcp_fn.Bucket]; every output shape derives from it.
         num_reqs: 0-d, real requests (rows past it are empty requests).
-        num_scheduled: ``[R_b]`` tokens scheduled this step (before the split).
-        num_computed: ``[R_b]`` tokens already in the KV cache.
-        num_prompt: ``[R_b]`` prompt lengths.
-        slot_mapping: ``[F_b]`` int64 KV slots of the scheduled tokens in
-            scheduler order, ``pad_slot_id`` past them (``F_b``:
-            :func:`token_rows`); ``None`` when ``make_batch`` was given none.
+        num_scheduled: `[R_b]` tokens scheduled this step (before the split).
+        num_computed: `[R_b]` tokens already in the KV cache.
+        num_prompt: `[R_b]` prompt lengths.
+        slot_mapping: `[F_b]` int64 KV slots of the scheduled tokens in
+            scheduler order, `pad_slot_id` past them (`F_b`:
+            [`token_rows`][pcp_fn.spec.token_rows]); `None` when `make_batch` was given none.
     """
 
     config: PCPConfig = static_field()
@@ -66,10 +68,10 @@ class SchedulerBatch:
 
 
 def token_rows(config: PCPConfig, bucket: Bucket) -> int:
-    """``F_b``: scheduler-order (pre-split) token rows of a bucket, ``min(T, P * L_b)``.
+    """`F_b`: scheduler-order (pre-split) token rows of a bucket, `min(T, P * L_b)`.
 
-    Every rank holds at least ``1/P`` of each request's tokens in its ``L_b``
-    rows, so a batch of the bucket has at most ``P * L_b`` (and ``T``) tokens.
+    Every rank holds at least `1/P` of each request's tokens in its `L_b`
+    rows, so a batch of the bucket has at most `P * L_b` (and `T`) tokens.
     """
     return min(config.max_num_tokens, config.pcp_size * bucket.num_tokens)
 
@@ -77,10 +79,10 @@ def token_rows(config: PCPConfig, bucket: Bucket) -> int:
 def check_token_input(
     name: str, values: torch.Tensor, config: PCPConfig, bucket: Bucket, device: torch.device | None = None
 ) -> None:
-    """A per-token input in scheduler order must be ``[F_b]``, padded on the host
-    (``make_batch(..., slot_mapping=...)``), never truncated or extended inside an op; a KV slot
+    """A per-token input in scheduler order must be `[F_b]`, padded on the host
+    (`make_batch(..., slot_mapping=...)`), never truncated or extended inside an op; a KV slot
     mapping, so int32 or int64 (a float or a bool would pass through the gather silently, a
-    narrower integer could not hold ``pad_slot_id``), on ``device`` (the state's or the batch's)
+    narrower integer could not hold `pad_slot_id`), on `device` (the state's or the batch's)
     when given. Static checks (type, dtype, shape, device): capturable."""
     rows = token_rows(config, bucket)
     if not isinstance(values, torch.Tensor):
@@ -99,7 +101,7 @@ def check_token_input(
 
 
 def _host_slots(values: ArrayLike, num_tokens: int) -> np.ndarray:
-    """The scheduler's slot mapping as a 1-D integer array of ``num_tokens`` entries (checked)."""
+    """The scheduler's slot mapping as a 1-D integer array of `num_tokens` entries (checked)."""
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().numpy()
     arr = values if type(values) is np.ndarray else np.asarray(values)
@@ -118,7 +120,7 @@ def _host_slots(values: ArrayLike, num_tokens: int) -> np.ndarray:
 
 
 class DecodeRule(Protocol):
-    """What decides a decode: a :class:`PCPConfig`, or an engine's settings with the same two."""
+    """What decides a decode: a [`PCPConfig`][pcp_fn.PCPConfig], or an engine's settings with the same two."""
 
     @property
     def decode_threshold(self) -> int: ...  # most scheduled tokens of a decode: 1 + num_spec_tokens
@@ -128,9 +130,9 @@ class DecodeRule(Protocol):
 
 
 def classify_decodes(config: DecodeRule, num_scheduled: A, num_computed: A, num_prompt: A) -> A:
-    """Decode requests: context, at most ``decode_threshold`` scheduled tokens, prompt done.
+    """Decode requests: context, at most `decode_threshold` scheduled tokens, prompt done.
 
-    vllm-ascend ``classify_decode_request_mask``. Works on numpy arrays (the
+    vllm-ascend `classify_decode_request_mask`. Works on numpy arrays (the
     host boundary, the host twins) and on tensors (inside ops) alike; empty padding
     rows (no context) are prefills.
     """
@@ -157,18 +159,21 @@ def make_batch(
     """Validate the scheduler's per-request arrays and build a device batch.
 
     Args:
-        num_scheduled_tokens, num_computed_tokens, num_prompt_tokens: one entry
-            per request, decodes first (the runner's order).
+        num_scheduled_tokens: tokens scheduled this step, one entry per request, decodes first
+            (the runner's order).
+        num_computed_tokens: tokens already computed (the context), one entry per request, in
+            the same order.
+        num_prompt_tokens: prompt length, one entry per request, in the same order.
         device: where the batch lives (default CPU).
-        slot_mapping: optional ``[sum(num_scheduled_tokens)]`` KV slots in
-            scheduler order; carried padded to ``[F_b]`` (``pad_slot_id``).
+        slot_mapping: optional `[sum(num_scheduled_tokens)]` KV slots in
+            scheduler order; carried padded to `[F_b]` (`pad_slot_id`).
         bucket: force this bucket (it must hold the batch); default the
             smallest configured one.
 
     Raises:
         ValueError: arrays of different lengths or not 1-D integers, a negative
-            count, more than ``max_num_reqs`` requests, more than
-            ``max_num_tokens`` tokens, a decode after a prefill, or a ``bucket``
+            count, more than `max_num_reqs` requests, more than
+            `max_num_tokens` tokens, a decode after a prefill, or a `bucket`
             too small. The message names the field and the limit.
     """
     counts = (num_scheduled_tokens, num_computed_tokens, num_prompt_tokens)
@@ -184,15 +189,15 @@ def build_batch(
     bucket: Bucket | None = None,
     check: Callable[[np.ndarray, int], None] | None = None,
 ) -> tuple[SchedulerBatch, list[torch.Tensor]]:
-    """:func:`make_batch` of ``counts`` (scheduled, computed, prompt, then any extra rows).
+    """[`make_batch`][pcp_fn.make_batch] of `counts` (scheduled, computed, prompt, then any extra rows).
 
-    A boundary built on ``make_batch`` (the spec-decode one) sends more per-request counts with
-    the batch in its one copy: ``counts[3:]`` (named by ``names[3:]``; ``names[:3]`` name the
-    three counts) are checked with the three in one pass (1-D integers in ``[0, INT32_MAX]``, the
-    batch's length) and come back as one ``[R_b]`` int32 device tensor each, zero past
-    ``num_reqs``. ``check(rows, bound)`` runs once every ``make_batch`` check passed, before
-    anything is copied (``rows``: ``[len(counts), n]`` int64, ``bound`` >= every entry, from
-    :func:`pcp_fn.core.checks.host_int_rows`): the boundary's own checks.
+    A boundary built on `make_batch` (the spec-decode one) sends more per-request counts with
+    the batch in its one copy: `counts[3:]` (named by `names[3:]`; `names[:3]` name the
+    three counts) are checked with the three in one pass (1-D integers in `[0, INT32_MAX]`, the
+    batch's length) and come back as one `[R_b]` int32 device tensor each, zero past
+    `num_reqs`. `check(rows, bound)` runs once every `make_batch` check passed, before
+    anything is copied (`rows`: `[len(counts), n]` int64, `bound` >= every entry, from
+    [`pcp_fn.core.checks.host_int_rows`][]): the boundary's own checks.
     """
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
@@ -240,12 +245,12 @@ def build_batch(
 
 
 def check_local_bound(config: PCPConfig, num_local: object, total: int) -> int:
-    """The layout's ``num_local_tokens`` for a valid batch of ``total`` tokens, as an int: an
-    integer, at least ``ceil(total / P)`` (the ranks hold every token between them, so one holds
-    that many) and at most the local capacity ``L`` (the protocol's promise for a valid batch).
+    """The layout's `num_local_tokens` for a valid batch of `total` tokens, as an int: an
+    integer, at least `ceil(total / P)` (the ranks hold every token between them, so one holds
+    that many) and at most the local capacity `L` (the protocol's promise for a valid batch).
 
     What the host can check of the layout's bound without the device: that it is at least every
-    rank's rows is :func:`pcp_fn.testing.check_layout`'s capacity rule (a bound one short cuts
+    rank's rows is [`pcp_fn.testing.check_layout`][]'s capacity rule (a bound one short cuts
     a run, and a token, at the bucket's end).
     """
     name = config.layout_name
@@ -276,7 +281,7 @@ def check_local_bound(config: PCPConfig, num_local: object, total: int) -> int:
 def _decode_after_prefill(
     config: PCPConfig, is_decode: np.ndarray, sched: np.ndarray, comp: np.ndarray, prompt: np.ndarray
 ) -> ValueError:
-    """The error naming the first decode that comes after a prefill (``is_decode [n]`` is not a
+    """The error naming the first decode that comes after a prefill (`is_decode [n]` is not a
     prefix; decodes come first in the runner's order)."""
     first = int(np.argmin(is_decode))
     late = first + int(np.argmax(is_decode[first:]))
@@ -289,7 +294,7 @@ def _decode_after_prefill(
 
 
 def _check_bucket(config: PCPConfig, bucket: Bucket, num_reqs: int, num_local: int) -> None:
-    """A forced ``bucket`` holds the batch's requests and ``num_local`` local tokens, within the
+    """A forced `bucket` holds the batch's requests and `num_local` local tokens, within the
     config's capacity."""
     if not isinstance(bucket, Bucket):
         raise TypeError(f"bucket must be a Bucket, got {type(bucket).__name__}")
@@ -308,10 +313,10 @@ def _check_bucket(config: PCPConfig, bucket: Bucket, num_reqs: int, num_local: i
 def _stage(
     config: PCPConfig, bucket: Bucket, rows: np.ndarray, slots: np.ndarray | None, device: torch.device | None
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], torch.Tensor]:
-    """Pack ``rows`` (``[C, n]``, padded to ``[C, R_b]``) and the ``slots`` (padded to ``[F_b]``
-    with ``pad_slot_id``) into one host buffer and move it to ``device`` (default CPU) in one
-    copy. Returns views of it: the ``[F_b]`` int64 slots (or ``None``), the three ``[R_b]``
-    int32 counts, the extra rows, and the 0-d ``num_reqs``.
+    """Pack `rows` (`[C, n]`, padded to `[C, R_b]`) and the `slots` (padded to `[F_b]`
+    with `pad_slot_id`) into one host buffer and move it to `device` (default CPU) in one
+    copy. Returns views of it: the `[F_b]` int64 slots (or `None`), the three `[R_b]`
+    int32 counts, the extra rows, and the 0-d `num_reqs`.
     """
     C, num_reqs = rows.shape
     # One host buffer, one copy: [F_b int64 slots (as int32 pairs) | 3 R_b int32 counts | the extra
@@ -355,7 +360,7 @@ def _stage(
 
 
 def batch_is_decode(config: PCPConfig, batch: SchedulerBatch) -> torch.Tensor:
-    """``[R_b]`` bool decode requests of ``batch`` (vllm-ascend ``classify_decode_request_mask``)."""
+    """`[R_b]` bool decode requests of `batch` (vllm-ascend `classify_decode_request_mask`)."""
     return classify_decodes(config, batch.num_scheduled, batch.num_computed, batch.num_prompt)
 
 

@@ -1,19 +1,20 @@
-"""A new layout's first run: :func:`pcp_fn.init_state` checks it on a few canonical batches.
+"""A new layout's first run: [`pcp_fn.init_state`][] checks it on a few canonical batches.
 
 The serving path reads no device value on the host, so it cannot check a layout on the batches
-it serves: a layout whose ``num_local_tokens`` is one short would have a
-:class:`pcp_fn.PartitionLayout` cut a run at the bucket's end and drop its token, one that puts a
+it serves: a layout whose `num_local_tokens` is one short would have a
+[`pcp_fn.PartitionLayout`][] cut a run at the bucket's end and drop its token, one that puts a
 token on no rank (or on two) would restore a wrong row, and a step would still run. What the
-serving path can do without a sync, it does here: the first ``init_state`` of a config whose layout
+serving path can do without a sync, it does here: the first `init_state` of a config whose layout
 is not a built-in runs the layout once, eagerly, on the CPU, for every rank, on a handful of small
 batches made on the host (a fresh and a chunked prefill, decodes, one-token prefills, an empty
-request), each in the exact bucket the layout's own ``num_local_tokens`` asks for, and checks
-:func:`pcp_fn.testing.check_layout`'s capacity, ownership, positions, restore, slots and logits
-rules on them (the built-ins are checked by the test suite). A failure raises :class:`LayoutError`
-(a ``ValueError``) naming the rule and the batch; a config passes once per process (cached).
+request), each in the exact bucket the layout's own `num_local_tokens` asks for, and checks
+[`pcp_fn.testing.check_layout`][]'s capacity, ownership, positions, restore, slots and logits
+rules on them (the built-ins are checked by the test suite). A failure raises
+[`LayoutError`][pcp_fn.protocol.LayoutError] (a `ValueError`) naming the rule and the batch; a
+config passes once per process (cached).
 
 It is a smoke test, not a proof: a layout wrong only on other batches passes it.
-:func:`pcp_fn.testing.check_layout` is the full check (hypothesis batches, the capacity edges,
+[`pcp_fn.testing.check_layout`][] is the full check (hypothesis batches, the capacity edges,
 spec decode, capturability).
 """
 
@@ -39,9 +40,9 @@ _PASSED: dict[tuple[int, PCPConfig], object] = {}
 
 
 def check_new_layout(config: PCPConfig, rank_state: Callable[[PCPConfig], Any]) -> None:
-    """Check ``config``'s layout on the canonical batches (module docstring), unless it is a built-in
-    or passed for this config already. ``rank_state(config_r)``: a fresh CPU state of ``config_r``
-    (``config`` at rank ``r``)."""
+    """Check `config`'s layout on the canonical batches (module docstring), unless it is a built-in
+    or passed for this config already. `rank_state(config_r)`: a fresh CPU state of `config_r`
+    (`config` at rank `r`)."""
     impl = config.layout_impl
     key = (id(impl), config.shared)
     if key in _PASSED or is_builtin(impl):
@@ -60,8 +61,8 @@ def check_new_layout(config: PCPConfig, rank_state: Callable[[PCPConfig], Any]) 
 
 
 def canonical_batches(config: PCPConfig) -> list[Counts]:
-    """The small batches a new layout is first run on, within the config's ``R`` and ``T``: a fresh
-    and a chunked prefill of ``4P + 3`` tokens (uneven chunks), a ``decode_threshold``-token decode
+    """The small batches a new layout is first run on, within the config's `R` and `T`: a fresh
+    and a chunked prefill of `4P + 3` tokens (uneven chunks), a `decode_threshold`-token decode
     then a prefill, one-token prefills (the most rows per token), decodes alone, and a decode, an
     empty request and a prefill."""
     R, T, P = config.max_num_reqs, config.max_num_tokens, config.pcp_size
@@ -98,7 +99,7 @@ def _np(x: torch.Tensor) -> np.ndarray:
 
 
 def _check_batch(config: PCPConfig, impl: Any, states: list[Any], counts: Counts) -> None:
-    """Every rank's ``build`` of one canonical batch, in the bucket the layout's bound asks for."""
+    """Every rank's `build` of one canonical batch, in the bucket the layout's bound asks for."""
     sched, comp, prompt = (np.asarray(c, np.int64) for c in counts)
     total = int(sched.sum())
     num_decodes = int(classify_decodes(config, sched, comp, prompt).sum())
@@ -127,7 +128,7 @@ def _check_rows(
     config: PCPConfig, counts: Counts, ups: list[Any], bound: int, starts: np.ndarray
 ) -> tuple[torch.Tensor, np.ndarray]:
     """Capacity, ownership and positions of every rank's rows. Returns the rank-major all-gather of
-    each row's token (``[P, L_b]``, -1 on no token) and the requests the layout replicates."""
+    each row's token (`[P, L_b]`, -1 on no token) and the requests the layout replicates."""
     sched, comp = (np.asarray(c + (0,), np.int64) for c in counts[:2])
     R = len(counts[0])
     replicated = _np(ups[0].geometry.replicated)[:R].astype(bool)
@@ -164,7 +165,7 @@ def _check_rows(
 def _check_restore(
     config: PCPConfig, counts: Counts, spans: Any, restored: np.ndarray, starts: np.ndarray
 ) -> None:
-    """``gathered[restore_index]`` holds request ``i``'s tokens in order at the rows its span names."""
+    """`gathered[restore_index]` holds request `i`'s tokens in order at the rows its span names."""
     start, length = _np(spans.start), _np(spans.length)
     for i, n in enumerate(counts[0]):
         if n == 0:

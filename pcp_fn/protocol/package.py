@@ -1,8 +1,8 @@
-"""``PackageLayout``: a :class:`pcp_fn.Layout` whose methods are a module's functions.
+"""`PackageLayout`: a [`pcp_fn.Layout`][] whose methods are a module's functions.
 
-The built-in ``"dcs"`` (:mod:`pcp_fn.dcs.layout`) and ``"hybrid"`` (:mod:`pcp_fn.hybrid.ops`)
+The built-in `"dcs"` ([`pcp_fn.dcs.layout`][]) and `"hybrid"` ([`pcp_fn.hybrid.ops`][])
 layouts are plain functions of a state; this class binds them, and the module's optional
-``check_config`` and ``constants`` hooks, to one object the registry holds.
+`check_config` and `constants` hooks, to one object the registry holds.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ _HOOKS = ("check_config", "constants")  # optional members of the protocol
 
 
 class PackageLayout:
-    """A :class:`pcp_fn.Layout` served by the functions of ``package`` (a module, or any object
-    holding every protocol member but ``name`` as an attribute)."""
+    """A [`pcp_fn.Layout`][] served by the functions of `package` (a module, or any object
+    holding every protocol member but `name` as an attribute)."""
 
     def __init__(self, name: str, package: ModuleType) -> None:
         missing = [m for m in PROTOCOL_MEMBERS[1:] if not hasattr(package, m)]

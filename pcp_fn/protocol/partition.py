@@ -1,32 +1,32 @@
-"""``PartitionLayout``: a :class:`pcp_fn.Layout` from a token partition alone.
+"""`PartitionLayout`: a [`pcp_fn.Layout`][] from a token partition alone.
 
 A researcher's layout says *which local rows of each rank hold which token*;
 this base class derives everything else the facade needs, in the scheduler's
 token order (no pads between requests):
 
-- ``restore_index [P*L_b]``: restored row ``t`` (scheduler-order token ``t``) reads
+- `restore_index [P*L_b]`: restored row `t` (scheduler-order token `t`) reads
   the gathered row holding it (rank 0's copy for a replicated request), rows past
   the batch's tokens read row 0;
-- ``unpad_mask`` / ``token`` ``[P*L_b]``: row ``t < num_tokens`` carries token ``t``'s
-  KV slot (``padded_slot_mapping``);
-- logits: request ``i``'s last token, ``token_start[i] + n_i - 1``;
-- ``restored_spans``: ``(token_start, n)``; ``state_local_start``: this rank's
+- `unpad_mask` / `token` `[P*L_b]`: row `t < num_tokens` carries token `t`'s
+  KV slot (`padded_slot_mapping`);
+- logits: request `i`'s last token, `token_start[i] + n_i - 1`;
+- `restored_spans`: `(token_start, n)`; `state_local_start`: this rank's
   rows per request, cumulated; the spec-decode first pass runs on the local rows.
 
-A subclass implements :meth:`PartitionLayout.segments` (each request's local
-runs on a rank, ``[R_b, S]`` first offset and length: ``S`` runs per request,
-laid out request by request) or, for full control, :meth:`PartitionLayout.local_rows`,
-from the batch's :class:`Requests` (scheduled and computed tokens, which are
-replicated, where each starts in scheduler order).
-Both must be capturable (docs/concepts.md, "Capturability, checked") and take ``rank`` as an int or a 0-d
-tensor. :class:`pcp_fn.mrv2.MRV2Partition` (vLLM model runner V2's unpadded head/tail
-chunks, the built-in ``"mrv2"``) is the example; ``examples/cost_balanced_layout.py``
-another.
+A subclass implements [`PartitionLayout.segments`][pcp_fn.PartitionLayout.segments] (each request's local
+runs on a rank, `[R_b, S]` first offset and length: `S` runs per request,
+laid out request by request) or, for full control,
+[`PartitionLayout.local_rows`][pcp_fn.PartitionLayout.local_rows], from the batch's
+[`Requests`][pcp_fn.Requests] (scheduled and computed tokens, which are replicated, where each
+starts in scheduler order). Both must be capturable (docs/concepts.md, "Capturability, checked") and
+take `rank` as an int or a 0-d tensor. [`pcp_fn.mrv2.MRV2Partition`][pcp_fn.MRV2Partition] (vLLM
+model runner V2's unpadded head/tail chunks, the built-in `"mrv2"`) is the example;
+`examples/cost_balanced_layout.py` another.
 
-``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode), ``"mrv2"``: chunks of
-``c = ceil(n / 4)`` cut at the request's end, so rank 0 holds ``(0,0) (1,0) (1,1)
-(2,0) (2,1) (2,6) (2,7)`` and rank 1 ``(0,0) (1,2) (1,3) (1,4) (2,2) .. (2,5)``;
-the restored rows are the 14 tokens in scheduler order, logits ``[0, 5, 13]``.
+`P = 2`, tokens `[1, 5, 8]` (request 0 a decode), `"mrv2"`: chunks of
+`c = ceil(n / 4)` cut at the request's end, so rank 0 holds `(0,0) (1,0) (1,1)
+(2,0) (2,1) (2,6) (2,7)` and rank 1 `(0,0) (1,2) (1,3) (1,4) (2,2) .. (2,5)`;
+the restored rows are the 14 tokens in scheduler order, logits `[0, 5, 13]`.
 """
 
 from __future__ import annotations
@@ -45,18 +45,20 @@ from .state import PCPState, next_state
 
 
 class Requests(NamedTuple):
-    """What a :class:`PartitionLayout` splits: the batch's requests, ``[R_b]`` rows (0 past ``num_reqs``).
+    """What a [`PartitionLayout`][pcp_fn.PartitionLayout] splits: the batch's requests, `[R_b]` rows
+    (0 past `num_reqs`).
 
-    Fields:
-        num_scheduled: ``[R_b]`` int64 tokens scheduled this step.
-        num_computed: ``[R_b]`` int64 tokens already in the KV cache (token ``j`` of
-            request ``i`` is at position ``num_computed[i] + j`` and attends
-            ``num_computed[i] + j + 1`` keys).
-        replicated: ``[R_b]`` bool, the request is whole on every rank (the decodes
-            when ``P > 1``; every request when ``P == 1``).
-        token_start: ``[R_b + 1]`` int64 first scheduler-order token of each request, then the total.
-        request_ids: ``[R_b]`` int64 ``arange(R_b)``.
-        num_decode_reqs, num_decode_tokens: 0-d int64, the decodes (a prefix) and their tokens.
+    Attributes:
+        num_scheduled: `[R_b]` int64 tokens scheduled this step.
+        num_computed: `[R_b]` int64 tokens already in the KV cache (token `j` of
+            request `i` is at position `num_computed[i] + j` and attends
+            `num_computed[i] + j + 1` keys).
+        replicated: `[R_b]` bool, the request is whole on every rank (the decodes
+            when `P > 1`; every request when `P == 1`).
+        token_start: `[R_b + 1]` int64 first scheduler-order token of each request, then the total.
+        request_ids: `[R_b]` int64 `arange(R_b)`.
+        num_decode_reqs: 0-d int64, the decodes (a prefix).
+        num_decode_tokens: 0-d int64, their tokens.
     """
 
     num_scheduled: torch.Tensor
@@ -75,7 +77,7 @@ class Requests(NamedTuple):
         num_computed: torch.Tensor,
         is_decode: torch.Tensor,
     ) -> Requests:
-        """The requests of ``[R_b]`` counts (any int dtype) and decode flags (a prefix)."""
+        """The requests of `[R_b]` counts (any int dtype) and decode flags (a prefix)."""
         n = num_scheduled.to(torch.int64)
         # one scan: the token starts, and the decodes' count and tokens at its end
         starts = offsets(torch.stack([n, is_decode.to(torch.int64), n * is_decode]))
@@ -85,13 +87,13 @@ class Requests(NamedTuple):
 
 
 def rows_from_segments(first: torch.Tensor, length: torch.Tensor, num_rows: int) -> LocalRows:
-    """``[num_rows]`` :class:`LocalRows` of back-to-back runs.
+    """`[num_rows]` [`LocalRows`][pcp_fn.LocalRows] of back-to-back runs.
 
-    ``first``, ``length``: ``[R_b, S]`` int64, run ``s`` of request ``i`` holds the
-    request's tokens ``first[i, s] .. first[i, s] + length[i, s] - 1``; the runs are
-    laid out request-major (``i`` then ``s``), empty runs take no row, rows past
-    the last run are padding (``valid`` False, request and offset 0). One search
-    of the run ends paints every row (:func:`pcp_fn.core.ragged.segment_of`).
+    `first`, `length`: `[R_b, S]` int64, run `s` of request `i` holds the
+    request's tokens `first[i, s] .. first[i, s] + length[i, s] - 1`; the runs are
+    laid out request-major (`i` then `s`), empty runs take no row, rows past
+    the last run are padding (`valid` False, request and offset 0). One search
+    of the run ends paints every row ([`pcp_fn.core.ragged.segment_of`][]).
     """
     S = first.shape[1]
     starts = offsets(length.flatten())  # [R_b * S + 1]
@@ -105,11 +107,12 @@ def rows_from_segments(first: torch.Tensor, length: torch.Tensor, num_rows: int)
 
 
 class PartitionLayout:
-    """Base class of a :class:`pcp_fn.Layout` defined by its token partition (module docstring).
+    """Base class of a [`pcp_fn.Layout`][] defined by its token partition (module docstring).
 
-    Subclasses set ``name`` and implement :meth:`segments` (or :meth:`local_rows`);
-    override :meth:`num_local_tokens` when a rank may hold more than the
-    DualChunkSwap bound ``2 * ceil(n / 2P)`` of a prefill's ``n`` tokens.
+    Subclasses set `name` and implement [`segments`][pcp_fn.PartitionLayout.segments] (or
+    [`local_rows`][pcp_fn.PartitionLayout.local_rows]); override
+    [`num_local_tokens`][pcp_fn.PartitionLayout.num_local_tokens] when a rank may hold more than the
+    DualChunkSwap bound `2 * ceil(n / 2P)` of a prefill's `n` tokens.
     """
 
     name: str = ""
@@ -124,26 +127,27 @@ class PartitionLayout:
     def segments(
         self, config: PCPConfig, requests: Requests, rank: int | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``([R_b, S], [R_b, S])`` int64 first offset and length of each request's runs on ``rank``.
+        """`([R_b, S], [R_b, S])` int64 first offset and length of each request's runs on `rank`.
 
-        A ``requests.replicated`` request must be whole on every rank; every other
-        token on exactly one rank; a run may reach past ``n`` (pad rows: offsets ``>= n``).
+        A `requests.replicated` request must be whole on every rank; every other
+        token on exactly one rank; a run may reach past `n` (pad rows: offsets `>= n`).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement segments() or local_rows()")
 
     def replicated(self, config: PCPConfig, requests: Requests) -> torch.Tensor:
-        """``[R_b]`` bool, the requests whole on every rank (default ``requests.replicated``: the
-        decodes when ``P > 1``, every request when ``P == 1``). Restore and slots read a
+        """`[R_b]` bool, the requests whole on every rank (default `requests.replicated`: the
+        decodes when `P > 1`, every request when `P == 1`). Restore and slots read a
         replicated request's tokens from rank 0; every other token must be on exactly one rank."""
         return requests.replicated
 
     def check_config(self, config: PCPConfig) -> None:
-        """Raise ``ValueError`` for a config this layout cannot serve (``PCPConfig`` calls it)."""
+        """Raise `ValueError` for a config this layout cannot serve (`PCPConfig` calls it)."""
 
     def local_rows(
         self, config: PCPConfig, requests: Requests, rank: int | torch.Tensor, num_rows: int
     ) -> LocalRows:
-        """``[num_rows]`` request and offset of each of ``rank``'s local rows (default: :meth:`segments`)."""
+        """`[num_rows]` request and offset of each of `rank`'s local rows (default:
+        [`segments`][pcp_fn.PartitionLayout.segments])."""
         first, length = self.segments(config, requests, rank)
         return rows_from_segments(first, length, num_rows)
 
@@ -151,7 +155,7 @@ class PartitionLayout:
         self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
     ) -> int:
         """Host bound on any rank's local rows (bucket choice); by default the two-chunk split's
-        (:func:`pcp_fn.protocol.config.two_chunk_bound`: ``2 * ceil(n / 2P)`` of a prefill)."""
+        ([`pcp_fn.protocol.config.two_chunk_bound`][]: `2 * ceil(n / 2P)` of a prefill)."""
         return two_chunk_bound(config, num_scheduled, num_decodes)
 
     # -- inherited ---------------------------------------------------------------
@@ -166,7 +170,7 @@ class PartitionLayout:
         return req._replace(replicated=self.replicated(config, req))
 
     def _rank_geometry(self, req: Requests, rows: LocalRows) -> RequestGeometry:
-        """The geometry of ``req`` with this rank's ``rows`` counted per request (no pads)."""
+        """The geometry of `req` with this rank's `rows` counted per request (no pads)."""
         local = torch.zeros_like(req.num_scheduled).index_add(0, rows.request, rows.valid.to(torch.int64))
         return RequestGeometry(
             num_scheduled=req.num_scheduled,
@@ -180,7 +184,7 @@ class PartitionLayout:
         )
 
     def _order(self, config: PCPConfig, req: Requests, Lb: int) -> GatheredOrder:
-        """Restore index, unpad mask and token of the ``P * L_b`` restored rows (scheduler order)."""
+        """Restore index, unpad mask and token of the `P * L_b` restored rows (scheduler order)."""
         P, G = config.pcp_size, config.pcp_size * Lb
         # every rank's rows: the restore reads them all (P is static: a loop over ranks, not data)
         ranks = [self.local_rows(config, req, q, Lb) for q in range(P)]
@@ -212,7 +216,8 @@ class PartitionLayout:
         )
 
     def _requests(self, state: PCPState, geometry: RequestGeometry | None = None) -> Requests:
-        """The state's last batch as :class:`Requests` (``geometry``: its request geometry, when known)."""
+        """The state's last batch as [`Requests`][pcp_fn.Requests] (`geometry`: its request
+        geometry, when known)."""
         Rb = state.bucket.num_reqs
         if geometry is None:
             return self._of(

@@ -1,15 +1,16 @@
-"""The layout registry: ``PCPConfig(..., layout=name)`` finds its :class:`pcp_fn.Layout` here.
+"""The layout registry: `PCPConfig(..., layout=name)` finds its [`pcp_fn.Layout`][] here.
 
-Built-in layouts are found, not pre-registered: :data:`BUILTIN_LAYOUTS` names the module
-attribute that holds each one (``"dcs" -> pcp_fn.dcs:LAYOUT``), loaded the first time the
-name is looked up. So a config works whatever was imported first, and nothing registers
-itself as an import side effect; a researcher's layout is registered with
-:func:`register_layout` (or by passing the object as ``PCPConfig(..., layout=obj)``) and
-removed with :func:`unregister_layout`.
+Built-in layouts are found, not pre-registered:
+[`BUILTIN_LAYOUTS`][pcp_fn.protocol.registry.BUILTIN_LAYOUTS] names the module attribute that holds
+each one (`"dcs" -> pcp_fn.dcs:LAYOUT`), loaded the first time the name is looked up. So a config
+works whatever was imported first, and nothing registers itself as an import side effect; a
+researcher's layout is registered with [`register_layout`][pcp_fn.register_layout] (or by passing
+the object as `PCPConfig(..., layout=obj)`) and removed with
+[`unregister_layout`][pcp_fn.unregister_layout].
 
-This module sits at the bottom of :mod:`pcp_fn.protocol` (the config resolves its layout
+This module sits at the bottom of [`pcp_fn.protocol`][] (the config resolves its layout
 here, and the protocol's own module names the config): it checks a layout by the members
-it has (:data:`PROTOCOL_MEMBERS`, the members of :class:`pcp_fn.Layout`).
+it has ([`PROTOCOL_MEMBERS`][pcp_fn.protocol.registry.PROTOCOL_MEMBERS], the members of [`pcp_fn.Layout`][]).
 """
 
 from __future__ import annotations
@@ -17,15 +18,14 @@ from __future__ import annotations
 import importlib
 from typing import Protocol
 
-#: name -> ``(module, attribute)`` of each built-in layout, in the order they are listed.
 BUILTIN_LAYOUTS: dict[str, tuple[str, str]] = {
     "dcs": ("pcp_fn.dcs", "LAYOUT"),
     "hybrid": ("pcp_fn.hybrid", "LAYOUT"),
     "mrv2": ("pcp_fn.mrv2", "LAYOUT"),
     "mrv2-sharded": ("pcp_fn.mrv2", "SHARDED_LAYOUT"),
 }
+"""name -> `(module, attribute)` of each built-in layout, in the order they are listed."""
 
-#: What a :class:`pcp_fn.Layout` implements (its protocol's members).
 PROTOCOL_MEMBERS = (
     "name",
     "num_local_tokens",
@@ -39,13 +39,14 @@ PROTOCOL_MEMBERS = (
     "restored_spans",
     "first_pass_rows",
 )
+"""What a [`pcp_fn.Layout`][] implements (its protocol's members)."""
 
 
 class LayoutError(ValueError):
-    """A layout broke a rule of :class:`pcp_fn.Layout` where the library can see it without a host
-    sync: its ``num_local_tokens`` at :func:`pcp_fn.make_batch`, its first run on a few canonical
-    batches at :func:`pcp_fn.init_state` (:mod:`pcp_fn.protocol.canonical`). ``rule``: the
-    :func:`pcp_fn.testing.check_layout` rule it breaks (``"capacity"``, ``"ownership"``...)."""
+    """A layout broke a rule of [`pcp_fn.Layout`][] where the library can see it without a host
+    sync: its `num_local_tokens` at [`pcp_fn.make_batch`][], its first run on a few canonical
+    batches at [`pcp_fn.init_state`][] ([`pcp_fn.protocol.canonical`][]). `rule`: the
+    [`pcp_fn.testing.check_layout`][] rule it breaks (`"capacity"`, `"ownership"`...)."""
 
     def __init__(self, message: str, rule: str = "") -> None:
         super().__init__(message)
@@ -56,7 +57,7 @@ class LayoutError(ValueError):
 
 
 class NamedLayout(Protocol):
-    """A registry entry: a :class:`pcp_fn.Layout` (which extends this), found by its ``name``."""
+    """A registry entry: a [`pcp_fn.Layout`][] (which extends this), found by its `name`."""
 
     name: str
 
@@ -65,7 +66,7 @@ _REGISTRY: dict[str, NamedLayout] = {}  # name -> layout: the built-ins loaded s
 
 
 def _lookup(name: str) -> NamedLayout | None:
-    """The layout registered as ``name``, loading the built-in of that name on first use."""
+    """The layout registered as `name`, loading the built-in of that name on first use."""
     held = _REGISTRY.get(name)
     if held is None and name in BUILTIN_LAYOUTS:
         module, attribute = BUILTIN_LAYOUTS[name]
@@ -74,20 +75,20 @@ def _lookup(name: str) -> NamedLayout | None:
 
 
 def register_layout(layout: NamedLayout, *, replace: bool = False) -> NamedLayout:
-    """Make ``layout`` selectable as ``PCPConfig(..., layout=layout.name)``; returns it.
+    """Make `layout` selectable as `PCPConfig(..., layout=layout.name)`; returns it.
 
     A name is held by one object. Registering it again is a no-op for the very same object and,
     under a name that is not a built-in's, replaces the holder with another instance of the
     same user class (a notebook re-running its cell: the class is the same by module and
-    qualified name, even when the cell made it anew; a :class:`pcp_fn.PackageLayout` of the same
-    module). Any other object needs ``replace=True``: a built-in (``"dcs"``, ``"mrv2"``...),
+    qualified name, even when the cell made it anew; a [`pcp_fn.PackageLayout`][] of the same
+    module). Any other object needs `replace=True`: a built-in (`"dcs"`, `"mrv2"`...),
     whatever the class of the newcomer, and a name held by another class.
 
     Raises:
-        TypeError: ``layout`` does not implement :class:`pcp_fn.Layout` (a member missing or not
-            callable), its ``name`` is not a non-empty str, or ``replace`` is not a bool.
-        ValueError: the name is held by another object and ``replace`` is False (the message
-            names ``replace=True``).
+        TypeError: `layout` does not implement [`pcp_fn.Layout`][] (a member missing or not
+            callable), its `name` is not a non-empty str, or `replace` is not a bool.
+        ValueError: the name is held by another object and `replace` is False (the message
+            names `replace=True`).
     """
     check_protocol(layout)
     if not isinstance(replace, bool):
@@ -107,18 +108,18 @@ def register_layout(layout: NamedLayout, *, replace: bool = False) -> NamedLayou
 
 
 def unregister_layout(name: str) -> NamedLayout:
-    """Remove the layout registered as ``name`` (:func:`register_layout`); returns it.
+    """Remove the layout registered as `name` ([`register_layout`][pcp_fn.register_layout]); returns it.
 
-    The name is free again: registering any layout under it needs no ``replace=True``. A built-in
-    (``"dcs"``, ``"mrv2"``...) cannot be unregistered; a layout registered over a built-in's name with
-    ``replace=True`` is removed and the name is the built-in's again. A config made earlier keeps
-    the layout object it bound (``config.layout_impl``); a new ``PCPConfig(..., layout=name)``, or
-    unpickling a config that names it, raises ``ValueError`` (unknown layout) until the name is
+    The name is free again: registering any layout under it needs no `replace=True`. A built-in
+    (`"dcs"`, `"mrv2"`...) cannot be unregistered; a layout registered over a built-in's name with
+    `replace=True` is removed and the name is the built-in's again. A config made earlier keeps
+    the layout object it bound (`config.layout_impl`); a new `PCPConfig(..., layout=name)`, or
+    unpickling a config that names it, raises `ValueError` (unknown layout) until the name is
     registered again.
 
     Raises:
-        TypeError: ``name`` is not a str.
-        ValueError: no layout is registered as ``name``, or it is a built-in.
+        TypeError: `name` is not a str.
+        ValueError: no layout is registered as `name`, or it is a built-in.
     """
     held = get_layout(name)  # TypeError / ValueError naming the registered names
     if is_builtin(held):
@@ -131,8 +132,8 @@ def unregister_layout(name: str) -> NamedLayout:
 
 
 def check_protocol(layout: object) -> None:
-    """``layout`` has every member of :class:`pcp_fn.Layout` (callable, but ``name``: a non-empty
-    str); ``TypeError`` naming what it lacks."""
+    """`layout` has every member of [`pcp_fn.Layout`][] (callable, but `name`: a non-empty
+    str); `TypeError` naming what it lacks."""
     missing = [m for m in PROTOCOL_MEMBERS if not hasattr(layout, m)]
     if missing:
         raise TypeError(f"{layout!r} is not a pcp_fn.Layout: it lacks {missing}")
@@ -146,8 +147,8 @@ def check_protocol(layout: object) -> None:
 
 def _identity(layout: object) -> tuple[str, ...] | None:
     """What makes two layout objects the same layout re-made: a user class's module and qualified
-    name, a :class:`pcp_fn.PackageLayout`'s module; ``None`` for any other class of the library
-    (``MRV2Partition``...: its instances differ by their arguments)."""
+    name, a [`pcp_fn.PackageLayout`][]'s module; `None` for any other class of the library
+    (`MRV2Partition`...: its instances differ by their arguments)."""
     cls = type(layout)
     package = getattr(layout, "package", None)
     if cls.__module__.split(".")[0] != "pcp_fn":
@@ -158,7 +159,8 @@ def _identity(layout: object) -> tuple[str, ...] | None:
 
 
 def _same_layout(name: str, held: NamedLayout, layout: NamedLayout) -> bool:
-    """``layout`` may take ``name`` from ``held`` without ``replace=True`` (:func:`register_layout`)."""
+    """`layout` may take `name` from `held` without `replace=True`
+    ([`register_layout`][pcp_fn.register_layout])."""
     if held is layout:
         return True
     if name in BUILTIN_LAYOUTS:
@@ -168,8 +170,8 @@ def _same_layout(name: str, held: NamedLayout, layout: NamedLayout) -> bool:
 
 
 def get_layout(name: str) -> NamedLayout:
-    """The layout called ``name`` (a built-in or a registered one); ``ValueError`` for an unknown
-    name, ``TypeError`` for a name that is not a str."""
+    """The layout called `name` (a built-in or a registered one); `ValueError` for an unknown
+    name, `TypeError` for a name that is not a str."""
     if not isinstance(name, str):
         raise TypeError(f"a layout name must be a str, got {type(name).__name__} {name!r}")
     held = _lookup(name)
@@ -179,8 +181,9 @@ def get_layout(name: str) -> NamedLayout:
 
 
 def is_builtin(layout: object) -> bool:
-    """``layout`` is the object of a built-in (:data:`BUILTIN_LAYOUTS`: a registration with
-    ``replace=True`` is not)."""
+    """`layout` is the object of a built-in
+    ([`BUILTIN_LAYOUTS`][pcp_fn.protocol.registry.BUILTIN_LAYOUTS]: a registration with
+    `replace=True` is not)."""
     name = getattr(layout, "name", None)
     if not isinstance(name, str) or name not in BUILTIN_LAYOUTS:
         return False

@@ -1,9 +1,9 @@
-"""The types a :class:`pcp_fn.Layout` takes and returns: rows, orders and per-request records.
+"""The types a [`pcp_fn.Layout`][] takes and returns: rows, orders and per-request records.
 
 Every layout describes one step on one rank with these, whatever its partition. Sizes:
-``R_b`` request rows and ``L_b`` local rows per rank from the batch's bucket, ``G_b = P * L_b``
-rows of the all-gathered buffer (the ranks' local ``[L_b, ...]`` buffers stacked rank-major).
-``P = 2``, tokens ``[1, 5, 8]`` (request 0 a decode), DualChunkSwap, rank 0::
+`R_b` request rows and `L_b` local rows per rank from the batch's bucket, `G_b = P * L_b`
+rows of the all-gathered buffer (the ranks' local `[L_b, ...]` buffers stacked rank-major).
+`P = 2`, tokens `[1, 5, 8]` (request 0 a decode), DualChunkSwap, rank 0:
 
     RequestGeometry  num_scheduled [1, 5, 8]   replicated [T, F, F]   token_start [0, 1, 6, 14]
                      local [1, 4, 4]           local_start [0, 1, 5, 9]
@@ -24,13 +24,13 @@ from .state import PCPState
 
 
 class RequestGeometry(NamedTuple):
-    """What every layout knows of each request on one rank: ``[R_b]`` int64 (``*_start``:
-    ``[R_b + 1]``), ``replicated`` bool, counts 0-d; 0 past the batch's requests.
+    """What every layout knows of each request on one rank: `[R_b]` int64 (`*_start`:
+    `[R_b + 1]`), `replicated` bool, counts 0-d; 0 past the batch's requests.
 
-    ``own`` is the layout's private per-request record, opaque to everything else
-    (DualChunkSwap's :class:`pcp_fn.dcs.ChunkGeometry`: padded sizes and chunks; ``None``
-    for a :class:`pcp_fn.PartitionLayout`): what its own ``logits_from_geometry``,
-    ``restored_spans`` and index maps read.
+    `own` is the layout's private per-request record, opaque to everything else
+    (DualChunkSwap's [`pcp_fn.dcs.ChunkGeometry`][]: padded sizes and chunks; `None`
+    for a [`pcp_fn.PartitionLayout`][]): what its own `logits_from_geometry`,
+    `restored_spans` and index maps read.
     """
 
     num_scheduled: torch.Tensor  # tokens scheduled this step, before the split
@@ -45,7 +45,7 @@ class RequestGeometry(NamedTuple):
 
 
 class LocalRows(NamedTuple):
-    """This rank's ``[L_b]`` local rows, request by request, real rows first."""
+    """This rank's `[L_b]` local rows, request by request, real rows first."""
 
     request: torch.Tensor  # int64 request of the row (0 on padding rows)
     position: (
@@ -56,7 +56,7 @@ class LocalRows(NamedTuple):
 
 
 class GatheredOrder(NamedTuple):
-    """Maps over the ``[G_b]`` rows of the restored order (``restore_hidden_states``' rows)."""
+    """Maps over the `[G_b]` rows of the restored order (`restore_hidden_states`' rows)."""
 
     restore_index: torch.Tensor  # int64 gathered row of each restored row (0 past the end)
     unpad_mask: torch.Tensor  # bool: the row carries a token's KV slot (DualChunkSwap: token-strided decodes)
@@ -64,39 +64,40 @@ class GatheredOrder(NamedTuple):
 
 
 class RestoredSpans(NamedTuple):
-    """Where each request's rows sit in what ``restore_hidden_states`` returns; ``[R_b]`` int64 each.
+    """Where each request's rows sit in what `restore_hidden_states` returns; `[R_b]` int64 each.
 
-    A replicated request's rows are rank 0's copies of its tokens (:func:`pcp_fn.testing.check_layout`
+    A replicated request's rows are rank 0's copies of its tokens ([`pcp_fn.testing.check_layout`][]
     checks which rank each restored row is read from)."""
 
     start: torch.Tensor  # row of the request's first token
-    length: torch.Tensor  # rows from ``start`` that are the request's: its tokens, then any pads
+    length: torch.Tensor  # rows from `start` that are the request's: its tokens, then any pads
 
 
 @pytree_dataclass
 class TokenLayout:
-    """What ``update_tokens`` returns for one rank (``R_b``, ``L_b`` from the batch's bucket).
+    """What `update_tokens` returns for one rank (`R_b`, `L_b` from the batch's bucket).
 
-    Fields:
-        pcp_tokens: ``[R_b]`` int32 tokens of each request on this rank
-            (vllm-ascend ``update_tokens_for_pcp(...)[0]``); 0 past ``num_reqs``.
-        positions: ``[L_b]`` int64 offset of each local token inside its
-            request's scheduled tokens (vllm-ascend ``[1]``); 0 on padding rows.
-        request_index: ``[L_b]`` int64 request of each local token (the
-            runner's ``req_indices``); 0 on padding rows.
-        num_tokens: 0-d int64 local tokens on this rank (``sum(pcp_tokens)``).
-        num_pads: ``[R_b]`` int64 pads per request (vllm-ascend ``num_pcp_pads``; 0 for a
+    Attributes:
+        pcp_tokens: `[R_b]` int32 tokens of each request on this rank
+            (vllm-ascend `update_tokens_for_pcp(...)[0]`); 0 past `num_reqs`.
+        positions: `[L_b]` int64 offset of each local token inside its
+            request's scheduled tokens (vllm-ascend `[1]`); 0 on padding rows.
+        request_index: `[L_b]` int64 request of each local token (the
+            runner's `req_indices`); 0 on padding rows.
+        num_tokens: 0-d int64 local tokens on this rank (`sum(pcp_tokens)`).
+        num_pads: `[R_b]` int64 pads per request (vllm-ascend `num_pcp_pads`; 0 for a
             layout that does not pad).
-        is_decode: ``[R_b]`` bool decode requests (a prefix).
-        num_decode_reqs, num_decode_tokens: 0-d int64.
-        unpad_mask: ``[P*L_b]`` bool real rows of the restored order
-            (vllm-ascend ``pcp_unpad_mask``). In DualChunkSwap its decode region is
+        is_decode: `[R_b]` bool decode requests (a prefix).
+        num_decode_reqs: 0-d int64, the decode requests (a prefix).
+        num_decode_tokens: 0-d int64, their tokens.
+        unpad_mask: `[P*L_b]` bool real rows of the restored order
+            (vllm-ascend `pcp_unpad_mask`). In DualChunkSwap its decode region is
             token-strided, vllm-ascend's convention for the KV slot mapping: decode token
-            ``t`` is row ``t*P``. That row is the restored copy of the same token only
+            `t` is row `t*P`. That row is the restored copy of the same token only
             when decodes have one token each; with speculative tokens, read
-            decode hidden states through ``restore_index``/logits indices.
-        restore_index: ``[P*L_b]`` int64 gathered row of each restored row
-            (vllm-ascend ``pcp_allgather_restore_idx``); 0 past the restored rows.
+            decode hidden states through `restore_index`/logits indices.
+        restore_index: `[P*L_b]` int64 gathered row of each restored row
+            (vllm-ascend `pcp_allgather_restore_idx`); 0 past the restored rows.
     """
 
     pcp_tokens: torch.Tensor
@@ -135,8 +136,8 @@ class TokenLayout:
 
 
 class LayoutUpdate(NamedTuple):
-    """What a layout's ``build`` returns: the next state, the public layout, and the
-    intermediate maps ``step`` reuses instead of rebuilding them."""
+    """What a layout's `build` returns: the next state, the public layout, and the
+    intermediate maps `step` reuses instead of rebuilding them."""
 
     state: PCPState  # the state recording the batch (pcp_fn.protocol.state.next_state)
     layout: TokenLayout

@@ -1,16 +1,16 @@
-"""``PCPState``: the frozen pytree every facade op takes and returns, whatever the layout.
+"""`PCPState`: the frozen pytree every facade op takes and returns, whatever the layout.
 
 The config and the bucket of the last update are static tree structure; the
 leaves are device tensors whose shapes depend on the config alone. What a
-state holds is the per-request record of the last ``update_tokens`` (``[R]``
-rows, the tail past ``num_reqs`` zero) and the bucket it was built for, so the
-consumer ops (``get_logits_indices(state)``, ``padded_slot_mapping(state,
-slots)``, ``restore_hidden_states(state, gathered)``, the spec-decode and
+state holds is the per-request record of the last `update_tokens` (`[R]`
+rows, the tail past `num_reqs` zero) and the bucket it was built for, so the
+consumer ops (`get_logits_indices(state)`, `padded_slot_mapping(state,
+slots)`, `restore_hidden_states(state, gathered)`, the spec-decode and
 attention ops) return bucket-shaped outputs with no size argument: they
 rebuild the per-token indices they need from the record, at the bucket's size.
 
-The entry ops (``update_tokens``, ``step``, ``spec_step``) read only the
-incoming state's ``ENTRY_FIELDS`` (its rank and constant tables), so a state
+The entry ops (`update_tokens`, `step`, `spec_step`) read only the
+incoming state's `ENTRY_FIELDS` (its rank and constant tables), so a state
 coming out of any step may be fed to the graph of any bucket.
 """
 
@@ -34,21 +34,21 @@ from .config import PCPConfig
 class PCPState:
     """PCP state of one rank.
 
-    Fields:
-        config: static :class:`PCPConfig`.
-        bucket: static :class:`Bucket` of the last update (``config.capacity``
+    Attributes:
+        config: static [`PCPConfig`][pcp_fn.PCPConfig].
+        bucket: static [`Bucket`][pcp_fn.Bucket] of the last update (`config.capacity`
             for a fresh state): the shapes the consumer ops return.
-        rank: ``None`` (the rank is ``config.pcp_rank``, static) or a 0-d int64
+        rank: `None` (the rank is `config.pcp_rank`, static) or a 0-d int64
             tensor (rank as data: every rank traces the same graph and
-            ``torch.func.vmap`` can map over it).
+            `torch.func.vmap` can map over it).
         num_reqs: 0-d int64, requests of the last update.
-        num_scheduled: ``[R]`` int32, scheduled tokens per request before the split.
-        num_computed: ``[R]`` int32, tokens of each request already in the KV cache
+        num_scheduled: `[R]` int32, scheduled tokens per request before the split.
+        num_computed: `[R]` int32, tokens of each request already in the KV cache
             (a layout may balance its split on them).
-        is_decode: ``[R]`` bool, decode requests of the last update (a prefix).
+        is_decode: `[R]` bool, decode requests of the last update (a prefix).
         constants: small int64 tables that depend on the config only, the layout's
-            (its optional ``constants(config)`` hook: DualChunkSwap's chunk multipliers and
-            attention index coefficients; none for a :class:`pcp_fn.PartitionLayout`),
+            (its optional `constants(config)` hook: DualChunkSwap's chunk multipliers and
+            attention index coefficients; none for a [`pcp_fn.PartitionLayout`][]),
             made on the device once here so that no op copies host data to the device
             (a synchronous, uncapturable copy inside a CUDA graph).
     """
@@ -80,16 +80,16 @@ def init_state(
     *,
     rank: torch.Tensor | int | None = None,
 ) -> PCPState:
-    """A state for ``config`` on ``device``: an empty batch at the capacity bucket.
+    """A state for `config` on `device`: an empty batch at the capacity bucket.
 
-    ``rank=None`` keeps the rank static (``config.pcp_rank``). Passing a rank
-    (an int or a 0-d integer tensor, checked against ``pcp_size`` here) makes
-    it a tensor leaf instead; ``config.pcp_rank`` is then ignored by the ops.
+    `rank=None` keeps the rank static (`config.pcp_rank`). Passing a rank
+    (an int or a 0-d integer tensor, checked against `pcp_size` here) makes
+    it a tensor leaf instead; `config.pcp_rank` is then ignored by the ops.
 
     The first state of a config whose layout is not a built-in runs the layout once on a few
-    canonical batches, eagerly, on the CPU (:mod:`pcp_fn.protocol.canonical`): a layout that
-    breaks a rule of :class:`pcp_fn.Layout` there is refused with a ``ValueError``
-    (:class:`pcp_fn.protocol.LayoutError`) before anything is served.
+    canonical batches, eagerly, on the CPU ([`pcp_fn.protocol.canonical`][]): a layout that
+    breaks a rule of [`pcp_fn.Layout`][] there is refused with a `ValueError`
+    ([`pcp_fn.protocol.LayoutError`][]) before anything is served.
     """
     state = fresh_state(config, device, rank=rank)
     check_new_layout(config, fresh_state)
@@ -102,8 +102,8 @@ def fresh_state(
     *,
     rank: torch.Tensor | int | None = None,
 ) -> PCPState:
-    """:func:`init_state` without its first run of a new layout on the canonical batches
-    (:func:`pcp_fn.testing.check_layout` runs its own rules on the batches that run refused)."""
+    """[`init_state`][pcp_fn.init_state] without its first run of a new layout on the canonical batches
+    ([`pcp_fn.testing.check_layout`][] runs its own rules on the batches that run refused)."""
     if not isinstance(config, PCPConfig):
         raise TypeError(f"config must be a PCPConfig, got {type(config).__name__}")
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -125,7 +125,7 @@ def fresh_state(
 
 
 def check_state(state: object, op: str) -> None:
-    """``state`` must be a :class:`PCPState` (``TypeError`` naming ``op``, not an attribute error
+    """`state` must be a [`PCPState`][pcp_fn.PCPState] (`TypeError` naming `op`, not an attribute error
     deep inside it)."""
     if not isinstance(state, PCPState):
         raise TypeError(f"{op} takes a PCPState (from init_state or an op), got {type(state).__name__}")
@@ -134,7 +134,7 @@ def check_state(state: object, op: str) -> None:
 def check_batch(state: PCPState, batch: SchedulerBatch) -> None:
     """A batch built for another config, or a state that is not one, is an error.
 
-    ``make_batch`` records the config it validated the batch for; a state of
+    `make_batch` records the config it validated the batch for; a state of
     another config would silently truncate the layout.
     """
     if not isinstance(state, PCPState):
@@ -149,8 +149,8 @@ def check_batch(state: PCPState, batch: SchedulerBatch) -> None:
 
 
 def layout_constants(config: PCPConfig) -> dict[str, list]:
-    """The config-only tables of ``config``'s layout, as nested lists (its optional
-    ``constants(config)`` hook; ``{}`` without one)."""
+    """The config-only tables of `config`'s layout, as nested lists (its optional
+    `constants(config)` hook; `{}` without one)."""
     tables = getattr(config.layout_impl, "constants", None)
     return {} if tables is None else tables(config)
 
@@ -160,9 +160,9 @@ def _to_capacity(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def next_state(state: PCPState, batch: SchedulerBatch, is_decode: torch.Tensor) -> PCPState:
-    """The state recording ``batch``: its bucket, request count and per-request record at ``[R]``.
+    """The state recording `batch`: its bucket, request count and per-request record at `[R]`.
 
-    What a layout's ``build`` returns as the next state. Of ``state`` only the entry fields
+    What a layout's `build` returns as the next state. Of `state` only the entry fields
     (rank, constants) are kept.
     """
     R = state.config.max_num_reqs

@@ -75,17 +75,17 @@ FLAG_LIMITS = {
     "--prompt": 1 << 30,
 }
 """The largest value of each numeric flag, checked before anything is allocated: the trace
-header's :data:`pcp_fn.sim.trace.LIMITS` for the config (a recorded trace must replay), the
+header's [`pcp_fn.sim.trace.LIMITS`][] for the config (a recorded trace must replay), the
 simulator's own for the workload."""
 
 MAX_WORKLOAD_TOKENS = 1 << 24
-"""Most tokens the simulated requests may hold together, ``--requests`` times the longest
+"""Most tokens the simulated requests may hold together, `--requests` times the longest
 prompt plus the longest output (every request's tokens and KV blocks are kept in memory)."""
 
 
 def _progress_bar(total: int, enabled: bool, desc: str) -> Any:
-    """A bar over the workload's ``total`` requests, known before the first step (a bar over
-    ``--max-steps`` counted to 10000 on a run of 386 steps), or None: no bar asked for, or
+    """A bar over the workload's `total` requests, known before the first step (a bar over
+    `--max-steps` counted to 10000 on a run of 386 steps), or None: no bar asked for, or
     tqdm (the cli extra) not installed."""
     if not enabled:
         return None
@@ -98,7 +98,7 @@ def _progress_bar(total: int, enabled: bool, desc: str) -> Any:
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions as written; each option that takes a value ends its help with its default,
-    ``(default: X)``, unless the help says it already (a default that is no plain value: all
+    `(default: X)`, unless the help says it already (a default that is no plain value: all
     registered layouts, no figure)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
@@ -111,8 +111,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with its errors on one line (``pcp-fn compare: error: ...``), no usage block,
-    and every default in its help (:class:`_HelpFormatter`)."""
+    """argparse with its errors on one line (`pcp-fn compare: error: ...`), no usage block,
+    and every default in its help (`_HelpFormatter`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
@@ -142,7 +142,7 @@ def _integer(text: str) -> int:
 
 
 def _bounded(flag: str, lo: int) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[lo, FLAG_LIMITS[flag]]``."""
+    """An argparse type: an integer in `[lo, FLAG_LIMITS[flag]]`."""
     hi = FLAG_LIMITS[flag]
 
     def parse(text: str) -> int:
@@ -164,7 +164,7 @@ def _non_negative(text: str) -> int:
 
 
 def _span(flag: str) -> Callable[[str], tuple[int, int]]:
-    """An argparse type: ``N`` or ``LO:HI`` with ``1 <= LO <= HI <= FLAG_LIMITS[flag]``."""
+    """An argparse type: `N` or `LO:HI` with `1 <= LO <= HI <= FLAG_LIMITS[flag]`."""
     limit = FLAG_LIMITS[flag]
 
     def parse(text: str) -> tuple[int, int]:
@@ -185,7 +185,7 @@ def _span(flag: str) -> Callable[[str], tuple[int, int]]:
 
 
 def _counts(flag: str, lo: int) -> Callable[[str], tuple[int, ...]]:
-    """An argparse type: comma-separated integers, each in ``[lo, FLAG_LIMITS[flag]]``."""
+    """An argparse type: comma-separated integers, each in `[lo, FLAG_LIMITS[flag]]`."""
     one = _bounded(flag, lo)
 
     def parse(text: str) -> tuple[int, ...]:
@@ -316,7 +316,7 @@ def _schedule(args: argparse.Namespace, runner: Runner, desc: str) -> Iterator[S
 
 
 def _cut_short(args: argparse.Namespace, runner: Runner) -> str:
-    """``""`` when the workload ran to its end, else a note that ``--max-steps`` cut it short."""
+    """`""` when the workload ran to its end, else a note that `--max-steps` cut it short."""
     left = len(runner.scheduler.pending) + len(runner.scheduler.running)
     if not left:
         return ""
@@ -448,7 +448,7 @@ def _print_summary(args: argparse.Namespace, P: int, rows: list[dict], eager_us:
 def _time_busiest_bucket(
     args: argparse.Namespace, buckets: dict[Bucket, list[tuple[PCPState, SchedulerBatch]]]
 ) -> None:
-    """Eager and compiled (``fullgraph=True``, ``args.backend``) step time on the steps of the
+    """Eager and compiled (`fullgraph=True`, `args.backend`) step time on the steps of the
     bucket most steps used."""
     bucket, samples = max(buckets.items(), key=lambda kv: len(kv[1]))
     compiled = torch.compile(step, fullgraph=True, dynamic=False, backend=args.backend)
@@ -468,7 +468,7 @@ def _time_busiest_bucket(
 
 
 def _call_times_us(fn: Callable[..., object], calls: list[tuple]) -> list[float]:
-    """Wall time of ``fn(*args)`` for each ``args`` of ``calls``, in microseconds."""
+    """Wall time of `fn(*args)` for each `args` of `calls`, in microseconds."""
     times = []
     for args_ in calls:
         t0 = time.perf_counter()
@@ -498,7 +498,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
 
 def _check_backend(name: str) -> None:
-    """``ValueError`` unless ``name`` is a ``torch.compile`` backend (before anything runs)."""
+    """`ValueError` unless `name` is a `torch.compile` backend (before anything runs)."""
     import torch._dynamo
     from torch._dynamo.backends.registry import lookup_backend
 
@@ -528,9 +528,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def _load_layouts(paths: Sequence[str]) -> None:
     """Run each Python file once, as a module of its own: its layouts register themselves.
 
-    The module's name is new (``pcp_fn_load_<n>_<stem>``), never one already imported (a
-    ``json.py``, a second ``mylayout.py`` from another folder), and it stays in
-    ``sys.modules`` (torch.compile reads a layout's source through its module). A file that
+    The module's name is new (`pcp_fn_load_<n>_<stem>`), never one already imported (a
+    `json.py`, a second `mylayout.py` from another folder), and it stays in
+    `sys.modules` (torch.compile reads a layout's source through its module). A file that
     fails, exits, or registers no new layout is an error naming it."""
     seen: set[str] = set()
     for path in paths:
@@ -578,7 +578,7 @@ def _exec_layout_file(path: str, name: str, spec: importlib.machinery.ModuleSpec
 
 
 def _layout_names(text: str | None) -> list[str] | None:
-    """``--layouts``' names (None: every registered layout); an empty or repeated name is an error."""
+    """`--layouts`' names (None: every registered layout); an empty or repeated name is an error."""
     if text is None:
         return None
     names = text.split(",")
@@ -591,7 +591,7 @@ def _layout_names(text: str | None) -> list[str] | None:
 
 
 def _compare_workload(args: argparse.Namespace) -> tuple[PCPConfig, list[TraceStep], str]:
-    """The config, steps and description of ``compare``'s workload: the trace, or a simulation."""
+    """The config, steps and description of `compare`'s workload: the trace, or a simulation."""
     if args.trace is not None:
         with stream_trace(args.trace) as (cfg, trace_steps):
             # the costs read the counts only: a step's slot mapping is not kept
@@ -648,8 +648,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _show_batch(args: argparse.Namespace) -> tuple[tuple[int, ...], ...]:
-    """``show``'s batch: the flags given, the README's batch for those not given (with the
-    default ``--scheduled``), else no tokens computed and prompts that the chunk ends."""
+    """`show`'s batch: the flags given, the README's batch for those not given (with the
+    default `--scheduled`), else no tokens computed and prompts that the chunk ends."""
     readme_scheduled, readme_computed, readme_prompt = show.README_BATCH
     scheduled = readme_scheduled if args.scheduled is None else args.scheduled
     computed = args.computed

@@ -1,26 +1,28 @@
-"""``pcp-fn compare``: what each layout costs every rank on one workload, as a table and a figure.
+"""`pcp-fn compare`: what each layout costs every rank on one workload, as a table and a figure.
 
-For a trace or a simulated schedule, and every layout at ``P = 2..8``, summed over
+For a trace or a simulated schedule, and every layout at `P = 2..8`, summed over
 the steps:
 
 - tokens: the scheduled tokens a rank holds (a replicated decode counts on every rank);
 - work: their causal attention work, key-query pairs (a token at absolute position
-  ``p`` attends ``p + 1`` keys);
+  `p` attends `p + 1` keys);
 - padding: rows a rank all-gathers that are no token of its own: its pad rows and
-  the rows up to the fullest rank (``all_gather`` moves equal buffers; the graph
+  the rows up to the fullest rank (`all_gather` moves equal buffers; the graph
   bucket's rows past that are a capture artefact and are not counted);
-- gathered: rows of the all-gather, ``P`` times the fullest rank's rows.
+- gathered: rows of the all-gather, `P` times the fullest rank's rows.
 
-Everything is read off the layout's own ``update_tokens`` for every rank
-(:func:`pcp_fn.all_ranks`), so any registered :class:`pcp_fn.Layout` can be compared.
-Each layout runs under the workload's own config (:func:`layout_config`: every field
-that changes the partition or the costs, e.g. ``num_spec_tokens``, ``dcp_size``,
-``pd_decode_recompute``), and a layout that refuses it (``"mrv2-sharded"`` with
-``dcp_size > 1``) is reported as a :class:`Refusal`, never costed under another config.
-The table is printed (:func:`format_table`), drawn (:func:`plot`: the work imbalance
-too, every layout visible, the padding on a log scale, the workload in the caption) and
-written as CSV and JSON (:func:`write_csv`, :func:`write_json`). The figure needs
-matplotlib (the ``plot`` extra), imported only for ``--plot``.
+Everything is read off the layout's own `update_tokens` for every rank
+([`pcp_fn.all_ranks`][]), so any registered [`pcp_fn.Layout`][] can be compared.
+Each layout runs under the workload's own config
+([`layout_config`][pcp_fn.sim.compare.layout_config]: every field that changes the partition or the
+costs, e.g. `num_spec_tokens`, `dcp_size`, `pd_decode_recompute`), and a layout that refuses it
+(`"mrv2-sharded"` with `dcp_size > 1`) is reported as a [`Refusal`][pcp_fn.sim.compare.Refusal],
+never costed under another config. The table is printed
+([`format_table`][pcp_fn.sim.compare.format_table]), drawn ([`plot`][pcp_fn.sim.compare.plot]: the
+work imbalance too, every layout visible, the padding on a log scale, the workload in the caption)
+and written as CSV and JSON ([`write_csv`][pcp_fn.sim.compare.write_csv],
+[`write_json`][pcp_fn.sim.compare.write_json]). The figure needs matplotlib (the `plot` extra),
+imported only for `--plot`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import numpy as np
 from .. import PCPConfig, all_ranks, available_layouts, init_state, make_batch, update_tokens
 from .trace import TraceStep, check_gathered_rows
 
-#: The workload's ``PCPConfig`` fields every layout's config carries (:func:`layout_config`).
 CARRIED_FIELDS = (
     "max_num_reqs",
     "max_num_tokens",
@@ -48,15 +49,17 @@ CARRIED_FIELDS = (
     "pad_slot_id",
     "pd_decode_recompute",
 )
-#: The ones it does not: what the comparison varies (``P``, the layout, which ``hybrid_attn``
-#: selects), the rank (every rank is costed), and the bucket ladders (graph shapes only: the
-#: costs count real rows, and the token capacity a ladder is checked against differs at P = 1).
+"""The workload's `PCPConfig` fields every layout's config carries
+([`layout_config`][pcp_fn.sim.compare.layout_config])."""
 NOT_CARRIED_FIELDS = ("pcp_size", "pcp_rank", "layout", "hybrid_attn", "request_buckets", "token_buckets")
+"""The ones it does not: what the comparison varies (`P`, the layout, which `hybrid_attn` selects), the rank
+(every rank is costed), and the bucket ladders (graph shapes only: the costs count real rows, and the token
+capacity a ladder is checked against differs at P = 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class LayoutCost:
-    """One layout at one ``P`` over a workload; per-rank tuples have ``P`` entries."""
+    """One layout at one `P` over a workload; per-rank tuples have `P` entries."""
 
     layout: str
     pcp_size: int
@@ -80,16 +83,18 @@ def workload_cost(
     max_num_tokens: int,
     num_spec_tokens: int = 0,
 ) -> LayoutCost:
-    """:class:`LayoutCost` of ``layout`` at ``P = pcp_size`` over ``steps`` (eager, host totals),
-    every other config field at its default (:func:`compare_config` carries a workload's)."""
+    """[`LayoutCost`][pcp_fn.sim.compare.LayoutCost] of `layout` at `P = pcp_size` over `steps`
+    (eager, host totals), every other config field at its default
+    ([`compare_config`][pcp_fn.sim.compare.compare_config] carries a workload's)."""
     cfg = PCPConfig(pcp_size, 0, max_num_reqs, max_num_tokens, num_spec_tokens=num_spec_tokens, layout=layout)
     return config_cost(cfg, steps)
 
 
 def config_cost(cfg: PCPConfig, steps: Sequence[TraceStep]) -> LayoutCost:
-    """:class:`LayoutCost` of ``cfg``'s layout at ``cfg.pcp_size`` over ``steps`` (eager, host totals).
+    """[`LayoutCost`][pcp_fn.sim.compare.LayoutCost] of `cfg`'s layout at `cfg.pcp_size` over
+    `steps` (eager, host totals).
 
-    A step the layout cannot batch raises ``ValueError`` naming the step."""
+    A step the layout cannot batch raises `ValueError` naming the step."""
     P = cfg.pcp_size
     tokens, work, padding = np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P, np.int64)
     gathered = 0
@@ -118,15 +123,16 @@ def config_cost(cfg: PCPConfig, steps: Sequence[TraceStep]) -> LayoutCost:
 
 
 def layout_config(workload: PCPConfig, layout: str, pcp_size: int) -> PCPConfig:
-    """The config ``layout`` is costed under at ``P = pcp_size``: the workload's
-    :data:`CARRIED_FIELDS`; ``ValueError`` (the layout's own message) when it refuses it."""
+    """The config `layout` is costed under at `P = pcp_size`: the workload's
+    [`CARRIED_FIELDS`][pcp_fn.sim.compare.CARRIED_FIELDS]; `ValueError` (the layout's own message)
+    when it refuses it."""
     carried = {name: getattr(workload, name) for name in CARRIED_FIELDS}
     return PCPConfig(pcp_size=pcp_size, pcp_rank=0, layout=layout, **carried)
 
 
 @dataclasses.dataclass(frozen=True)
 class Refusal:
-    """A layout at one ``P`` that was not costed, and why (its config refused, or a step)."""
+    """A layout at one `P` that was not costed, and why (its config refused, or a step)."""
 
     layout: str
     pcp_size: int
@@ -134,18 +140,19 @@ class Refusal:
 
 
 class LayoutFailed(RuntimeError):
-    """A layout raised something other than a refusal (``ValueError``) while being costed;
-    the message names the layout and ``P``, the cause is chained."""
+    """A layout raised something other than a refusal (`ValueError`) while being costed;
+    the message names the layout and `P`, the cause is chained."""
 
 
 def compare_config(
     steps: Sequence[TraceStep], layouts: Sequence[str], pcp_sizes: Sequence[int], workload: PCPConfig
 ) -> tuple[list[LayoutCost], list[Refusal]]:
-    """:func:`config_cost` of every layout at every ``P`` under :func:`layout_config`, and the
-    pairs refused (by the config, or at a step the layout cannot batch), in order.
+    """[`config_cost`][pcp_fn.sim.compare.config_cost] of every layout at every `P` under
+    [`layout_config`][pcp_fn.sim.compare.layout_config], and the pairs refused (by the config, or at
+    a step the layout cannot batch), in order.
 
-    Raises ``ValueError`` for a name no layout is registered under, and :class:`LayoutFailed`
-    when a layout's code fails otherwise."""
+    Raises `ValueError` for a name no layout is registered under, and
+    [`LayoutFailed`][pcp_fn.sim.compare.LayoutFailed] when a layout's code fails otherwise."""
     unknown = [name for name in layouts if name not in available_layouts()]
     if unknown:
         raise ValueError(f"unknown layout {unknown[0]!r}; registered: {sorted(available_layouts())}")
@@ -172,8 +179,10 @@ def compare_layouts(
     max_num_tokens: int,
     num_spec_tokens: int = 0,
 ) -> list[LayoutCost]:
-    """:func:`workload_cost` of every layout at every ``P`` (R, T and the spec tokens only; a refusal
-    raises: :func:`compare_config` carries the whole config and lists the refusals)."""
+    """[`workload_cost`][pcp_fn.sim.compare.workload_cost] of every layout at every `P` (R, T and
+    the spec tokens only; a refusal
+    raises: [`compare_config`][pcp_fn.sim.compare.compare_config] carries the whole config and lists
+    the refusals)."""
     steps = list(steps)
     return [
         workload_cost(name, P, steps, max_num_reqs, max_num_tokens, num_spec_tokens)
@@ -185,8 +194,8 @@ def compare_layouts(
 def serving_layouts(
     names: Sequence[str], max_num_reqs: int, max_num_tokens: int, num_spec_tokens: int = 0
 ) -> list[str]:
-    """The layouts of ``names`` that serve the workload's config (a layout may refuse one:
-    ``"mrv2-sharded"`` with spec tokens)."""
+    """The layouts of `names` that serve the workload's config (a layout may refuse one:
+    `"mrv2-sharded"` with spec tokens)."""
     served = []
     for name in names:
         try:
@@ -198,7 +207,7 @@ def serving_layouts(
 
 
 def format_refusals(refused: Sequence[Refusal]) -> list[str]:
-    """One line per layout and reason: ``mrv2-sharded at P = 2, 3, 4: <reason>``."""
+    """One line per layout and reason: `mrv2-sharded at P = 2, 3, 4: <reason>`."""
     groups: dict[tuple[str, str], list[int]] = {}
     for r in refused:
         groups.setdefault((r.layout, r.reason), []).append(r.pcp_size)
@@ -208,7 +217,7 @@ def format_refusals(refused: Sequence[Refusal]) -> list[str]:
 
 
 def config_settings(workload: PCPConfig) -> str:
-    """The carried fields that differ from ``PCPConfig``'s defaults, as ``", name=value"``
+    """The carried fields that differ from `PCPConfig`'s defaults, as `", name=value"`
     (what the table's header line adds to R and T)."""
     defaults = {f.name: f.default for f in dataclasses.fields(PCPConfig)}
     return "".join(
@@ -255,7 +264,7 @@ def format_table(costs: Sequence[LayoutCost]) -> str:
 
 
 def describe(source: str, workload: PCPConfig) -> str:
-    """The table's header line, and the figure's caption: the workload, ``R``, ``T`` and the
+    """The table's header line, and the figure's caption: the workload, `R`, `T` and the
     carried settings that differ from the defaults."""
     return (
         f"layouts on {source}, R={workload.max_num_reqs}, T={workload.max_num_tokens}"
@@ -263,7 +272,6 @@ def describe(source: str, workload: PCPConfig) -> str:
     )
 
 
-#: The columns of ``--csv`` (and the fields of each ``--json`` row), in the table's order.
 FIELDS = (
     "layout",
     "pcp_size",
@@ -275,10 +283,11 @@ FIELDS = (
     "padding",
     "gathered",
 )
+"""The columns of `--csv` (and the fields of each `--json` row), in the table's order."""
 
 
 def table_records(costs: Sequence[LayoutCost]) -> list[dict[str, object]]:
-    """The table's rows as :data:`FIELDS` dicts, the imbalance unrounded."""
+    """The table's rows as [`FIELDS`][pcp_fn.sim.compare.FIELDS] dicts, the imbalance unrounded."""
     return [
         dict(
             zip(
@@ -301,7 +310,7 @@ def table_records(costs: Sequence[LayoutCost]) -> list[dict[str, object]]:
 
 
 def write_csv(costs: Sequence[LayoutCost], path: str) -> None:
-    """The table as CSV: a header of :data:`FIELDS`, one row per (layout, P)."""
+    """The table as CSV: a header of [`FIELDS`][pcp_fn.sim.compare.FIELDS], one row per (layout, P)."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
@@ -311,9 +320,9 @@ def write_csv(costs: Sequence[LayoutCost], path: str) -> None:
 def write_json(
     costs: Sequence[LayoutCost], refused: Sequence[Refusal], source: str, workload: PCPConfig, path: str
 ) -> None:
-    """The table as JSON: the workload (``source``, the carried config fields), one object per
-    (layout, P) with :data:`FIELDS` and the per-rank ``tokens``, ``work`` and ``padding``, and
-    the pairs not costed with their reason."""
+    """The table as JSON: the workload (`source`, the carried config fields), one object per
+    (layout, P) with [`FIELDS`][pcp_fn.sim.compare.FIELDS] and the per-rank `tokens`, `work` and
+    `padding`, and the pairs not costed with their reason."""
     rows = [
         {**record, "per_rank": {"tokens": list(c.tokens), "work": list(c.work), "padding": list(c.padding)}}
         for record, c in zip(table_records(costs), costs)
@@ -329,7 +338,6 @@ def write_json(
         f.write("\n")
 
 
-#: What the figure draws against ``P``: title, value, whether its y axis is logarithmic.
 PANELS: tuple[tuple[str, Callable[[LayoutCost], float], bool], ...] = (
     ("fullest rank's tokens", lambda c: max(c.tokens), False),
     ("fullest rank's work (key-query pairs)", lambda c: max(c.work), False),
@@ -337,14 +345,15 @@ PANELS: tuple[tuple[str, Callable[[LayoutCost], float], bool], ...] = (
     ("padding rows, all ranks (log scale)", lambda c: sum(c.padding), True),
     ("gathered rows (log scale)", lambda c: c.gathered, True),
 )
+"""What the figure draws against `P`: title, value, whether its y axis is logarithmic."""
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
 
 
 def line_style(index: int, count: int) -> dict[str, object]:
-    """The look of layout ``index`` of ``count``: its own dash and hollow marker, the earlier
+    """The look of layout `index` of `count`: its own dash and hollow marker, the earlier
     layouts drawn wider and larger, so that a layout with the same values as an earlier
-    one (``mrv2``'s tokens and work are ``dcs``'s) shows inside it instead of hiding it."""
+    one (`mrv2`'s tokens and work are `dcs`'s) shows inside it instead of hiding it."""
     wider = count - 1 - index
     return dict(
         linestyle=LINE_STYLES[index % len(LINE_STYLES)],
@@ -365,10 +374,10 @@ def _log_scale(ax: Any, values: Sequence[float]) -> None:
 
 
 def plot(costs: Sequence[LayoutCost], path: str, caption: str = "") -> None:
-    """Five panels against ``P``, one line per layout: the fullest rank's tokens and work, the
+    """Five panels against `P`, one line per layout: the fullest rank's tokens and work, the
     work imbalance (the table's key column), the total padding rows and the gathered rows
-    (both on a log scale, :func:`_log_scale`: one layout's padding does not flatten the
-    others'), the legend in the sixth; ``caption`` on top. Written to ``path`` in the format
+    (both on a log scale, `_log_scale`: one layout's padding does not flatten the
+    others'), the legend in the sixth; `caption` on top. Written to `path` in the format
     of its extension."""
     import matplotlib
 

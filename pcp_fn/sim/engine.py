@@ -1,14 +1,14 @@
 """A small serving loop around pcp_fn: requests, a chunked-prefill scheduler, paged blocks,
-and one rank's runner. Used by the end-to-end tests, ``pcp-fn simulate`` and the examples.
+and one rank's runner. Used by the end-to-end tests, `pcp-fn simulate` and the examples.
 
-The scheduler follows vLLM v1's shape: running decodes first (``1 + d`` tokens
-with ``d <= num_spec_tokens`` draft tokens), then prompts in arrival order,
+The scheduler follows vLLM v1's shape: running decodes first (`1 + d` tokens
+with `d <= num_spec_tokens` draft tokens), then prompts in arrival order,
 chunked to fit the token budget; new requests join while there is room. A
 request samples once all its known tokens are in the cache, and leaves after
-``max_new_tokens``. With speculative decoding a drafter proposes the next
+`max_new_tokens`. With speculative decoding a drafter proposes the next
 tokens of every decoding request; the target verifies them greedily (accepted
 drafts, then one corrected or bonus token) and the KV of rejected drafts is
-dropped by rolling ``num_computed`` back. Everything here is host code (it is
+dropped by rolling `num_computed` back. Everything here is host code (it is
 the engine, not an op).
 """
 
@@ -137,7 +137,7 @@ class Scheduler:
         )
 
     def advance(self, sched: ScheduledStep, sampled: Sequence[Sequence[int]]) -> list[Request]:
-        """Apply a step's results: ``sampled[i]`` is request ``i``'s accepted drafts plus its new
+        """Apply a step's results: `sampled[i]` is request `i`'s accepted drafts plus its new
         token (or anything, for a prompt chunk that does not finish the prompt). Returns the
         requests that finished."""
         by_id = {r.req_id: r for r in self.running}
@@ -204,30 +204,31 @@ StepFn = Callable[[PCPState, SchedulerBatch], tuple[PCPState, StepOutputs]]
 class Runner:
     """One rank of a PCP engine: scheduler, blocks, and (optionally) the tiny model.
 
-    ``layout="dcs"`` runs :func:`pcp_fn.step` (DualChunkSwap) on a batch that
-    carries the step's slot mapping (``make_batch(..., slot_mapping=...)``
-    pads it to the bucket, so a compiled ``step_fn`` meets one shape per
-    bucket); ``layout="mrv2"`` runs :func:`pcp_fn.mrv2.partition_batch`
-    (:class:`pcp_fn.sim.mrv2_path.MRV2Path`). ``step_fn`` replaces either: a
-    compiled one (:func:`pcp_fn.graph.compile_per_bucket`) or a captured one
-    (:func:`pcp_fn.graph.capture`). ``wiring`` maps the step's outputs to the tiny
-    model's K/V writes and samples (default :func:`pcp_fn.sim.tiny_model.dcs_wiring`;
-    :func:`pcp_fn.sim.tiny_model.restored_wiring` for a layout restoring to scheduler
-    order, e.g. any :class:`pcp_fn.PartitionLayout` chosen by ``config.layout``).
+    `layout="dcs"` runs [`pcp_fn.step`][pcp_fn.step.step] (DualChunkSwap) on a batch that
+    carries the step's slot mapping (`make_batch(..., slot_mapping=...)`
+    pads it to the bucket, so a compiled `step_fn` meets one shape per
+    bucket); `layout="mrv2"` runs [`pcp_fn.mrv2.partition_batch`][]
+    ([`pcp_fn.sim.mrv2_path.MRV2Path`][]). `step_fn` replaces either: a
+    compiled one ([`pcp_fn.graph.compile_per_bucket`][]) or a captured one
+    ([`pcp_fn.graph.capture`][pcp_fn.graph.capture.capture]). `wiring` maps the step's outputs to the tiny
+    model's K/V writes and samples (default [`pcp_fn.sim.tiny_model.dcs_wiring`][];
+    [`pcp_fn.sim.tiny_model.restored_wiring`][] for a layout restoring to scheduler
+    order, e.g. any [`pcp_fn.PartitionLayout`][] chosen by `config.layout`).
 
-    With ``model=None`` it runs the bookkeeping only and samples tokens (and
-    drafts) from a numpy generator. With ``config.num_spec_tokens > 0`` the
-    ``drafter`` (a :class:`pcp_fn.sim.tiny_model.TinyModel`, unsplit and
-    unpaged) proposes drafts, verified through :func:`pcp_fn.spec.spec_decode_indices`.
-    Every rank of a group runs its own ``Runner`` on the same requests; they
-    make the same decisions because everything is deterministic.
+    With `model=None` it runs the bookkeeping only and samples tokens (and
+    drafts) from a numpy generator. With `config.num_spec_tokens > 0` the
+    `drafter` (a [`pcp_fn.sim.tiny_model.TinyModel`][], unsplit and
+    unpaged) proposes drafts, verified through
+    [`pcp_fn.spec.spec_decode_indices`][pcp_fn.spec_decode_indices]. Every rank of a group runs its
+    own `Runner` on the same requests; they make the same decisions because everything is
+    deterministic.
 
-    ``verify_batches`` (default on, when there is an ``all_gather``): once per
+    `verify_batches` (default on, when there is an `all_gather`): once per
     step, before any other collective, every rank all-gathers a digest of its
     batch (schedule, KV slots, token ids) and
-    :func:`pcp_fn.distributed.check_same_batch` raises on every rank, naming
+    [`pcp_fn.distributed.check_same_batch`][] raises on every rank, naming
     the step and the ranks that differ, when they disagree. Any
-    :class:`pcp_fn.distributed.CollectiveError` of a step (a mismatch, a peer
+    [`pcp_fn.distributed.CollectiveError`][] of a step (a mismatch, a peer
     that stalled past the timeout or died) is raised with this rank and the
     step in its message.
     """
@@ -288,7 +289,7 @@ class Runner:
     def _model_inputs(
         self, sched: ScheduledStep, rows: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Token table ``[rows, max_model_len]``, block tables and sequence lengths, in one copy."""
+        """Token table `[rows, max_model_len]`, block tables and sequence lengths, in one copy."""
         reqs = {r.req_id: r for r in self.scheduler.running}
         T = self.max_model_len
         tokens = np.zeros((rows, T), dtype=np.int64)
@@ -335,8 +336,9 @@ class Runner:
         return out, (wiring, tables, seq_lens)
 
     def _spec_rows(self, sched: ScheduledStep, batch: SchedulerBatch, input_ids: torch.Tensor):
-        """The rows to verify drafts on: :func:`pcp_fn.spec.spec_decode_indices` (the runner's
-        ``_calc_spec_decode_metadata``), from the state ``step`` just returned."""
+        """The rows to verify drafts on:
+        [`pcp_fn.spec.spec_decode_indices`][pcp_fn.spec_decode_indices] (the runner's
+        `_calc_spec_decode_metadata`), from the state `step` just returned."""
         drafts = np.zeros(batch.bucket.num_reqs, dtype=np.int32)
         drafts[: len(sched.req_ids)] = sched.drafts
         num_drafts = torch.from_numpy(drafts).to(self.device)
@@ -406,7 +408,7 @@ class Runner:
         return StepRecord(sched, out, logits, sampled, slots)
 
     def _propose_drafts(self) -> None:
-        """The drafter's greedy continuation (``num_spec_tokens`` tokens) of every decoding request."""
+        """The drafter's greedy continuation (`num_spec_tokens` tokens) of every decoding request."""
         k = self.config.num_spec_tokens
         if not k:
             return
@@ -444,7 +446,7 @@ def synthetic_requests(
     vocab: int = 101,
     seed: int = 0,
 ) -> list[Request]:
-    """Requests with random prompts (token ids in ``[1, vocab)``), output lengths and staggered arrivals."""
+    """Requests with random prompts (token ids in `[1, vocab)`), output lengths and staggered arrivals."""
     rng = np.random.default_rng(seed)
     out = []
     for i in range(num_requests):

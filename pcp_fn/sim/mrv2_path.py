@@ -1,14 +1,14 @@
-"""The simulator's MRV2 side: every call the simulator makes into :mod:`pcp_fn.mrv2`.
+"""The simulator's MRV2 side: every call the simulator makes into [`pcp_fn.mrv2`][].
 
-vLLM's model runner V2 (``v1/worker/gpu/pcp_manager.py``, vllm-ascend's
-``AscendPCPManager``) lays a step out without DualChunkSwap padding. The
-engine's ``Runner(layout="mrv2")`` goes through :class:`MRV2Path` only, so the
+vLLM's model runner V2 (`v1/worker/gpu/pcp_manager.py`, vllm-ascend's
+`AscendPCPManager`) lays a step out without DualChunkSwap padding. The
+engine's `Runner(layout="mrv2")` goes through [`MRV2Path`][pcp_fn.sim.mrv2_path.MRV2Path] only, so the
 MRV2 API is used in this one module:
 
-- :meth:`MRV2Path.partition`: ``mrv2.make_batch`` (the host boundary: the
-  scheduler's arrays and the global input ids) and ``mrv2.partition_batch``;
-- :func:`mrv2_wiring`: ``mrv2.gathered_slot_mappings`` and
-  ``mrv2.restore_hidden_states`` wired into the tiny model.
+- [`MRV2Path.partition`][pcp_fn.sim.mrv2_path.MRV2Path.partition]: `mrv2.make_batch` (the host boundary: the
+  scheduler's arrays and the global input ids) and `mrv2.partition_batch`;
+- [`mrv2_wiring`][pcp_fn.sim.mrv2_path.mrv2_wiring]: `mrv2.gathered_slot_mappings` and
+  `mrv2.restore_hidden_states` wired into the tiny model.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ def mrv2_wiring(
     from rank 0), sampling reads the restored global order.
 
     Args:
-        state, local: from :func:`pcp_fn.mrv2.partition_batch`.
-        global_slots: ``[T]`` cache slot of each global token; ``request_of_token``: ``[T]`` its
-            batch row; ``last_token``: ``[S]`` the global tokens to sample (each request's last;
-            its last ``drafts + 1`` under spec decode).
+        state: the state [`pcp_fn.mrv2.partition_batch`][] returned.
+        local: the local batch [`pcp_fn.mrv2.partition_batch`][] returned.
+        global_slots: `[T]` cache slot of each global token; `request_of_token`: `[T]` its
+            batch row; `last_token`: `[S]` the global tokens to sample (each request's last;
+            its last `drafts + 1` under spec decode).
     """
     # the host padded the slots to T; the graph reads the bucket's F_b = min(T, P * Lp) rows
     rows = mrv2.token_rows(state.config, state.bucket)
@@ -55,11 +56,11 @@ def mrv2_wiring(
 
 
 class MRV2Path:
-    """One rank's MRV2 layout inside :class:`pcp_fn.sim.engine.Runner`.
+    """One rank's MRV2 layout inside [`pcp_fn.sim.engine.Runner`][].
 
-    ``step_fn`` replaces :func:`pcp_fn.mrv2.partition_batch` (a compiled one,
+    `step_fn` replaces [`pcp_fn.mrv2.partition_batch`][] (a compiled one,
     say); it is called with the initial state every step, as
-    ``partition_batch`` reads only the state's config and rank.
+    `partition_batch` reads only the state's config and rank.
     """
 
     def __init__(
@@ -82,7 +83,7 @@ class MRV2Path:
         num_prompt: Sequence[int],
         input_ids: Sequence[int],
     ) -> tuple[mrv2.MRV2State, mrv2.LocalBatch]:
-        """This step's layout and this rank's :class:`pcp_fn.mrv2.LocalBatch`."""
+        """This step's layout and this rank's [`pcp_fn.mrv2.LocalBatch`][]."""
         batch = mrv2.make_batch(
             self.config, num_scheduled, num_computed, num_prompt, input_ids=input_ids, device=self.device
         )
@@ -97,8 +98,9 @@ class MRV2Path:
         slots: Sequence[int],
         trash: int,
     ) -> Wiring:
-        """The tiny model's :class:`Wiring` for this step: global slots, the request of each
-        global token, and the global tokens to sample, padded to ``T`` on the host (one copy)."""
+        """The tiny model's [`Wiring`][pcp_fn.sim.tiny_model.Wiring] for this step: global slots,
+        the request of each global token, and the global tokens to sample, padded to `T` on the host
+        (one copy)."""
         T, rows = self.config.max_num_tokens, len(num_scheduled)
         total = int(sum(num_scheduled))
         request_of_token = np.zeros(T, dtype=np.int64)

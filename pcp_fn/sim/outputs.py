@@ -1,8 +1,8 @@
-"""The files the ``pcp-fn`` commands write, checked before any work.
+"""The files the `pcp-fn` commands write, checked before any work.
 
 A figure, a table or a trace that cannot be written is found before the workload is
 scheduled or costed (a long compare or record would otherwise fail at its end), and
-named by its flag: ``--plot out/x.png: No such file or directory (its folder out)``.
+named by its flag: `--plot out/x.png: No such file or directory (its folder out)`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 
 def check_output_path(path: str, flag: str = "") -> None:
-    """``OSError`` naming ``flag path`` unless ``path`` can be written: no folder, its folder
+    """`OSError` naming `flag path` unless `path` can be written: no folder, its folder
     exists and is writable, an existing file writable (it is replaced)."""
     name = f"{flag} {path}" if flag else path
     if os.path.isdir(path):
@@ -28,8 +28,8 @@ def check_output_path(path: str, flag: str = "") -> None:
 
 
 def check_plot_path(path: str, flag: str = "--plot") -> None:
-    """:func:`check_output_path`, and: the extension names a format matplotlib writes, and
-    matplotlib is importable; ``ValueError`` naming ``flag`` otherwise."""
+    """[`check_output_path`][pcp_fn.sim.outputs.check_output_path], and: the extension names a
+    format matplotlib writes, and matplotlib is importable; `ValueError` naming `flag` otherwise."""
     check_output_path(path, flag)
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -47,7 +47,7 @@ def check_plot_path(path: str, flag: str = "--plot") -> None:
 
 
 def check_distinct(paths: Sequence[tuple[str, str | None]]) -> None:
-    """``ValueError`` when two of the ``(flag, path)`` outputs name the same file (one would
+    """`ValueError` when two of the `(flag, path)` outputs name the same file (one would
     overwrite the other)."""
     seen: dict[str, str] = {}
     for flag, path in paths:

@@ -1,11 +1,11 @@
-"""``pcp-fn show``: which rank holds which token of one batch, under any layout, as text or a figure.
+"""`pcp-fn show`: which rank holds which token of one batch, under any layout, as text or a figure.
 
 The drawing is read off the layout's own outputs, never drawn by hand: every rank's
-:func:`pcp_fn.step` (:func:`pcp_fn.all_ranks`) gives its local rows (request, offset,
-absolute position); :func:`pcp_fn.restore_hidden_states` of the gathered row numbers gives
-the gathered row each restored row reads; the layout's ``restored_spans`` where each
+[`pcp_fn.step`][pcp_fn.step.step] ([`pcp_fn.all_ranks`][]) gives its local rows (request, offset,
+absolute position); [`pcp_fn.restore_hidden_states`][] of the gathered row numbers gives
+the gathered row each restored row reads; the layout's `restored_spans` where each
 request's rows start. So a registered researcher's layout draws like a built-in. The text
-is the README's picture (DualChunkSwap, ``P = 2``, scheduled ``[1, 5, 8]``)::
+is the README's picture (DualChunkSwap, `P = 2`, scheduled `[1, 5, 8]`):
 
     request                 0 (decode)   1 (n=5, padded to 8)   2 (n=8)
     padded gathered rows    d d          0 1 2 3 4 . . .        0 1 2 3 4 5 6 7
@@ -13,9 +13,9 @@ is the README's picture (DualChunkSwap, ``P = 2``, scheduled ``[1, 5, 8]``)::
     rank 0 local tokens     d            0 1 . .                0 1 6 7
     rank 1 local tokens     d            2 3 4 .                2 3 4 5
 
-each rank's line ending with its rows' offsets (``positions [0, 0,1,6,7, 0,1,6,7]``); then
+each rank's line ending with its rows' offsets (`positions [0, 0,1,6,7, 0,1,6,7]`); then
 the absolute positions, the restored order (the gathered rows each request reads) and the
-logits rows. The figure (``--plot``) needs matplotlib, imported only then.
+logits rows. The figure (`--plot`) needs matplotlib, imported only then.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 
 from .. import PCPConfig, all_ranks, init_state, layout_of, make_batch, restore_hidden_states, step
 
-#: The README's batch: a decode with 3 tokens computed, a 5-token and an 8-token prefill.
 README_BATCH = ((1, 5, 8), (3, 0, 0), (3, 5, 8))
-#: The most scheduled tokens ``show`` draws (a picture, not a workload).
+"""The README's batch: a decode with 3 tokens computed, a 5-token and an 8-token prefill."""
 MAX_TOKENS = 4096
+"""The most scheduled tokens `show` draws (a picture, not a workload)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Ownership:
     logits: tuple[int, ...]  # restored row of each request's last token
 
     def label(self, row: LocalRow) -> str:
-        """A token's mark: its offset, ``d`` for a one-token decode, ``.`` for a pad, ``?``
+        """A token's mark: its offset, `d` for a one-token decode, `.` for a pad, `?`
         for a row of no token of the request."""
         if row.request < 0:
             return "?"
@@ -73,7 +73,7 @@ class Ownership:
 
 
 def check_batch_counts(scheduled: Sequence[int], computed: Sequence[int], prompt: Sequence[int]) -> None:
-    """``ValueError`` naming the flag for a batch ``show`` cannot draw (``make_batch`` checks
+    """`ValueError` naming the flag for a batch `show` cannot draw (`make_batch` checks
     the rest: a decode after a prefill, say)."""
     flags = {"--scheduled": scheduled, "--computed": computed, "--prompt": prompt}
     for flag, values in flags.items():
@@ -103,8 +103,8 @@ def ownership(
     prompt: Sequence[int],
     num_spec_tokens: int = 0,
 ) -> Ownership:
-    """The batch under ``layout`` at ``P = pcp_size``, read off every rank's :func:`pcp_fn.step`
-    and :func:`pcp_fn.restore_hidden_states` (``ValueError`` for a batch or config the layout
+    """The batch under `layout` at `P = pcp_size`, read off every rank's [`pcp_fn.step`][pcp_fn.step.step]
+    and [`pcp_fn.restore_hidden_states`][] (`ValueError` for a batch or config the layout
     refuses)."""
     check_batch_counts(scheduled, computed, prompt)
     P, tokens = pcp_size, sum(scheduled)
@@ -162,7 +162,7 @@ def _regions(
 
 
 def _rank_marks(marks: list[str], ranks: list[int]) -> str:
-    """The ``chunk -> rank`` cell under a request's gathered rows: the source rank of each chunk,
+    """The `chunk -> rank` cell under a request's gathered rows: the source rank of each chunk,
     each label under the chunk's first token, moved right only as far as not to touch the
     label before. A chunk is the largest size that divides every run of rows read from one
     rank but the last (a chunk cut at the request's end: MRV2's), else each run is one."""
@@ -200,7 +200,7 @@ def _columns(own: Ownership) -> list[list[str]]:
 
 
 def _offsets(own: Ownership, rank: int) -> str:
-    """``[0, 0,1,6,7, 0,1,6,7]``: the rank's offsets, request by request (the README's positions)."""
+    """`[0, 0,1,6,7, 0,1,6,7]`: the rank's offsets, request by request (the README's positions)."""
     groups = [
         ",".join(str(x.offset) for x in own.local[rank] if x.request == i) for i in range(len(own.restored))
     ]
@@ -253,7 +253,7 @@ def format_ownership(own: Ownership) -> str:
 def plot(own: Ownership, path: str) -> None:
     """The table as a figure: the restored rows, one cell per row coloured by the rank it is
     read from, then each rank's local rows under their request; pads hatched. Written to
-    ``path`` in the format of its extension."""
+    `path` in the format of its extension."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: a file only

@@ -1,7 +1,7 @@
 """A tiny decoder wired the way a PCP model runner wires it: the example of composing pcp_fn.
 
 Two layers, a few heads, float64, random weights from a fixed generator, rotary
-positions and a real paged KV cache. One rank's forward (``TinyModel.forward``):
+positions and a real paged KV cache. One rank's forward (`TinyModel.forward`):
 
 1. embed this rank's local tokens at their absolute positions;
 2. per layer: compute q, k, v of the local rows; all-gather k and v and write
@@ -10,11 +10,11 @@ positions and a real paged KV cache. One rank's forward (``TinyModel.forward``):
 3. all-gather the final hidden states, restore the request order, take the
    sampling rows and project to the vocabulary.
 
-The layout-specific part is a :class:`Wiring`: :func:`dcs_wiring` for the
-DualChunkSwap step (:func:`pcp_fn.step`: decode K/V from the local rows,
-compacted with the slot mapping's stride ``P``, decode token ``t``'s slot at
-row ``t * P``; prefill K/V from the restored rows),
-:func:`pcp_fn.sim.mrv2_path.mrv2_wiring` for the MRV2 layout (:mod:`pcp_fn.mrv2`).
+The layout-specific part is a [`Wiring`][pcp_fn.sim.tiny_model.Wiring]:
+[`dcs_wiring`][pcp_fn.sim.tiny_model.dcs_wiring] for the DualChunkSwap step
+([`pcp_fn.step`][pcp_fn.step.step]: decode K/V from the local rows, compacted with the slot
+mapping's stride `P`, decode token `t`'s slot at row `t * P`; prefill K/V from the restored rows),
+[`pcp_fn.sim.mrv2_path.mrv2_wiring`][] for the MRV2 layout ([`pcp_fn.mrv2`][]).
 
 Every rank keeps the whole KV cache (each writes every token's K/V), which
 keeps the model small; the attention over the cache is what PCP splits.
@@ -60,7 +60,7 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rotary(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary embedding of ``x [L, H, d]`` at absolute positions ``pos [L]``."""
+    """Rotate-half rotary embedding of `x [L, H, d]` at absolute positions `pos [L]`."""
     half = x.shape[-1] // 2
     freq = 10000.0 ** (-torch.arange(half, dtype=DTYPE, device=x.device) / half)
     angle = pos.to(DTYPE)[:, None, None] * freq
@@ -70,8 +70,8 @@ def _rotary(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 
 
 class PagedKVCache:
-    """``k``, ``v``: ``[layers, num_slots + 1, heads, head_dim]``; the last slot is the trash
-    slot where writes with ``pad_slot_id`` land."""
+    """`k`, `v`: `[layers, num_slots + 1, heads, head_dim]`; the last slot is the trash
+    slot where writes with `pad_slot_id` land."""
 
     def __init__(self, cfg: TinyConfig, device: torch.device | str = "cpu") -> None:
         shape = (cfg.layers, cfg.num_slots + 1, cfg.heads, cfg.head_dim)
@@ -81,8 +81,8 @@ class PagedKVCache:
 
 
 class Wiring(NamedTuple):
-    """How one rank's local rows meet the layout in one step (:func:`dcs_wiring`,
-    :func:`pcp_fn.sim.mrv2_path.mrv2_wiring`)."""
+    """How one rank's local rows meet the layout in one step
+    ([`dcs_wiring`][pcp_fn.sim.tiny_model.dcs_wiring], [`pcp_fn.sim.mrv2_path.mrv2_wiring`][])."""
 
     input_ids: torch.Tensor  # [L] token of each local row
     positions: torch.Tensor  # [L] absolute position of each local row
@@ -98,11 +98,11 @@ def restored_wiring(
     trash: int,
     logits_indices: torch.Tensor | None = None,
 ) -> Wiring:
-    """Any layout whose padded slot mapping row ``k`` is restored row ``k``'s slot (every
-    :class:`pcp_fn.PartitionLayout`; DualChunkSwap without speculative tokens): K/V of every
-    token from the restored rows, sampling rows at ``logits_indices`` of them.
+    """Any layout whose padded slot mapping row `k` is restored row `k`'s slot (every
+    [`pcp_fn.PartitionLayout`][]; DualChunkSwap without speculative tokens): K/V of every
+    token from the restored rows, sampling rows at `logits_indices` of them.
 
-    Args: as :func:`dcs_wiring` (``[L_b]`` local rows, ``[P * L_b]`` slot mapping).
+    Args: as [`dcs_wiring`][pcp_fn.sim.tiny_model.dcs_wiring] (`[L_b]` local rows, `[P * L_b]` slot mapping).
     """
     lay = out.layout
     restore = lay.restore_index
@@ -124,15 +124,15 @@ def dcs_wiring(
     trash: int,
     logits_indices: torch.Tensor | None = None,
 ) -> Wiring:
-    """DualChunkSwap (:func:`pcp_fn.step`): decode K/V from the local rows, compacted with the slot
-    mapping's stride ``P`` (decode token ``t``'s slot is padded row ``t * P``); prefill K/V from the
-    restored rows; sampling rows at ``logits_indices`` of the restored hidden states (default
-    ``out.logits_indices``; spec decode passes ``spec_decode_indices(...).logits_indices``).
+    """DualChunkSwap ([`pcp_fn.step`][pcp_fn.step.step]): decode K/V from the local rows, compacted
+    with the slot mapping's stride `P` (decode token `t`'s slot is padded row `t * P`); prefill K/V
+    from the restored rows; sampling rows at `logits_indices` of the restored hidden states (default
+    `out.logits_indices`; spec decode passes `spec_decode_indices(...).logits_indices`).
 
     Args:
-        out: :func:`pcp_fn.step`'s outputs; every size comes from their shapes (``[L_b]``
-            local rows, ``[P * L_b]`` padded slot mapping).
-        input_ids: ``[L_b]`` token of each local row.
+        out: [`pcp_fn.step`][pcp_fn.step.step]'s outputs; every size comes from their shapes (`[L_b]`
+            local rows, `[P * L_b]` padded slot mapping).
+        input_ids: `[L_b]` token of each local row.
         trash: the cache's trash slot (rows that must not write).
     """
     lay = out.layout
@@ -162,6 +162,8 @@ def dcs_wiring(
 
 
 class TinyModel:
+    """The tiny decoder of this module's docstring, its weights drawn from `cfg`'s random seed."""
+
     def __init__(self, cfg: TinyConfig, device: torch.device | str = "cpu") -> None:
         self.cfg = cfg
         g = torch.Generator().manual_seed(cfg.seed)
@@ -185,13 +187,13 @@ class TinyModel:
         seq_lens: torch.Tensor,
         all_gather: AllGather,
     ) -> torch.Tensor:
-        """One rank's forward; returns logits ``[R_b, vocab]`` at the wiring's sampling rows.
+        """One rank's forward; returns logits `[R_b, vocab]` at the wiring's sampling rows.
 
         Args:
-            wiring: this step's :class:`Wiring` (the layout's index maps).
-            block_tables: ``[R_b, max_blocks]`` cache blocks of each request (batch order).
-            seq_lens: ``[R_b]`` tokens of each request once this step is in the cache.
-            all_gather: this rank's collective (``[L, ...] -> [P * L, ...]``).
+            wiring: this step's [`Wiring`][pcp_fn.sim.tiny_model.Wiring] (the layout's index maps).
+            block_tables: `[R_b, max_blocks]` cache blocks of each request (batch order).
+            seq_lens: `[R_b]` tokens of each request once this step is in the cache.
+            all_gather: this rank's collective (`[L, ...] -> [P * L, ...]`).
         """
         cfg = self.cfg
         L = wiring.input_ids.shape[0]
@@ -221,7 +223,7 @@ class TinyModel:
         return _rms(wiring.sample_rows(all_gather(h))) @ self.lm_head
 
     def dense_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``[n] -> [n, vocab]``: the unsplit, unpaged forward of one sequence (causal attention
+        """`[n] -> [n, vocab]`: the unsplit, unpaged forward of one sequence (causal attention
         over the tokens themselves). The reference the paged PCP forward must reproduce, and the
         drafter's forward."""
         cfg = self.cfg

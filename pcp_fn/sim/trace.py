@@ -1,29 +1,29 @@
 """Scheduler traces (JSON Lines) and deterministic replay through the pure step.
 
-Format, one JSON object per line::
+Format, one JSON object per line:
 
     {"format": "pcp_fn.trace", "version": 1, "config": {"pcp_size": 4, "max_num_reqs": 16, ...}}
     {"step": 0, "num_scheduled": [40, 7], "num_computed": [0, 0], "num_prompt": [40, 7],
      "slot_mapping": [0, 1, ...]}                       # optional; default 0 .. total-1
     ...
 
-The header's config is a :class:`pcp_fn.PCPConfig` without ``pcp_rank``:
-replay runs every rank. :func:`replay` returns every rank's ``StepOutputs`` of
+The header's config is a [`pcp_fn.PCPConfig`][] without `pcp_rank`:
+replay runs every rank. [`replay`][pcp_fn.sim.replay] returns every rank's `StepOutputs` of
 every step and a SHA-256 digest over all of them (dtype, shape and bytes of
 every leaf, in pytree order), so two replays agree exactly when their outputs
 do, bit for bit, whatever ran them: eager, compiled or a captured graph.
-:func:`replay_digest` computes the same digest step by step, the trace read one
-line at a time (:func:`stream_trace`), in the memory of one step (``pcp-fn replay``).
+[`replay_digest`][pcp_fn.sim.replay_digest] computes the same digest step by step, the trace read one
+line at a time ([`stream_trace`][pcp_fn.sim.stream_trace]), in the memory of one step (`pcp-fn replay`).
 
 The whole trace is validated before anything runs, and malformed input raises
-:class:`TraceError` naming the line and the field: not UTF-8, not JSON, nested
-too deeply, a line over :data:`MAX_LINE_BYTES`, a duplicate key, an unknown
-key (a typo such as ``slot_maping`` is an error, not a default), a wrong type,
+[`TraceError`][pcp_fn.sim.trace.TraceError] naming the line and the field: not UTF-8, not JSON, nested
+too deeply, a line over [`MAX_LINE_BYTES`][pcp_fn.sim.trace.MAX_LINE_BYTES], a duplicate key, an unknown
+key (a typo such as `slot_maping` is an error, not a default), a wrong type,
 an integer out of range (counts are int32, slots int64; integers of any
-length are rejected without being converted), a ``step`` number out of order
+length are rejected without being converted), a `step` number out of order
 (the field is optional; given, it must be the step's place in the file, from 0).
-The header's sizes are checked against :data:`LIMITS` before anything is
-allocated. :func:`write_trace` writes to a temporary file and renames it, so a
+The header's sizes are checked against [`LIMITS`][pcp_fn.sim.trace.LIMITS] before anything is
+allocated. [`write_trace`][pcp_fn.sim.write_trace] writes to a temporary file and renames it, so a
 failed or interrupted write (an exception, Ctrl-C, SIGTERM) leaves nothing behind.
 """
 
@@ -49,7 +49,6 @@ from ..core.checks import INT32_MAX
 from ..graph import Captured, compile_per_bucket
 
 FORMAT, VERSION = "pcp_fn.trace", 1
-#: The header's config, in the format's order: PCPConfig's fields but pcp_rank (replay runs every rank).
 CONFIG_FIELDS = (
     "pcp_size",
     "max_num_reqs",
@@ -65,6 +64,7 @@ CONFIG_FIELDS = (
     "pd_decode_recompute",
     "layout",
 )
+"""The header's config, in the format's order: PCPConfig's fields but pcp_rank (replay runs every rank)."""
 _CONFIG_FLAGS = ("hybrid_attn", "pd_decode_recompute")
 _CONFIG_LISTS = ("request_buckets", "token_buckets")
 _HEADER_FIELDS = ("format", "version", "config")
@@ -77,10 +77,13 @@ MAX_LINE_BYTES = 1 << 24
 
 LIMITS = {"pcp_size": 256, "dcp_size": 256, "max_num_reqs": 1 << 16, "max_num_tokens": 1 << 20}
 """Largest header values a trace may ask for, checked before anything is allocated.
-Besides these, ``request_buckets`` and ``token_buckets`` hold at most 64 sizes, and the
-all-gathered rows of the capacity, ``G = pcp_size * L``, are at most :data:`MAX_GATHERED_ROWS`."""
+Besides these, `request_buckets` and `token_buckets` hold at most 64 sizes, and the
+all-gathered rows of the capacity, `G = pcp_size * L`, are at most
+[`MAX_GATHERED_ROWS`][pcp_fn.sim.trace.MAX_GATHERED_ROWS]."""
 _MAX_BUCKETS = 64
 MAX_GATHERED_ROWS = 1 << 24
+"""Largest all-gathered rows of a trace's capacity, `G = pcp_size * L` (see
+[`LIMITS`][pcp_fn.sim.trace.LIMITS])."""
 
 
 class TraceError(ValueError):
@@ -89,6 +92,8 @@ class TraceError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TraceStep:
+    """One step of a trace: the scheduler's per-request arrays, and the slot mapping when recorded."""
+
     num_scheduled: tuple[int, ...]
     num_computed: tuple[int, ...]
     num_prompt: tuple[int, ...]
@@ -97,6 +102,8 @@ class TraceStep:
 
 @dataclasses.dataclass(frozen=True)
 class Trace:
+    """A whole trace: the header's config and the steps."""
+
     config: PCPConfig  # pcp_rank 0; replay runs every rank with its rank as data
     steps: tuple[TraceStep, ...]
 
@@ -111,8 +118,9 @@ def config_to_json(config: PCPConfig) -> dict[str, Any]:
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that cleanups run (:func:`write_trace`'s, the CLI's);
-    not an ``Exception``: ``except Exception`` in a caller's step generator must not swallow it."""
+    """SIGTERM, raised in the main thread so that cleanups run
+    ([`write_trace`][pcp_fn.sim.write_trace]'s, the CLI's); not an `Exception`: `except Exception`
+    in a caller's step generator must not swallow it."""
 
 
 def _in_main_thread() -> bool:
@@ -122,11 +130,11 @@ def _in_main_thread() -> bool:
 @contextlib.contextmanager
 def _sigterm_unwinds() -> Iterator[None]:
     """While the body runs, a SIGTERM whose disposition is the default (end the process) raises
-    :class:`Terminated` instead, so ``finally`` / ``except`` cleanups run; once the body is
-    left the default disposition is back and the signal is delivered again: the process still
-    ends by SIGTERM, only later. A handler the caller installed (the CLI's), an ignored SIGTERM
-    or one handled outside Python is left alone, as is everything off the main thread (Python
-    runs handlers there only).
+    [`Terminated`][pcp_fn.sim.trace.Terminated] instead, so `finally` / `except` cleanups run; once
+    the body is left the default disposition is back and the signal is delivered again: the process
+    still ends by SIGTERM, only later. A handler the caller installed (the CLI's), an ignored
+    SIGTERM or one handled outside Python is left alone, as is everything off the main thread
+    (Python runs handlers there only).
     """
     if not _in_main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
@@ -151,7 +159,7 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """SIGTERM and SIGINT held back (POSIX, main thread) while the body runs: :func:`_write`
+    """SIGTERM and SIGINT held back (POSIX, main thread) while the body runs: `_write`
     creates its temporary file and learns its name with no signal in between, so a cleanup
     always knows it."""
     if not (hasattr(signal, "pthread_sigmask") and _in_main_thread()):
@@ -171,15 +179,15 @@ def write_trace(
     *,
     overwrite: bool = True,
 ) -> int:
-    """Write a trace atomically: a temporary file beside ``path``, renamed once complete.
+    """Write a trace atomically: a temporary file beside `path`, renamed once complete.
 
-    ``steps`` may be a generator (the trace streams to disk); whatever ends the
-    write early (an exception, ``KeyboardInterrupt``, SIGTERM) removes the temporary
+    `steps` may be a generator (the trace streams to disk); whatever ends the
+    write early (an exception, `KeyboardInterrupt`, SIGTERM) removes the temporary
     file. A SIGTERM with the default disposition still ends the process, by the
     signal, once the file is removed (in the main thread the function installs a
     handler for the duration of the write and restores the default after); a
-    handler of the caller's is left in place. With ``overwrite=False`` an existing ``path`` raises
-    ``FileExistsError`` and is left alone (checked again at the rename, so a
+    handler of the caller's is left in place. With `overwrite=False` an existing `path` raises
+    `FileExistsError` and is left alone (checked again at the rename, so a
     file created meanwhile is not replaced). Returns the number of steps.
     """
     path = os.fspath(path)
@@ -381,8 +389,9 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
 
 
 def check_gathered_rows(config: PCPConfig) -> None:
-    """``ValueError`` unless the all-gathered rows of the capacity, ``G = pcp_size * L``, are
-    at most :data:`MAX_GATHERED_ROWS` (every rank's state and outputs are sized by it)."""
+    """`ValueError` unless the all-gathered rows of the capacity, `G = pcp_size * L`, are
+    at most [`MAX_GATHERED_ROWS`][pcp_fn.sim.trace.MAX_GATHERED_ROWS] (every rank's state and
+    outputs are sized by it)."""
     if config.max_gathered_tokens > MAX_GATHERED_ROWS:
         raise ValueError(
             f"{config.pcp_size} ranks of {config.max_local_tokens} local tokens make "
@@ -391,7 +400,7 @@ def check_gathered_rows(config: PCPConfig) -> None:
 
 
 def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int) -> TraceStep:
-    """Step ``index`` of the trace (its 0-based place in the file), from line ``lineno``."""
+    """Step `index` of the trace (its 0-based place in the file), from line `lineno`."""
     _check_keys(lineno, obj, _STEP_FIELDS, "step")
     for name in _ARRAYS:
         if name not in obj:
@@ -436,7 +445,7 @@ def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int)
 def parse_trace(lines: Iterable[str | bytes]) -> Trace:
     """Parse and validate a whole trace (every step against the config's capacities).
 
-    ``lines``: text or bytes lines (bytes are decoded as UTF-8, strictly).
+    `lines`: text or bytes lines (bytes are decoded as UTF-8, strictly).
     """
     config, steps = _open_records(_records(lines))
     return Trace(config, tuple(steps))
@@ -466,14 +475,14 @@ def _records(lines: Iterable[str | bytes]) -> Iterator[PCPConfig | TraceStep]:
 
 
 def _open_records(records: Iterator[PCPConfig | TraceStep]) -> tuple[PCPConfig, Iterator[TraceStep]]:
-    """The config of a :func:`_records` stream, and its steps (a generator: read as they are used)."""
+    """The config of a `_records` stream, and its steps (a generator: read as they are used)."""
     config = next(records)
     assert isinstance(config, PCPConfig)  # _records yields the header first
     return config, (s for s in records if isinstance(s, TraceStep))
 
 
 def _binary_lines(f: Any) -> Iterable[bytes]:
-    """The file's lines, none read past ``MAX_LINE_BYTES + 1`` bytes."""
+    """The file's lines, none read past `MAX_LINE_BYTES + 1` bytes."""
     while True:
         line = f.readline(MAX_LINE_BYTES + 1)
         if not line:
@@ -484,7 +493,7 @@ def _binary_lines(f: Any) -> Iterable[bytes]:
 
 
 def read_trace(path: str | os.PathLike[str]) -> Trace:
-    """Read and validate a trace file (``OSError`` when it cannot be read, e.g. a directory)."""
+    """Read and validate a trace file (`OSError` when it cannot be read, e.g. a directory)."""
     with open(path, "rb") as f:
         return parse_trace(_binary_lines(f))
 
@@ -493,7 +502,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 def digest_of(outputs: Iterable[Any]) -> str:
-    """SHA-256 over every tensor leaf (dtype, shape, bytes) of ``outputs``, in order."""
+    """SHA-256 over every tensor leaf (dtype, shape, bytes) of `outputs`, in order."""
     h = hashlib.sha256()
     for tree in outputs:
         _digest_tree(h, tree)
@@ -501,7 +510,8 @@ def digest_of(outputs: Iterable[Any]) -> str:
 
 
 def _digest_tree(h: Any, tree: Any) -> None:
-    """Add one output's leaves to the hash ``h`` (:func:`digest_of`'s order and bytes)."""
+    """Add one output's leaves to the hash `h` ([`digest_of`][pcp_fn.sim.trace.digest_of]'s order
+    and bytes)."""
     for leaf in pytree.tree_leaves(tree):
         if leaf is None:
             h.update(b"none;")
@@ -523,7 +533,8 @@ class ReplayResult:
 
 @dataclasses.dataclass(frozen=True)
 class ReplayDigest:
-    """:func:`replay_digest`'s answer: :func:`replay`'s digest without the outputs."""
+    """[`replay_digest`][pcp_fn.sim.replay_digest]'s answer: [`replay`][pcp_fn.sim.replay]'s digest
+    without the outputs."""
 
     digest: str
     num_steps: int
@@ -531,7 +542,7 @@ class ReplayDigest:
 
 
 TraceSource = Trace | str | os.PathLike[str] | Iterable[str | bytes]
-"""A :class:`Trace`, a trace file's path, or a trace's lines."""
+"""A [`Trace`][pcp_fn.sim.trace.Trace], a trace file's path, or a trace's lines."""
 
 
 def replay(
@@ -542,25 +553,25 @@ def replay(
     device: torch.device | str = "cpu",
     backend: str = "inductor",
 ) -> ReplayResult:
-    """Run a trace through :func:`pcp_fn.step` for every rank and digest the outputs.
+    """Run a trace through [`pcp_fn.step`][pcp_fn.step.step] for every rank and digest the outputs.
 
-    Every step's batch comes from ``make_batch(..., slot_mapping=...)``, which
+    Every step's batch comes from `make_batch(..., slot_mapping=...)`, which
     pads the slot mapping to the bucket on the host, and every rank's state
-    carries its rank as data (``init_state(config, rank=r)``): the ranks share
+    carries its rank as data (`init_state(config, rank=r)`): the ranks share
     one graph per bucket, so a trace compiles (or captures) exactly as many
     graphs as it has buckets, within Dynamo's default recompile limit.
 
     The whole trace is validated before anything runs, and every rank's outputs of every
     step are kept (a copy each): memory grows with the trace. For the digest alone,
-    :func:`replay_digest` holds one step at a time.
+    [`replay_digest`][pcp_fn.sim.replay_digest] holds one step at a time.
 
     Args:
-        mode: ``"eager"``, ``"compiled"`` (:func:`pcp_fn.graph.compile_per_bucket`:
-            ``torch.compile(fullgraph=True, dynamic=False)`` per bucket) or
-            ``"captured"`` (:func:`pcp_fn.graph.capture`: CUDA/NPU graph on
+        mode: `"eager"`, `"compiled"` ([`pcp_fn.graph.compile_per_bucket`][]:
+            `torch.compile(fullgraph=True, dynamic=False)` per bucket) or
+            `"captured"` ([`pcp_fn.graph.capture`][pcp_fn.graph.capture.capture]: CUDA/NPU graph on
             those devices, compiled per bucket on the CPU).
         ranks: which ranks (default all); the digest covers exactly these.
-        backend: ``torch.compile`` backend for the compiled and captured modes.
+        backend: `torch.compile` backend for the compiled and captured modes.
     """
     run = _step_runner(mode, backend)
     if not isinstance(trace, Trace):
@@ -585,13 +596,14 @@ def replay_digest(
     device: torch.device | str = "cpu",
     backend: str = "inductor",
 ) -> ReplayDigest:
-    """:func:`replay`'s digest (bit for bit the same) in memory bounded by one step.
+    """[`replay`][pcp_fn.sim.replay]'s digest (bit for bit the same) in memory bounded by one step.
 
     Each rank's outputs are hashed as soon as they are made, and a trace file is read
     one line at a time, each line validated before its step runs: the memory held is one
     step's batch, the ranks' states and the graphs, whatever the trace's length. A
-    malformed line ends the replay with its :class:`TraceError` (no digest is returned,
-    as when :func:`replay` validates the whole trace first). Arguments as :func:`replay`.
+    malformed line ends the replay with its [`TraceError`][pcp_fn.sim.trace.TraceError] (no digest
+    is returned, as when [`replay`][pcp_fn.sim.replay] validates the whole trace first). Arguments
+    as [`replay`][pcp_fn.sim.replay].
     """
     run = _step_runner(mode, backend)
     with stream_trace(trace) as (config, steps):
@@ -606,9 +618,10 @@ def replay_digest(
 
 @contextlib.contextmanager
 def stream_trace(trace: TraceSource) -> Iterator[tuple[PCPConfig, Iterable[TraceStep]]]:
-    """``with stream_trace(path) as (config, steps):`` the header's config, and the steps as an
+    """`with stream_trace(path) as (config, steps):` the header's config, and the steps as an
     iterator that reads and validates the file one line at a time (a malformed line raises
-    :class:`TraceError` when it is reached): memory bounded by one line, whatever the length."""
+    [`TraceError`][pcp_fn.sim.trace.TraceError] when it is reached): memory bounded by one line,
+    whatever the length."""
     if isinstance(trace, Trace):
         yield trace.config, trace.steps
     elif isinstance(trace, str | os.PathLike):
@@ -641,7 +654,7 @@ def _checked_ranks(config: PCPConfig, ranks: Sequence[int] | None) -> list[int]:
 def _run(
     config: PCPConfig, steps: Iterable[TraceStep], run: Any, ranks: list[int], device: torch.device | str
 ) -> Iterator[StepOutputs]:
-    """Each step's outputs, rank after rank, in ``ranks``' order; an output is valid until the
+    """Each step's outputs, rank after rank, in `ranks`' order; an output is valid until the
     next is made (a captured graph rewrites its buffers)."""
     states = {r: init_state(config, device, rank=r) for r in ranks}
     for s in steps:

@@ -1,41 +1,39 @@
 """Speculative-decode (MTP) preparation under PCP as pure, fixed-shape functions.
 
-vllm-ascend prepares the MTP drafter's inputs on the host (``PCPManager``'s
-spec-decode methods and the runner's ``_calc_spec_decode_metadata``); here
+vllm-ascend prepares the MTP drafter's inputs on the host (`PCPManager`'s
+spec-decode methods and the runner's `_calc_spec_decode_metadata`); here
 every piece is an op on fixed-shape device buffers with its length beside it:
 
-=================================  ===================================================
-vllm-ascend                        pcp_fn
-=================================  ===================================================
-``_calc_spec_decode_metadata``     :func:`spec_decode_indices`
-``generate_pcp_mtp_input``         :func:`full_input_ids`
-``_update_input_ids_pcp_full_ids`` :func:`repair_full_input_ids`
-``get_spec_decode_decode_hidden``  :func:`decode_hidden_states`
-``_split_spec_decode_pcp_prefill`` :func:`split_prefill_for_draft` (-> :class:`DraftSplit`)
-``prepare_spec_decode_first_pass`` :func:`first_pass_inputs`
-``_get_spec_decode_mtp_slot_in..`` :func:`mtp_slot_inputs`
-``prepare_spec_decode_mtp_draft..`` :func:`mtp_drafting_inputs`
-``generate_mtp_attention_mask..``  :func:`mtp_attention_mask`
-``mask_spec_decode_restore_idx..`` :func:`mask_restore_index_for_graph`
-``update_spec_decode_drafting_cp`` :func:`drafting_cp_seq_lens`
-``rebuild_async_spec_decode_in..`` :func:`rebuild_spec_positions` (device branch)
-=================================  ===================================================
+| vllm-ascend                       | pcp_fn                                                            |
+|-----------------------------------|-------------------------------------------------------------------|
+| `_calc_spec_decode_metadata`      | [`pcp_fn.spec_decode_indices`][]                                  |
+| `generate_pcp_mtp_input`          | [`pcp_fn.full_input_ids`][]                                       |
+| `_update_input_ids_pcp_full_ids`  | [`pcp_fn.repair_full_input_ids`][]                                |
+| `get_spec_decode_decode_hidden`   | [`pcp_fn.decode_hidden_states`][]                                 |
+| `_split_spec_decode_pcp_prefill`  | [`pcp_fn.split_prefill_for_draft`][] (-> [`pcp_fn.DraftSplit`][]) |
+| `prepare_spec_decode_first_pass`  | [`pcp_fn.first_pass_inputs`][]                                    |
+| `_get_spec_decode_mtp_slot_in..`  | [`pcp_fn.mtp_slot_inputs`][]                                      |
+| `prepare_spec_decode_mtp_draft..` | [`pcp_fn.mtp_drafting_inputs`][]                                  |
+| `generate_mtp_attention_mask..`   | [`pcp_fn.mtp_attention_mask`][]                                   |
+| `mask_spec_decode_restore_idx..`  | [`pcp_fn.mask_restore_index_for_graph`][]                         |
+| `update_spec_decode_drafting_cp`  | [`pcp_fn.drafting_cp_seq_lens`][]                                 |
+| `rebuild_async_spec_decode_in..`  | [`pcp_fn.rebuild_spec_positions`][] (device branch)               |
 
-:func:`make_spec_batch` is the host boundary (draft counts, token table
-shape, slot mapping); :func:`spec_step` composes :func:`pcp_fn.step` with the
+[`make_spec_batch`][pcp_fn.make_spec_batch] is the host boundary (draft counts, token table
+shape, slot mapping); [`spec_step`][pcp_fn.spec_step] composes [`pcp_fn.step`][pcp_fn.step.step] with the
 pre-forward spec inputs into one capturable entry op. The ops take no size:
 they read the bucket of the state's last update, and every per-request or
-per-token input must have exactly its rows (capacities: :mod:`.inputs`).
+per-token input must have exactly its rows (capacities: [`pcp_fn.spec.inputs`][]).
 
 What depends on the layout (local rows, where each request sits in the
 restored hidden states, the drafter's prefill split) comes from the config's
-:class:`pcp_fn.Layout` (:func:`pcp_fn.layout_of`): verified against the
+[`pcp_fn.Layout`][] ([`pcp_fn.layout_of`][]): verified against the
 vllm-ascend references for DualChunkSwap and hybrid attention
-(``PCPConfig(..., hybrid_attn=True)``), and for every layout (``"mrv2"``, a
-researcher's :class:`pcp_fn.PartitionLayout`) by :func:`pcp_fn.testing.check_layout`'s
+(`PCPConfig(..., hybrid_attn=True)`), and for every layout (`"mrv2"`, a
+researcher's [`pcp_fn.PartitionLayout`][]) by [`pcp_fn.testing.check_layout`][]'s
 spec-decode rule: the sampled rows, the decode hidden states and the drafter's
 first pass, token by token. The MTP attention-mask and KV-split helpers
-(:mod:`.mtp`) read no layout; :func:`pcp_fn.attention_metadata` keeps the
+([`pcp_fn.spec.mtp`][]) read no layout; [`pcp_fn.attention_metadata`][] keeps the
 DualChunkSwap chunk rules.
 """
 

@@ -1,22 +1,22 @@
 """Inputs of the drafter's first pass under PCP: its token ids and hidden states back on this rank's rows.
 
 After the target model, the hidden states are all-gathered and restored
-(``[P*L_b, ...]``, what ``restore_hidden_states`` returns: the padded request
+(`[P*L_b, ...]`, what `restore_hidden_states` returns: the padded request
 order, or under hybrid attention the FA order). The drafter's first pass runs
-on this rank's rows, which the layout gives (:func:`pcp_fn.layout_of`):
-``first_pass_rows`` (request ``i``, offset ``o`` inside its padded tokens, the
-decode tokens first) and ``restored_spans`` (where request ``i``'s rows start
+on this rank's rows, which the layout gives ([`pcp_fn.layout_of`][]):
+`first_pass_rows` (request `i`, offset `o` inside its padded tokens, the
+decode tokens first) and `restored_spans` (where request `i`'s rows start
 in the restored buffer, and how many of them there are). Each row then takes:
 
-- input id ``full[token_start[i] + o]`` when ``o < n`` else 0 (a pad);
-- hidden state: restored row ``start[i] + o`` when ``o < length[i]``, else 0.
+- input id `full[token_start[i] + o]` when `o < n` else 0 (a pad);
+- hidden state: restored row `start[i] + o` when `o < length[i]`, else 0.
 
 DualChunkSwap: the rows are the target's local rows (a prefill's head chunk
-``r`` and tail chunk ``2P-1-r`` of its ``2P``-padded tokens, vllm-ascend
-``_split_spec_decode_pcp_prefill_input``), and a prefill's padded rows,
+`r` and tail chunk `2P-1-r` of its `2P`-padded tokens, vllm-ascend
+`_split_spec_decode_pcp_prefill_input`), and a prefill's padded rows,
 pads included, are in the restored buffer. Hybrid: a prefill's rows are the
-linear slice ``[r*k, (r+1)*k)`` of its padded tokens (vllm-ascend
-``_split_spec_decode_pcp_prefill_input_hybrid``), the FA order has no pads,
+linear slice `[r*k, (r+1)*k)` of its padded tokens (vllm-ascend
+`_split_spec_decode_pcp_prefill_input_hybrid`), the FA order has no pads,
 so pads take zeros. Either way two gathers, no loop over requests.
 """
 
@@ -39,19 +39,21 @@ from .inputs import check_rows, real_requests, sampled_rows, state_view
 class DraftSplit:
     """This rank's share of the prefill requests' inputs for the MTP drafter's first pass.
 
-    vllm-ascend ``_split_spec_decode_pcp_prefill_input`` (and its ``_hybrid`` variant)
-    return these six values as a tuple, plus ``num_reqs``; :func:`split_prefill_for_draft`
-    returns them for either layout.
+    vllm-ascend `_split_spec_decode_pcp_prefill_input` (and its `_hybrid` variant)
+    return these six values as a tuple, plus `num_reqs`;
+    [`split_prefill_for_draft`][pcp_fn.split_prefill_for_draft] returns them for either layout.
 
-    Fields (``K = R_b`` prefill rows):
-        num_tokens: 0-d int64 rows of this rank (``sum(seq_lens)``).
-        input_ids: ``[L_b]`` ids (input dtype), each prefill's rows back to back, pads 0;
-            0 past ``num_tokens``.
-        hidden_states: ``[L_b, ...]`` their hidden states (input dtype); 0 past ``num_tokens``.
-        max_query_len: 0-d int64 ``max(seq_lens)`` (0 without prefills).
-        seq_lens: ``[K]`` int32 rows of each prefill on this rank (``2 * ceil(n / 2P)``;
+    Fields have `K = R_b` prefill rows.
+
+    Attributes:
+        num_tokens: 0-d int64 rows of this rank (`sum(seq_lens)`).
+        input_ids: `[L_b]` ids (input dtype), each prefill's rows back to back, pads 0;
+            0 past `num_tokens`.
+        hidden_states: `[L_b, ...]` their hidden states (input dtype); 0 past `num_tokens`.
+        max_query_len: 0-d int64 `max(seq_lens)` (0 without prefills).
+        seq_lens: `[K]` int32 rows of each prefill on this rank (`2 * ceil(n / 2P)`;
             0 for an empty request and past the prefills).
-        cu_num_tokens: ``[K + 1]`` int64 ``[0, cumsum(seq_lens)]``.
+        cu_num_tokens: `[K + 1]` int64 `[0, cumsum(seq_lens)]`.
         num_reqs: 0-d int64 prefill requests.
     """
 
@@ -81,9 +83,9 @@ class _Sources(NamedTuple):
 
 
 def _sources(state: PCPState, geo: RequestGeometry) -> _Sources:
-    """Where each first-pass row (the layout's ``first_pass_rows``) reads its input id and its
-    restored hidden state (``restored_spans``): one gather of the per-request ``(limit, start)`` of
-    both; a row at offset ``o`` reads ``start + o`` if ``o < limit``."""
+    """Where each first-pass row (the layout's `first_pass_rows`) reads its input id and its
+    restored hidden state (`restored_spans`): one gather of the per-request `(limit, start)` of
+    both; a row at offset `o` reads `start + o` if `o < limit`."""
     layout = layout_of(state.config)
     spans, rows = layout.restored_spans(state, geometry=geo), layout.first_pass_rows(state, geometry=geo)
     per_request = torch.stack([geo.num_scheduled, spans.length, geo.token_start[:-1], spans.start])
@@ -93,12 +95,12 @@ def _sources(state: PCPState, geo: RequestGeometry) -> _Sources:
 
 
 def _take_ids(ids: torch.Tensor, index: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """``ids[index]`` where ``held``, else 0 (``index`` in range)."""
+    """`ids[index]` where `held`, else 0 (`index` in range)."""
     return ids.index_select(0, index) * held
 
 
 def _take_hidden(hidden: torch.Tensor, index: torch.Tensor, held: torch.Tensor) -> torch.Tensor:
-    """``hidden[index]`` where ``held``, else 0 (a select, not a product: exact for any value)."""
+    """`hidden[index]` where `held`, else 0 (a select, not a product: exact for any value)."""
     rows = hidden.index_select(0, index)
     return torch.where(held.view(-1, *[1] * (rows.dim() - 1)), rows, 0)
 
@@ -106,19 +108,19 @@ def _take_hidden(hidden: torch.Tensor, index: torch.Tensor, held: torch.Tensor) 
 def decode_hidden_states(state: PCPState, hidden_states: torch.Tensor) -> tuple[PCPState, torch.Tensor]:
     """Drop the PCP decode replication: the decode tokens' rows of the restored hidden states.
 
-    vllm-ascend ``get_spec_decode_decode_hidden_states``: decode token ``j`` of
-    request ``i`` is restored row ``query_start[i] * P + j`` (rank 0's copy);
+    vllm-ascend `get_spec_decode_decode_hidden_states`: decode token `j` of
+    request `i` is restored row `query_start[i] * P + j` (rank 0's copy);
     under hybrid attention (spec tokens configured: rank-major decodes) the
-    first ``num_decode_tokens`` rows. The layout's ``restored_spans`` gives
-    both. ``P = 2``, decodes of 2 and 1 tokens: restored rows ``[0, 1, 4]``
-    (hybrid: ``[0, 1, 2]``).
+    first `num_decode_tokens` rows. The layout's `restored_spans` gives
+    both. `P = 2`, decodes of 2 and 1 tokens: restored rows `[0, 1, 4]`
+    (hybrid: `[0, 1, 2]`).
 
     Args:
-        hidden_states: ``[P * L_b, ...]`` restored hidden states (the state's bucket).
+        hidden_states: `[P * L_b, ...]` restored hidden states (the state's bucket).
 
-    Returns ``[L_b, ...]``: rows ``[:num_decode_tokens]`` the decode tokens in
+    Returns `[L_b, ...]`: rows `[:num_decode_tokens]` the decode tokens in
     order, the rest 0. Without spec tokens a hybrid config's decodes are
-    token-major (rank 0's copy of decode token ``t`` at row ``t * P``), and so
+    token-major (rank 0's copy of decode token `t` at row `t * P`), and so
     are the rows read here; vllm-ascend's hybrid branch assumes the rank-major
     order, which it only builds with spec tokens.
     """
@@ -136,23 +138,23 @@ def split_prefill_for_draft(
 ) -> tuple[PCPState, DraftSplit]:
     """This rank's share of every prefill's drafter inputs, by the layout's split.
 
-    vllm-ascend ``_split_spec_decode_pcp_prefill_input``: DualChunkSwap pads
-    each prefill to ``2P`` chunks and keeps this rank's head and tail chunks;
-    under hybrid attention (its ``_hybrid`` variant, also
-    ``_split_spec_decode_pcp_prefill_input_hybrid``) the rank takes the
-    linear slice ``[r*k, (r+1)*k)`` of the padded prefill, ``k = padded / P``.
-    ``P = 2``, rank 0, one prefill of 5 tokens ``[a, b, c, d, e]`` (padded to
-    8): ``input_ids [a, b, 0, 0]`` from prefill rows ``[0, 1, 6, 7]``
-    (hybrid: ``[a, b, c, d]`` from rows ``[0, 1, 2, 3]``), ``seq_lens [4]``.
+    vllm-ascend `_split_spec_decode_pcp_prefill_input`: DualChunkSwap pads
+    each prefill to `2P` chunks and keeps this rank's head and tail chunks;
+    under hybrid attention (its `_hybrid` variant, also
+    `_split_spec_decode_pcp_prefill_input_hybrid`) the rank takes the
+    linear slice `[r*k, (r+1)*k)` of the padded prefill, `k = padded / P`.
+    `P = 2`, rank 0, one prefill of 5 tokens `[a, b, c, d, e]` (padded to
+    8): `input_ids [a, b, 0, 0]` from prefill rows `[0, 1, 6, 7]`
+    (hybrid: `[a, b, c, d]` from rows `[0, 1, 2, 3]`), `seq_lens [4]`.
 
     Args:
-        input_ids_full: ``[F_b]`` the whole batch's ids in scheduler order
-            (vllm-ascend is handed the prefill part, ``input_ids[num_decode_tokens:]``).
-        hidden_states: ``[P * L_b, ...]`` the whole restored buffer
-            (vllm-ascend: its prefill part, from row ``num_decode_tokens * P``).
+        input_ids_full: `[F_b]` the whole batch's ids in scheduler order
+            (vllm-ascend is handed the prefill part, `input_ids[num_decode_tokens:]`).
+        hidden_states: `[P * L_b, ...]` the whole restored buffer
+            (vllm-ascend: its prefill part, from row `num_decode_tokens * P`).
 
-    Returns a :class:`DraftSplit` with ``K = R_b`` (prefill ``k`` is request
-    ``num_decode_reqs + k``).
+    Returns a [`DraftSplit`][pcp_fn.DraftSplit] with `K = R_b` (prefill `k` is request
+    `num_decode_reqs + k`).
     """
     cfg, bucket = state.config, state.bucket
     Rb, Lb = bucket.num_reqs, bucket.num_tokens
@@ -191,27 +193,29 @@ def split_prefill_for_draft(
 
 @pytree_dataclass
 class FirstPassInputs:
-    """PCP-adjusted inputs of the first draft pass (vllm-ascend ``PCPSpecDecodeFirstPassInputs`` + metadata).
+    """PCP-adjusted inputs of the first draft pass (vllm-ascend `PCPSpecDecodeFirstPassInputs` + metadata).
 
-    Fields (``L_b`` rows; at ``P = 1`` the inputs pass through unchanged):
+    Fields have `L_b` rows; at `P = 1` the inputs pass through unchanged.
+
+    Attributes:
         num_tokens: 0-d int64 rows of this pass (this rank's first-pass rows).
-        input_ids: ``[L_b]`` decode ids then this rank's prefill rows (0 on pads and past them).
-        positions: ``[L_b]`` the target positions, unchanged (vllm-ascend slices them).
-        hidden_states: ``[L_b, ...]`` decode tokens' then prefill rows' hidden
+        input_ids: `[L_b]` decode ids then this rank's prefill rows (0 on pads and past them).
+        positions: `[L_b]` the target positions, unchanged (vllm-ascend slices them).
+        hidden_states: `[L_b, ...]` decode tokens' then prefill rows' hidden
             states (0 past them, and on a hybrid prefill's pads).
-        token_indices_to_sample: ``[R_b]`` restored rows to sample: a decode's
-            ``logits_indices[token_indices_to_sample[i]]``, a prefill's entry
-            of the last ``num_prefill_reqs`` logits indices.
-        query_start_loc: ``[R_b + 1]`` int32 query starts of this pass (decode
-            tokens, then this rank's prefill rows; the total past ``num_reqs``).
-        seq_lens: ``[R_b]`` the given ``seq_lens`` with prefills replaced by
-            their row counts on this rank (``None`` when none given).
-        max_query_len: 0-d int64, ``max(decode_threshold, largest prefill
-            share)`` with prefills (vllm-ascend's); without, the largest decode
+        token_indices_to_sample: `[R_b]` restored rows to sample: a decode's
+            `logits_indices[token_indices_to_sample[i]]`, a prefill's entry
+            of the last `num_prefill_reqs` logits indices.
+        query_start_loc: `[R_b + 1]` int32 query starts of this pass (decode
+            tokens, then this rank's prefill rows; the total past `num_reqs`).
+        seq_lens: `[R_b]` the given `seq_lens` with prefills replaced by
+            their row counts on this rank (`None` when none given).
+        max_query_len: 0-d int64, `max(decode_threshold, largest prefill
+            share)` with prefills (vllm-ascend's); without, the largest decode
             query (vllm-ascend leaves the metadata's own value).
-        decode_query_lens: ``[R_b]`` int32 scheduled tokens of the decodes
-            (vllm-ascend ``long_seq_args[0]``, ``query_lens_pcp_full[:num_decode_reqs]``).
-        ori_token_indices_to_sample: ``[R_b]`` the input indices (``long_seq_args[1]``).
+        decode_query_lens: `[R_b]` int32 scheduled tokens of the decodes
+            (vllm-ascend `long_seq_args[0]`, `query_lens_pcp_full[:num_decode_reqs]`).
+        ori_token_indices_to_sample: `[R_b]` the input indices (`long_seq_args[1]`).
     """
 
     num_tokens: torch.Tensor
@@ -235,8 +239,8 @@ def _check_first_pass_inputs(
     logits_indices: torch.Tensor,
     seq_lens: torch.Tensor | None,
 ) -> None:
-    """The static checks of :func:`first_pass_inputs`' arguments (their rows for the state's
-    bucket), in argument order; nothing is read."""
+    """The static checks of [`first_pass_inputs`][pcp_fn.first_pass_inputs]' arguments (their rows
+    for the state's bucket), in argument order; nothing is read."""
     cfg, bucket = state.config, state.bucket
     Rb, Lb = bucket.num_reqs, bucket.num_tokens
     check_rows(
@@ -270,26 +274,26 @@ def first_pass_inputs(
     *,
     seq_lens: torch.Tensor | None = None,
 ) -> tuple[PCPState, FirstPassInputs]:
-    """The drafter's first-pass inputs on this rank (vllm-ascend ``prepare_spec_decode_first_pass_inputs``).
+    """The drafter's first-pass inputs on this rank (vllm-ascend `prepare_spec_decode_first_pass_inputs`).
 
-    ``P = 2``, rank 0, a decode of 2 tokens ``[a, b]`` and a prefill of 5
-    ``[c, d, e, f, g]`` (padded to 8): ``input_ids [a, b, c, d, 0, 0]``,
-    hidden rows ``[0, 1, 4, 5, 10, 11]`` of the restored buffer,
-    ``query_start_loc [0, 2, 6]``, prefill ``seq_lens 4``. Hybrid attention
-    (one spec token): ``input_ids [a, b, c, d, e, f]``, hidden rows
-    ``[0, 1, 4, 5, 6, 7]`` of the FA order (decode rows ``0 .. 3``, prefill
+    `P = 2`, rank 0, a decode of 2 tokens `[a, b]` and a prefill of 5
+    `[c, d, e, f, g]` (padded to 8): `input_ids [a, b, c, d, 0, 0]`,
+    hidden rows `[0, 1, 4, 5, 10, 11]` of the restored buffer,
+    `query_start_loc [0, 2, 6]`, prefill `seq_lens 4`. Hybrid attention
+    (one spec token): `input_ids [a, b, c, d, e, f]`, hidden rows
+    `[0, 1, 4, 5, 6, 7]` of the FA order (decode rows `0 .. 3`, prefill
     tokens from row 4).
 
     Args:
-        input_ids_full: ``[F_b]`` drafter ids in scheduler order (``FullInputs.input_ids``).
-        positions: ``[L_b]`` target positions (``StepOutputs.positions``).
-        hidden_states: ``[P * L_b, ...]`` restored target hidden states.
-        token_indices_to_sample: ``[R_b]`` the drafter's indices (first
-            ``num_reqs`` real): for decodes, entries of ``logits_indices``.
-        logits_indices: the step's logits indices: ``[S_b]``
-            (``SpecDecodeIndices.logits_indices``) or ``[R_b]``
-            (``get_logits_indices``), ``num_logits`` of them real.
-        seq_lens: optional ``[R_b]`` drafter sequence lengths to adjust.
+        input_ids_full: `[F_b]` drafter ids in scheduler order (`FullInputs.input_ids`).
+        positions: `[L_b]` target positions (`StepOutputs.positions`).
+        hidden_states: `[P * L_b, ...]` restored target hidden states.
+        token_indices_to_sample: `[R_b]` the drafter's indices (first
+            `num_reqs` real): for decodes, entries of `logits_indices`.
+        logits_indices: the step's logits indices: `[S_b]`
+            (`SpecDecodeIndices.logits_indices`) or `[R_b]`
+            (`get_logits_indices`), `num_logits` of them real.
+        seq_lens: optional `[R_b]` drafter sequence lengths to adjust.
     """
     _check_first_pass_inputs(
         state, input_ids_full, positions, hidden_states, token_indices_to_sample, logits_indices, seq_lens

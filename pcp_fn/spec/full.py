@@ -2,22 +2,22 @@
 
 Under PCP each rank's model inputs are split, but the drafter shifts the
 *original* token sequence, so vllm-ascend records it before the split
-(``generate_pcp_mtp_input``): the input ids of every scheduled token in
-scheduler order, their query start locations, and (MTP with ``k >= 2`` spec
-tokens) a padded KV slot mapping for each request's tokens plus ``k - 1``
-extra draft positions. ``repair_full_input_ids`` patches those ids with the
+(`generate_pcp_mtp_input`): the input ids of every scheduled token in
+scheduler order, their query start locations, and (MTP with `k >= 2` spec
+tokens) a padded KV slot mapping for each request's tokens plus `k - 1`
+extra draft positions. `repair_full_input_ids` patches those ids with the
 previous step's sampled and draft tokens under async scheduling;
-``rebuild_spec_positions`` recomputes the positions once async scheduling has
-corrected ``num_computed_tokens``.
+`rebuild_spec_positions` recomputes the positions once async scheduling has
+corrected `num_computed_tokens`.
 
 Slots are the caller's: the block table is not PCP bookkeeping. Pass
-``slot_fn(request, position) -> slot`` (any fixed-shape torch function, e.g.
-a paged block-table lookup) to get ``mtp_slot_mapping``; without it the MTP
+`slot_fn(request, position) -> slot` (any fixed-shape torch function, e.g.
+a paged block-table lookup) to get `mtp_slot_mapping`; without it the MTP
 layout (request and position of every MTP row) is returned for the caller to
 map.
 
 Nothing here depends on the layout (DualChunkSwap or hybrid) but the local
-rows of :func:`rebuild_spec_positions`, which it asks the layout for.
+rows of [`rebuild_spec_positions`][pcp_fn.rebuild_spec_positions], which it asks the layout for.
 """
 
 from __future__ import annotations
@@ -43,15 +43,15 @@ SlotFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @pytree_dataclass
 class MTPLayout:
-    """Every request's scheduled tokens followed by ``k - 1`` extra MTP draft positions (``M_b`` rows).
+    """Every request's scheduled tokens followed by `k - 1` extra MTP draft positions (`M_b` rows).
 
-    Fields:
-        request: ``[M_b]`` int64 request of each MTP row (0 past ``num_tokens``).
-        positions: ``[M_b]`` int64 absolute position ``num_computed + offset`` (0 past).
-        num_tokens: 0-d int64, real rows (``sum(num_scheduled) + num_reqs * (k - 1)``).
-        slot_mapping: ``[M_b * P]`` int32 vllm-ascend's ``mtp_slot_pad``: MTP row ``t``'s
-            slot at ``t * P``, every other entry ``pad_slot_id``; ``None``
-            without a ``slot_fn`` (whose slots, integers, must be below ``2**31``: device
+    Attributes:
+        request: `[M_b]` int64 request of each MTP row (0 past `num_tokens`).
+        positions: `[M_b]` int64 absolute position `num_computed + offset` (0 past).
+        num_tokens: 0-d int64, real rows (`sum(num_scheduled) + num_reqs * (k - 1)`).
+        slot_mapping: `[M_b * P]` int32 vllm-ascend's `mtp_slot_pad`: MTP row `t`'s
+            slot at `t * P`, every other entry `pad_slot_id`; `None`
+            without a `slot_fn` (whose slots, integers, must be below `2**31`: device
             data, not read on the host).
     """
 
@@ -62,7 +62,7 @@ class MTPLayout:
 
 
 class ScheduledRows(NamedTuple):
-    """Request and absolute position of each scheduler-order row (``F_b``) and MTP row (``M_b``)."""
+    """Request and absolute position of each scheduler-order row (`F_b`) and MTP row (`M_b`)."""
 
     request: torch.Tensor  # [F_b] int64 (0 past the real rows)
     positions: torch.Tensor  # [F_b] int64 num_computed[request] + offset (0 past)
@@ -77,9 +77,9 @@ def scheduled_rows(
     """The scheduler-order rows and the MTP rows of a batch: one table of per-request shifts, painted
     onto both row sets (one search each: one histogram on the CPU).
 
-    Request ``i``'s tokens are rows ``token_start[i] ..``, its MTP rows (its tokens, then
-    ``k - 1`` extras) start at ``token_start[i] + (k - 1) * i`` (the requests are a prefix); inside
-    either run the position grows with the row, so ``position = row + shift`` with one shift per
+    Request `i`'s tokens are rows `token_start[i] ..`, its MTP rows (its tokens, then
+    `k - 1` extras) start at `token_start[i] + (k - 1) * i` (the requests are a prefix); inside
+    either run the position grows with the row, so `position = row + shift` with one shift per
     request and row set.
     """
     geo, real = view
@@ -116,8 +116,8 @@ def scheduled_rows(
 
 
 def mtp_slots(cfg: PCPConfig, rows: ScheduledRows, slot_fn: SlotFn | None) -> MTPLayout | None:
-    """The MTP layout of ``rows`` with its padded slot mapping (``slot_fn`` of every MTP row), or
-    without one when there is no ``slot_fn``."""
+    """The MTP layout of `rows` with its padded slot mapping (`slot_fn` of every MTP row), or
+    without one when there is no `slot_fn`."""
     mtp, valid = rows.mtp, rows.mtp_valid
     if mtp is None or slot_fn is None:
         return mtp
@@ -137,16 +137,16 @@ def mtp_slots(cfg: PCPConfig, rows: ScheduledRows, slot_fn: SlotFn | None) -> MT
 
 @pytree_dataclass
 class FullInputs:
-    """Scheduler-order inputs of the drafter (``F_b``, ``M_b``: see :mod:`pcp_fn.spec.inputs`).
+    """Scheduler-order inputs of the drafter (`F_b`, `M_b`: see [`pcp_fn.spec.inputs`][]).
 
-    Fields:
-        input_ids: ``[F_b]`` token ids of the scheduled tokens in scheduler
-            order (vllm-ascend ``input_ids_pcp_full``); 0 past ``num_tokens``.
-        positions: ``[F_b]`` int64 absolute positions (vllm-ascend ``positions_pcp_full``).
-        query_start_loc: ``[R_b + 1]`` int32 (vllm-ascend ``query_start_loc_pcp_full``):
-            ``[0, cumsum(num_scheduled)]`` then ``-1`` past ``num_reqs``.
-        num_tokens: 0-d int64, ``sum(num_scheduled)``.
-        mtp: the :class:`MTPLayout`, or ``None`` when ``num_spec_tokens < 2``.
+    Attributes:
+        input_ids: `[F_b]` token ids of the scheduled tokens in scheduler
+            order (vllm-ascend `input_ids_pcp_full`); 0 past `num_tokens`.
+        positions: `[F_b]` int64 absolute positions (vllm-ascend `positions_pcp_full`).
+        query_start_loc: `[R_b + 1]` int32 (vllm-ascend `query_start_loc_pcp_full`):
+            `[0, cumsum(num_scheduled)]` then `-1` past `num_reqs`.
+        num_tokens: 0-d int64, `sum(num_scheduled)`.
+        mtp: the [`MTPLayout`][pcp_fn.spec.MTPLayout], or `None` when `num_spec_tokens < 2`.
     """
 
     input_ids: torch.Tensor
@@ -157,7 +157,7 @@ class FullInputs:
 
 
 def full_query_start_loc(view: StateView) -> torch.Tensor:
-    """``[R_b + 1]`` int32 ``[0, cumsum(num_scheduled)]``, then -1 past ``num_reqs``."""
+    """`[R_b + 1]` int32 `[0, cumsum(num_scheduled)]`, then -1 past `num_reqs`."""
     past = F.pad(~view.real, (1, 0))  # entry k is past the requests when k > num_reqs
     return view.geo.token_start.masked_fill(past, -1).to(torch.int32)
 
@@ -171,32 +171,32 @@ def full_input_ids(
 ) -> tuple[PCPState, FullInputs]:
     """Scheduler-order input ids, positions and query starts, and the MTP slot layout.
 
-    vllm-ascend ``generate_pcp_mtp_input``: token ``j`` of request ``i`` is
-    ``token_ids[i, num_computed[i] + j]``. vllm-ascend's test, ``P = 2``, one
-    spec token, computed ``[6, 8, 0, 0]``, scheduled ``[2, 2, 8, 7]``::
+    vllm-ascend `generate_pcp_mtp_input`: token `j` of request `i` is
+    `token_ids[i, num_computed[i] + j]`. vllm-ascend's test, `P = 2`, one
+    spec token, computed `[6, 8, 0, 0]`, scheduled `[2, 2, 8, 7]`:
 
         input_ids        [88907, 0, 342, 0, 0, 671, 8749, 294, 3702, 4106, 344, 88907,
                           0, 671, 5335, 1469, 7539, 305, 6397]
         query_start_loc  [0, 2, 4, 12, 19]
 
-    With ``k >= 2`` spec tokens each request also owns ``k - 1`` MTP rows
-    after its tokens (positions continuing from its last one); ``slot_fn``
-    maps them to KV slots, spread token-strided into ``mtp.slot_mapping``
-    (vllm-ascend ``mtp_slot_pad``). vllm-ascend builds those only for
+    With `k >= 2` spec tokens each request also owns `k - 1` MTP rows
+    after its tokens (positions continuing from its last one); `slot_fn`
+    maps them to KV slots, spread token-strided into `mtp.slot_mapping`
+    (vllm-ascend `mtp_slot_pad`). vllm-ascend builds those only for
     decode-only batches (or DCP prefills); here they are always built (fixed
     shape) and equal vllm-ascend's whenever it builds them.
 
     Args:
-        state: after :func:`pcp_fn.update_tokens` of the batch; the outputs
+        state: after [`pcp_fn.update_tokens`][pcp_fn.update_tokens.update_tokens] of the batch; the outputs
             have its bucket's sizes.
-        token_ids: ``[rows, max_model_len]`` the request token table (row =
+        token_ids: `[rows, max_model_len]` the request token table (row =
             request index). Its shape is static, its contents are not read on
-            the host: :func:`make_spec_batch` (``token_ids=``) checks that it
-            is wide enough for the batch, and :func:`spec_step` refuses a
+            the host: [`make_spec_batch`][pcp_fn.make_spec_batch] (`token_ids=`) checks that it
+            is wide enough for the batch, and [`spec_step`][pcp_fn.spec_step] refuses a
             table narrower than the one checked. Called on its own, a position
             past the table's width reads its last column.
-        num_computed_tokens: ``[R_b]`` (``batch.num_computed``).
-        slot_fn: ``slot_fn(request [M_b], position [M_b]) -> [M_b]`` slots.
+        num_computed_tokens: `[R_b]` (`batch.num_computed`).
+        slot_fn: `slot_fn(request [M_b], position [M_b]) -> [M_b]` slots.
     """
     Rb = state.bucket.num_reqs
     check_rows("num_computed_tokens", num_computed_tokens, Rb, "R_b, one per request row", integer=True)
@@ -219,10 +219,11 @@ def full_inputs(
     slot_fn: SlotFn | None,
     table_checked: bool = False,
 ) -> FullInputs:
-    """:func:`full_input_ids` (inputs checked) on the state's :class:`StateView`.
+    """[`full_input_ids`][pcp_fn.full_input_ids] (inputs checked) on the state's
+    [`StateView`][pcp_fn.spec.inputs.StateView].
 
-    ``table_checked``: the host checked the table against the batch (``spec_step``:
-    ``make_spec_batch(..., token_ids=)``, and a table at least that large), so every real token
+    `table_checked`: the host checked the table against the batch (`spec_step`:
+    `make_spec_batch(..., token_ids=)`, and a table at least that large), so every real token
     lies inside it and no read needs clamping (the rows past them read position 0 of row 0).
     """
     cfg, bucket = state.config, state.bucket
@@ -251,24 +252,24 @@ def repair_full_input_ids(
 ) -> tuple[PCPState, torch.Tensor]:
     """Async scheduling: write last step's sampled and draft tokens into the full input ids.
 
-    vllm-ascend ``_update_input_ids_pcp_full_ids`` (the ``prev_positions`` device
+    vllm-ascend `_update_input_ids_pcp_full_ids` (the `prev_positions` device
     branch). A request carried over from the previous step
-    (``prev_positions[i] >= 0``) gets ``prev_sampled_token_ids[prev, 0]`` at
-    its first unverified token (``query_end - 1 - drafts``, ``drafts = n - 1``
-    for a decode, 0 for a prefill) and, after it, its ``drafts`` (at most
-    ``num_spec_tokens``) tokens ``draft_token_ids.flatten()[prev * k + j]``.
-    ``P = 2``, one spec token, decodes of 2 tokens at full rows ``[0, 1]`` and
-    ``[2, 3]``, ``prev_positions [1, -1]``, sampled ``[[7], [9]]``, drafts
-    ``[[70], [90]]``: ids ``[a, b, c, d] -> [9, 90, c, d]``.
+    (`prev_positions[i] >= 0`) gets `prev_sampled_token_ids[prev, 0]` at
+    its first unverified token (`query_end - 1 - drafts`, `drafts = n - 1`
+    for a decode, 0 for a prefill) and, after it, its `drafts` (at most
+    `num_spec_tokens`) tokens `draft_token_ids.flatten()[prev * k + j]`.
+    `P = 2`, one spec token, decodes of 2 tokens at full rows `[0, 1]` and
+    `[2, 3]`, `prev_positions [1, -1]`, sampled `[[7], [9]]`, drafts
+    `[[70], [90]]`: ids `[a, b, c, d] -> [9, 90, c, d]`.
 
     Args:
-        input_ids_full: ``[F_b]`` (``FullInputs.input_ids``).
-        prev_sampled_token_ids: ``[prev_reqs, >= 1]``.
-        draft_token_ids: ``[prev_reqs, k]`` the previous step's drafts
-            (``k = num_spec_tokens``), or ``None`` (sampled tokens only).
-        prev_positions: ``[R_b]`` each request's row in the previous step, or -1.
+        input_ids_full: `[F_b]` (`FullInputs.input_ids`).
+        prev_sampled_token_ids: `[prev_reqs, >= 1]`.
+        draft_token_ids: `[prev_reqs, k]` the previous step's drafts
+            (`k = num_spec_tokens`), or `None` (sampled tokens only).
+        prev_positions: `[R_b]` each request's row in the previous step, or -1.
 
-    Returns ``[F_b]`` repaired ids (the input is not modified). Indices into
+    Returns `[F_b]` repaired ids (the input is not modified). Indices into
     the previous step's tensors are clamped in range. A request with no
     scheduled token is never written (vllm-ascend would write into the
     previous request's last token).
@@ -284,7 +285,8 @@ def repair_full_input_ids(
 
 
 def check_previous_tokens(config: PCPConfig, prev_sampled_token_ids: object, draft_token_ids: object) -> None:
-    """The previous step's tokens :func:`repair_full_input_ids` reads have the shapes it needs."""
+    """The previous step's tokens [`repair_full_input_ids`][pcp_fn.repair_full_input_ids] reads have
+    the shapes it needs."""
     k = config.num_spec_tokens
     if not isinstance(prev_sampled_token_ids, torch.Tensor) or prev_sampled_token_ids.dim() != 2:
         raise ValueError(
@@ -316,11 +318,12 @@ def repaired_ids(
     draft_token_ids: torch.Tensor | None,
     prev_positions: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`repair_full_input_ids` (inputs checked) on the state's :class:`StateView`.
+    """[`repair_full_input_ids`][pcp_fn.repair_full_input_ids] (inputs checked) on the state's
+    [`StateView`][pcp_fn.spec.inputs.StateView].
 
-    One ``[R_b, 1 + k]`` grid of writes: column ``c`` of request ``i`` writes full row
-    ``sample[i] + c`` (the sampled token, then its drafts), kept when the request is carried
-    over and ``c <= drafts[i]``; the rest go to a trash row past the end.
+    One `[R_b, 1 + k]` grid of writes: column `c` of request `i` writes full row
+    `sample[i] + c` (the sampled token, then its drafts), kept when the request is carried
+    over and `c <= drafts[i]`; the rest go to a trash row past the end.
     """
     cfg, Rb = state.config, state.bucket.num_reqs
     F_rows = token_rows(cfg, state.bucket)
@@ -351,15 +354,15 @@ def repaired_ids(
 
 @pytree_dataclass
 class RebuiltPositions:
-    """Positions recomputed from corrected ``num_computed_tokens`` (async spec decode).
+    """Positions recomputed from corrected `num_computed_tokens` (async spec decode).
 
-    Fields:
-        positions: ``[L_b]`` int64 this rank's local absolute positions (0 on padding rows).
-        positions_full: ``[F_b]`` int64 scheduler-order absolute positions.
-        query_start_loc_full: ``[R_b + 1]`` int32 scheduler-order query starts
-            (what vllm-ascend hands the block table with ``positions_full``).
-        mtp: the :class:`MTPLayout` at the corrected positions, or ``None``
-            when ``num_spec_tokens < 2``.
+    Attributes:
+        positions: `[L_b]` int64 this rank's local absolute positions (0 on padding rows).
+        positions_full: `[F_b]` int64 scheduler-order absolute positions.
+        query_start_loc_full: `[R_b + 1]` int32 scheduler-order query starts
+            (what vllm-ascend hands the block table with `positions_full`).
+        mtp: the [`MTPLayout`][pcp_fn.spec.MTPLayout] at the corrected positions, or `None`
+            when `num_spec_tokens < 2`.
     """
 
     positions: torch.Tensor
@@ -374,20 +377,20 @@ def rebuild_spec_positions(
     *,
     slot_fn: SlotFn | None = None,
 ) -> tuple[PCPState, RebuiltPositions]:
-    """Local, full and MTP positions from the corrected ``num_computed_tokens``.
+    """Local, full and MTP positions from the corrected `num_computed_tokens`.
 
-    The device branch of vllm-ascend's ``rebuild_async_spec_decode_inputs``
-    (decode-only batches): ``positions = num_computed[request] + offset`` for
+    The device branch of vllm-ascend's `rebuild_async_spec_decode_inputs`
+    (decode-only batches): `positions = num_computed[request] + offset` for
     this rank's local rows (offsets from the PCP split, the layout's:
-    DualChunkSwap or linear; at ``P = 1`` the query positions), the same for
-    every scheduler-order token, and the MTP rows (``num_scheduled + k - 1``
-    per request) with their slots. ``P = 2``, decodes of 2 tokens, corrected
-    computed ``[10, 4]``: positions ``[10, 11, 4, 5]`` (local and full alike:
+    DualChunkSwap or linear; at `P = 1` the query positions), the same for
+    every scheduler-order token, and the MTP rows (`num_scheduled + k - 1`
+    per request) with their slots. `P = 2`, decodes of 2 tokens, corrected
+    computed `[10, 4]`: positions `[10, 11, 4, 5]` (local and full alike:
     decodes are not split).
 
     Args:
-        num_computed_tokens: ``[R_b]`` corrected counts (device).
-        slot_fn: as for :func:`full_input_ids`.
+        num_computed_tokens: `[R_b]` corrected counts (device).
+        slot_fn: as for [`full_input_ids`][pcp_fn.full_input_ids].
     """
     cfg, bucket = state.config, state.bucket
     check_rows(

@@ -1,4 +1,4 @@
-"""Which rows are sampled in a spec-decode step (the runner's ``_calc_spec_decode_metadata``)."""
+"""Which rows are sampled in a spec-decode step (the runner's `_calc_spec_decode_metadata`)."""
 
 from __future__ import annotations
 
@@ -14,31 +14,31 @@ from .inputs import StateView, check_rows, draft_rows, sampled_rows, state_view
 
 @pytree_dataclass
 class SpecDecodeIndices:
-    """Sampling indices of a spec-decode step (``S_b``, ``D_b``: see :mod:`pcp_fn.spec.inputs`).
+    """Sampling indices of a spec-decode step (`S_b`, `D_b`: see [`pcp_fn.spec.inputs`][]).
 
     Fields (indices int64, cumulative counts int32; rows past the real ones 0
     unless said otherwise):
-        logits_indices: ``[S_b]`` rows of the restored hidden states
-            (``restore_hidden_states``: the padded order, or the FA order under
+        logits_indices: `[S_b]` rows of the restored hidden states
+            (`restore_hidden_states`: the padded order, or the FA order under
             hybrid attention) to take logits from: each request's last
-            ``drafts + 1`` real tokens (rank 0's copy for a decode). The
-            runner's ``spec_decode_metadata.logits_indices`` (PCP-adjusted when
-            ``P > 1``).
-        local_logits_indices: ``[S_b]`` the same tokens as rows of this
+            `drafts + 1` real tokens (rank 0's copy for a decode). The
+            runner's `spec_decode_metadata.logits_indices` (PCP-adjusted when
+            `P > 1`).
+        local_logits_indices: `[S_b]` the same tokens as rows of this
             rank's local buffer (the runner's logits indices before the PCP
-            adjustment, used to read ``draft_token_ids``).
-        target_logits_indices: ``[D_b]`` entry of ``logits_indices`` holding
+            adjustment, used to read `draft_token_ids`).
+        target_logits_indices: `[D_b]` entry of `logits_indices` holding
             the target logits of each draft token.
-        bonus_logits_indices: ``[R_b]`` entry of ``logits_indices`` of each
-            request's bonus token (``cu_num_sampled_tokens - 1``).
-        cu_num_draft_tokens: ``[R_b]`` inclusive cumsum of the draft counts
-            (past ``num_reqs``: the total).
-        cu_num_sampled_tokens: ``[R_b]`` inclusive cumsum of ``drafts + 1``
-            (past ``num_reqs``: the total).
-        draft_token_ids: ``[D_b]`` the draft tokens, read from the local input ids.
-        num_draft_tokens: ``[R_b]`` int32, the draft counts (0 past ``num_reqs``).
-        num_sampled: 0-d int64, real rows of ``logits_indices``.
-        num_drafts: 0-d int64, real rows of ``target_logits_indices`` / ``draft_token_ids``.
+        bonus_logits_indices: `[R_b]` entry of `logits_indices` of each
+            request's bonus token (`cu_num_sampled_tokens - 1`).
+        cu_num_draft_tokens: `[R_b]` inclusive cumsum of the draft counts
+            (past `num_reqs`: the total).
+        cu_num_sampled_tokens: `[R_b]` inclusive cumsum of `drafts + 1`
+            (past `num_reqs`: the total).
+        draft_token_ids: `[D_b]` the draft tokens, read from the local input ids.
+        num_draft_tokens: `[R_b]` int32, the draft counts (0 past `num_reqs`).
+        num_sampled: 0-d int64, real rows of `logits_indices`.
+        num_drafts: 0-d int64, real rows of `target_logits_indices` / `draft_token_ids`.
     """
 
     logits_indices: torch.Tensor
@@ -58,37 +58,37 @@ def spec_decode_indices(
 ) -> tuple[PCPState, SpecDecodeIndices]:
     """Logits / target / bonus indices and draft token ids of a spec-decode step.
 
-    The runner's ``_calc_spec_decode_metadata(num_draft_tokens,
-    cu_num_scheduled_tokens, num_pcp_pads)``: request ``i`` samples its last
-    ``s_i = drafts_i + 1`` tokens. In this rank's local order (the runner's
-    ``cu_num_scheduled_tokens`` is the cumsum of the local ``pcp_tokens``) they
-    end at ``local_start[i+1]``; in the restored order at the PCP-adjusted
-    cumulative count, which the layout gives (:func:`pcp_fn.layout_of`
-    ``.restored_spans``: ``start + n``): ``cu * P - num_pcp_pads`` in the
-    DualChunkSwap padded order, vllm-ascend ``adjust_cu_num_scheduled_tokens_for_pcp``
-    in the hybrid FA order. Example, the runner's comment (``P = 1``,
-    ``cu_num_scheduled_tokens [4, 104, 107, 207, 209]``, drafts ``[3, 0, 2, 0, 1]``)::
+    The runner's `_calc_spec_decode_metadata(num_draft_tokens,
+    cu_num_scheduled_tokens, num_pcp_pads)`: request `i` samples its last
+    `s_i = drafts_i + 1` tokens. In this rank's local order (the runner's
+    `cu_num_scheduled_tokens` is the cumsum of the local `pcp_tokens`) they
+    end at `local_start[i+1]`; in the restored order at the PCP-adjusted
+    cumulative count, which the layout gives ([`pcp_fn.layout_of`][]
+    `.restored_spans`: `start + n`): `cu * P - num_pcp_pads` in the
+    DualChunkSwap padded order, vllm-ascend `adjust_cu_num_scheduled_tokens_for_pcp`
+    in the hybrid FA order. Example, the runner's comment (`P = 1`,
+    `cu_num_scheduled_tokens [4, 104, 107, 207, 209]`, drafts `[3, 0, 2, 0, 1]`):
 
         logits_indices         [0, 1, 2, 3, 103, 104, 105, 106, 206, 207, 208]
         target_logits_indices  [0, 1, 2, 5, 6, 9]
         bonus_logits_indices   [3, 4, 7, 8, 10]
         cu_num_draft_tokens    [3, 3, 5, 5, 6]
 
-    With ``P = 2`` (request 0 a decode, the rest prefills) the same batch
-    gives ``logits_indices [0, 1, 2, 3, 107, 108, 109, 110, 211, 212, 213]``.
-    Hybrid attention, ``P = 2``, one spec token: fresh prefills ``[3, 5]``
-    give ``[2, 7]``; decodes ``[2, 2]`` (one draft each) then a prefill of 7
-    give ``[0, 1, 2, 3, 14]``.
+    With `P = 2` (request 0 a decode, the rest prefills) the same batch
+    gives `logits_indices [0, 1, 2, 3, 107, 108, 109, 110, 211, 212, 213]`.
+    Hybrid attention, `P = 2`, one spec token: fresh prefills `[3, 5]`
+    give `[2, 7]`; decodes `[2, 2]` (one draft each) then a prefill of 7
+    give `[0, 1, 2, 3, 14]`.
 
     Args:
-        state: after :func:`pcp_fn.update_tokens` (or ``step``) of the batch;
+        state: after [`pcp_fn.update_tokens`][pcp_fn.update_tokens.update_tokens] (or `step`) of the batch;
             the outputs have its bucket's sizes.
-        num_draft_tokens: ``[R_b]`` draft counts (:class:`SpecInputs`, validated
-            by :func:`make_spec_batch`).
-        input_ids: ``[L_b]`` this rank's local input ids.
+        num_draft_tokens: `[R_b]` draft counts ([`SpecInputs`][pcp_fn.SpecInputs], validated
+            by [`make_spec_batch`][pcp_fn.make_spec_batch]).
+        input_ids: `[L_b]` this rank's local input ids.
 
     A request with no scheduled token is not sampled by a real runner; where
-    vllm-ascend's index would be ``-1`` (first request empty) it is 0 here.
+    vllm-ascend's index would be `-1` (first request empty) it is 0 here.
     """
     Rb, Lb = state.bucket.num_reqs, state.bucket.num_tokens
     check_rows("num_draft_tokens", num_draft_tokens, Rb, "R_b, one per request row")
@@ -103,15 +103,16 @@ def sampling_indices(
     input_ids: torch.Tensor,
     local_start: torch.Tensor | None = None,
 ) -> SpecDecodeIndices:
-    """:func:`spec_decode_indices` (inputs checked) on the state's :class:`StateView`;
-    ``local_start``: the layout's ``state_local_start`` when the caller has it (``spec_step``).
+    """[`spec_decode_indices`][pcp_fn.spec_decode_indices] (inputs checked) on the state's
+    [`StateView`][pcp_fn.spec.inputs.StateView]; `local_start`: the layout's `state_local_start`
+    when the caller has it (`spec_step`).
 
-    Both index sets are runs per request: request ``i``'s sampled slots ``cu_s[i] - s_i + j``
-    (``j < s_i``) hold ``end[i] - s_i + j`` for ``end`` its local or restored end, i.e.
-    ``slot + (end - cu_s)[i]``; its draft slots ``cu_d[i] - d_i + j`` target sampled slot
-    ``cu_s[i] - s_i + j = slot + i`` and read local row ``local_end[i] - d_i + j``. So one
+    Both index sets are runs per request: request `i`'s sampled slots `cu_s[i] - s_i + j`
+    (`j < s_i`) hold `end[i] - s_i + j` for `end` its local or restored end, i.e.
+    `slot + (end - cu_s)[i]`; its draft slots `cu_d[i] - d_i + j` target sampled slot
+    `cu_s[i] - s_i + j = slot + i` and read local row `local_end[i] - d_i + j`. So one
     scan gives both cumulative counts, and one search over both slot sets (sampled slots
-    ``[0, S_b)``, draft slots from ``S_b``) paints every index from one ``[2, 2 R_b + 2]``
+    `[0, S_b)`, draft slots from `S_b`) paints every index from one `[2, 2 R_b + 2]`
     table; a run's pad column (past the real slots of each set) paints values that clamp to 0.
     """
     cfg, bucket = state.config, state.bucket

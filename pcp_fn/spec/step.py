@@ -1,4 +1,4 @@
-"""``spec_step``: a decode step with speculative tokens as one pure function (one graph per bucket).
+"""`spec_step`: a decode step with speculative tokens as one pure function (one graph per bucket).
 
     batch, spec = make_spec_batch(cfg, sched, computed, prompt, num_draft_tokens,
                                   token_ids=table, slot_mapping=slots)
@@ -6,13 +6,13 @@
     # forward on out.input_ids / out.step.positions / out.step.slot_mapping,
     # restore, sample at out.indices.logits_indices; the drafter reads out.full.
 
-It is :func:`pcp_fn.step` (left as it is) plus everything the spec-decode
+It is [`pcp_fn.step`][pcp_fn.step.step] (left as it is) plus everything the spec-decode
 path prepares before the forward: the scheduler-order ids and positions
 (repaired with the previous step's tokens under async scheduling), this rank's
 local input ids, the spec-decode sampling indices and the MTP attention mask.
-Every output shape derives from ``(config, batch.bucket)`` and the token
-table's static shape. Like ``step`` it is an entry op
-(:mod:`pcp_fn.core.entry`): of the incoming state it reads only the config and
+Every output shape derives from `(config, batch.bucket)` and the token
+table's static shape. Like `step` it is an entry op
+([`pcp_fn.core.entry`][]): of the incoming state it reads only the config and
 the entry fields, so a state from any step replays the graph of any bucket.
 """
 
@@ -42,10 +42,10 @@ from .mtp import MTPAttentionMask, attention_mask
 class PrevStep:
     """The previous step's device outputs that async scheduling feeds back.
 
-    Fields:
-        sampled_token_ids: ``[prev_reqs, >= 1]`` sampled tokens (column 0 read).
-        draft_token_ids: ``[prev_reqs, k]`` draft tokens, or ``None``.
-        positions: ``[R_b]`` each request's row in the previous step, -1 if new.
+    Attributes:
+        sampled_token_ids: `[prev_reqs, >= 1]` sampled tokens (column 0 read).
+        draft_token_ids: `[prev_reqs, k]` draft tokens, or `None`.
+        positions: `[R_b]` each request's row in the previous step, -1 if new.
     """
 
     sampled_token_ids: torch.Tensor
@@ -57,15 +57,15 @@ class PrevStep:
 class SpecStepOutputs:
     """Everything a rank needs for the forward of a spec-decode step.
 
-    Fields:
-        step: :class:`pcp_fn.StepOutputs` (layout, positions, slot mapping; its
-            ``logits_indices`` are the non-spec ones, sample at
-            ``indices.logits_indices`` instead).
-        input_ids: ``[L_b]`` this rank's local input ids (0 on pad rows).
-        full: :class:`FullInputs` scheduler-order ids / positions / MTP layout.
-        indices: :class:`SpecDecodeIndices`.
-        attention_mask: :class:`MTPAttentionMask` over the token table's
-            width, or ``None`` without context parallelism (``P * dcp == 1``)
+    Attributes:
+        step: [`pcp_fn.StepOutputs`][] (layout, positions, slot mapping; its
+            `logits_indices` are the non-spec ones, sample at
+            `indices.logits_indices` instead).
+        input_ids: `[L_b]` this rank's local input ids (0 on pad rows).
+        full: [`FullInputs`][pcp_fn.spec.FullInputs] scheduler-order ids / positions / MTP layout.
+        indices: [`SpecDecodeIndices`][pcp_fn.spec.SpecDecodeIndices].
+        attention_mask: [`MTPAttentionMask`][pcp_fn.spec.MTPAttentionMask] over the token table's
+            width, or `None` without context parallelism (`P * dcp == 1`)
             or without spec tokens.
     """
 
@@ -77,7 +77,8 @@ class SpecStepOutputs:
 
 
 def _check_token_table(spec: SpecInputs, token_ids: torch.Tensor) -> None:
-    """``token_ids`` is at least as large as the table :func:`make_spec_batch` checked the batch against."""
+    """`token_ids` is at least as large as the table [`make_spec_batch`][pcp_fn.make_spec_batch]
+    checked the batch against."""
     if not isinstance(token_ids, torch.Tensor):
         raise TypeError(f"token_ids must be a tensor, got {type(token_ids).__name__}")
     if spec.token_ids_shape is None:
@@ -110,20 +111,23 @@ def spec_step(
     Args:
         state: any state of the batch's config (only its config and entry
             fields are read).
-        batch, spec: from :func:`make_spec_batch` (one bucket: the outputs' sizes).
-        token_ids: ``[rows, max_model_len]`` the request token table; at least
-            as large as the one given to ``make_spec_batch(..., token_ids=...)``
-            (a narrower table is a ``ValueError``, never a truncated read).
-        prev: the previous step's tokens (async scheduling), or ``None``.
-        slot_mapping: ``[F_b]`` KV slots in scheduler order, padded to the
-            bucket; default ``batch.slot_mapping`` (``make_spec_batch(...,
-            slot_mapping=...)``), as for :func:`pcp_fn.step`.
-        slot_fn: maps MTP rows to KV slots (see :func:`full_input_ids`).
+        batch: the [`SchedulerBatch`][pcp_fn.SchedulerBatch] from
+            [`make_spec_batch`][pcp_fn.make_spec_batch] (its bucket: the outputs' sizes).
+        spec: the [`SpecInputs`][pcp_fn.SpecInputs] from the same
+            [`make_spec_batch`][pcp_fn.make_spec_batch] call.
+        token_ids: `[rows, max_model_len]` the request token table; at least
+            as large as the one given to `make_spec_batch(..., token_ids=...)`
+            (a narrower table is a `ValueError`, never a truncated read).
+        prev: the previous step's tokens (async scheduling), or `None`.
+        slot_mapping: `[F_b]` KV slots in scheduler order, padded to the
+            bucket; default `batch.slot_mapping` (`make_spec_batch(...,
+            slot_mapping=...)`), as for [`pcp_fn.step`][pcp_fn.step.step].
+        slot_fn: maps MTP rows to KV slots (see [`full_input_ids`][pcp_fn.full_input_ids]).
 
-    ``P = 2``, one spec token, two decodes of 2 tokens (one draft each):
-    ``indices.logits_indices [0, 1, 4, 5]``, ``input_ids`` the two requests'
-    tokens, ``full.query_start_loc [0, 2, 4]`` (hybrid attention:
-    ``logits_indices [0, 1, 2, 3]``, rank 0's rows of the FA order).
+    `P = 2`, one spec token, two decodes of 2 tokens (one draft each):
+    `indices.logits_indices [0, 1, 4, 5]`, `input_ids` the two requests'
+    tokens, `full.query_start_loc [0, 2, 4]` (hybrid attention:
+    `logits_indices [0, 1, 2, 3]`, rank 0's rows of the FA order).
     """
     check_batch(state, batch)
     if not isinstance(spec, SpecInputs):

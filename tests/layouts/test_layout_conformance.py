@@ -262,9 +262,7 @@ def test_a_rank_past_its_bound_fails_capacity_with_its_rows_and_the_two_ways_out
     rows = r"rank 0 holds 8 rows, expected at most 6 .*row 6: \[0, 9\]; row 7: \[0, 10\]\. "
     hint = r"num_local_tokens\(config, num_scheduled, num_decodes, num_computed\) is the host bound"
     with pytest.raises(LayoutCheckError, match=f"breaks capacity .*{rows}{hint}"):
-        testing.check_batch_exact(
-            cfg, testing.Batch((11,), (0,), (11,)), fresh=pcp_fn.protocol.fresh_state
-        )
+        testing.check_batch_exact(cfg, testing.Batch((11,), (0,), (11,)), fresh=pcp_fn.protocol.fresh_state)
 
 
 def test_check_layout_runs_its_rules_on_the_batch_init_state_refused():

@@ -1,35 +1,37 @@
-"""vLLM drop-in: ``FunctionalPCPManager`` and the ``vllm.general_plugins`` entry point.
+"""vLLM drop-in: `FunctionalPCPManager` and the `vllm.general_plugins` entry point.
 
     PCP_FN_PCP_MANAGER=1 vllm serve ... --prefill-context-parallel-size 4
 
-With the package installed, vLLM calls :func:`register` in every process
-(entry point ``pcp_fn = "pcp_fn.adapters.vllm:register"`` in the
-``vllm.general_plugins`` group); with ``PCP_FN_PCP_MANAGER=1`` it makes the GPU
-model runner V2 (``GPUModelRunner.pcp_manager_cls``, read by
-``maybe_build_pcp_manager``) build :data:`FunctionalPCPManager`.
+With the package installed, vLLM calls [`register`][pcp_fn.adapters.vllm.register] in every process
+(entry point `pcp_fn = "pcp_fn.adapters.vllm:register"` in the
+`vllm.general_plugins` group); with `PCP_FN_PCP_MANAGER=1` it makes the GPU
+model runner V2 (`GPUModelRunner.pcp_manager_cls`, read by
+`maybe_build_pcp_manager`) build [`FunctionalPCPManager`][pcp_fn.adapters.vllm.FunctionalPCPManager].
 
 The package, one module per concept:
 
-- :mod:`~pcp_fn.adapters.vllm.bookkeeper`: :class:`MRV2Bookkeeper`, the step work with
-  vLLM's method names and no vLLM import (the engine's names in its constructor);
-- :mod:`~pcp_fn.adapters.vllm.graphs`: :class:`StepGraphs`, the only module that calls
-  ``pcp_fn`` (the host twin, the captured ``mrv2`` graph per bucket, the restores);
-- :mod:`~pcp_fn.adapters.vllm.manager`: the thin class over vLLM's ``PCPManager``;
-- :mod:`~pcp_fn.adapters.vllm.contract`: what differs between vLLM 0.32, 0.33 and 0.34;
-- :mod:`~pcp_fn.adapters.vllm.engine_types`: the vLLM objects the adapters read, as protocols
-  (``InputBatch``, ``BlockTables``, ``BatchExecutionDescriptor``, ...);
-- :mod:`~pcp_fn.adapters.vllm.installed`: the class over the installed vLLM (imports vLLM).
+- [`bookkeeper`][pcp_fn.adapters.vllm.bookkeeper]:
+  [`MRV2Bookkeeper`][pcp_fn.adapters.vllm.MRV2Bookkeeper], the step work with vLLM's method names
+  and no vLLM import (the engine's names in its constructor);
+- [`graphs`][pcp_fn.adapters.vllm.graphs]: [`StepGraphs`][pcp_fn.adapters.vllm.StepGraphs], the only
+  module that calls `pcp_fn` (the host twin, the captured `mrv2` graph per bucket, the restores);
+- [`manager`][pcp_fn.adapters.vllm.manager]: the thin class over vLLM's `PCPManager`;
+- [`contract`][pcp_fn.adapters.vllm.contract]: what differs between vLLM 0.32, 0.33 and 0.34;
+- [`engine_types`][pcp_fn.adapters.vllm.engine_types]: the vLLM objects the adapters read, as protocols
+  (`InputBatch`, `BlockTables`, `BatchExecutionDescriptor`, ...);
+- [`installed`][pcp_fn.adapters.vllm.installed]: the class over the installed vLLM (imports vLLM).
 
-- :mod:`~pcp_fn.adapters.vllm.inputs`: the checks of what vLLM hands it (constructor arguments,
+- [`inputs`][pcp_fn.adapters.vllm.inputs]: the checks of what vLLM hands it (constructor arguments,
   block tables, descriptors, the batch's tensors, restore and draft inputs).
 
-Importing this package imports no vLLM: ``FunctionalPCPManager``, ``VLLM_API``,
-``VLLM_VERSION`` and ``UNSUPPORTED`` import it on first access, and :func:`register`
-only with the flag set. A vLLM outside the supported series is refused by :func:`register`
-(with the flag) and by ``FunctionalPCPManager``, naming the installed and supported versions;
-so is one whose ``PCPManager`` public methods or ``maybe_build_pcp_manager`` are not its
-release's (a build of vLLM main: the contract canary, naming each difference), unless
-``PCP_FN_ALLOW_UNKNOWN_VLLM=1`` (:data:`ALLOW_UNKNOWN_ENV`) makes that a logged warning.
+Importing this package imports no vLLM: `FunctionalPCPManager`, `VLLM_API`,
+`VLLM_VERSION` and `UNSUPPORTED` import it on first access, and [`register`][pcp_fn.adapters.vllm.register]
+only with the flag set. A vLLM outside the supported series is refused by
+[`register`][pcp_fn.adapters.vllm.register] (with the flag) and by `FunctionalPCPManager`, naming
+the installed and supported versions; so is one whose `PCPManager` public methods or
+`maybe_build_pcp_manager` are not its release's (a build of vLLM main: the contract canary, naming
+each difference), unless `PCP_FN_ALLOW_UNKNOWN_VLLM=1`
+([`ALLOW_UNKNOWN_ENV`][pcp_fn.adapters.vllm.ALLOW_UNKNOWN_ENV]) makes that a logged warning.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from .graphs import StepGraphs
 from .manager import FunctionalPCPManagerMixin, VllmApi, make_functional_manager
 
 ENV_FLAG = "PCP_FN_PCP_MANAGER"
+"""Set to `1` for [`register`][pcp_fn.adapters.vllm.register] to switch vLLM's GPU model runner (V2)
+to [`FunctionalPCPManager`][pcp_fn.adapters.vllm.FunctionalPCPManager]."""
 
 _INSTALLED = ("FunctionalPCPManager", "VLLM_API", "VLLM_VERSION", "UNSUPPORTED")
 
@@ -81,13 +85,14 @@ _PCP_MANAGER_CLS = property(_manager_cls, doc="pcp_fn's FunctionalPCPManager (pc
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: with ``PCP_FN_PCP_MANAGER=1``, make vLLM's GPU model
-    runner (V2) build :data:`FunctionalPCPManager`. Idempotent; a no-op without the flag.
+    """`vllm.general_plugins` entry point: with `PCP_FN_PCP_MANAGER=1`, make vLLM's GPU model
+    runner (V2) build [`FunctionalPCPManager`][pcp_fn.adapters.vllm.FunctionalPCPManager].
+    Idempotent; a no-op without the flag.
 
     Raises:
         RuntimeError: (with the flag) the installed vLLM is refused: an unsupported series, or a
-            ``PCPManager`` contract that is not its release's, each difference named
-            (``PCP_FN_ALLOW_UNKNOWN_VLLM=1``: a logged warning instead).
+            `PCPManager` contract that is not its release's, each difference named
+            (`PCP_FN_ALLOW_UNKNOWN_VLLM=1`: a logged warning instead).
     """
     if os.environ.get(ENV_FLAG, "0") != "1":
         return
@@ -102,7 +107,8 @@ def register() -> None:
 
 
 def is_registered() -> bool:
-    """Whether :func:`register` has swapped the GPU model runner's manager class."""
+    """Whether [`register`][pcp_fn.adapters.vllm.register] has swapped the GPU model runner's
+    manager class."""
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     return GPUModelRunner.__dict__.get("pcp_manager_cls") is _PCP_MANAGER_CLS

@@ -1,40 +1,41 @@
-"""The MRV2 bookkeeper: vLLM's ``PCPManager`` step work without vLLM, over one graph per bucket.
+"""The MRV2 bookkeeper: vLLM's `PCPManager` step work without vLLM, over one graph per bucket.
 
-vLLM's model runner V2 ``PCPManager`` (``vllm/v1/worker/gpu/pcp_manager.py``)
-rewrites each step's global ``InputBatch`` into this rank's DualChunkSwap rows
+vLLM's model runner V2 `PCPManager` (`vllm/v1/worker/gpu/pcp_manager.py`)
+rewrites each step's global `InputBatch` into this rank's DualChunkSwap rows
 with Python loops over requests and segments, and allocates fresh index
 tensors every step, so vLLM only captures FULL graphs for decode-only batches.
-:class:`MRV2Bookkeeper` does the same work with the same method names and
+[`MRV2Bookkeeper`][pcp_fn.adapters.vllm.MRV2Bookkeeper] does the same work with the same method names and
 results (checked in lockstep against vLLM's class), but:
 
 - host fields (request ids, query start locations, sequence-length upper
-  bounds, counts) come from the numpy twin of the layout rules, ``O(P * R)``
+  bounds, counts) come from the numpy twin of the layout rules, `O(P * R)`
   vectorised, never from reading a device tensor;
-- per-token indices come from ``pcp_fn.mrv2`` captured once per bucket
-  (:class:`pcp_fn.adapters.vllm.graphs.StepGraphs`, the only module that calls
-  ``pcp_fn``) and are copied into persistent buffers allocated once here; the
-  returned local ``InputBatch`` holds views of them, so a captured model graph
+- per-token indices come from `pcp_fn.mrv2` captured once per bucket
+  ([`pcp_fn.adapters.vllm.graphs.StepGraphs`][pcp_fn.adapters.vllm.StepGraphs], the only module that calls
+  `pcp_fn`) and are copied into persistent buffers allocated once here; the
+  returned local `InputBatch` holds views of them, so a captured model graph
   sees the same addresses every step.
 
-It imports no vLLM: the few engine names it needs (``InputBuffers``,
-``CUDAGraphMode``, ``PAD_SLOT_ID``, the PCP group, the capture sizes and the
-release's contract) come in its constructor as :class:`EngineNames`. vLLM's
-manager class is :class:`pcp_fn.adapters.vllm.manager.FunctionalPCPManagerMixin`
+It imports no vLLM: the few engine names it needs (`InputBuffers`,
+`CUDAGraphMode`, `PAD_SLOT_ID`, the PCP group, the capture sizes and the
+release's contract) come in its constructor as [`EngineNames`][pcp_fn.adapters.vllm.EngineNames]. vLLM's
+manager class is
+[`pcp_fn.adapters.vllm.manager.FunctionalPCPManagerMixin`][pcp_fn.adapters.vllm.FunctionalPCPManagerMixin]
 over vLLM's base, forwarding each public method here.
 
-Example (``P = 2``, two requests: a decode and a fresh prefill of 7 tokens;
-``shard_decode_requests=False``, so the decode is on every rank; the prefill's
-``2P = 4`` chunks ``[p0 p1 | p2 p3 | p4 p5 | p6]`` go head and tail to rank 0,
-the middle two to rank 1)::
+Example (`P = 2`, two requests: a decode and a fresh prefill of 7 tokens;
+`shard_decode_requests=False`, so the decode is on every rank; the prefill's
+`2P = 4` chunks `[p0 p1 | p2 p3 | p4 p5 | p6]` go head and tail to rank 0,
+the middle two to rank 1):
 
     num_scheduled_tokens  [1, 7]       is_prefilling_np  [F, T]
     rank 0's rows         [t0] [p0 p1] [p6]       requests [0, 1, 1]  offsets [0, 0, 6]
     rank 1's rows         [t0] [p2 p3] [p4 p5]    requests [0, 1, 1]  offsets [0, 2, 4]
     get_num_tokens_for_dispatch -> 5  (the ranks hold 4 and 5 tokens)
 
-``partition_batch`` on rank 0 then returns a local batch of three request rows,
-``num_scheduled_tokens [1, 2, 1]``, whose ``input_ids`` / ``positions`` are views
-of the persistent buffers holding ``[t0 p0 p1 p6]`` padded to the step's ``Lp``.
+`partition_batch` on rank 0 then returns a local batch of three request rows,
+`num_scheduled_tokens [1, 2, 1]`, whose `input_ids` / `positions` are views
+of the persistent buffers holding `[t0 p0 p1 p6]` padded to the step's `Lp`.
 """
 
 from __future__ import annotations
@@ -82,22 +83,22 @@ from .replace import dict_copy_ok, replace_fields
 class EngineNames:
     """The engine's names the bookkeeper uses (vLLM's, or a test stand-in's).
 
-    Fields:
-        InputBuffers: ``vllm.v1.worker.gpu.input_batch.InputBuffers`` (``(max_num_reqs,
-            max_num_tokens, device)``), or a factory with that signature.
-        CUDAGraphMode: ``vllm.config.compilation.CUDAGraphMode`` (``NONE``, ``FULL``, ...).
-        PAD_SLOT_ID: ``vllm.v1.attention.backends.utils.PAD_SLOT_ID``.
-        get_pcp_group: returns the PCP group (``all_gather(tensor, dim=0)``); called at
+    Attributes:
+        InputBuffers: `vllm.v1.worker.gpu.input_batch.InputBuffers` (`(max_num_reqs,
+            max_num_tokens, device)`), or a factory with that signature.
+        CUDAGraphMode: `vllm.config.compilation.CUDAGraphMode` (`NONE`, `FULL`, ...).
+        PAD_SLOT_ID: `vllm.v1.attention.backends.utils.PAD_SLOT_ID`.
+        get_pcp_group: returns the PCP group (`all_gather(tensor, dim=0)`); called at
             each restore, so a patched group is honoured.
         capture_sizes: the engine's CUDA-graph capture sizes, when it has them (vLLM:
-            ``compilation_config.cudagraph_capture_sizes`` of the current config), so the
+            `compilation_config.cudagraph_capture_sizes` of the current config), so the
             graph ladder pads a batch once, not twice.
         contract: what differs between the vLLM releases
-            (:func:`pcp_fn.adapters.vllm.contract.detect`); default vLLM 0.32's.
+            ([`pcp_fn.adapters.vllm.contract.detect`][pcp_fn.adapters.vllm.detect]); default vLLM 0.32's.
         compilation_config: returns the engine's compilation config, when it has one (vLLM:
-            the current config's ``compilation_config``), read at construction; its
-            ``cudagraph_mode`` (resolved later by vLLM, in place) says whether the FULL graphs
-            are mixed ones (:meth:`MRV2Bookkeeper.full_rows`).
+            the current config's `compilation_config`), read at construction; its
+            `cudagraph_mode` (resolved later by vLLM, in place) says whether the FULL graphs
+            are mixed ones ([`MRV2Bookkeeper.full_rows`][pcp_fn.adapters.vllm.MRV2Bookkeeper.full_rows]).
     """
 
     InputBuffers: InputBuffersFactory
@@ -116,7 +117,7 @@ _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
 
 
 class StepShape(NamedTuple):
-    """What a step's schedule (``num_scheduled_tokens``, ``is_prefilling_np``) and descriptor
+    """What a step's schedule (`num_scheduled_tokens`, `is_prefilling_np`) and descriptor
     decide, made once per distinct pair: the plan and device views, this rank's local rows and
     the host fields that depend on nothing else (each step's batch gets copies)."""
 
@@ -133,39 +134,54 @@ class StepShape(NamedTuple):
     decode_only: bool  # no global request is prefilling
 
 
-#: The global batch's host arrays, checked (:meth:`MRV2Bookkeeper.check`), in the staging order
-#: of :data:`pcp_fn.mrv2.packing.REQUESTS`: ``(num_scheduled, num_computed, prefill_len,
-#: is_prefilling, idx_mapping)``, each ``[num_reqs]`` (a plain tuple: it is made every step).
 GlobalArrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""The global batch's host arrays, checked
+([`MRV2Bookkeeper.check`][pcp_fn.adapters.vllm.MRV2Bookkeeper.check]), in the staging order of
+[`pcp_fn.mrv2.packing.REQUESTS`][pcp_fn.mrv2.REQUESTS]:
+`(num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping)`, each `[num_reqs]` (a plain
+tuple: it is made every step)."""
 
 
 class MRV2Bookkeeper:
     """One rank's vLLM MRV2 PCP bookkeeping: the persistent buffers, the host twin, the graphs.
 
     Args:
-        pcp_world_size, pcp_rank, device, shard_decode_requests, max_num_reqs,
-            max_num_tokens, block_tables, dcp_world_size, dcp_rank, cp_interleave,
-            moe_gathers_tokens: vLLM ``PCPManager``'s constructor arguments. Without
-            ``max_num_reqs`` or ``max_num_tokens`` nothing is allocated (like vLLM's):
-            the host methods work, the device path raises naming them.
-        engine: the engine's names (:class:`EngineNames`).
-        graph_backend: ``"auto"``, ``"aoti"``, a ``torch.compile`` backend or ``None``
-            (:func:`pcp_fn.adapters.backend.resolve_graph_backend`); every graph is made
+        pcp_world_size: `P`, the PCP group's size (this argument and the ten after it are vLLM
+            `PCPManager`'s constructor arguments).
+        pcp_rank: this rank of the PCP group.
+        device: where the persistent buffers and the graphs live.
+        shard_decode_requests: each decode on one rank, round-robin (vLLM
+            `pcp_shard_decode_requests`); otherwise decodes are replicated on every rank.
+        max_num_reqs: `R`, global requests per step. Without it or `max_num_tokens` nothing is
+            allocated (like vLLM's): the host methods work, the device path raises naming them.
+        max_num_tokens: `T`, global scheduled tokens per step (see `max_num_reqs`).
+        block_tables: vLLM's `BlockTables`, gathered into the local tables; `None`: set later
+            ([`set_block_tables`][pcp_fn.adapters.vllm.MRV2Bookkeeper.set_block_tables], vLLM
+            0.33+).
+        dcp_world_size: decode context-parallel ranks.
+        dcp_rank: this rank's decode context-parallel rank.
+        cp_interleave: the KV interleave size (the block tables' `cp_interleave` replaces it).
+        moe_gathers_tokens: the MoE all-gathers PCP tokens to route them: the local batch
+            carries the padding mask (vLLM 0.33+).
+        engine: the engine's names ([`EngineNames`][pcp_fn.adapters.vllm.EngineNames]).
+        graph_backend: `"auto"`, `"aoti"`, a `torch.compile` backend or `None`
+            ([`pcp_fn.adapters.backend.resolve_graph_backend`][]); every graph is made
             here, never at a step.
         token_buckets: the graph ladder's token sizes (default: the engine's capture sizes
-            on a device, else powers of two; :func:`pcp_fn.adapters.backend.graph_ladder`).
-        check_host_syncs: run the device part under :func:`pcp_fn.no_host_syncs`.
+            on a device, else powers of two; [`pcp_fn.adapters.backend.graph_ladder`][]).
+        check_host_syncs: run the device part under [`pcp_fn.no_host_syncs`][].
 
-    State after each step (read by the manager and its subclasses): ``last_global_batch``,
-    ``last_local_batch``, ``local_rows`` (each local row's global request), ``decode_only``
-    (the global batch had no prefill), ``draft_prefill_batch``.
+    State after each step (read by the manager and its subclasses): `last_global_batch`,
+    `last_local_batch`, `local_rows` (each local row's global request), `decode_only`
+    (the global batch had no prefill), `draft_prefill_batch`.
 
-    ``compilation_config``: the engine's compilation config (``engine.compilation_config()`` at
-    construction; ``None``: unknown), whose ``cudagraph_mode`` :meth:`full_rows` reads.
+    `compilation_config`: the engine's compilation config (`engine.compilation_config()` at
+    construction; `None`: unknown), whose `cudagraph_mode`
+    [`full_rows`][pcp_fn.adapters.vllm.MRV2Bookkeeper.full_rows] reads.
 
     Raises:
         TypeError, ValueError: a constructor argument or the block tables out of their limits
-            (:mod:`pcp_fn.adapters.vllm.inputs`), naming it, before anything is allocated.
+            ([`pcp_fn.adapters.vllm.inputs`][]), naming it, before anything is allocated.
     """
 
     def __init__(
@@ -236,7 +252,7 @@ class MRV2Bookkeeper:
             self._build_graphs()
 
     def _init_cache(self) -> None:
-        """What a repeated schedule reuses (:mod:`pcp_fn.adapters.schedule_cache`): the twin's
+        """What a repeated schedule reuses ([`pcp_fn.adapters.schedule_cache`][]): the twin's
         segments, descriptor ids, shapes and views here, the plans and views of the graphs;
         cleared when the block tables or the layout rules change."""
         self.schedule_cache = ScheduleCache()
@@ -250,7 +266,7 @@ class MRV2Bookkeeper:
 
     def _allocate(self) -> None:
         """The persistent local buffers: a request puts at most a head and a tail segment on a
-        rank, so ``2R`` local rows."""
+        rank, so `2R` local rows."""
         P, R2, T, dev = self.pcp_world_size, 2 * self.max_num_reqs, self.max_num_tokens, self.device
         self.input_buffers = self.engine.InputBuffers(R2, T, dev)
         self.idx_mapping = torch.zeros(R2, dtype=torch.int64, device=dev)
@@ -276,8 +292,8 @@ class MRV2Bookkeeper:
         return HostSegments(self.pcp_world_size, self.pcp_rank, **self._layout_rules())
 
     def _allocate_block_tables(self, block_tables: BlockTables | None) -> None:
-        """The local block tables ``[2R, width]`` per KV-cache group and the slot-mapping
-        buffers for ``block_tables`` (none without them)."""
+        """The local block tables `[2R, width]` per KV-cache group and the slot-mapping
+        buffers for `block_tables` (none without them)."""
         P, R2, T, dev = self.pcp_world_size, 2 * self.max_num_reqs, self.max_num_tokens, self.device
         self.block_tables = block_tables
         self.local_block_tables = self.local_block_table_ptrs = None
@@ -342,8 +358,8 @@ class MRV2Bookkeeper:
         self.moe_mask.fill_(True)
 
     def _ladder_tokens(self, backend: str | None) -> Sequence[int] | None:
-        """The ladder's token sizes: ``token_buckets``, else (device graphs) the engine's capture
-        sizes up to ``T`` then powers of two (vLLM pads ``Lp`` to a capture size: a rung of that
+        """The ladder's token sizes: `token_buckets`, else (device graphs) the engine's capture
+        sizes up to `T` then powers of two (vLLM pads `Lp` to a capture size: a rung of that
         size replays it without a second padding), else the default."""
         if self.token_buckets is not None:
             return self.token_buckets
@@ -352,9 +368,9 @@ class MRV2Bookkeeper:
         return capture_ladder(self.engine.capture_sizes(), self.max_num_tokens)
 
     def set_block_tables(self, block_tables: BlockTables | None) -> None:
-        """vLLM 0.33+'s ``set_block_tables``: new local block tables and slot-mapping buffers
+        """vLLM 0.33+'s `set_block_tables`: new local block tables and slot-mapping buffers
         (the persistent addresses a captured model graph sees from then on), and the block
-        tables' ``cp_interleave`` (a different one rebuilds the graphs)."""
+        tables' `cp_interleave` (a different one rebuilds the graphs)."""
         check_block_tables(block_tables, self.resolved_device)
         interleave = self.cp_interleave if block_tables is None else block_tables.cp_interleave
         if self.graphs is None:  # no capacities: nothing allocated, like vLLM's
@@ -371,27 +387,27 @@ class MRV2Bookkeeper:
             self.graphs.set_slot_mappings(self.global_slot_mappings, self.gathered_slot_mappings)
 
     def full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
-        """The local request rows of the FULL graph of ``num_tokens`` tokens that vLLM sizes for
-        ``num_reqs`` requests with queries up to ``max_query_len`` tokens.
+        """The local request rows of the FULL graph of `num_tokens` tokens that vLLM sizes for
+        `num_reqs` requests with queries up to `max_query_len` tokens.
 
-        vLLM's mixed FULL graphs (``CudaGraphManager._init_candidates``) hold
-        ``min(num_tokens, max_num_seqs)`` requests, and its dispatcher checks the *global*
+        vLLM's mixed FULL graphs (`CudaGraphManager._init_candidates`) hold
+        `min(num_tokens, max_num_seqs)` requests, and its dispatcher checks the *global*
         request count; a split prefill puts a head and a tail row on a rank, so a rank of such
-        a graph can hold up to ``min(num_tokens, 2 * max_num_seqs)`` rows (each row has a
-        token). A mixed graph (vLLM's capture promises it ``max_query_len = num_tokens``, and
-        its descriptor has no query bound) whose request count is capped at ``max_num_seqs``
+        a graph can hold up to `min(num_tokens, 2 * max_num_seqs)` rows (each row has a
+        token). A mixed graph (vLLM's capture promises it `max_query_len = num_tokens`, and
+        its descriptor has no query bound) whose request count is capped at `max_num_seqs`
         gets those rows. Decode graphs keep vLLM's count: their descriptor's
-        ``uniform_token_count`` / ``max_query_len`` bounds the queries, and vLLM's runner
+        `uniform_token_count` / `max_query_len` bounds the queries, and vLLM's runner
         hands them decode-only batches (one row per request); so do graphs below the cap.
 
-        A decode graph's bound can equal its tokens (``max_num_seqs`` below the decode query
+        A decode graph's bound can equal its tokens (`max_num_seqs` below the decode query
         length: 3 requests of 1 + 3 speculative tokens, a 4-token graph), which the capture
-        batch alone does not tell from a mixed graph: the engine's ``cudagraph_mode``
-        (:attr:`compilation_config`) does. Mixed FULL graphs exist only under ``FULL``; under
-        a separate decode routine every FULL graph is a decode graph. Without a known mode
-        such a graph is sized as a mixed one, at capture and replay alike (they call this with
-        the same arguments). A subclass for an engine that sizes its own graphs' rows returns
-        ``num_reqs``.
+        batch alone does not tell from a mixed graph: the engine's `cudagraph_mode`
+        ([`compilation_config`][pcp_fn.adapters.vllm.MRV2Bookkeeper]) does. Mixed FULL graphs exist
+        only under `FULL`; under a separate decode routine every FULL graph is a decode graph.
+        Without a known mode such a graph is sized as a mixed one, at capture and replay alike (they
+        call this with the same arguments). A subclass for an engine that sizes its own graphs' rows
+        returns `num_reqs`.
         """
         R = self.max_num_reqs
         if max_query_len != num_tokens or not num_reqs == R < num_tokens:
@@ -402,7 +418,7 @@ class MRV2Bookkeeper:
         return min(num_tokens, 2 * R)
 
     def require(self, what: str) -> StepGraphs:
-        """The graphs, or a ``RuntimeError`` naming ``what`` needs the capacities (vLLM's
+        """The graphs, or a `RuntimeError` naming `what` needs the capacities (vLLM's
         manager asserts its buffers there too)."""
         if self.graphs is None:
             raise RuntimeError(
@@ -412,7 +428,7 @@ class MRV2Bookkeeper:
         return self.graphs
 
     def guard(self) -> Any:
-        """The host-sync guard for device work on the persistent buffers (``check_host_syncs``)."""
+        """The host-sync guard for device work on the persistent buffers (`check_host_syncs`)."""
         return self.require("guard").guard()
 
     @property
@@ -422,23 +438,23 @@ class MRV2Bookkeeper:
 
     @property
     def layout_tokens(self) -> int:
-        """``Lp``: the local token rows of the last partitioned batch's layout."""
+        """`Lp`: the local token rows of the last partitioned batch's layout."""
         return self.require("layout_tokens").current_plan().Lp
 
     @property
     def graph_stats(self) -> GraphStats:
-        """The graphs' :class:`pcp_fn.adapters.backend.GraphStats` (empty without capacities)."""
+        """The graphs' [`pcp_fn.adapters.backend.GraphStats`][] (empty without capacities)."""
         return GraphStats() if self.graphs is None else self.graphs.stats
 
     @property
     def global_batch(self) -> InputBatch:
-        """The global ``InputBatch`` of the last ``partition_batch``."""
+        """The global `InputBatch` of the last `partition_batch`."""
         if self.last_global_batch is None:
             raise RuntimeError("global_batch: no batch was partitioned yet")
         return self.last_global_batch
 
     def persistent_buffers(self) -> dict[str, torch.Tensor]:
-        """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
+        """Every persistent device buffer by name (their `data_ptr()`s never change)."""
         self.require("persistent_buffers")
         ib = self.input_buffers
         named = {
@@ -474,7 +490,7 @@ class MRV2Bookkeeper:
     def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> tuple[Any, int]:
         """The host twin's segments of a schedule (every rank's counts, this rank's rows) and
         the largest rank's token count, remembered: vLLM's runner asks
-        ``get_num_tokens_for_dispatch`` and then ``partition_batch`` of the same schedule, and
+        `get_num_tokens_for_dispatch` and then `partition_batch` of the same schedule, and
         a busy server's decode steps repeat theirs. The cached arrays are only read."""
         key = (num_scheduled.dtype, is_prefilling.dtype, num_scheduled.tobytes(), is_prefilling.tobytes())
         found = self._segments_of.get(key)
@@ -493,15 +509,15 @@ class MRV2Bookkeeper:
         return found
 
     def partition_batch(self, input_batch: InputBatch, batch_desc: BatchExecutionDescriptor) -> InputBatch:
-        """This rank's local ``InputBatch`` of the global ``input_batch`` (vLLM ``partition_batch``).
+        """This rank's local `InputBatch` of the global `input_batch` (vLLM `partition_batch`).
 
-        ``batch_desc.cg_mode``: ``NONE`` pads the local tokens to the largest
-        rank; ``PIECEWISE``/``FULL`` to ``batch_desc.num_tokens``; ``FULL``
-        also pads the local request rows to ``batch_desc.num_reqs`` -- for
+        `batch_desc.cg_mode`: `NONE` pads the local tokens to the largest
+        rank; `PIECEWISE`/`FULL` to `batch_desc.num_tokens`; `FULL`
+        also pads the local request rows to `batch_desc.num_reqs` -- for
         mixed prefill + decode batches too, unlike vLLM -- or, for a mixed
-        FULL graph capped at ``max_num_reqs`` requests, to the rows a split
-        prefill can give a rank (:meth:`full_rows`; the capture stages the
-        same rows).
+        FULL graph capped at `max_num_reqs` requests, to the rows a split
+        prefill can give a rank ([`full_rows`][pcp_fn.adapters.vllm.MRV2Bookkeeper.full_rows]; the
+        capture stages the same rows).
 
         Raises:
             ValueError: more requests or tokens than the capacities, arrays
@@ -575,9 +591,10 @@ class MRV2Bookkeeper:
     def plan(
         self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: BatchExecutionDescriptor
     ) -> StepShape:
-        """The step's :class:`StepShape`: made from the host twin's segments and vLLM's padded
-        sizes ``(Lp, Rpad)`` (checked against what the ranks hold) the first time this schedule
-        and descriptor are seen, then looked up (a busy server's decode steps repeat their
+        """The step's [`StepShape`][pcp_fn.adapters.vllm.bookkeeper.StepShape]: made from the host
+        twin's segments and vLLM's padded sizes `(Lp, Rpad)` (checked against what the ranks hold)
+        the first time this schedule and descriptor are seen, then looked up (a busy server's decode
+        steps repeat their
         schedule: all ones, none prefilling)."""
         last_desc, desc_id = self._last_desc
         if batch_desc is not last_desc:  # vLLM's dispatcher hands out one object per graph
@@ -592,7 +609,7 @@ class MRV2Bookkeeper:
         return shape  # (StepGraphs.partition checks input_ids and positions hold its tokens)
 
     def _desc_id(self, batch_desc: BatchExecutionDescriptor) -> int:
-        """A small int naming what ``batch_desc`` says of the step's sizes (equal descriptors,
+        """A small int naming what `batch_desc` says of the step's sizes (equal descriptors,
         one id), remembered with the object: the shape key's part for it."""
         fields = (
             batch_desc.cg_mode,
@@ -610,8 +627,8 @@ class MRV2Bookkeeper:
         return desc_id
 
     def _padded_sizes(self, widest: int, batch_desc: BatchExecutionDescriptor) -> tuple[int, int | None]:
-        """``(Lp, FULL graph rows or None)`` of a descriptor, ``Lp`` checked against the largest
-        rank's ``widest`` tokens and the capacity."""
+        """`(Lp, FULL graph rows or None)` of a descriptor, `Lp` checked against the largest
+        rank's `widest` tokens and the capacity."""
         Mode = self.engine.CUDAGraphMode
         Lp, pad_reqs = widest, None
         mode = batch_desc.cg_mode
@@ -636,7 +653,7 @@ class MRV2Bookkeeper:
         return Lp, pad_reqs
 
     def _check_rows(self, rows: int, n: int) -> None:
-        """A FULL graph's ``rows`` must hold this rank's ``n`` request rows and fit the buffers."""
+        """A FULL graph's `rows` must hold this rank's `n` request rows and fit the buffers."""
         if rows < n:
             raise ValueError(
                 f"batch_desc.num_reqs={rows} (the FULL graph's request capacity) must cover "
@@ -752,7 +769,7 @@ class MRV2Bookkeeper:
     def local_batch(
         self, global_batch: InputBatch, fields: dict[str, Any], fixed: dict[str, Any]
     ) -> InputBatch:
-        """The local ``InputBatch``: the global one with the shape's fields (``fixed``: the
+        """The local `InputBatch`: the global one with the shape's fields (`fixed`: the
         device views, the sizes) and this step's host fields."""
         # the keys of fixed and fields are the same every step: checked once per batch class
         cls = type(global_batch)
@@ -793,7 +810,7 @@ class MRV2Bookkeeper:
 
     def gather_block_tables(self, input_batch: InputBatch) -> tuple[torch.Tensor, ...]:
         """The local batch's block tables, gathered into the persistent local tables (the first
-        half of vLLM's ``prepare_attn``; the manager adds its slot mappings)."""
+        half of vLLM's `prepare_attn`; the manager adds its slot mappings)."""
         if self.block_tables is None or self.local_block_table_ptrs is None:
             raise RuntimeError("prepare_attn needs the block_tables given to the constructor")
         return self.block_tables.gather_block_tables(
@@ -804,7 +821,7 @@ class MRV2Bookkeeper:
         )
 
     def prepare_slot_mappings(self) -> torch.Tensor:
-        """``[K, P * Lp]``: the KV slot of every all-gathered row (``PAD_SLOT_ID`` where it must
+        """`[K, P * Lp]`: the KV slot of every all-gathered row (`PAD_SLOT_ID` where it must
         not write: padding, and replicated rows other than rank 0's)."""
         if self.block_tables is None:
             raise RuntimeError("prepare_slot_mappings needs the block_tables given to the constructor")
@@ -833,7 +850,7 @@ class MRV2Bookkeeper:
         return tuple(t[:rows].zero_() for t in self.local_block_tables)
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
-        """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
+        """The persistent gathered slot mappings, all `PAD_SLOT_ID`, `[K, num_tokens * P]`."""
         self.require("get_dummy_slot_mappings")
         check_int("get_dummy_slot_mappings: num_tokens", num_tokens, 0, self.max_num_tokens)
         self.gathered_slot_mappings.fill_(self.engine.PAD_SLOT_ID)
@@ -841,7 +858,8 @@ class MRV2Bookkeeper:
 
     def stage_capture(self, input_batch: InputBatch) -> InputBatch:
         """Stage a capture or dummy batch in the persistent local buffers; a mixed FULL graph's
-        batch gets the rows ``partition_batch`` pads its steps to (:meth:`full_rows`)."""
+        batch gets the rows `partition_batch` pads its steps to
+        ([`full_rows`][pcp_fn.adapters.vllm.MRV2Bookkeeper.full_rows])."""
         self.require("the capture staging")
         ib = self.input_buffers
         r, t = check_capture(input_batch, 2 * self.max_num_reqs, self.max_num_tokens)
@@ -861,8 +879,8 @@ class MRV2Bookkeeper:
         )
 
     def moe_is_padding(self, is_padding: torch.Tensor) -> torch.Tensor:
-        """A capture/dummy padding mask ``[n]``, the same on every rank, as the ``[P * n]`` rows the
-        MoE routes (rank-major), in the persistent MoE mask; unchanged without ``moe_gathers_tokens``."""
+        """A capture/dummy padding mask `[n]`, the same on every rank, as the `[P * n]` rows the
+        MoE routes (rank-major), in the persistent MoE mask; unchanged without `moe_gathers_tokens`."""
         if self.moe is None:
             return is_padding
         n, T = is_padding.shape[0], self.max_num_tokens
@@ -875,8 +893,8 @@ class MRV2Bookkeeper:
     # ------------------------------------------------------------ hidden states
 
     def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """All-gather the ranks' ``[Lp, ...]`` rows and put them in global token order
-        ``[num_tokens, ...]`` (unchanged before the first ``partition_batch``)."""
+        """All-gather the ranks' `[Lp, ...]` rows and put them in global token order
+        `[num_tokens, ...]` (unchanged before the first `partition_batch`)."""
         if not self.has_layout:
             return hidden_states
         try:  # (the local rows: checked before the collective, by their host attributes)
@@ -923,8 +941,8 @@ class MRV2Bookkeeper:
     # ------------------------------------------------------------ drafter
 
     def prepare_draft_prefill(self, input_batch: InputBatch, input_ids: torch.Tensor) -> None:
-        """Point the drafter at this rank's rows of ``input_ids`` (global order), when
-        ``input_batch`` is the batch last partitioned (``input_ids`` checked first: a bad one
+        """Point the drafter at this rank's rows of `input_ids` (global order), when
+        `input_batch` is the batch last partitioned (`input_ids` checked first: a bad one
         leaves the prepared draft as it was)."""
         current = input_batch is self.last_global_batch and self.last_local_batch is not None
         if current:
@@ -939,8 +957,8 @@ class MRV2Bookkeeper:
     def draft_input_buffers(
         self, input_buffers: InputBuffers, num_tokens: int | None = None
     ) -> InputBatch | InputBuffers | tuple[InputBatch | InputBuffers, torch.Tensor]:
-        """vLLM ``get_draft_input_buffers``: the local batch while a draft prefill is prepared,
-        else ``input_buffers``; with ``num_tokens`` (vLLM 0.33+) also the MoE routing mask."""
+        """vLLM `get_draft_input_buffers`: the local batch while a draft prefill is prepared,
+        else `input_buffers`; with `num_tokens` (vLLM 0.33+) also the MoE routing mask."""
         batch = self.draft_prefill_batch
         if num_tokens is None:
             return batch if batch is not None else input_buffers

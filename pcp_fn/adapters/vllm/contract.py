@@ -1,30 +1,29 @@
-"""What differs between the vLLM releases ``FunctionalPCPManager`` serves, in one place.
+"""What differs between the vLLM releases `FunctionalPCPManager` serves, in one place.
 
-vLLM's model-runner-V2 ``PCPManager`` (``vllm/v1/worker/gpu/pcp_manager.py``)
+vLLM's model-runner-V2 `PCPManager` (`vllm/v1/worker/gpu/pcp_manager.py`)
 changed its contract between 0.32.0 and 0.34.0:
 
-=======================  =====================================  ==========================================
-                         0.32                                   0.33 / 0.34
-=======================  =====================================  ==========================================
-block tables             constructor                            constructor gets ``None``; the runner
-                                                                calls ``set_block_tables`` after KV init
-MoE routing mask         (none)                                 ``moe_gathers_tokens``: the local batch's
-                                                                ``is_padding`` is the gathered
-                                                                ``[P * Lp]`` mask; ``moe_is_padding``
-capture / dummy staging  ``prepare_inputs_to_capture``          ``prepare_inputs_for_capture_or_profile``
-draft inputs             ``get_draft_input_buffers(buffers)``   ``get_draft_input_buffers(buffers,
-                                                                num_tokens) -> (inputs, is_padding)``
-per-step metadata        ``dcp_local_seq_lens_cpu_upper_bound``  ``pcp: PCPBatchMetadata`` (0.33+)
-drafts after sampling    (none)                                 ``sync_drafts`` (0.34; vLLM's, inherited)
-=======================  =====================================  ==========================================
+|                         | 0.32                                 | 0.33 / 0.34                             |
+|-------------------------|--------------------------------------|-----------------------------------------|
+| block tables            | constructor                          | constructor gets `None`; the runner     |
+|                         |                                      | calls `set_block_tables` after KV init  |
+| MoE routing mask        | (none)                               | `moe_gathers_tokens`: the local batch's |
+|                         |                                      | `is_padding` is the gathered            |
+|                         |                                      | `[P * Lp]` mask; `moe_is_padding`       |
+| capture / dummy staging | `prepare_inputs_to_capture`          | `prepare_inputs_for_capture_or_profile` |
+| draft inputs            | `get_draft_input_buffers(buffers)`   | `get_draft_input_buffers(buffers,       |
+|                         |                                      | num_tokens) -> (inputs, is_padding)`    |
+| per-step metadata       | `dcp_local_seq_lens_cpu_upper_bound` | `pcp: PCPBatchMetadata` (0.33+)         |
+| drafts after sampling   | (none)                               | `sync_drafts` (0.34; vLLM's, inherited) |
 
 (vLLM main between 0.32 and 0.33 had the second column but the per-step
-metadata of the first.) :func:`detect` reads which contract the installed vLLM
-has from its ``PCPManager`` class and module, never from a user switch; the
-manager (:mod:`pcp_fn.adapters.vllm.manager`) is one class over it: the
+metadata of the first.) [`detect`][pcp_fn.adapters.vllm.detect] reads which contract the installed vLLM
+has from its `PCPManager` class and module, never from a user switch; the
+manager ([`pcp_fn.adapters.vllm.manager`][]) is one class over it: the
 public methods whose names or signatures differ are a mixin picked here, and
-the local batch's metadata fields come from :meth:`VllmContract.metadata_fields`.
-This module imports no vLLM.
+the local batch's metadata fields come from
+[`VllmContract.metadata_fields`][pcp_fn.adapters.vllm.VllmContract.metadata_fields]. This module
+imports no vLLM.
 """
 
 from __future__ import annotations
@@ -45,19 +44,19 @@ from .engine_types import BlockTables, InputBatch, InputBuffers
 
 logger = logging.getLogger("pcp_fn.adapters.vllm")
 
-#: The vLLM release series the drop-in is checked against (the current release and the two before
-#: it); development builds of a series (``0.33.1.dev4+g...``) count as that series.
 SUPPORTED_SERIES = ("0.32", "0.33", "0.34")
+"""The vLLM release series the drop-in is checked against (the current release and the two before it);
+development builds of a series (`0.33.1.dev4+g...`) count as that series."""
 
 
 def vllm_series(version: str) -> str | None:
-    """``"0.34"`` of ``"0.34.0"``, ``"0.32.0+cpu"`` or ``"0.33.1.dev4+gabc"``; ``None`` if unparsable."""
+    """`"0.34"` of `"0.34.0"`, `"0.32.0+cpu"` or `"0.33.1.dev4+gabc"`; `None` if unparsable."""
     match = re.match(r"\s*v?(\d+)\.(\d+)", version)
     return None if match is None else f"{int(match[1])}.{int(match[2])}"
 
 
 def unsupported_reason(version: str) -> str | None:
-    """Why the installed vLLM ``version`` is refused, or ``None`` when it is supported."""
+    """Why the installed vLLM `version` is refused, or `None` when it is supported."""
     if vllm_series(version) in SUPPORTED_SERIES:
         return None
     supported = ", ".join(f"{s}.x" for s in SUPPORTED_SERIES)
@@ -78,7 +77,7 @@ class _Methods032:
         return self.bookkeeper.stage_capture(input_batch)  # type: ignore[attr-defined]
 
     def get_draft_input_buffers(self, input_buffers: InputBuffers) -> InputBatch | InputBuffers:
-        """The local batch while a draft prefill is prepared, else ``input_buffers`` (vLLM 0.32)."""
+        """The local batch while a draft prefill is prepared, else `input_buffers` (vLLM 0.32)."""
         return self.bookkeeper.draft_input_buffers(input_buffers)  # type: ignore[attr-defined]
 
 
@@ -95,12 +94,12 @@ class _Methods033:
             bookkeeper.set_block_tables(block_tables)
 
     def moe_is_padding(self, is_padding: torch.Tensor) -> torch.Tensor:
-        """A capture/dummy padding mask ``[n]``, the same on every rank, as the ``[P * n]`` rows the
-        MoE routes (rank-major), in the persistent MoE mask; unchanged without ``moe_gathers_tokens``."""
+        """A capture/dummy padding mask `[n]`, the same on every rank, as the `[P * n]` rows the
+        MoE routes (rank-major), in the persistent MoE mask; unchanged without `moe_gathers_tokens`."""
         return self.bookkeeper.moe_is_padding(is_padding)  # type: ignore[attr-defined]
 
     def prepare_inputs_for_capture_or_profile(self, input_batch: InputBatch) -> InputBatch:
-        """Stage a capture or dummy batch in the persistent local buffers; its ``is_padding`` is
+        """Stage a capture or dummy batch in the persistent local buffers; its `is_padding` is
         the MoE's gathered mask when the MoE all-gathers the tokens."""
         bookkeeper = self.bookkeeper  # type: ignore[attr-defined]
         staged = bookkeeper.stage_capture(input_batch)
@@ -110,7 +109,7 @@ class _Methods033:
         self, input_buffers: InputBuffers, num_tokens: int
     ) -> tuple[InputBatch | InputBuffers, torch.Tensor]:
         """The draft inputs and their MoE routing mask: the local batch while a draft prefill is
-        prepared, else ``input_buffers`` with its first ``num_tokens`` rows' mask."""
+        prepared, else `input_buffers` with its first `num_tokens` rows' mask."""
         return self.bookkeeper.draft_input_buffers(input_buffers, num_tokens)  # type: ignore[attr-defined]
 
 
@@ -119,15 +118,15 @@ class _Methods033:
 
 @dataclasses.dataclass(frozen=True)
 class VllmContract:
-    """One vLLM release's ``PCPManager`` contract.
+    """One vLLM release's `PCPManager` contract.
 
-    Fields:
-        name: ``"0.32"``, ``"0.33"`` or ``"0.34"`` (``"0.33-dev"``: vLLM main
+    Attributes:
+        name: `"0.32"`, `"0.33"` or `"0.34"` (`"0.33-dev"`: vLLM main
             between 0.32 and 0.33, the 0.33 methods without the metadata class).
         methods: the mixin of the public methods whose names or signatures differ.
-        moe_mask: the constructor takes ``moe_gathers_tokens``.
-        batch_metadata: ``PCPBatchMetadata`` (the local batch's ``pcp`` field), or
-            ``None`` (its ``dcp_local_seq_lens_cpu_upper_bound`` field).
+        moe_mask: the constructor takes `moe_gathers_tokens`.
+        batch_metadata: `PCPBatchMetadata` (the local batch's `pcp` field), or
+            `None` (its `dcp_local_seq_lens_cpu_upper_bound` field).
     """
 
     name: str
@@ -142,8 +141,8 @@ class VllmContract:
         rows: np.ndarray,
         dcp_upper: torch.Tensor | None,
     ) -> dict[str, Any]:
-        """The local batch's per-step PCP metadata: ``rows [n]`` each local row's global request,
-        ``dcp_upper`` the DCP rank 0 sequence-length bound ``[Rpad]`` (``None`` without DCP)."""
+        """The local batch's per-step PCP metadata: `rows [n]` each local row's global request,
+        `dcp_upper` the DCP rank 0 sequence-length bound `[Rpad]` (`None` without DCP)."""
         if self.batch_metadata is None:
             return {"dcp_local_seq_lens_cpu_upper_bound": dcp_upper}
         upper = global_batch.seq_lens_cpu_upper_bound
@@ -162,8 +161,8 @@ VLLM_0_32 = VllmContract("0.32", _Methods032, moe_mask=False)
 
 
 def detect(manager_cls: type, module: object) -> VllmContract:
-    """The contract of a vLLM whose ``PCPManager`` is ``manager_cls``, defined in ``module``
-    (``vllm.v1.worker.gpu.pcp_manager``; only its ``PCPBatchMetadata`` is read): read from what
+    """The contract of a vLLM whose `PCPManager` is `manager_cls`, defined in `module`
+    (`vllm.v1.worker.gpu.pcp_manager`; only its `PCPBatchMetadata` is read): read from what
     they provide."""
     if not hasattr(manager_cls, "set_block_tables"):
         return VLLM_0_32
@@ -184,14 +183,14 @@ def detect(manager_cls: type, module: object) -> VllmContract:
 
 # --------------------------------------------------------------------------- the contract canary
 
-#: Set to ``1`` to serve an installed vLLM whose ``PCPManager`` differs from the release the
-#: drop-in was written for (a build of vLLM main): the differences are logged, not refused.
 ALLOW_UNKNOWN_ENV = "PCP_FN_ALLOW_UNKNOWN_VLLM"
+"""Set to `1` to serve an installed vLLM whose `PCPManager` differs from the release the drop-in was written
+for (a build of vLLM main): the differences are logged, not refused."""
 
 
 class _Default:
-    """A parameter default as the canonical signature prints it: literals as ``repr``, anything
-    else by name (``cls=PCPManager``): stable across processes and releases."""
+    """A parameter default as the canonical signature prints it: literals as `repr`, anything
+    else by name (`cls=PCPManager`): stable across processes and releases."""
 
     def __init__(self, value: object) -> None:
         literal = value is None or isinstance(value, bool | int | float | str)
@@ -202,8 +201,8 @@ class _Default:
 
 
 def canonical_signature(fn: Any) -> str:
-    """``fn``'s parameters (names, kinds, defaults) as text, without annotations: what a caller's
-    call depends on (``"(self, input_batch, batch_desc)"``)."""
+    """`fn`'s parameters (names, kinds, defaults) as text, without annotations: what a caller's
+    call depends on (`"(self, input_batch, batch_desc)"`)."""
     sig = inspect.signature(fn)
     params = [
         p.replace(
@@ -216,9 +215,9 @@ def canonical_signature(fn: Any) -> str:
 
 
 def public_api(manager_cls: type) -> dict[str, str]:
-    """Every public method of ``manager_cls`` (its own and inherited, but ``object``'s) and its
-    constructor, by name: ``canonical_signature``, prefixed ``static`` / ``class`` for static and
-    class methods; a property is ``"property"``."""
+    """Every public method of `manager_cls` (its own and inherited, but `object`'s) and its
+    constructor, by name: `canonical_signature`, prefixed `static` / `class` for static and
+    class methods; a property is `"property"`."""
     names = {"__init__"}
     for klass in manager_cls.__mro__[:-1]:  # (object last)
         names.update(n for n in vars(klass) if not n.startswith("_"))
@@ -236,8 +235,8 @@ def public_api(manager_cls: type) -> dict[str, str]:
 
 
 def build_keywords(build_fn: Any) -> tuple[str, ...] | None:
-    """The keywords ``maybe_build_pcp_manager`` (``build_fn``) passes to the manager class
-    (``cls(...)`` in its source), sorted; ``None`` when its source cannot be read."""
+    """The keywords `maybe_build_pcp_manager` (`build_fn`) passes to the manager class
+    (`cls(...)` in its source), sorted; `None` when its source cannot be read."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(build_fn)))
     except (OSError, TypeError, SyntaxError):
@@ -287,14 +286,16 @@ _KEYWORDS_032 = (
 
 @dataclasses.dataclass(frozen=True)
 class ReleaseApi:
-    """What the drop-in was written for in one vLLM release (``vllm/v1/worker/gpu/pcp_manager.py``
-    of its source, read by :func:`public_api`, :func:`canonical_signature` and
-    :func:`build_keywords`).
+    """What the drop-in was written for in one vLLM release (`vllm/v1/worker/gpu/pcp_manager.py`
+    of its source, read by [`public_api`][pcp_fn.adapters.vllm.contract.public_api],
+    [`canonical_signature`][pcp_fn.adapters.vllm.contract.canonical_signature] and
+    [`build_keywords`][pcp_fn.adapters.vllm.contract.build_keywords]).
 
-    Fields:
-        methods: ``PCPManager``'s public methods and constructor (:func:`public_api`).
-        build: ``maybe_build_pcp_manager``'s signature.
-        keywords: the keywords ``maybe_build_pcp_manager`` passes to the manager class.
+    Attributes:
+        methods: `PCPManager`'s public methods and constructor
+            ([`public_api`][pcp_fn.adapters.vllm.contract.public_api]).
+        build: `maybe_build_pcp_manager`'s signature.
+        keywords: the keywords `maybe_build_pcp_manager` passes to the manager class.
     """
 
     methods: dict[str, str]
@@ -302,9 +303,6 @@ class ReleaseApi:
     keywords: tuple[str, ...]
 
 
-#: The contract the drop-in was written for, by release series: 0.32.0, 0.33.0 and 0.34.0's
-#: sources (0.33 adds the MoE flag, the late block tables and the capture/draft names; 0.34
-#: ``sync_drafts``, vLLM's own, inherited).
 RELEASE_APIS: dict[str, ReleaseApi] = {
     "0.32": ReleaseApi(
         _API_032, "(vllm_config, device, supports_mm_inputs, block_tables, cls=PCPManager)", _KEYWORDS_032
@@ -315,6 +313,9 @@ RELEASE_APIS: dict[str, ReleaseApi] = {
         tuple(sorted((*_KEYWORDS_032, "moe_gathers_tokens"))),
     ),
 }
+"""The contract the drop-in was written for, by release series: 0.32.0, 0.33.0 and 0.34.0's sources (0.33 adds
+the MoE flag, the late block tables and the capture/draft names; 0.34 `sync_drafts`, vLLM's own, inherited).
+"""
 RELEASE_APIS["0.34"] = dataclasses.replace(
     RELEASE_APIS["0.33"],
     methods=_API_033 | {"sync_drafts": "(self, draft_tokens, idx_mapping, draft_logits)"},
@@ -322,9 +323,10 @@ RELEASE_APIS["0.34"] = dataclasses.replace(
 
 
 def api_differences(series: str, manager_cls: type, build_fn: Any) -> list[str]:
-    """How the installed ``PCPManager`` (``manager_cls``) and ``maybe_build_pcp_manager``
-    (``build_fn``) differ from release ``series``'s (:data:`RELEASE_APIS`), one line each
-    (empty: the same contract)."""
+    """How the installed `PCPManager` (`manager_cls`) and `maybe_build_pcp_manager`
+    (`build_fn`) differ from release `series`'s
+    ([`RELEASE_APIS`][pcp_fn.adapters.vllm.contract.RELEASE_APIS]), one line each (empty: the same
+    contract)."""
     want = RELEASE_APIS[series]
     have = public_api(manager_cls)
     out = []
@@ -355,10 +357,10 @@ def api_differences(series: str, manager_cls: type, build_fn: Any) -> list[str]:
 
 
 def check_installed(version: str, manager_cls: type, build_fn: Any, environ: Any = None) -> str | None:
-    """Why the installed vLLM (``version``, its ``PCPManager`` and ``maybe_build_pcp_manager``) is
-    refused, or ``None``: an unsupported series, or a contract that differs from its release's
+    """Why the installed vLLM (`version`, its `PCPManager` and `maybe_build_pcp_manager`) is
+    refused, or `None`: an unsupported series, or a contract that differs from its release's
     (a build of vLLM main after that release), naming each difference. With
-    ``PCP_FN_ALLOW_UNKNOWN_VLLM=1`` in ``environ`` (default ``os.environ``) the differences are a
+    `PCP_FN_ALLOW_UNKNOWN_VLLM=1` in `environ` (default `os.environ`) the differences are a
     logged warning instead."""
     reason = unsupported_reason(version)
     if reason is not None:

@@ -3,8 +3,8 @@ and methods the adapters read of it and nothing else.
 
 The drop-ins take vLLM's objects and the tests' stand-ins alike (duck typing): these protocols
 are annotations only, nothing checks an object against them. The classes vllm-ascend adds are
-in :mod:`pcp_fn.adapters.vllm_ascend.v1.engine_types` (vllm-ascend 0.23's ``model_runner_v1``)
-and :mod:`pcp_fn.adapters.vllm_ascend.v2.engine_types` (vllm-ascend main's model runner V2);
+in [`pcp_fn.adapters.vllm_ascend.v1.engine_types`][] (vllm-ascend 0.23's `model_runner_v1`)
+and [`pcp_fn.adapters.vllm_ascend.v2.engine_types`][] (vllm-ascend main's model runner V2);
 they read vLLM's too, so a protocol here may name an attribute only one of them reads (the
 comment beside it says which). This module imports no vLLM.
 """
@@ -21,7 +21,7 @@ import torch
 
 
 class CUDAGraphMode(Protocol):
-    """A member of vLLM's ``CUDAGraphMode`` enum (``vllm/config/compilation.py``)."""
+    """A member of vLLM's `CUDAGraphMode` enum (`vllm/config/compilation.py`)."""
 
     name: str
 
@@ -29,7 +29,7 @@ class CUDAGraphMode(Protocol):
 
 
 class CUDAGraphModes(Protocol):
-    """vLLM's ``CUDAGraphMode`` enum class itself: the members a mode is compared with."""
+    """vLLM's `CUDAGraphMode` enum class itself: the members a mode is compared with."""
 
     NONE: CUDAGraphMode
     PIECEWISE: CUDAGraphMode
@@ -38,7 +38,7 @@ class CUDAGraphModes(Protocol):
 
 
 class BatchExecutionDescriptor(Protocol):
-    """vLLM's ``BatchExecutionDescriptor`` (``vllm/v1/worker/gpu/cudagraph_utils.py``)."""
+    """vLLM's `BatchExecutionDescriptor` (`vllm/v1/worker/gpu/cudagraph_utils.py`)."""
 
     cg_mode: CUDAGraphMode
     num_tokens: int
@@ -48,7 +48,7 @@ class BatchExecutionDescriptor(Protocol):
 
 
 class InputBuffers(Protocol):
-    """vLLM's ``InputBuffers`` (``vllm/v1/worker/gpu/input_batch.py``): persistent step inputs."""
+    """vLLM's `InputBuffers` (`vllm/v1/worker/gpu/input_batch.py`): persistent step inputs."""
 
     input_ids: torch.Tensor  # [T] int32
     positions: torch.Tensor  # [T] int64
@@ -58,16 +58,16 @@ class InputBuffers(Protocol):
     dcp_local_seq_lens: torch.Tensor  # [R] int32
 
 
-#: What makes the local ``InputBuffers``: ``(max_num_reqs, max_num_tokens, device)``, vLLM's
-#: constructor or a factory with its signature.
 InputBuffersFactory = Callable[[int, int, torch.device], InputBuffers]
+"""What makes the local `InputBuffers`: `(max_num_reqs, max_num_tokens, device)`, vLLM's constructor or a
+factory with its signature."""
 
 
 class InputBatch(Protocol):
-    """vLLM's ``InputBatch`` dataclass (``vllm/v1/worker/gpu/input_batch.py``), global or local.
+    """vLLM's `InputBatch` dataclass (`vllm/v1/worker/gpu/input_batch.py`), global or local.
 
     A dataclass: the local batch is the global one with fields replaced
-    (:func:`pcp_fn.adapters.vllm.replace.replace_fields`); those fields are not listed here.
+    ([`pcp_fn.adapters.vllm.replace.replace_fields`][]); those fields are not listed here.
     """
 
     req_ids: list[str]
@@ -95,13 +95,13 @@ class InputBatch(Protocol):
 
 
 class UvaBackedTensor(Protocol):
-    """vLLM's ``UvaBackedTensor`` (``vllm/v1/worker/gpu/buffer_utils.py``): a host array the device reads."""
+    """vLLM's `UvaBackedTensor` (`vllm/v1/worker/gpu/buffer_utils.py`): a host array the device reads."""
 
     np: np.ndarray
 
 
 class BlockTables(Protocol):
-    """vLLM's ``BlockTables`` (``vllm/v1/worker/gpu/block_table.py``): the KV-cache block tables."""
+    """vLLM's `BlockTables` (`vllm/v1/worker/gpu/block_table.py`): the KV-cache block tables."""
 
     num_kv_cache_groups: int
     input_block_tables: list[torch.Tensor]  # [max_num_reqs, blocks] per KV-cache group
@@ -128,7 +128,7 @@ class BlockTables(Protocol):
 
 
 class GroupCoordinator(Protocol):
-    """vLLM's ``GroupCoordinator`` (``vllm/distributed/parallel_state.py``): the PCP or pipeline group."""
+    """vLLM's `GroupCoordinator` (`vllm/distributed/parallel_state.py`): the PCP or pipeline group."""
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor: ...
 
@@ -142,14 +142,14 @@ class GroupCoordinator(Protocol):
 
 
 class CompilationConfig(Protocol):
-    """vLLM's ``CompilationConfig`` (``vllm/config/compilation.py``)."""
+    """vLLM's `CompilationConfig` (`vllm/config/compilation.py`)."""
 
     cudagraph_mode: CUDAGraphMode
     cudagraph_capture_sizes: list[int]
 
 
 class ParallelConfig(Protocol):
-    """vLLM's ``ParallelConfig`` (``vllm/config/parallel.py``)."""
+    """vLLM's `ParallelConfig` (`vllm/config/parallel.py`)."""
 
     prefill_context_parallel_size: int  # (vllm-ascend V2)
     data_parallel_size: int  # (vllm-ascend V2)
@@ -157,29 +157,29 @@ class ParallelConfig(Protocol):
 
 
 class SchedulerConfig(Protocol):
-    """vLLM's ``SchedulerConfig`` (``vllm/config/scheduler.py``)."""
+    """vLLM's `SchedulerConfig` (`vllm/config/scheduler.py`)."""
 
     max_num_seqs: int
     max_num_batched_tokens: int
 
 
 class PretrainedConfig(Protocol):
-    """transformers' ``PretrainedConfig``: a model's ``hf_config``."""
+    """transformers' `PretrainedConfig`: a model's `hf_config`."""
 
     model_type: str
 
 
 class ModelConfig(Protocol):
-    """vLLM's ``ModelConfig`` (``vllm/config/model.py``)."""
+    """vLLM's `ModelConfig` (`vllm/config/model.py`)."""
 
     hf_config: PretrainedConfig  # (vllm-ascend 0.23: hybrid attention by model type)
-    hf_text_config: object  # only asked whether it has ``index_topk`` (vllm-ascend V2: sparse MLA)
+    hf_text_config: object  # only asked whether it has `index_topk` (vllm-ascend V2: sparse MLA)
     is_encoder_decoder: bool  # (vllm-ascend V2)
     max_model_len: int  # (vllm-ascend 0.23)
 
 
 class SpeculativeConfig(Protocol):
-    """vLLM's ``SpeculativeConfig`` (``vllm/config/speculative.py``)."""
+    """vLLM's `SpeculativeConfig` (`vllm/config/speculative.py`)."""
 
     method: str | None  # (vllm-ascend V2)
     draft_sample_method: str  # (vllm-ascend V2)
@@ -187,7 +187,7 @@ class SpeculativeConfig(Protocol):
 
 
 class VllmConfig(Protocol):
-    """vLLM's ``VllmConfig`` (``vllm/config/vllm.py``)."""
+    """vLLM's `VllmConfig` (`vllm/config/vllm.py`)."""
 
     compilation_config: CompilationConfig
     parallel_config: ParallelConfig
@@ -201,7 +201,7 @@ class VllmConfig(Protocol):
 
 
 class CpuGpuBuffer(Protocol):
-    """vLLM's ``CpuGpuBuffer`` (``vllm/v1/utils.py``): a host tensor and its device twin."""
+    """vLLM's `CpuGpuBuffer` (`vllm/v1/utils.py`): a host tensor and its device twin."""
 
     cpu: torch.Tensor
     gpu: torch.Tensor
@@ -210,7 +210,7 @@ class CpuGpuBuffer(Protocol):
 
 
 class SchedulerOutput(Protocol):
-    """vLLM's ``SchedulerOutput`` (``vllm/v1/core/sched/output.py``): the fields a rank localizes."""
+    """vLLM's `SchedulerOutput` (`vllm/v1/core/sched/output.py`): the fields a rank localizes."""
 
     num_scheduled_tokens: dict[str, int]
     total_num_scheduled_tokens: int
@@ -219,7 +219,7 @@ class SchedulerOutput(Protocol):
 
 
 class PlaceholderRange(Protocol):
-    """vLLM's ``PlaceholderRange`` (``vllm/multimodal/inputs.py``): a feature's tokens in its prompt."""
+    """vLLM's `PlaceholderRange` (`vllm/multimodal/inputs.py`): a feature's tokens in its prompt."""
 
     offset: int
     length: int
@@ -227,14 +227,14 @@ class PlaceholderRange(Protocol):
 
 
 class MultiModalFeatureSpec(Protocol):
-    """vLLM's ``MultiModalFeatureSpec`` (``vllm/multimodal/inputs.py``): one encoder input of a request."""
+    """vLLM's `MultiModalFeatureSpec` (`vllm/multimodal/inputs.py`): one encoder input of a request."""
 
     identifier: str
     mm_position: PlaceholderRange
 
 
 class CachedRequestState(Protocol):
-    """vLLM's ``CachedRequestState`` (``vllm/v1/worker/gpu_input_batch.py``): one request's state."""
+    """vLLM's `CachedRequestState` (`vllm/v1/worker/gpu_input_batch.py`): one request's state."""
 
     prompt_token_ids: list[int] | None
     prompt_embeds: torch.Tensor | None
@@ -245,7 +245,7 @@ class CachedRequestState(Protocol):
 
 
 class SupportsMultiModalPruning(Protocol):
-    """vLLM's ``SupportsMultiModalPruning`` model interface (``vllm/model_executor/models/interfaces.py``)."""
+    """vLLM's `SupportsMultiModalPruning` model interface (`vllm/model_executor/models/interfaces.py`)."""
 
     def recompute_mrope_positions(
         self,

@@ -1,33 +1,33 @@
-"""Everything the vLLM adapter asks of ``pcp_fn``, in one place: host twin, captured MRV2 graph, restores.
+"""Everything the vLLM adapter asks of `pcp_fn`, in one place: host twin, captured MRV2 graph, restores.
 
-The bookkeeper (:mod:`pcp_fn.adapters.vllm.bookkeeper`) speaks vLLM; this module
-speaks ``pcp_fn.mrv2``. No other adapter module calls into ``pcp_fn`` (keep it
-that way: when the ``mrv2`` signatures change, only this file changes).
+The bookkeeper ([`pcp_fn.adapters.vllm.bookkeeper`][]) speaks vLLM; this module
+speaks `pcp_fn.mrv2`. No other adapter module calls into `pcp_fn` (keep it
+that way: when the `mrv2` signatures change, only this file changes).
 
 Per step:
 
-1. ``segments``: the host twin (:func:`pcp_fn.mrv2.host.local_segments`),
-   numpy on the scheduler's ``[R]`` arrays: every rank's counts and this rank's
+1. `segments`: the host twin ([`pcp_fn.mrv2.host.local_segments`][]),
+   numpy on the scheduler's `[R]` arrays: every rank's counts and this rank's
    segments, for the bucket choice and the host fields.
-2. ``partition``: the per-request arrays and vLLM's padded local token count
-   ``Lp`` go to the device in one copy (:data:`STEP`: ``pcp_fn.mrv2.REQUESTS``
-   and ``Lp``, int32), the global
-   token ids and positions into persistent ``[T]`` buffers; then one graph per
-   bucket ``(Rb, Lb)`` (:class:`pcp_fn.adapters.runtime.GraphRuntime`: made at
+2. `partition`: the per-request arrays and vLLM's padded local token count
+   `Lp` go to the device in one copy ([`STEP`][pcp_fn.adapters.vllm.graphs.STEP]: `pcp_fn.mrv2.REQUESTS`
+   and `Lp`, int32), the global
+   token ids and positions into persistent `[T]` buffers; then one graph per
+   bucket `(Rb, Lb)` ([`pcp_fn.adapters.runtime.GraphRuntime`][]: made at
    construction, bound once to those staging buffers: a CUDA/NPU graph,
-   ``torch.compile`` or AOTInductor on the CPU, or plain calls with
-   ``backend=None``) builds the
-   :class:`pcp_fn.mrv2.GlobalBatch` of the ``F_b`` global rows, runs
-   :func:`pcp_fn.mrv2.partition_batch`, rewrites the gathered-row maps from the
-   bucket's ``Lb`` rows per rank to vLLM's ``Lp`` (gathered row ``q * Lb + l``
-   of the bucket is row ``q * Lp + l`` of vLLM's all-gather) and copies the
+   `torch.compile` or AOTInductor on the CPU, or plain calls with
+   `backend=None`) builds the
+   [`pcp_fn.mrv2.GlobalBatch`][] of the `F_b` global rows, runs
+   [`pcp_fn.mrv2.partition_batch`][], rewrites the gathered-row maps from the
+   bucket's `Lb` rows per rank to vLLM's `Lp` (gathered row `q * Lb + l`
+   of the bucket is row `q * Lp + l` of vLLM's all-gather) and copies the
    bucket-shaped results into the first rows of the persistent buffers. The
-   bucket is a power of two at least vLLM's padded sizes ``(Rpad, Lp)``, so a
+   bucket is a power of two at least vLLM's padded sizes `(Rpad, Lp)`, so a
    handful of graphs serve every step; what a step of given sizes reuses (the
-   bucket, the bound graph, the views) is a :class:`StepPlan`, made once.
-3. ``gathered_slot_mappings``, ``restore*``, ``draft_input_ids``: the layout
+   bucket, the bound graph, the views) is a [`StepPlan`][pcp_fn.adapters.vllm.graphs.StepPlan], made once.
+3. `gathered_slot_mappings`, `restore*`, `draft_input_ids`: the layout
    consumers. The slot mappings and restores run on a state whose layout *is*
-   the persistent buffers at vLLM's ``Lp`` (made once per ``Lp``); the draft
+   the persistent buffers at vLLM's `Lp` (made once per `Lp`); the draft
    ids on the bucket's own state and local batch from the graph.
 """
 
@@ -50,25 +50,25 @@ from ..backend import GraphStats, graph_ladder
 from ..runtime import GraphCall, GraphRuntime, Staging
 from ..schedule_cache import ScheduleCache
 
-#: What a step stages: the global batch's per-request rows and request count
-#: (:data:`pcp_fn.mrv2.REQUESTS`), then vLLM's padded local token count ``Lp``.
 STEP: PackedRequests = mrv2.REQUESTS.with_scalars("Lp")
+"""What a step stages: the global batch's per-request rows and request count
+([`pcp_fn.mrv2.REQUESTS`][]), then vLLM's padded local token count `Lp`."""
 
 
 class Destinations(NamedTuple):
-    """Persistent device buffers the partition writes, at capacity (``R' = 2 * max_num_reqs``
-    local rows, ``T`` tokens, ``P`` ranks). Their addresses never change.
+    """Persistent device buffers the partition writes, at capacity (`R' = 2 * max_num_reqs`
+    local rows, `T` tokens, `P` ranks). Their addresses never change.
 
-    input_ids ``[T]`` int32, positions ``[T]`` int64, is_padding ``[T]`` bool,
-    query_start_loc ``[R'+1]`` int32, seq_lens ``[R']`` int32 (vLLM ``InputBuffers``);
-    idx_mapping ``[R']`` int64, logits_indices ``[R']`` int32, cu_num_logits ``[R'+1]`` int32;
-    hidden_restore_idx ``[T]`` int64, padded_gather_idx ``[P*T]`` int64,
-    kv_write_mask ``[P*T]`` bool; slot_gather_idx ``[P*T]`` int64 (each gathered row's column
-    of global_slot_mappings: ``T``, the pad column, where the row must not write);
-    global_slot_mappings ``[K, T+1]`` int64 (vLLM's kernel writes the first ``num_tokens``
-    columns; column ``T`` always reads ``pad_slot_id``), gathered_slot_mappings ``[K, P*T]`` int64;
-    moe_is_padding ``[P*T]`` bool: the padding mask of the all-gathered rows, rank-major (gathered
-    row ``q * Lp + l`` is padding when ``l >= `` rank ``q``'s tokens), what an MoE layer that
+    input_ids `[T]` int32, positions `[T]` int64, is_padding `[T]` bool,
+    query_start_loc `[R'+1]` int32, seq_lens `[R']` int32 (vLLM `InputBuffers`);
+    idx_mapping `[R']` int64, logits_indices `[R']` int32, cu_num_logits `[R'+1]` int32;
+    hidden_restore_idx `[T]` int64, padded_gather_idx `[P*T]` int64,
+    kv_write_mask `[P*T]` bool; slot_gather_idx `[P*T]` int64 (each gathered row's column
+    of global_slot_mappings: `T`, the pad column, where the row must not write);
+    global_slot_mappings `[K, T+1]` int64 (vLLM's kernel writes the first `num_tokens`
+    columns; column `T` always reads `pad_slot_id`), gathered_slot_mappings `[K, P*T]` int64;
+    moe_is_padding `[P*T]` bool: the padding mask of the all-gathered rows, rank-major (gathered
+    row `q * Lp + l` is padding when `l >= ` rank `q`'s tokens), what an MoE layer that
     all-gathers the tokens routes with (vLLM 0.33+).
     """
 
@@ -90,11 +90,11 @@ class Destinations(NamedTuple):
 
 
 class StepPlan(NamedTuple):
-    """Everything a step of given sizes reuses (made once per ``(Lp, Rpad, rows)``): the graph
-    bucket and its call (:class:`pcp_fn.adapters.runtime.GraphCall`), the state the consumers
-    read (the persistent layout buffers at vLLM's ``Lp``), and the slot-mapping views.
+    """Everything a step of given sizes reuses (made once per `(Lp, Rpad, rows)`): the graph
+    bucket and its call ([`pcp_fn.adapters.runtime.GraphCall`][]), the state the consumers
+    read (the persistent layout buffers at vLLM's `Lp`), and the slot-mapping views.
 
-    ``Lp`` local tokens per rank after padding, ``Rpad`` local request rows after padding.
+    `Lp` local tokens per rank after padding, `Rpad` local request rows after padding.
     """
 
     Lp: int
@@ -109,13 +109,13 @@ class StepPlan(NamedTuple):
 def _to_vllm_rows(
     config: mrv2.MRV2Config, layout: mrv2.MRV2Layout, Lb: int, Lp: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The bucket's gathered-row maps (``Lb`` rows per rank) at vLLM's ``Lp <= Lb`` rows per rank
-    (a 0-d tensor: one graph serves every ``Lp`` of the bucket).
+    """The bucket's gathered-row maps (`Lb` rows per rank) at vLLM's `Lp <= Lb` rows per rank
+    (a 0-d tensor: one graph serves every `Lp` of the bucket).
 
-    Returns ``padded_gather_idx [P*Lb]`` and ``gathered_kv_write_mask [P*Lb]``
-    whose first ``P*Lp`` rows are vLLM's (0 / False after),
-    ``hidden_restore_idx [F_b]`` pointing into vLLM's gathered rows, and the
-    gathered padding mask ``[P*Lb]`` (True past the first ``P*Lp`` rows)::
+    Returns `padded_gather_idx [P*Lb]` and `gathered_kv_write_mask [P*Lb]`
+    whose first `P*Lp` rows are vLLM's (0 / False after),
+    `hidden_restore_idx [F_b]` pointing into vLLM's gathered rows, and the
+    gathered padding mask `[P*Lb]` (True past the first `P*Lp` rows):
 
         P = 2, Lp = 3, per-rank tokens [3, 1]:  gathered rows  r0 r0 r0 | r1 r1 r1
                                                  padding        F  F  F  | F  T  T
@@ -144,14 +144,14 @@ def _partition_step(
     input_ids: torch.Tensor,
     positions: torch.Tensor,
 ) -> None:
-    """The captured function (``bucket`` bound; ``state`` and the persistent buffers too, but for
+    """The captured function (`bucket` bound; `state` and the persistent buffers too, but for
     AOTInductor, which needs every tensor as an argument and writes the buffers it is given):
-    ``mrv2.partition_batch`` of the staged global batch, written into the persistent buffers.
+    `mrv2.partition_batch` of the staged global batch, written into the persistent buffers.
 
-    ``packed``: the :data:`STEP` layout (the global batch's per-request rows,
-    zero past the requests, num_reqs, vLLM's ``Lp``); ``input_ids [F_b]`` int32, ``positions [F_b]``
-    int64. The bucket-shaped results go into the first rows of ``out`` (and
-    ``layout_out``: per-rank and global token counts), inside the graph, so a
+    `packed`: the [`STEP`][pcp_fn.adapters.vllm.graphs.STEP] layout (the global batch's per-request rows,
+    zero past the requests, num_reqs, vLLM's `Lp`); `input_ids [F_b]` int32, `positions [F_b]`
+    int64. The bucket-shaped results go into the first rows of `out` (and
+    `layout_out`: per-rank and global token counts), inside the graph, so a
     replay leaves them there. It returns nothing: a graph with outputs would
     hand back (AOTInductor: allocate) about 25 tensors a call that nobody reads.
     """
@@ -185,7 +185,7 @@ def _partition_step(
         (per_rank_out, lay.per_rank_num_tokens),
         (num_tokens_out, lay.num_tokens),
     )
-    torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
+    torch._foreach_copy_(*zip(*copies))  # (destinations, sources): no comprehension frames per call
 
 
 # the vLLM InputBatch fields of StepGraphs.partition's per-request arrays, in its staging order
@@ -197,7 +197,7 @@ _FIELDS = tuple(
 
 class HostSegments:
     """The host twin alone (no capacities, no device): what a manager constructed without
-    ``max_num_reqs`` / ``max_num_tokens`` still answers (``get_num_tokens_for_dispatch``).
+    `max_num_reqs` / `max_num_tokens` still answers (`get_num_tokens_for_dispatch`).
     The layout rules read no capacity, so the config carries nominal ones."""
 
     def __init__(
@@ -222,7 +222,7 @@ class HostSegments:
         )
 
     def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
-        """This rank's segments and every rank's counts (host, ``O(P * R)``)."""
+        """This rank's segments and every rank's counts (host, `O(P * R)`)."""
         return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
 
 
@@ -230,27 +230,34 @@ class StepGraphs:
     """One rank's MRV2 step graphs: the host twin's segments staged, the captured partition, the restores.
 
     Args:
-        pcp_size, pcp_rank, max_num_reqs, max_num_tokens, shard_decode_requests,
-            dcp_size, dcp_rank, cp_kv_cache_interleave_size, pad_slot_id: the manager's
-            constructor arguments (they make the static
-            :class:`pcp_fn.mrv2.MRV2Config`; its ``ValueError`` names a bad one).
+        pcp_size: `P` (this argument and the eight after it are the manager's constructor
+            arguments: they make the static [`pcp_fn.mrv2.MRV2Config`][pcp_fn.MRV2Config], whose
+            `ValueError` names a bad one).
+        pcp_rank: this rank.
+        max_num_reqs: `R`, global requests per step.
+        max_num_tokens: `T`, global scheduled tokens per step.
+        shard_decode_requests: each decode on one rank, round-robin (else replicated).
+        dcp_size: decode context-parallel ranks.
+        dcp_rank: this rank's decode context-parallel rank.
+        cp_kv_cache_interleave_size: the KV interleave size.
+        pad_slot_id: the slot of gathered rows that must not write the KV cache.
         device: where the graphs run.
-        out: the persistent buffers (:class:`Destinations`).
-        backend: ``"aoti"`` (AOTInductor packages), a ``torch.compile``
-            backend on the CPU (``"inductor"``, ``"eager"``, ...) or ``None``
+        out: the persistent buffers ([`Destinations`][pcp_fn.adapters.vllm.graphs.Destinations]).
+        backend: `"aoti"` (AOTInductor packages), a `torch.compile`
+            backend on the CPU (`"inductor"`, `"eager"`, ...) or `None`
             for plain calls (no capture). CUDA and NPU devices capture device
-            graphs unless ``None`` or ``"aoti"``.
-        check_host_syncs: run the device part under :func:`pcp_fn.graph.no_host_syncs`.
-        token_buckets: the ladder's token sizes (:func:`graph_ladder`).
-        prepare: make every graph of the ladder now (:meth:`prepare`); with
-            ``False`` nothing is ever compiled and every step runs eagerly
-            (counted as a fallback when ``backend`` is set).
-        package_dir: ``backend="aoti"``: a directory caching one package per
-            bucket (:meth:`package_path`): a later start-up with the same
-            config, torch and pcp_fn loads them instead of compiling. ``None``:
+            graphs unless `None` or `"aoti"`.
+        check_host_syncs: run the device part under [`pcp_fn.graph.no_host_syncs`][pcp_fn.no_host_syncs].
+        token_buckets: the ladder's token sizes ([`graph_ladder`][pcp_fn.adapters.backend.graph_ladder]).
+        prepare: make every graph of the ladder now
+            ([`prepare`][pcp_fn.adapters.vllm.StepGraphs.prepare]); with `False` nothing is ever
+            compiled and every step runs eagerly (counted as a fallback when `backend` is set).
+        package_dir: `backend="aoti"`: a directory caching one package per
+            bucket ([`package_path`][pcp_fn.adapters.vllm.StepGraphs.package_path]): a later
+            start-up with the same config, torch and pcp_fn loads them instead of compiling. `None`:
             packages in a new temporary directory, compiled every time.
-        cache: the manager's :class:`~pcp_fn.adapters.schedule_cache.ScheduleCache`
-            (its ``plans``, ``states`` and buffer-prefix tables; default a new one).
+        cache: the manager's [`ScheduleCache`][pcp_fn.adapters.schedule_cache.ScheduleCache]
+            (its `plans`, `states` and buffer-prefix tables; default a new one).
     """
 
     def __init__(
@@ -352,12 +359,12 @@ class StepGraphs:
 
     @property
     def num_graphs(self) -> int:
-        """Graphs made so far (one per bucket; 0 with ``backend=None``)."""
+        """Graphs made so far (one per bucket; 0 with `backend=None`)."""
         return self.runtime.num_graphs
 
     def prepare(self) -> GraphStats:
         """Capture or compile the graph of every bucket of the ladder now (start-up), so that
-        no step compiles. Idempotent; a no-op for ``backend=None`` (plain calls).
+        no step compiles. Idempotent; a no-op for `backend=None` (plain calls).
 
         Each graph is made on an empty staged batch, which it writes into the persistent
         buffers: call it before serving (the manager's constructor does), not between a
@@ -371,7 +378,7 @@ class StepGraphs:
 
     @property
     def package_dir(self) -> str | None:
-        """Where ``backend="aoti"`` packages are cached (the runtime's)."""
+        """Where `backend="aoti"` packages are cached (the runtime's)."""
         return self.runtime.package_dir
 
     @package_dir.setter
@@ -379,30 +386,31 @@ class StepGraphs:
         self.runtime.package_dir = value
 
     def package_path(self, bucket: Bucket) -> str:
-        """The AOTInductor package of ``bucket``'s graph in :attr:`package_dir`, named by all it
-        depends on: the config, the bucket, the device type, torch's version and pcp_fn's source."""
+        """The AOTInductor package of `bucket`'s graph in
+        [`package_dir`][pcp_fn.adapters.vllm.StepGraphs.package_dir], named by all it depends on:
+        the config, the bucket, the device type, torch's version and pcp_fn's source."""
         return self.runtime.package_path(bucket)
 
     def guard(self) -> Any:
-        """The host-sync guard of the device work around the graphs (``check_host_syncs``)."""
+        """The host-sync guard of the device work around the graphs (`check_host_syncs`)."""
         return self.runtime.guard()
 
     def _prefix(self, name: str, buffer: torch.Tensor, n: int) -> torch.Tensor:
-        """``buffer[:n]``: the view made the first time ``n`` rows were asked (steady steps ask
-        the same sizes), in the cache's table ``name``."""
+        """`buffer[:n]`: the view made the first time `n` rows were asked (steady steps ask
+        the same sizes), in the cache's table `name`."""
         view = self._prefixes[name].get(n)
         if view is None:
             view = self.cache.put(name, n, buffer[:n])
         return view
 
     def _token_inputs(self, bucket: Bucket) -> tuple[torch.Tensor, torch.Tensor]:
-        """The staged global token ids and positions at ``bucket``'s ``F_b`` rows."""
+        """The staged global token ids and positions at `bucket`'s `F_b` rows."""
         F = mrv2.token_rows(self.config, bucket)
         return self._input_ids[:F], self._positions[:F]
 
     def bucket_for(self, Lp: int, Rpad: int, rows: int) -> Bucket:
-        """The ladder's bucket of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks
-        hold at most ``rows`` local rows (all within the capacities, checked by the caller)."""
+        """The ladder's bucket of a step padded to `Lp` tokens and `Rpad` rows whose ranks
+        hold at most `rows` local rows (all within the capacities, checked by the caller)."""
         need = max(Lp, Rpad, rows, 1)
         rungs = self._rungs
         i = bisect.bisect_left(rungs, need)
@@ -422,8 +430,8 @@ class StepGraphs:
     # ---------------------------------------------------------------- plans (made once per size)
 
     def plan(self, Lp: int, Rpad: int, rows: int) -> StepPlan:
-        """The plan of a step padded to ``Lp`` tokens and ``Rpad`` rows whose ranks hold at most
-        ``rows`` local rows: the graph bucket holds every rank's rows and vLLM's sizes."""
+        """The plan of a step padded to `Lp` tokens and `Rpad` rows whose ranks hold at most
+        `rows` local rows: the graph bucket holds every rank's rows and vLLM's sizes."""
         key = (Lp, Rpad, rows)
         plan = self._plans.get(key)
         if plan is None:
@@ -442,7 +450,7 @@ class StepGraphs:
         return plan
 
     def _view_state(self, Lp: int) -> mrv2.MRV2State:
-        """The state the consumers read: the persistent buffers at vLLM's ``Lp`` (one per ``Lp``)."""
+        """The state the consumers read: the persistent buffers at vLLM's `Lp` (one per `Lp`)."""
         state = self._views.get(Lp)
         if state is None:
             P, o = self.config.pcp_size, self.out
@@ -470,12 +478,12 @@ class StepGraphs:
         num_tokens: int,
         plan: StepPlan,
     ) -> None:
-        """Lay out the global batch on every rank and write this rank's rows into ``out``.
+        """Lay out the global batch on every rank and write this rank's rows into `out`.
 
-        ``rows``: the per-request arrays in :data:`STEP`'s row order (``num_scheduled,
-        num_computed, prefill_len, is_prefilling, idx_mapping``), each ``[num_reqs]`` (checked
-        by the caller: at most ``max_num_reqs``, ints); ``input_ids`` / ``positions`` the global
-        ``[>= num_tokens]`` device tensors (not read on the host). ``plan``'s
+        `rows`: the per-request arrays in [`STEP`][pcp_fn.adapters.vllm.graphs.STEP]'s row order
+        (`num_scheduled, num_computed, prefill_len, is_prefilling, idx_mapping`), each `[num_reqs]`
+        (checked by the caller: at most `max_num_reqs`, ints); `input_ids` / `positions` the global
+        `[>= num_tokens]` device tensors (not read on the host). `plan`'s
         bucket must hold every rank (rows and tokens).
         """
         T = self.config.max_num_tokens
@@ -513,7 +521,8 @@ class StepGraphs:
         pos: torch.Tensor,
         positions: torch.Tensor,
     ) -> None:
-        """The device part of :meth:`partition` before the graph: the staging copies."""
+        """The device part of [`partition`][pcp_fn.adapters.vllm.StepGraphs.partition] before the
+        graph: the staging copies."""
         if not self._staging.persistent:  # (the CPU's host buffer is the device buffer)
             self._staging.commit(host)
         # two copies, not one _foreach_copy_: for two tensors its dispatch costs more
@@ -521,8 +530,9 @@ class StepGraphs:
         pos.copy_(positions)
 
     def _stage(self, rows: tuple[np.ndarray, ...], Lp: int) -> np.ndarray:
-        """Pack the step's per-request arrays ``rows`` (in :data:`STEP`'s row order) and ``Lp``
-        into a host buffer, checking the values the int32 staging could wrap; returns it."""
+        """Pack the step's per-request arrays `rows` (in
+        [`STEP`][pcp_fn.adapters.vllm.graphs.STEP]'s row order) and `Lp` into a host buffer,
+        checking the values the int32 staging could wrap; returns it."""
         num_scheduled, num_computed, prefill_len, _, idx_mapping = rows
         R, T, n = self.config.max_num_reqs, self.config.max_num_tokens, num_scheduled.size
         # rows past the requests must read zero: a fresh (pinned) buffer is zeroed there; the
@@ -555,7 +565,7 @@ class StepGraphs:
     def set_slot_mappings(
         self, global_slot_mappings: torch.Tensor, gathered_slot_mappings: torch.Tensor
     ) -> None:
-        """The persistent slot-mapping buffers (``[K, T + 1]`` and ``[K, P*T]``; at construction,
+        """The persistent slot-mapping buffers (`[K, T + 1]` and `[K, P*T]`; at construction,
         and again when a manager's block tables are attached later). The graphs never read
         them; the plans' views of the old ones are dropped, so the next step plans again."""
         T = self.config.max_num_tokens
@@ -576,15 +586,15 @@ class StepGraphs:
         return self._plan is not None
 
     def current_plan(self) -> StepPlan:
-        """The plan of the last partitioned step (``RuntimeError`` before the first)."""
+        """The plan of the last partitioned step (`RuntimeError` before the first)."""
         if self._plan is None:
             raise RuntimeError("no batch was partitioned yet")
         return self._plan
 
     def gathered_slot_mappings(self, num_tokens: int) -> torch.Tensor:
-        """``[K, P*Lp]``: the KV slot of each gathered row, ``pad_slot_id`` where the row must not
-        write (:func:`pcp_fn.mrv2.gathered_slot_mappings`), gathered from the persistent global
-        slot mappings' first ``num_tokens`` columns and their pad column (``slot_gather_idx``,
+        """`[K, P*Lp]`: the KV slot of each gathered row, `pad_slot_id` where the row must not
+        write ([`pcp_fn.mrv2.gathered_slot_mappings`][]), gathered from the persistent global
+        slot mappings' first `num_tokens` columns and their pad column (`slot_gather_idx`,
         from the graph) into the persistent gathered slot mappings: one kernel, nothing
         allocated."""
         plan = self.current_plan()
@@ -599,8 +609,8 @@ class StepGraphs:
         return out
 
     def _restore_rows(self, op: str, name: str, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        """``gathered [P*Lp, ...]`` (checked) -> its first ``num_tokens`` rows in global order
-        (:func:`pcp_fn.mrv2.restore_hidden_states`, only the real rows gathered)."""
+        """`gathered [P*Lp, ...]` (checked) -> its first `num_tokens` rows in global order
+        ([`pcp_fn.mrv2.restore_hidden_states`][], only the real rows gathered)."""
         plan = self._plan
         if plan is None:
             raise RuntimeError("no batch was partitioned yet")
@@ -620,7 +630,7 @@ class StepGraphs:
         return gathered.index_select(0, idx)
 
     def restore(self, gathered: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        """``[P*Lp, ...] -> [num_tokens, ...]``: all-gathered rows in global token order."""
+        """`[P*Lp, ...] -> [num_tokens, ...]`: all-gathered rows in global token order."""
         if num_tokens == 0:
             return gathered[:0]
         return self._restore_rows("restore_hidden_states", "gathered", gathered, num_tokens)
@@ -628,7 +638,7 @@ class StepGraphs:
     def restore_for_sampling(
         self, gathered: torch.Tensor, aux_gathered: Sequence[torch.Tensor] | None, num_tokens: int
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """Restore the hidden (and auxiliary) states for sampling, ``[num_tokens, ...]`` each."""
+        """Restore the hidden (and auxiliary) states for sampling, `[num_tokens, ...]` each."""
         if num_tokens == 0:
             return gathered[:0], None if aux_gathered is None else [a[:0] for a in aux_gathered]
         op = "restore_for_sampling"
@@ -654,8 +664,8 @@ class StepGraphs:
         return last, self._restore_rows(op, "hidden_states", gathered, num_tokens)
 
     def draft_input_ids(self, input_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """Write the drafter's global ``input_ids`` (int32, at least one row) at this rank's rows
-        into ``out`` (``[Lp]``; padding rows read token 0, like vLLM) and return ``out``."""
+        """Write the drafter's global `input_ids` (int32, at least one row) at this rank's rows
+        into `out` (`[Lp]`; padding rows read token 0, like vLLM) and return `out`."""
         state = self.current_plan().view  # this rank's first Lp gathered rows are the bucket's
         if out.shape[0] == 0:
             return out

@@ -1,16 +1,17 @@
 """The checks of what vLLM hands the drop-in: constructor arguments, block tables, descriptors, the
 global batch's device tensors, restore and draft inputs.
 
-The project's rule for bad input: a ``ValueError`` (or ``TypeError`` for a wrong type) at the
+The project's rule for bad input: a `ValueError` (or `TypeError` for a wrong type) at the
 boundary naming the field and the limit, before anything is written; nothing cast, clamped or
-truncated. Where vLLM's ``PCPManager`` raises (``index_select`` into its int32 / int64 buffers
+truncated. Where vLLM's `PCPManager` raises (`index_select` into its int32 / int64 buffers
 refuses any other dtype, or another device), so does the drop-in, here and by name.
 
-The per-step checks (:func:`check_token_tensors`, :func:`check_num_tokens`,
-:func:`check_gathered_input`, :func:`check_draft_ids`) read host attributes only (dtype,
-``ndim``, device, ints), never a device value; the bookkeeper calls them only when its O(1)
-test of the same attributes fails, so a good step pays that test alone. This module imports no
-vLLM.
+The per-step checks ([`check_token_tensors`][pcp_fn.adapters.vllm.inputs.check_token_tensors],
+[`check_num_tokens`][pcp_fn.adapters.vllm.inputs.check_num_tokens],
+[`check_gathered_input`][pcp_fn.adapters.vllm.inputs.check_gathered_input],
+[`check_draft_ids`][pcp_fn.adapters.vllm.inputs.check_draft_ids]) read host attributes only (dtype,
+`ndim`, device, ints), never a device value; the bookkeeper calls them only when its O(1) test of
+the same attributes fails, so a good step pays that test alone. This module imports no vLLM.
 """
 
 from __future__ import annotations
@@ -24,27 +25,27 @@ import torch
 from ...core.checks import INT32_MAX, check_bool, check_device, check_host_buffer, check_int
 from .engine_types import BatchExecutionDescriptor, BlockTables, CUDAGraphModes
 
-#: The largest ``max_num_reqs``: the ``2 * max_num_reqs`` local request rows are int32 values
-#: (``cu_num_logits``, the staged request rows).
 MAX_NUM_REQS = INT32_MAX // 2
-#: The largest ``max_num_tokens``: token counts and sequence ends are int32.
+"""The largest `max_num_reqs`: the `2 * max_num_reqs` local request rows are int32 values (`cu_num_logits`,
+the staged request rows)."""
 MAX_NUM_TOKENS = INT32_MAX
-#: vLLM's block-table dtype (``vllm/v1/worker/gpu/block_table.py``): its gather kernel writes
-#: the local tables through their addresses as int32.
+"""The largest `max_num_tokens`: token counts and sequence ends are int32."""
 BLOCK_TABLE_DTYPE = torch.int32
-#: The slot dtypes of the cache-write kernels (vLLM's int64, vllm-ascend's int32).
+"""vLLM's block-table dtype (`vllm/v1/worker/gpu/block_table.py`): its gather kernel writes the local tables
+through their addresses as int32."""
 SLOT_DTYPES = (torch.int64, torch.int32)
+"""The slot dtypes of the cache-write kernels (vLLM's int64, vllm-ascend's int32)."""
 
 
 def check_flags(shard_decode_requests: object, moe_gathers_tokens: object) -> None:
-    """The constructor's flags are bools: ``"False"`` would read as true."""
+    """The constructor's flags are bools: `"False"` would read as true."""
     check_bool("shard_decode_requests", shard_decode_requests)
     check_bool("moe_gathers_tokens", moe_gathers_tokens)
 
 
 def persistent_bytes(P: int, R: int | None, T: int | None, num_groups: int) -> int:
-    """A lower bound on the persistent buffers' bytes for ``P`` ranks, ``R`` requests, ``T``
-    tokens and ``num_groups`` KV-cache groups (what the constructor allocates at capacity)."""
+    """A lower bound on the persistent buffers' bytes for `P` ranks, `R` requests, `T`
+    tokens and `num_groups` KV-cache groups (what the constructor allocates at capacity)."""
     if T is None:
         return 0
     tokens = P * T  # the MoE mask [P*T] bool, allocated with max_num_tokens alone
@@ -59,8 +60,8 @@ def persistent_bytes(P: int, R: int | None, T: int | None, num_groups: int) -> i
 def check_capacities(
     max_num_reqs: object, max_num_tokens: object, device: torch.device, P: int, num_groups: int
 ) -> None:
-    """``max_num_reqs`` / ``max_num_tokens``, when given: ints (not bools) in ``[1, MAX_NUM_REQS]``
-    / ``[1, MAX_NUM_TOKENS]``, and on the CPU buffers that fit this machine's memory (named here,
+    """`max_num_reqs` / `max_num_tokens`, when given: ints (not bools) in `[1, MAX_NUM_REQS]`
+    / `[1, MAX_NUM_TOKENS]`, and on the CPU buffers that fit this machine's memory (named here,
     not in an allocator)."""
     if max_num_reqs is not None:
         check_int("max_num_reqs", max_num_reqs, 1, MAX_NUM_REQS)
@@ -73,9 +74,9 @@ def check_capacities(
 
 
 def check_block_tables(block_tables: BlockTables | None, device: torch.device) -> None:
-    """vLLM's ``BlockTables`` as the drop-in reads them: ``input_block_tables``, one 2-D int32
-    tensor per KV-cache group (``num_kv_cache_groups`` of them) on the manager's device, an
-    integer ``cp_interleave >= 1`` and, when present, ``slot_mappings`` of a slot dtype."""
+    """vLLM's `BlockTables` as the drop-in reads them: `input_block_tables`, one 2-D int32
+    tensor per KV-cache group (`num_kv_cache_groups` of them) on the manager's device, an
+    integer `cp_interleave >= 1` and, when present, `slot_mappings` of a slot dtype."""
     if block_tables is None:
         return
     name = "block_tables"
@@ -107,7 +108,7 @@ def check_block_tables(block_tables: BlockTables | None, device: torch.device) -
 
 
 def resolve_device(device: torch.device) -> torch.device:
-    """``device`` with its index, as a tensor made there reports it (``cuda`` -> ``cuda:0``): the
+    """`device` with its index, as a tensor made there reports it (`cuda` -> `cuda:0`): the
     device the per-step checks compare with."""
     if device.index is not None or device.type in ("cpu", "meta"):
         return device
@@ -116,9 +117,9 @@ def resolve_device(device: torch.device) -> torch.device:
 
 
 def check_descriptor(batch_desc: BatchExecutionDescriptor, Mode: CUDAGraphModes) -> None:
-    """A descriptor's fields the partition reads: ``cg_mode`` a member of vLLM's ``CUDAGraphMode``;
-    unless ``NONE``, ``num_tokens`` an int ``>= 0``; for ``FULL``, ``num_reqs`` ``None`` or an
-    int ``>= 1``; ``max_query_len`` / ``uniform_token_count`` ``None`` or ints ``>= 1``. Called
+    """A descriptor's fields the partition reads: `cg_mode` a member of vLLM's `CUDAGraphMode`;
+    unless `NONE`, `num_tokens` an int `>= 0`; for `FULL`, `num_reqs` `None` or an
+    int `>= 1`; `max_query_len` / `uniform_token_count` `None` or ints `>= 1`. Called
     once per distinct descriptor."""
     mode = batch_desc.cg_mode
     if not isinstance(mode, type(Mode.NONE)):
@@ -137,7 +138,7 @@ def check_descriptor(batch_desc: BatchExecutionDescriptor, Mode: CUDAGraphModes)
 
 
 def check_tensor_1d(name: str, value: Any, dtype: torch.dtype, device: torch.device) -> None:
-    """``value`` is a 1-D ``dtype`` tensor on ``device`` (``name`` names it in the error)."""
+    """`value` is a 1-D `dtype` tensor on `device` (`name` names it in the error)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
     if value.dtype != dtype:
@@ -154,16 +155,16 @@ def check_tensor_1d(name: str, value: Any, dtype: torch.dtype, device: torch.dev
 def check_token_tensors(
     input_ids: Any, positions: Any, device: torch.device, what: str = "input_batch"
 ) -> None:
-    """``input_ids`` int32 and ``positions`` int64, 1-D, on the manager's device: vLLM's own
-    ``index_select`` into its buffers raises for anything else. Ids are int32 by dtype, so an id
+    """`input_ids` int32 and `positions` int64, 1-D, on the manager's device: vLLM's own
+    `index_select` into its buffers raises for anything else. Ids are int32 by dtype, so an id
     past int32 cannot reach the staging (no value is read)."""
     check_tensor_1d(f"{what}.input_ids", input_ids, torch.int32, device)
     check_tensor_1d(f"{what}.positions", positions, torch.int64, device)
 
 
 def check_num_tokens(num_tokens: object, total: int) -> None:
-    """``input_batch.num_tokens`` is the scheduled total (the restores return that many rows, and
-    the slot mappings cover them): an int equal to ``sum(num_scheduled_tokens)``."""
+    """`input_batch.num_tokens` is the scheduled total (the restores return that many rows, and
+    the slot mappings cover them): an int equal to `sum(num_scheduled_tokens)`."""
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int | np.integer):
         raise TypeError(
             f"input_batch.num_tokens must be an int, got {type(num_tokens).__name__} {num_tokens!r}"
@@ -177,13 +178,13 @@ def check_num_tokens(num_tokens: object, total: int) -> None:
 
 
 def check_req_ids(req_ids: Any, num_reqs: int) -> None:
-    """``input_batch.req_ids`` has one entry per request."""
+    """`input_batch.req_ids` has one entry per request."""
     if len(req_ids) != num_reqs:
         raise ValueError(f"input_batch.req_ids has {len(req_ids)} entries; the batch has {num_reqs} requests")
 
 
 def check_upper_bounds(upper: Any, num_reqs: int) -> None:
-    """``input_batch.seq_lens_cpu_upper_bound`` has an entry per request (vLLM 0.33+'s per-step
+    """`input_batch.seq_lens_cpu_upper_bound` has an entry per request (vLLM 0.33+'s per-step
     metadata indexes it by the local rows' requests)."""
     if len(upper) < num_reqs:
         name = "input_batch.seq_lens_cpu_upper_bound"
@@ -191,7 +192,7 @@ def check_upper_bounds(upper: Any, num_reqs: int) -> None:
 
 
 def check_gathered_input(op: str, name: str, value: Any, device: torch.device) -> None:
-    """A restore's local input ``[Lp, ...]``: a tensor of at least one dimension on the manager's
+    """A restore's local input `[Lp, ...]`: a tensor of at least one dimension on the manager's
     device (checked before the all-gather: a bad one fails here, not inside a collective)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a tensor, got {type(value).__name__}")
@@ -202,8 +203,8 @@ def check_gathered_input(op: str, name: str, value: Any, device: torch.device) -
 
 
 def check_draft_ids(input_ids: Any, num_tokens: int, device: torch.device) -> None:
-    """The drafter's global ``input_ids``: int32 (vLLM's ``index_select`` into the int32 local ids
-    refuses any other dtype), 1-D, on the manager's device, covering the ``num_tokens`` tokens of
+    """The drafter's global `input_ids`: int32 (vLLM's `index_select` into the int32 local ids
+    refuses any other dtype), 1-D, on the manager's device, covering the `num_tokens` tokens of
     the partitioned batch (vLLM's gather raises past them)."""
     check_tensor_1d("prepare_draft_prefill: input_ids", input_ids, torch.int32, device)
     if input_ids.shape[0] < num_tokens:
@@ -214,8 +215,8 @@ def check_draft_ids(input_ids: Any, num_tokens: int, device: torch.device) -> No
 
 
 def check_capture(input_batch: Any, max_reqs: int, max_tokens: int) -> tuple[int, int]:
-    """A capture / dummy batch's padded sizes ``(rows, tokens)``: ints within the local request
-    rows and ``max_num_tokens``."""
+    """A capture / dummy batch's padded sizes `(rows, tokens)`: ints within the local request
+    rows and `max_num_tokens`."""
     rows, tokens = input_batch.num_reqs_after_padding, input_batch.num_tokens_after_padding
     check_int("input_batch.num_reqs_after_padding", rows, 1, max_reqs)
     check_int("input_batch.num_tokens_after_padding", tokens, 0, max_tokens)

@@ -1,19 +1,19 @@
-"""``FunctionalPCPManager``'s methods, over any ``PCPManager`` base: vLLM's, or a test stand-in.
+"""`FunctionalPCPManager`'s methods, over any `PCPManager` base: vLLM's, or a test stand-in.
 
-vLLM builds its model runner V2's manager as ``pcp_manager_cls(pcp_world_size,
-pcp_rank, device, ...)`` and calls its public methods; this module is the class
+vLLM builds its model runner V2's manager as `pcp_manager_cls(pcp_world_size,
+pcp_rank, device, ...)` and calls its public methods; this module is the class
 body a drop-in needs on top of vLLM's base, and nothing else: every method
-forwards to the composed :class:`~pcp_fn.adapters.vllm.bookkeeper.MRV2Bookkeeper`
+forwards to the composed [`MRV2Bookkeeper`][pcp_fn.adapters.vllm.MRV2Bookkeeper]
 (which holds the state), and the vLLM attribute names vLLM's own code and tests
-read (``_input_buffers``, ``_block_tables``, ``draft_prefill_batch``, ...) are
+read (`_input_buffers`, `_block_tables`, `draft_prefill_batch`, ...) are
 views of the bookkeeper's. The methods whose names or signatures differ between
-vLLM releases come from :mod:`pcp_fn.adapters.vllm.contract`.
+vLLM releases come from [`pcp_fn.adapters.vllm.contract`][].
 
-The concrete class is ``contract.methods + FunctionalPCPManagerMixin + PCPManager``
-(:data:`pcp_fn.adapters.vllm.FunctionalPCPManager` over the installed vLLM;
-:func:`make_functional_manager` over any base).
+The concrete class is `contract.methods + FunctionalPCPManagerMixin + PCPManager`
+([`pcp_fn.adapters.vllm.FunctionalPCPManager`][] over the installed vLLM;
+[`make_functional_manager`][pcp_fn.adapters.vllm.make_functional_manager] over any base).
 
-``validate_config`` accepts FULL CUDA graphs for mixed prefill + decode batches:
+`validate_config` accepts FULL CUDA graphs for mixed prefill + decode batches:
 the bookkeeping is inside a graph, nothing in it depends on the batch's composition.
 """
 
@@ -33,14 +33,14 @@ from .engine_types import BatchExecutionDescriptor, BlockTables, InputBatch, Inp
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class VllmApi(EngineNames):
-    """The engine's names (:class:`~pcp_fn.adapters.vllm.bookkeeper.EngineNames`) and the base
-    class, ``PCPManager`` (``vllm.v1.worker.gpu.pcp_manager.PCPManager``)."""
+    """The engine's names ([`EngineNames`][pcp_fn.adapters.vllm.EngineNames]) and the base
+    class, `PCPManager` (`vllm.v1.worker.gpu.pcp_manager.PCPManager`)."""
 
     PCPManager: type
 
 
 class _Override:
-    """A read-only view of ``inner`` with some attributes replaced (for ``validate_config``)."""
+    """A read-only view of `inner` with some attributes replaced (for `validate_config`)."""
 
     def __init__(self, inner: object, **overrides: object) -> None:
         self._inner = inner
@@ -52,7 +52,7 @@ class _Override:
 
 
 class BookkeeperAttribute:
-    """A vLLM attribute name of the manager whose value is the bookkeeper's ``name``: one copy of
+    """A vLLM attribute name of the manager whose value is the bookkeeper's `name`: one copy of
     the state. Before the bookkeeper exists (vLLM's constructor runs first) it is a plain attribute."""
 
     def __init__(self, name: str) -> None:
@@ -78,23 +78,44 @@ class BookkeeperAttribute:
 
 
 class FunctionalPCPManagerMixin:
-    """Drop-in for vLLM's MRV2 ``PCPManager``: the same constructor, methods and results
+    """Drop-in for vLLM's MRV2 `PCPManager`: the same constructor, methods and results
     (checked in lockstep), with the bookkeeping in one captured graph per bucket.
 
-    Class attributes (set on a subclass or the class to change every instance):
-        vllm_api: the engine's names and base (:class:`VllmApi`).
-        bookkeeper_cls: the bookkeeper class (a subclass changes a policy, e.g.
-            :meth:`~pcp_fn.adapters.vllm.bookkeeper.MRV2Bookkeeper.full_rows`).
-        graph_backend: ``"auto"``, ``"aoti"``, a ``torch.compile`` backend, or
-            ``None`` for plain calls (default ``$PCP_FN_GRAPH_BACKEND``, else
-            ``auto``; :func:`pcp_fn.adapters.backend.resolve_graph_backend`). Every
-            graph is made in the constructor (the engine's start-up), never at a step.
-        token_buckets: the graph ladder's token sizes (default powers of two
-            from 16; :func:`pcp_fn.adapters.backend.graph_ladder`).
-        check_host_syncs: run the device part under ``pcp_fn.no_host_syncs``.
+    The constructor is vLLM's (`pcp_manager_cls(pcp_world_size, pcp_rank, device, ...)`); its
+    arguments go to the [`MRV2Bookkeeper`][pcp_fn.adapters.vllm.MRV2Bookkeeper], which holds
+    the state.
+
+    Args:
+        pcp_world_size: `P`, the PCP group's size.
+        pcp_rank: this rank of the PCP group.
+        device: where the persistent buffers and the graphs live.
+        shard_decode_requests: each decode on one rank, round-robin (vLLM
+            `pcp_shard_decode_requests`); otherwise decodes are replicated on every rank.
+        max_num_reqs: `R`, global requests per step; without it or `max_num_tokens` nothing is
+            allocated (like vLLM's).
+        max_num_tokens: `T`, global scheduled tokens per step.
+        block_tables: vLLM's `BlockTables` (vLLM 0.33+: `None`, set later by the runner).
+        dcp_world_size: decode context-parallel ranks.
+        dcp_rank: this rank's decode context-parallel rank.
+        cp_interleave: the KV interleave size.
+        moe_gathers_tokens: the MoE all-gathers PCP tokens to route them (vLLM 0.33+; a
+            `ValueError` on a vLLM without the MoE routing mask).
+
+    The class attributes, from `vllm_api` to `check_host_syncs`, are set on a subclass or the
+    class to change every instance.
 
     Attributes:
-        bookkeeper: the :class:`~pcp_fn.adapters.vllm.bookkeeper.MRV2Bookkeeper`.
+        vllm_api: the engine's names and base ([`VllmApi`][pcp_fn.adapters.vllm.VllmApi]).
+        bookkeeper_cls: the bookkeeper class (a subclass changes a policy, e.g.
+            [`full_rows`][pcp_fn.adapters.vllm.MRV2Bookkeeper.full_rows]).
+        graph_backend: `"auto"`, `"aoti"`, a `torch.compile` backend, or
+            `None` for plain calls (default `$PCP_FN_GRAPH_BACKEND`, else
+            `auto`; [`pcp_fn.adapters.backend.resolve_graph_backend`][]). Every
+            graph is made in the constructor (the engine's start-up), never at a step.
+        token_buckets: the graph ladder's token sizes (default powers of two
+            from 16; [`pcp_fn.adapters.backend.graph_ladder`][]).
+        check_host_syncs: run the device part under [`pcp_fn.no_host_syncs`][].
+        bookkeeper: the [`MRV2Bookkeeper`][pcp_fn.adapters.vllm.MRV2Bookkeeper].
     """
 
     vllm_api: VllmApi
@@ -167,10 +188,10 @@ class FunctionalPCPManagerMixin:
     def validate_config(cls, vllm_config: VllmConfig, supports_mm_inputs: bool) -> None:
         """vLLM's checks, except that FULL CUDA graphs serve mixed batches too.
 
-        vLLM rejects ``FULL`` (one FULL routine for every batch) with PCP; the
+        vLLM rejects `FULL` (one FULL routine for every batch) with PCP; the
         bookkeeping here is one graph per bucket, so the base class checks the
-        config as if it said ``FULL_DECODE_ONLY``, which passes every other
-        check unchanged (the mode is still not ``NONE``).
+        config as if it said `FULL_DECODE_ONLY`, which passes every other
+        check unchanged (the mode is still not `NONE`).
         """
         Mode = cls.vllm_api.CUDAGraphMode
         if vllm_config.compilation_config.cudagraph_mode == Mode.FULL:
@@ -182,18 +203,18 @@ class FunctionalPCPManagerMixin:
 
     @property
     def input_buffers(self) -> InputBuffers:
-        """The persistent local ``InputBuffers`` (``2 * max_num_reqs`` rows, ``max_num_tokens``)."""
+        """The persistent local `InputBuffers` (`2 * max_num_reqs` rows, `max_num_tokens`)."""
         self.bookkeeper.require("input_buffers")
         return self.bookkeeper.input_buffers
 
     @property
     def global_batch(self) -> InputBatch:
-        """The global ``InputBatch`` of the last ``partition_batch``."""
+        """The global `InputBatch` of the last `partition_batch`."""
         return self.bookkeeper.global_batch
 
     @property
     def schedule_cache(self) -> ScheduleCache:
-        """What repeated schedules reuse (:mod:`pcp_fn.adapters.schedule_cache`): its ``made``
+        """What repeated schedules reuse ([`pcp_fn.adapters.schedule_cache`][]): its `made`
         counts, by table, what was computed rather than looked up."""
         return self.bookkeeper.schedule_cache
 
@@ -203,7 +224,7 @@ class FunctionalPCPManagerMixin:
         return self.bookkeeper.graph_stats
 
     def persistent_buffers(self) -> dict[str, torch.Tensor]:
-        """Every persistent device buffer by name (their ``data_ptr()``s never change)."""
+        """Every persistent device buffer by name (their `data_ptr()`s never change)."""
         return self.bookkeeper.persistent_buffers()
 
     # ------------------------------------------------------------ vLLM's methods
@@ -213,16 +234,19 @@ class FunctionalPCPManagerMixin:
         return self.bookkeeper.get_num_tokens_for_dispatch(num_scheduled_tokens, is_prefilling)
 
     def partition_batch(self, input_batch: InputBatch, batch_desc: BatchExecutionDescriptor) -> InputBatch:
-        """This rank's local ``InputBatch`` (:meth:`MRV2Bookkeeper.partition_batch`)."""
+        """This rank's local `InputBatch`
+        ([`MRV2Bookkeeper.partition_batch`][pcp_fn.adapters.vllm.MRV2Bookkeeper.partition_batch])."""
         return self.bookkeeper.partition_batch(input_batch, batch_desc)
 
     def prepare_attn(self, input_batch: InputBatch) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Local block tables (gathered into the persistent tables) and the gathered slot mappings
-        (this class's :meth:`prepare_slot_mappings`: a subclass's override is honoured)."""
+        (this class's
+        [`prepare_slot_mappings`][pcp_fn.adapters.vllm.FunctionalPCPManager.prepare_slot_mappings]:
+        a subclass's override is honoured)."""
         return self.bookkeeper.gather_block_tables(input_batch), self.prepare_slot_mappings()
 
     def prepare_slot_mappings(self) -> torch.Tensor:
-        """``[K, P * Lp]``: the KV slot of every all-gathered row (``PAD_SLOT_ID``: must not write)."""
+        """`[K, P * Lp]`: the KV slot of every all-gathered row (`PAD_SLOT_ID`: must not write)."""
         return self.bookkeeper.prepare_slot_mappings()
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
@@ -230,11 +254,11 @@ class FunctionalPCPManagerMixin:
         return self.bookkeeper.get_dummy_block_tables(num_reqs)
 
     def get_dummy_slot_mappings(self, num_tokens: int) -> torch.Tensor:
-        """The persistent gathered slot mappings, all ``PAD_SLOT_ID``, ``[K, num_tokens * P]``."""
+        """The persistent gathered slot mappings, all `PAD_SLOT_ID`, `[K, num_tokens * P]`."""
         return self.bookkeeper.get_dummy_slot_mappings(num_tokens)
 
     def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """All-gather the ranks' ``[Lp, ...]`` rows, in global token order ``[num_tokens, ...]``."""
+        """All-gather the ranks' `[Lp, ...]` rows, in global token order `[num_tokens, ...]`."""
         return self.bookkeeper.restore_hidden_states(hidden_states)
 
     def restore_for_sampling(
@@ -244,7 +268,7 @@ class FunctionalPCPManagerMixin:
         return self.bookkeeper.restore_for_sampling(hidden_states, aux_hidden_states)
 
     def prepare_draft_prefill(self, input_batch: InputBatch, input_ids: torch.Tensor) -> None:
-        """Point the drafter at this rank's rows of ``input_ids`` (global order)."""
+        """Point the drafter at this rank's rows of `input_ids` (global order)."""
         self.bookkeeper.prepare_draft_prefill(input_batch, input_ids)
 
     def restore_draft_prefill(
@@ -260,17 +284,17 @@ _BOOKKEEPER_ATTRIBUTES = tuple(
 
 
 def make_functional_manager(api: VllmApi, name: str = "FunctionalPCPManager") -> type:
-    """``class name(api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)`` with
-    ``vllm_api = api``: the drop-in over any base (the installed vLLM's is
-    :data:`pcp_fn.adapters.vllm.FunctionalPCPManager`). Its ``graph_backend`` is
-    ``$PCP_FN_GRAPH_BACKEND`` now (the class built next follows the switch)."""
+    """`class name(api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)` with
+    `vllm_api = api`: the drop-in over any base (the installed vLLM's is
+    [`pcp_fn.adapters.vllm.FunctionalPCPManager`][]). Its `graph_backend` is
+    `$PCP_FN_GRAPH_BACKEND` now (the class built next follows the switch)."""
     bases = (api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)
     return type(name, bases, class_namespace(name, FunctionalPCPManagerMixin, vllm_api=api))
 
 
 def class_namespace(name: str, mixin: type, **attributes: object) -> dict[str, object]:
-    """The namespace of a drop-in class built over a base at run time: ``mixin``'s docstring,
-    this module's name and ``graph_backend`` read from the environment now."""
+    """The namespace of a drop-in class built over a base at run time: `mixin`'s docstring,
+    this module's name and `graph_backend` read from the environment now."""
     return {
         "__doc__": mixin.__doc__,
         "__module__": mixin.__module__,

@@ -1,10 +1,12 @@
 """vllm-ascend adapters.
 
-- :mod:`.v1`, vllm-ascend's released line (0.23.x): :class:`FunctionalDCSManager`, a drop-in
-  for the DualChunkSwap ``PCPManager`` of ``vllm_ascend/worker/pcp_utils.py`` that
-  ``model_runner_v1.py`` runs; :func:`install` switches it in before the runner is built.
-- :mod:`.v2`, vllm-ascend main (vLLM's model runner V2): ``FunctionalAscendPCPManager``, built
-  on first access over the installed vLLM's ``PCPManager`` by :func:`make_functional_ascend_manager`.
+- [`pcp_fn.adapters.vllm_ascend.v1`][], vllm-ascend's released line (0.23.x):
+  [`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager], a drop-in for the
+  DualChunkSwap `PCPManager` of `vllm_ascend/worker/pcp_utils.py` that `model_runner_v1.py` runs;
+  [`install`][pcp_fn.adapters.vllm_ascend.install] switches it in before the runner is built.
+- [`pcp_fn.adapters.vllm_ascend.v2`][], vllm-ascend main (vLLM's model runner V2):
+  `FunctionalAscendPCPManager`, built on first access over the installed vLLM's `PCPManager` by
+  [`make_functional_ascend_manager`][pcp_fn.adapters.vllm_ascend.make_functional_ascend_manager].
 
 Nothing here imports vllm, vllm_ascend or torch_npu at import time; the
 methods that need them import them when called.
@@ -37,8 +39,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> type:
-    """``FunctionalAscendPCPManager``: built on first access over vLLM and vllm-ascend main (imports
-    both), ``FunctionalAscendPCPManagerMixin`` over the vLLM drop-in and vLLM's MRV2 ``PCPManager``."""
+    """`FunctionalAscendPCPManager`: built on first access over vLLM and vllm-ascend main (imports
+    both), `FunctionalAscendPCPManagerMixin` over the vLLM drop-in and vLLM's MRV2 `PCPManager`."""
     if name != "FunctionalAscendPCPManager":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from vllm.distributed import parallel_state

@@ -1,12 +1,14 @@
-"""vllm-ascend 0.23's line: :class:`FunctionalDCSManager`, a drop-in for the DualChunkSwap ``PCPManager``.
+"""vllm-ascend 0.23's line:
+[`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager], a drop-in for the
+DualChunkSwap `PCPManager`.
 
-vllm-ascend's released line (0.23.x) runs the DualChunkSwap ``PCPManager`` of
-``vllm_ascend/worker/pcp_utils.py`` from ``model_runner_v1.py``. This package
+vllm-ascend's released line (0.23.x) runs the DualChunkSwap `PCPManager` of
+`vllm_ascend/worker/pcp_utils.py` from `model_runner_v1.py`. This package
 gives the same class on pcp_fn: every index map is built by pcp_fn's fixed-shape
-ops (captured once per bucket on an NPU with ``torch.npu.NPUGraph``), every
+ops (captured once per bucket on an NPU with `torch.npu.NPUGraph`), every
 host value the runner reads comes from an O(R) numpy twin, and the state
-carried across steps is one frozen record. Switch it in with :func:`install`
-before the runner is built::
+carried across steps is one frozen record. Switch it in with [`install`][pcp_fn.adapters.vllm_ascend.install]
+before the runner is built:
 
     from pcp_fn.adapters.vllm_ascend import install
     install()  # vllm_ascend.worker.pcp_utils.PCPManager -> FunctionalDCSManager
@@ -35,12 +37,14 @@ __all__ = [
 
 
 def install(**manager_kwargs) -> type:
-    """Make vllm-ascend's runner build :class:`FunctionalDCSManager` instead of its ``PCPManager``.
+    """Make vllm-ascend's runner build
+    [`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager] instead of its
+    `PCPManager`.
 
-    Replaces ``PCPManager`` in ``vllm_ascend.worker.pcp_utils`` (and in
-    ``vllm_ascend.worker.model_runner_v1`` if it was imported already: it imports
+    Replaces `PCPManager` in `vllm_ascend.worker.pcp_utils` (and in
+    `vllm_ascend.worker.model_runner_v1` if it was imported already: it imports
     the name), so call it before the model runner is constructed, e.g. from a
-    vLLM general plugin. ``manager_kwargs`` (``capture=``, ``token_buckets=``...)
+    vLLM general plugin. `manager_kwargs` (`capture=`, `token_buckets=`...)
     go to every manager. Returns the class that was replaced.
     """
     utils = importlib.import_module("vllm_ascend.worker.pcp_utils")

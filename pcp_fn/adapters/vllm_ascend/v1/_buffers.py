@@ -3,8 +3,8 @@
 A runner that captures its forward in a graph keeps the addresses of the
 tensors it reads (the restore index, the padded slot mapping, the attention
 index tensors...). Every device result of the manager is therefore copied
-into one of these buffers, whose ``data_ptr()`` never changes; the manager
-hands out views of them (``buffer[:length]``, the length a host int).
+into one of these buffers, whose `data_ptr()` never changes; the manager
+hands out views of them (`buffer[:length]`, the length a host int).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ Value = TypeVar("Value")
 
 
 class DeviceBuffer:
-    """A device tensor under ``.gpu`` (the attribute vllm's ``CpuGpuBuffer`` uses).
+    """A device tensor under `.gpu` (the attribute vllm's `CpuGpuBuffer` uses).
 
-    The 0.23 manager also keeps a host copy (``.cpu`` / ``.np``) of some of its
+    The 0.23 manager also keeps a host copy (`.cpu` / `.np`) of some of its
     index buffers; the adapter builds them on the device and never reads them
     back, so there is none.
     """
@@ -41,7 +41,7 @@ class DeviceBuffer:
 
 
 class HostDeviceBuffer:
-    """vllm's ``CpuGpuBuffer`` interface: ``.cpu``, its numpy view ``.np``, ``.gpu``, ``copy_to_gpu``."""
+    """vllm's `CpuGpuBuffer` interface: `.cpu`, its numpy view `.np`, `.gpu`, `copy_to_gpu`."""
 
     def __init__(
         self, size: tuple[int, ...] | int, dtype: torch.dtype, device: torch.device, pin_memory: bool = False
@@ -60,9 +60,9 @@ class HostDeviceBuffer:
 class Buffers:
     """Every persistent buffer of one manager (the one mutable part of it, by design).
 
-    ``step`` maps each output of ``_ops.device_step`` to its buffer, sized from
+    `step` maps each output of `_ops.device_step` to its buffer, sized from
     the output's shape at the capacity bucket. The rest are sized from the
-    configuration (``T``, ``R``, ``k`` and ``max_model_len``).
+    configuration (`T`, `R`, `k` and `max_model_len`).
     """
 
     step: dict[str, torch.Tensor]
@@ -81,7 +81,7 @@ class Buffers:
     mtp_mask_cells: torch.Tensor | None
 
     def mtp_slot_view(self, rows: int | None, pcp_size: int) -> torch.Tensor | None:
-        """``mtp_slot_pad[: rows * P]``: the MTP slot mapping of ``rows`` rows (``None``: never built)."""
+        """`mtp_slot_pad[: rows * P]`: the MTP slot mapping of `rows` rows (`None`: never built)."""
         if rows is None:
             return None
         return self.mtp_slot_pad[: rows * pcp_size]
@@ -98,7 +98,7 @@ class ViewCache:
         self._last: dict[Hashable, tuple[Hashable, Any]] = {}  # key -> (rows or tag, what is kept)
 
     def view(self, key: Hashable, buffer: torch.Tensor, rows: int) -> torch.Tensor:
-        """``buffer[:rows]``."""
+        """`buffer[:rows]`."""
         last = self._last.get(key)
         if last is not None and last[0] == rows:
             return last[1]
@@ -107,7 +107,7 @@ class ViewCache:
         return view
 
     def get(self, key: Hashable, tag: Hashable) -> Any:
-        """What :meth:`put` last stored under ``key`` with this ``tag``, else ``None``."""
+        """What `put` last stored under `key` with this `tag`, else `None`."""
         last = self._last.get(key)
         return None if last is None or last[0] != tag else last[1]
 
@@ -119,7 +119,7 @@ class ViewCache:
 def allocate(
     s: ManagerSettings, capacities: dict[str, tuple[tuple[int, ...], torch.dtype]], gathered_rows: int
 ) -> Buffers:
-    """Allocate everything once. ``gathered_rows`` is ``P * L`` (the padded gathered capacity)."""
+    """Allocate everything once. `gathered_rows` is `P * L` (the padded gathered capacity)."""
     dev, R, T = s.device, s.max_num_reqs, s.max_num_tokens
     pin = s.pin_memory and s.graph_device
     spec_cp = s.has_spec_config and s.cp_size > 1
@@ -159,7 +159,7 @@ def allocate(
 
 
 def new_padded_slot_mapping(buffers: Buffers, device: torch.device) -> torch.Tensor:
-    """One more KV cache group's padded slot mapping (vllm-ascend ``initialize_slot_mapping``);
+    """One more KV cache group's padded slot mapping (vllm-ascend `initialize_slot_mapping`);
     the first is the one allocated up front."""
     if buffers.padded_slot_mappings:
         buf = torch.full((buffers.padded_slot_capacity,), -1, dtype=torch.int32, device=device)

@@ -1,8 +1,8 @@
-"""``generate_pcp_metadata``: vllm-ascend's ``AscendPrefillContextParallelMetadata`` from the step.
+"""`generate_pcp_metadata`: vllm-ascend's `AscendPrefillContextParallelMetadata` from the step.
 
 The device fields are views of the manager's persistent buffers, filled by the
-step's pcp_fn ops (``attention_metadata``'s index tensors, the layout's restore
-index and unpad mask, the hybrid index maps, ``spec.mtp_attention_mask``); the
+step's pcp_fn ops (`attention_metadata`'s index tensors, the layout's restore
+index and unpad mask, the hybrid index maps, `spec.mtp_attention_mask`); the
 host fields (per-request lists, context lengths per CP rank) come from the
 host twin. The metadata class is vllm-ascend's when importable, a plain
 attribute holder otherwise.
@@ -27,7 +27,7 @@ from .engine_types import NPUInputBatch
 
 
 class _LongSeqMetadata:
-    """Stand-in for vllm-ascend's ``AscendPrefillContextParallelMetadata`` when it is not importable."""
+    """Stand-in for vllm-ascend's `AscendPrefillContextParallelMetadata` when it is not importable."""
 
     def __init__(self, **fields: object) -> None:
         self.__dict__.update(fields)
@@ -42,7 +42,7 @@ def _metadata_class() -> Callable[..., Any]:
 
 
 def _check_query_lens(query_lens: torch.Tensor | npt.ArrayLike, expected: np.ndarray, dummy: bool) -> None:
-    """``query_lens[:n]`` equals ``expected`` (read only when it is on the host: no device sync)."""
+    """`query_lens[:n]` equals `expected` (read only when it is on the host: no device sync)."""
     if isinstance(query_lens, torch.Tensor):
         if not query_lens.is_cpu:
             return
@@ -59,7 +59,8 @@ def _check_query_lens(query_lens: torch.Tensor | npt.ArrayLike, expected: np.nda
 
 
 class MetadataBuilder:
-    """The attention metadata of a step (``generate_pcp_metadata``), for :class:`FunctionalDCSManager`.
+    """The attention metadata of a step (`generate_pcp_metadata`), for
+    [`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager].
 
     Holds what it reads: the settings, the persistent buffers (the step's index tensors, the
     full query lengths, the MTP mask and its staging), the device graphs (the MTP mask's), the
@@ -79,7 +80,7 @@ class MetadataBuilder:
         num_scheduled: np.ndarray | None,
         num_reqs_padded: int, num_reqs: int, fixed_decode: np.ndarray | None,
     ) -> Any:  # fmt: skip
-        """``generate_pcp_metadata``'s metadata (``None`` when ``pcp * dcp == 1``); recorded in the cell."""
+        """`generate_pcp_metadata`'s metadata (`None` when `pcp * dcp == 1`); recorded in the cell."""
         s, h = self.settings, self.records.host()
         P = s.pcp_size
         # a _dummy_run: no update_tokens_for_pcp since init_batch_info; the step's layout is h
@@ -177,16 +178,16 @@ class MetadataBuilder:
         fixed_decode_seq_lens_cpu: np.ndarray | None,
         num_reqs: int,
     ) -> torch.Tensor:
-        """``dcp_mtp_attn_mask.gpu[:rows]``: the decodes' rows (or ``num_reqs`` rows without decodes).
+        """`dcp_mtp_attn_mask.gpu[:rows]`: the decodes' rows (or `num_reqs` rows without decodes).
 
-        The buffer semantics of vllm-ascend's ``generate_pcp_metadata`` /
-        ``generate_mtp_attention_mask_for_decode``: rows ``[:nd]`` are rewritten
+        The buffer semantics of vllm-ascend's `generate_pcp_metadata` /
+        `generate_mtp_attention_mask_for_decode`: rows `[:nd]` are rewritten
         (each decode's mask, all False for a decode with no local key) only when
-        some decode's last token ``h + n - 1`` reaches this CP rank
-        (``>= pcp_rank * dcp_size + dcp_rank``); otherwise, and in a step without
+        some decode's last token `h + n - 1` reaches this CP rank
+        (`>= pcp_rank * dcp_size + dcp_rank`); otherwise, and in a step without
         decodes, the rows returned are what the buffer last held (the rows last
         written, zeros where never written). The values written are the
-        interleave-aware mask (for ``cp_kv_cache_interleave_size = 1`` vllm-ascend's).
+        interleave-aware mask (for `cp_kv_cache_interleave_size = 1` vllm-ascend's).
         """
         buf = self.buffers.dcp_mtp_attn_mask
         assert buf is not None
@@ -218,7 +219,7 @@ def _context_lengths(
     num_scheduled: npt.ArrayLike,
     fixed_decode: np.ndarray | None,
 ) -> np.ndarray:
-    """Each request's context: the decodes' (``fixed_decode_seq_lens_cpu``, else computed plus
+    """Each request's context: the decodes' (`fixed_decode_seq_lens_cpu`, else computed plus
     scheduled), then the prefills' computed tokens."""
     nd, n = h.num_decode_reqs, h.num_reqs
     if fixed_decode is not None:

@@ -1,17 +1,17 @@
-"""The multimodal helpers of the vllm-ascend manager, on :mod:`pcp_fn.multimodal`.
+"""The multimodal helpers of the vllm-ascend manager, on [`pcp_fn.multimodal`][].
 
 The runner hands these the scheduler's Python objects (request states, the
 encoder cache, the scheduler output) and its host buffers, and expects the
 reference's side effects on them (the localized scheduler output, the
-``is_mm_embed`` mask, the M-RoPE buffer); pcp_fn's helpers are pure, so the
+`is_mm_embed` mask, the M-RoPE buffer); pcp_fn's helpers are pure, so the
 helpers here apply their results to those objects.
 
-Duck-typed reads: a request state's ``mm_features`` (``identifier``,
-``mm_position.offset/length/is_embed``), ``mrope_positions``,
-``mrope_position_delta``, ``prompt_token_ids``, ``prompt_embeds``,
-``num_computed_tokens``; the scheduler output's ``total_num_scheduled_tokens``,
-``num_scheduled_tokens``, ``scheduled_encoder_inputs``, ``free_encoder_mm_hashes``;
-``input_batch.req_ids``; ``mrope_positions.cpu``.
+Duck-typed reads: a request state's `mm_features` (`identifier`,
+`mm_position.offset/length/is_embed`), `mrope_positions`,
+`mrope_position_delta`, `prompt_token_ids`, `prompt_embeds`,
+`num_computed_tokens`; the scheduler output's `total_num_scheduled_tokens`,
+`num_scheduled_tokens`, `scheduled_encoder_inputs`, `free_encoder_mm_hashes`;
+`input_batch.req_ids`; `mrope_positions.cpu`.
 """
 
 from __future__ import annotations
@@ -52,9 +52,10 @@ def _prompt_length(req: CachedRequestState) -> int:
 
 
 class Multimodal:
-    """Prompt embeds, M-RoPE and the local encoder schedule of :class:`FunctionalDCSManager`.
+    """Prompt embeds, M-RoPE and the local encoder schedule of
+    [`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager].
 
-    Holds the manager's record cell (``cache_local_schedule_layout``'s snapshot is kept there);
+    Holds the manager's record cell (`cache_local_schedule_layout`'s snapshot is kept there);
     the rest works on what the runner hands it.
     """
 
@@ -62,11 +63,11 @@ class Multimodal:
         self.records = records
 
     def cache_layout(self, num_scheduled_tokens: np.ndarray, num_reqs: int, total: int) -> None:
-        """``cache_local_schedule_layout``: a read-only snapshot of this rank's scheduled counts."""
+        """`cache_local_schedule_layout`: a read-only snapshot of this rank's scheduled counts."""
         self.records.set(local_schedule=_ops.local_schedule_layout(num_scheduled_tokens, num_reqs, total))
 
     def layout(self) -> tuple[np.ndarray | None, int | None]:
-        """``get_local_schedule_layout``."""
+        """`get_local_schedule_layout`."""
         snap = self.records.current.local_schedule
         if snap is None:
             return None, None
@@ -74,7 +75,7 @@ class Multimodal:
 
     @staticmethod
     def fill_prompt_embeds(embeds: torch.Tensor, positions: np.ndarray, dst: torch.Tensor) -> None:
-        """``fill_prompt_embeds_for_pcp``: rows past the embeds are left as they are."""
+        """`fill_prompt_embeds_for_pcp`: rows past the embeds are left as they are."""
         if embeds.shape[0] == 0 or dst.shape[0] == 0:
             return
         dst.copy_(_ops.gather_prompt_embeds(embeds, positions, dst))
@@ -87,7 +88,7 @@ class Multimodal:
         requests: dict[str, CachedRequestState],
         out: CpuGpuBuffer,
     ) -> None:
-        """``remap_mrope_positions_for_pcp`` into ``out.cpu[:, :num_local_tokens]``."""
+        """`remap_mrope_positions_for_pcp` into `out.cpu[:, :num_local_tokens]`."""
         req_ids = list(input_batch.req_ids)
         counts = np.asarray(counts[: len(req_ids)], dtype=np.int64)
         tables, deltas, prompts = [], [], []
@@ -110,7 +111,7 @@ class Multimodal:
         is_mm_embed: torch.Tensor, model: SupportsMultiModalPruning, pruning: bool, uses_mrope: bool,
         warning_once: Callable[..., Any] | None,
     ) -> tuple[list[torch.Tensor], bool, bool]:  # fmt: skip
-        """``gather_mm_embeddings_for_pcp``: marks ``is_mm_embed``, writes the M-RoPE updates."""
+        """`gather_mm_embeddings_for_pcp`: marks `is_mm_embed`, writes the M-RoPE updates."""
         got = _ops.gather_mm_embeddings(
             req_ids, requests, positions_np, local_counts, shift, encoder_cache, model, pruning, uses_mrope,
             warning_once,
@@ -128,8 +129,8 @@ class Multimodal:
         positions_np: np.ndarray, local_counts: np.ndarray | None, local_total: int | None,
         encoder_cache: dict[str, torch.Tensor],
     ) -> dict[str, Any] | None:  # fmt: skip
-        """``maybe_localize_scheduler_output_for_mm_preprocess``: ``scheduler_output`` made this rank's
-        view in place; what the restore needs, or ``None`` when nothing differs."""
+        """`maybe_localize_scheduler_output_for_mm_preprocess`: `scheduler_output` made this rank's
+        view in place; what the restore needs, or `None` when nothing differs."""
         local = _ops.localize_scheduler_output(
             scheduler_output, req_ids, requests, positions_np, local_counts, local_total, encoder_cache
         )
@@ -142,7 +143,7 @@ class Multimodal:
 
     @staticmethod
     def restore(scheduler_output: SchedulerOutput, restore_state: dict[str, Any] | None) -> None:
-        """``restore_scheduler_output_after_mm_preprocess``."""
+        """`restore_scheduler_output_after_mm_preprocess`."""
         if restore_state is None:
             return
         for name in _LOCALIZED_FIELDS:

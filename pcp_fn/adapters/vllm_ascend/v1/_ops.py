@@ -4,18 +4,18 @@ The manager's modules never touch pcp_fn's ops themselves: they call the
 functions here (so a change of pcp_fn's signatures is one edit in this file).
 Two kinds:
 
-- the device functions (:func:`device_step`, :func:`device_padded_slots`,
-  :func:`mtp_mask_into`): fixed shapes per bucket, no host sync, each run
-  by :class:`DeviceGraphs` as one graph per rung of the manager's ladder of
+- the device functions (`device_step`, `device_padded_slots`,
+  `mtp_mask_into`): fixed shapes per bucket, no host sync, each run
+  by `DeviceGraphs` as one graph per rung of the manager's ladder of
   buckets (made at construction), bound to persistent staging buffers and
   writing its results into the persistent buffers inside the graph;
 - thin wrappers of the spec-decode and multimodal ops the manager's helpers
   use, run eagerly (inside the proposer's own graph when it captures one).
 
 pcp_fn's size convention holds throughout: an op takes no size argument (it
-reads the bucket of the state's last update, ``state.bucket``), and every
-per-request input has exactly ``R_b`` rows, every scheduler-order per-token
-input exactly ``F_b = token_rows(config, bucket)``. The runner hands the
+reads the bucket of the state's last update, `state.bucket`), and every
+per-request input has exactly `R_b` rows, every scheduler-order per-token
+input exactly `F_b = token_rows(config, bucket)`. The runner hands the
 manager tensors of its own lengths, so the wrappers here pad them to those
 rows (or, for inputs tied to no step, to the capacity state's) and slice the
 results back.
@@ -61,10 +61,10 @@ LocalScheduleLayout = pcp_mm.LocalScheduleLayout
 def make_config(
     s: ManagerSettings, request_buckets: Sequence[int] | None, token_buckets: Sequence[int] | None
 ) -> PCPConfig:
-    """The rank's :class:`pcp_fn.PCPConfig` (it validates ranks, sizes and buckets), its buckets those
-    of the graph ladder (:func:`graph_buckets`): ``token_buckets`` (default powers of two from 16)
-    up to the local capacity ``L``, each with ``min(L_b, R)`` request rows, rounded up to
-    ``request_buckets`` when given."""
+    """The rank's [`pcp_fn.PCPConfig`][] (it validates ranks, sizes and buckets), its buckets those
+    of the graph ladder (`graph_buckets`): `token_buckets` (default powers of two from 16)
+    up to the local capacity `L`, each with `min(L_b, R)` request rows, rounded up to
+    `request_buckets` when given."""
     cfg = pcp_fn.PCPConfig(
         s.pcp_size,
         s.pcp_rank,
@@ -89,9 +89,9 @@ def make_config(
 
 
 def graph_buckets(cfg: PCPConfig) -> tuple[Bucket, ...]:
-    """The ladder of a :func:`make_config` config: one bucket per token bucket ``L_b``, with the
-    smallest request bucket holding ``min(L_b, R)`` rows. A step of ``n`` requests and ``N``
-    local tokens fits the first rung of ``L_b >= max(n, N)`` (:meth:`DeviceGraphs.bucket_for`)."""
+    """The ladder of a `make_config` config: one bucket per token bucket `L_b`, with the
+    smallest request bucket holding `min(L_b, R)` rows. A step of `n` requests and `N`
+    local tokens fits the first rung of `L_b >= max(n, N)` (`DeviceGraphs.bucket_for`)."""
     R = cfg.max_num_reqs
     return tuple(cfg.bucket_for(min(t, R), t) for t in cfg.token_buckets)
 
@@ -101,18 +101,18 @@ def init_state(cfg: PCPConfig, device: torch.device | str) -> PCPState:
 
 
 def make_batch(cfg: PCPConfig, h: HostLayout, device: torch.device) -> SchedulerBatch:
-    """The host boundary: validates (``ValueError`` naming field and limit), picks the bucket, one copy."""
+    """The host boundary: validates (`ValueError` naming field and limit), picks the bucket, one copy."""
     return pcp_fn.make_batch(cfg, h.num_scheduled, h.num_computed, h.device_prompt, device)
 
 
 def full_rows(cfg: PCPConfig, bucket: Bucket) -> int:
-    """``F_b = min(T, P * L_b)``: scheduler-order (pre-split) token rows of a bucket."""
+    """`F_b = min(T, P * L_b)`: scheduler-order (pre-split) token rows of a bucket."""
     return token_rows(cfg, bucket)
 
 
 def host_state(base: PCPState, h: HostLayout, bucket: Bucket) -> PCPState:
-    """A CPU state holding the step's per-request record at ``bucket`` (the batch's), for the ops
-    that read the CPU token table; what ``update_tokens`` records, without building the layout."""
+    """A CPU state holding the step's per-request record at `bucket` (the batch's), for the ops
+    that read the CPU token table; what `update_tokens` records, without building the layout."""
     R = base.config.max_num_reqs
     sched = np.zeros(R, dtype=np.int32)
     sched[: h.num_reqs] = h.num_scheduled
@@ -128,7 +128,7 @@ def host_state(base: PCPState, h: HostLayout, bucket: Bucket) -> PCPState:
 
 
 def _pad_rows(x: torch.Tensor, rows: int, name: str, value: int = 0) -> torch.Tensor:
-    """``x`` padded with ``value`` to ``rows`` rows (dim 0); more than ``rows`` is a ``ValueError``."""
+    """`x` padded with `value` to `rows` rows (dim 0); more than `rows` is a `ValueError`."""
     n = x.shape[0]
     if n > rows:
         raise ValueError(f"{name} has {n} rows; the step's bucket holds {rows}")
@@ -139,27 +139,27 @@ def _pad_rows(x: torch.Tensor, rows: int, name: str, value: int = 0) -> torch.Te
 
 # ------------------------------------------------------------------ the device step (captured)
 def _restride(index: torch.Tensor, old: int, new: torch.Tensor) -> torch.Tensor:
-    """``rank * old + row -> rank * new + row``: pcp_fn addresses fixed ``[L_b]`` rank buffers,
-    vllm-ascend compact ones (``new`` rows per rank, a 0-d tensor)."""
+    """`rank * old + row -> rank * new + row`: pcp_fn addresses fixed `[L_b]` rank buffers,
+    vllm-ascend compact ones (`new` rows per rank, a 0-d tensor)."""
     return index // old * new + index % old
 
 
 @entry_op
 def device_step(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, dict[str, torch.Tensor]]:
-    """One step's device results for this rank, every shape from ``(config, bucket)``.
+    """One step's device results for this rank, every shape from `(config, bucket)`.
 
-    An entry op (:mod:`pcp_fn.core.entry`): of ``state`` it reads only the
-    config and rank (``update_tokens`` starts the step), so a captured graph
+    An entry op ([`pcp_fn.core.entry`][]): of `state` it reads only the
+    config and rank (`update_tokens` starts the step), so a captured graph
     is keyed by the batch's bucket alone, whatever bucket the last step had.
 
-    Keys (``G_b = P * L_b``): ``restore`` ``[G_b]`` int64 (vllm-ascend
-    ``pcp_allgather_restore_idx``: compact ``rank * N + row`` addressing),
-    ``unpad_mask`` ``[G_b]``, ``logits`` ``[R_b]``; with hybrid attention
-    ``enter`` ``[G_b]`` int32 (``rank * M + row``), ``fa_padding`` ``[G_b]``,
-    ``fa_query`` ``[L_b]`` int32, ``exit`` ``[L_b]`` int64
-    (``rank * (N_dcs - D) + query``); with ``P > 1`` the ten attention index
-    tensors (int32, padded); with spec tokens (not hybrid) ``decode_rows``
-    ``[L_b]``, the restored rows of the decode tokens.
+    Keys (`G_b = P * L_b`): `restore` `[G_b]` int64 (vllm-ascend
+    `pcp_allgather_restore_idx`: compact `rank * N + row` addressing),
+    `unpad_mask` `[G_b]`, `logits` `[R_b]`; with hybrid attention
+    `enter` `[G_b]` int32 (`rank * M + row`), `fa_padding` `[G_b]`,
+    `fa_query` `[L_b]` int32, `exit` `[L_b]` int64
+    (`rank * (N_dcs - D) + query`); with `P > 1` the ten attention index
+    tensors (int32, padded); with spec tokens (not hybrid) `decode_rows`
+    `[L_b]`, the restored rows of the decode tokens.
     """
     cfg = state.config
     P, Lb = cfg.pcp_size, batch.bucket.num_tokens
@@ -190,21 +190,21 @@ def device_step(state: PCPState, batch: SchedulerBatch) -> tuple[PCPState, dict[
 
 
 def device_padded_slots(state: PCPState, slots: torch.Tensor) -> torch.Tensor:
-    """``[P * L_b]`` int32 padded slot mapping (vllm-ascend ``get_padded_slot_mapping``) of the
-    ``[F_b]`` scheduler-order slots (padded with ``pad_slot_id`` past the step's tokens)."""
+    """`[P * L_b]` int32 padded slot mapping (vllm-ascend `get_padded_slot_mapping`) of the
+    `[F_b]` scheduler-order slots (padded with `pad_slot_id` past the step's tokens)."""
     _, padded = pcp_fn.padded_slot_mapping(state, slots)
     return padded.to(torch.int32)
 
 
 def gathered_capacity(cfg: PCPConfig) -> int:
-    """``G = P * L``: rows of the padded gathered order any batch fits in."""
+    """`G = P * L`: rows of the padded gathered order any batch fits in."""
     return cfg.max_gathered_tokens
 
 
 def output_capacities(cfg: PCPConfig) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of every :func:`device_step` output at the capacity bucket.
+    """Shape and dtype of every `device_step` output at the capacity bucket.
 
-    Run on the ``meta`` device: the persistent buffers are sized by the ops themselves.
+    Run on the `meta` device: the persistent buffers are sized by the ops themselves.
     """
     state = pcp_fn.init_state(cfg, "meta")
     batch = pcp_fn.make_batch(cfg, [], [], [], "meta", bucket=cfg.capacity)
@@ -213,11 +213,11 @@ def output_capacities(cfg: PCPConfig) -> dict[str, tuple[tuple[int, ...], torch.
 
 
 def unpack_batch(cfg: PCPConfig, bucket: Bucket, packed: torch.Tensor) -> SchedulerBatch:
-    """The :class:`pcp_fn.SchedulerBatch` of ``bucket`` over the staging buffer (views, no copy).
+    """The [`pcp_fn.SchedulerBatch`][] of `bucket` over the staging buffer (views, no copy).
 
-    ``packed`` holds :data:`pcp_fn.dcs.packing.REQUESTS` (``[num_scheduled | num_computed |
-    num_prompt]``, ``R`` rows each, zero past the requests, then ``num_reqs``): what
-    ``make_batch`` copies to the device in one go, staged by :meth:`DeviceGraphs.stage` instead.
+    `packed` holds [`pcp_fn.dcs.packing.REQUESTS`][] (`[num_scheduled | num_computed |
+    num_prompt]`, `R` rows each, zero past the requests, then `num_reqs`): what
+    `make_batch` copies to the device in one go, staged by `DeviceGraphs.stage` instead.
     """
     views, Rb = REQUESTS.unpack(packed, cfg.max_num_reqs), bucket.num_reqs
     return SchedulerBatch(
@@ -231,9 +231,9 @@ def unpack_batch(cfg: PCPConfig, bucket: Bucket, packed: torch.Tensor) -> Schedu
 
 
 class Record(NamedTuple):
-    """The per-request record of the last step, persistent (what a :class:`pcp_fn.PCPState`
-    holds besides its constants): ``num_reqs`` 0-d int64, ``num_scheduled`` ``[R]`` int32,
-    ``is_decode`` ``[R]`` bool."""
+    """The per-request record of the last step, persistent (what a [`pcp_fn.PCPState`][]
+    holds besides its constants): `num_reqs` 0-d int64, `num_scheduled` `[R]` int32,
+    `is_decode` `[R]` bool."""
 
     num_reqs: torch.Tensor
     num_scheduled: torch.Tensor
@@ -248,10 +248,10 @@ def step_into(
     query_lens: torch.Tensor,
     packed: torch.Tensor,
 ) -> None:
-    """:func:`device_step` of the staged batch (``packed``, see :func:`unpack_batch`), its results
-    written into the persistent buffers: ``out`` (each result in the first rows of its buffer),
-    ``record`` (the state's per-request record) and ``query_lens`` ``[R]`` (the scheduled
-    tokens, zero past the requests: vllm-ascend ``query_lens_pcp_full.gpu``). Inside the
+    """`device_step` of the staged batch (`packed`, see `unpack_batch`), its results
+    written into the persistent buffers: `out` (each result in the first rows of its buffer),
+    `record` (the state's per-request record) and `query_lens` `[R]` (the scheduled
+    tokens, zero past the requests: vllm-ascend `query_lens_pcp_full.gpu`). Inside the
     graph, so a replay leaves them there and the host copies nothing back."""
     R = state.config.max_num_reqs
     new, results = device_step(state, unpack_batch(state.config, bucket, packed))
@@ -263,11 +263,11 @@ def step_into(
         (record.is_decode, new.is_decode),
         (query_lens, REQUESTS.unpack(packed, R)["num_scheduled"]),
     ]
-    torch._foreach_copy_([dst for dst, _ in copies], [src for _, src in copies])
+    torch._foreach_copy_(*zip(*copies))  # (destinations, sources): no comprehension frames per call
 
 
 def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -> None:
-    """:func:`device_padded_slots` of the ``[F_b]`` staged slots, written into ``out[:P * L_b]``."""
+    """`device_padded_slots` of the `[F_b]` staged slots, written into `out[:P * L_b]`."""
     padded = device_padded_slots(state, slots)
     out[: padded.shape[0]].copy_(padded)
 
@@ -275,11 +275,11 @@ def padded_slots_into(state: PCPState, out: torch.Tensor, slots: torch.Tensor) -
 def mtp_mask_into(
     state: PCPState, out: torch.Tensor, cells: torch.Tensor, num_computed: torch.Tensor
 ) -> None:
-    """The decodes' MTP attention masks (``num_computed`` ``[R_b]``) written into ``out``
-    ``[R, 1 + k, cols]``; the other rows keep what they hold (vllm-ascend's buffer).
+    """The decodes' MTP attention masks (`num_computed` `[R_b]`) written into `out`
+    `[R, 1 + k, cols]`; the other rows keep what they hold (vllm-ascend's buffer).
 
-    Only blocked keys are touched (:func:`pcp_fn.spec.mtp_blocked_keys`: ``R_b * (1 + k) * k``
-    entries, not ``R_b * (1 + k) * cols`` bools): ``cells`` ``[R, 1 + k, k]`` records where each
+    Only blocked keys are touched ([`pcp_fn.spec.mtp_blocked_keys`][]: `R_b * (1 + k) * k`
+    entries, not `R_b * (1 + k) * cols` bools): `cells` `[R, 1 + k, k]` records where each
     row's True entries may be (every write goes through here), so the decodes' rows are cleared
     there, then their new blocked keys set and recorded. A key that is not blocked is written
     as False into column 0 of its row, False in every mask.
@@ -299,18 +299,17 @@ def mtp_mask_into(
     last.copy_(torch.where(decode, keys.cell, last))
 
 
-#: The graphs whose staging inputs are always the same persistent tensors (the packed batch, the
-#: slot staging at the rung's rows): a CUDA/NPU graph reads them in place, so a replay copies
-#: nothing (``capture(persistent_inputs=True)``). The MTP mask's graph is not one: its two
-#: variants pass different tensors (the batch's ``num_computed`` or ``computed_in``) to one
-#: graph, each copied into its static input.
 IN_PLACE = frozenset({"step", "slots"})
+"""The graphs whose staging inputs are always the same persistent tensors (the packed batch, the
+slot staging at the rung's rows): a CUDA/NPU graph reads them in place, so a replay copies nothing
+(`capture(persistent_inputs=True)`). The MTP mask's graph is not one: its two variants pass different
+tensors (the batch's `num_computed` or `computed_in`) to one graph, each copied into its static input."""
 
 
 class Rung:
     """One bucket of the ladder: the state and batch of a step at it (views of the persistent record
-    and staging buffers, whose contents are the last step's) and its calls by ``(kind, variant)``
-    (:class:`~pcp_fn.adapters.runtime.GraphCall`: function, buffers, staging inputs, replay).
+    and staging buffers, whose contents are the last step's) and its calls by `(kind, variant)`
+    ([`GraphCall`][pcp_fn.adapters.runtime.GraphCall]: function, buffers, staging inputs, replay).
     Made once; a step finds its rung by position, so no bucket is hashed per call."""
 
     __slots__ = ("batch", "bucket", "calls", "state")
@@ -323,31 +322,31 @@ class Rung:
 class DeviceGraphs:
     """The manager's device functions, one graph per bucket of its ladder, bound to fixed buffers.
 
-    Per bucket ``b`` of :func:`graph_buckets`: :func:`step_into` (``init_batch_info``),
-    :func:`padded_slots_into` per KV cache group (``get_padded_slot_mapping``) and, with spec
-    decode and ``P * D > 1``, :func:`mtp_mask_into` (``generate_pcp_metadata``), each a
-    :class:`~pcp_fn.adapters.runtime.GraphCall` of one
-    :class:`~pcp_fn.adapters.runtime.GraphRuntime` (:attr:`runtime`): made at construction,
+    Per bucket `b` of `graph_buckets`: `step_into` (`init_batch_info`),
+    `padded_slots_into` per KV cache group (`get_padded_slot_mapping`) and, with spec
+    decode and `P * D > 1`, `mtp_mask_into` (`generate_pcp_metadata`), each a
+    [`GraphCall`][pcp_fn.adapters.runtime.GraphCall] of one
+    [`GraphRuntime`][pcp_fn.adapters.runtime.GraphRuntime] (`runtime`): made at construction,
     bound to its persistent staging inputs (a call replays with no signature lookup) and
     writing its results into the persistent buffers inside the graph. The step's staging
-    input is :attr:`packed` (:data:`pcp_fn.dcs.packing.REQUESTS`, written by :meth:`stage`).
+    input is `packed` ([`pcp_fn.dcs.packing.REQUESTS`][], written by `stage`).
 
     Args:
-        config: a :func:`make_config` config.
+        config: a `make_config` config.
         device: where the graphs run.
-        step_out: the persistent buffer of each :func:`device_step` result (by its key).
-        query_lens: ``[R]`` int32, vllm-ascend's ``query_lens_pcp_full.gpu``.
-        slot_group: group 0's padded slot mapping (:meth:`add_slot_group` adds the others).
-        slots_in: ``[>= F]`` int32, the staging of the runner's slot mapping.
-        computed_in: ``[R]`` int32, the staging of corrected ``num_computed_tokens``.
-        mtp_mask: ``[R, 1 + k, cols]`` bool, vllm-ascend's ``dcp_mtp_attn_mask.gpu`` (``None``
-            without spec decode or with ``P * D = 1``), and ``mtp_cells`` (:func:`mtp_mask_into`).
-        backend: ``None`` (plain calls), ``"aoti"`` (AOTInductor packages, cached in
-            ``package_dir`` when given, :meth:`package_path`), or a ``torch.compile`` backend
+        step_out: the persistent buffer of each `device_step` result (by its key).
+        query_lens: `[R]` int32, vllm-ascend's `query_lens_pcp_full.gpu`.
+        slot_group: group 0's padded slot mapping (`add_slot_group` adds the others).
+        slots_in: `[>= F]` int32, the staging of the runner's slot mapping.
+        computed_in: `[R]` int32, the staging of corrected `num_computed_tokens`.
+        mtp_mask: `[R, 1 + k, cols]` bool, vllm-ascend's `dcp_mtp_attn_mask.gpu` (`None`
+            without spec decode or with `P * D = 1`), and `mtp_cells` (`mtp_mask_into`).
+        backend: `None` (plain calls), `"aoti"` (AOTInductor packages, cached in
+            `package_dir` when given, `package_path`), or a `torch.compile` backend
             (device graphs on CUDA / NPU): every graph is made here, for every bucket
-            (:attr:`stats`); a call without one runs eagerly, counted in ``stats.fallbacks``.
-        check_syncs: run every plain call (and :meth:`guard`'s blocks) under
-            :func:`pcp_fn.no_host_syncs`.
+            (`stats`); a call without one runs eagerly, counted in `stats.fallbacks`.
+        check_syncs: run every plain call (and `guard`'s blocks) under
+            [`pcp_fn.no_host_syncs`][].
     """
 
     def __init__(
@@ -401,16 +400,16 @@ class DeviceGraphs:
 
     # ---------------------------------------------------------------- buckets and views
     def bucket_for(self, num_reqs: int, num_tokens: int) -> Bucket:
-        """The first rung holding ``num_reqs`` requests and ``num_tokens`` local tokens (within
+        """The first rung holding `num_reqs` requests and `num_tokens` local tokens (within
         the capacities: checked by the caller)."""
         return self.rung_for(num_reqs, num_tokens).bucket
 
     def rung_for(self, num_reqs: int, num_tokens: int) -> Rung:
-        """:meth:`bucket_for`'s :class:`Rung`."""
+        """`bucket_for`'s `Rung`."""
         return self.rungs[bisect.bisect_left(self._rungs, max(num_reqs, num_tokens, 1))]
 
     def view(self, bucket: Bucket) -> tuple[PCPState, SchedulerBatch]:
-        """The state and batch of the last step at ``bucket`` (a rung's)."""
+        """The state and batch of the last step at `bucket` (a rung's)."""
         rung = self._rung_of[bucket]
         return rung.state, rung.batch
 
@@ -428,16 +427,16 @@ class DeviceGraphs:
     # ---------------------------------------------------------------- the runtime's
     @property
     def stats(self) -> GraphStats:
-        """The graphs' :class:`~pcp_fn.adapters.backend.GraphStats` (the runtime's, one object)."""
+        """The graphs' [`GraphStats`][pcp_fn.adapters.backend.GraphStats] (the runtime's, one object)."""
         return self.runtime.stats
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
-        """:func:`pcp_fn.no_host_syncs` with ``check_syncs``, else nothing (the runtime's)."""
+        """[`pcp_fn.no_host_syncs`][] with `check_syncs`, else nothing (the runtime's)."""
         return self.runtime.guard()
 
     @property
     def num_graphs(self) -> int:
-        """Graphs made so far (``0`` with plain calls)."""
+        """Graphs made so far (`0` with plain calls)."""
         return self.runtime.num_graphs
 
     def package_path(self, kind: str, bucket: Bucket) -> str:
@@ -455,7 +454,7 @@ class DeviceGraphs:
         return (kind, bucket)
 
     def _add(self, rung: Rung, kind: str, variant: int) -> GraphCall:
-        """The call of ``(kind, variant)`` at ``rung``, declared to the runtime on first use."""
+        """The call of `(kind, variant)` at `rung`, declared to the runtime on first use."""
         call = rung.calls.get((kind, variant))
         if call is not None:
             return call
@@ -482,7 +481,7 @@ class DeviceGraphs:
         return call
 
     def prepare(self, groups: Sequence[int] = (0,)) -> GraphStats:
-        """Declare the calls of every bucket (the step's, slot groups ``groups``', the MTP mask's)
+        """Declare the calls of every bucket (the step's, slot groups `groups`', the MTP mask's)
         and make their graphs now (start-up), so that no step makes one; making is a no-op with
         plain calls. Each graph is made and run once on what is staged (at construction, an
         empty batch), writing its results into the persistent buffers: call it before serving,
@@ -503,7 +502,7 @@ class DeviceGraphs:
     # ---------------------------------------------------------------- a step
     def stage(self, h: HostLayout) -> np.ndarray:
         """Write the step's per-request arrays into the staging buffer (one copy off the CPU);
-        returns its ``[R]`` scheduled tokens (zero past the requests), on the host."""
+        returns its `[R]` scheduled tokens (zero past the requests), on the host."""
         R, n, staging = self.config.max_num_reqs, h.num_reqs, self._staging
         rows: Sequence[np.ndarray] = h.counts
         if h.device_prompt is not h.num_prompt:  # a late decode made a prefill (dummy runs)
@@ -520,18 +519,18 @@ class DeviceGraphs:
         return packer.table[0]
 
     def step(self, rung: Rung) -> None:
-        """:func:`step_into` of the staged batch at ``rung`` (the current one from now on)."""
+        """`step_into` of the staged batch at `rung` (the current one from now on)."""
         self.current = rung
         self.runtime.run(rung.calls["step", 0])
 
     def padded_slots(self, group: int) -> None:
-        """:func:`padded_slots_into` of the staged slots into group ``group``'s buffer, at the last
+        """`padded_slots_into` of the staged slots into group `group`'s buffer, at the last
         step's rung."""
         self.runtime.run(self.current.calls["slots", group])
 
     def mtp_mask(self, corrected: bool) -> None:
-        """:func:`mtp_mask_into` at the last step's rung from the batch's ``num_computed`` or
-        (``corrected``) the ``computed_in`` staging buffer."""
+        """`mtp_mask_into` at the last step's rung from the batch's `num_computed` or
+        (`corrected`) the `computed_in` staging buffer."""
         self.runtime.run(self.current.calls["mask", int(corrected)])
 
 
@@ -541,7 +540,7 @@ SlotFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def full_inputs(state: PCPState, token_ids: torch.Tensor, num_computed: torch.Tensor, slot_fn: SlotFn | None):
     """Scheduler-order ids, positions and query starts (and the MTP slots) of the step;
-    ``num_computed`` is ``[R_b]``, the outputs ``[F_b]`` / ``[R_b + 1]`` / ``[M_b * P]``."""
+    `num_computed` is `[R_b]`, the outputs `[F_b]` / `[R_b + 1]` / `[M_b * P]`."""
     _, full = pcp_spec.full_input_ids(state, token_ids, num_computed, slot_fn=slot_fn)
     return full
 
@@ -553,13 +552,13 @@ def repair_full_ids(
     draft: torch.Tensor | None,
     prev_positions: torch.Tensor,
 ) -> torch.Tensor:
-    """``[F_b]`` ids with the previous step's sampled and draft tokens (``prev_positions`` ``[R_b]``)."""
+    """`[F_b]` ids with the previous step's sampled and draft tokens (`prev_positions` `[R_b]`)."""
     _, out = pcp_spec.repair_full_input_ids(state, ids, prev_sampled, draft, prev_positions)
     return out
 
 
 def rebuild_positions(state: PCPState, num_computed: torch.Tensor, slot_fn: SlotFn | None):
-    """Local, scheduler-order and MTP positions from the corrected ``[R_b]`` counts."""
+    """Local, scheduler-order and MTP positions from the corrected `[R_b]` counts."""
     _, out = pcp_spec.rebuild_spec_positions(state, num_computed, slot_fn=slot_fn)
     return out
 
@@ -567,11 +566,11 @@ def rebuild_positions(state: PCPState, num_computed: torch.Tensor, slot_fn: Slot
 def first_pass_selection(
     state: PCPState, ids_full: torch.Tensor, tis: torch.Tensor, logits: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids [L_b], restored rows [L_b], token_indices_to_sample [R_b])`` of the first draft pass.
+    """`(input_ids [L_b], restored rows [L_b], token_indices_to_sample [R_b])` of the first draft pass.
 
-    ``ids_full`` is ``[F_b]``, ``tis`` ``[R_b]``; ``logits`` are the runner's
-    logits indices, all real (at most ``S_b = R_b * (1 + k)``: padded here).
-    The rows are :func:`pcp_fn.first_pass_inputs` applied to the row numbers
+    `ids_full` is `[F_b]`, `tis` `[R_b]`; `logits` are the runner's
+    logits indices, all real (at most `S_b = R_b * (1 + k)`: padded here).
+    The rows are [`pcp_fn.first_pass_inputs`][] applied to the row numbers
     of the restored buffer, so the caller gathers its own hidden states once.
     """
     cfg, bucket = state.config, state.bucket
@@ -586,11 +585,12 @@ def first_pass_selection(
 
 
 def split_prefill(state: PCPState, ids_full: torch.Tensor, restored: torch.Tensor):
-    """This rank's share of the prefills for the drafter (:func:`pcp_fn.spec.split_prefill_for_draft`).
+    """This rank's share of the prefills for the drafter
+    ([`pcp_fn.spec.split_prefill_for_draft`][pcp_fn.split_prefill_for_draft]).
 
-    ``ids_full``: ``[F_b]`` the batch's ids in scheduler order; ``restored``: the
+    `ids_full`: `[F_b]` the batch's ids in scheduler order; `restored`: the
     restored hidden states, any number of rows up to the real ones (the rows past
-    ``P * L_b`` are never read; fewer are padded with zeros).
+    `P * L_b` are never read; fewer are padded with zeros).
     """
     rows = state.config.pcp_size * state.bucket.num_tokens
     _, out = pcp_spec.split_prefill_for_draft(
@@ -600,23 +600,23 @@ def split_prefill(state: PCPState, ids_full: torch.Tensor, restored: torch.Tenso
 
 
 def mtp_rows(cfg: PCPConfig, bucket: Bucket) -> int:
-    """``M_b``: rows of the MTP slot layout of a bucket (the slot mapping has ``M_b * P``)."""
+    """`M_b`: rows of the MTP slot layout of a bucket (the slot mapping has `M_b * P`)."""
     return pcp_spec.mtp_rows(cfg, bucket)
 
 
 def mtp_slot_indices(
     state: PCPState, tis: torch.Tensor, slot_mapping: torch.Tensor, num_reqs: int, k: int
 ) -> torch.Tensor:
-    """``[R_b * P]`` slot indices; ``tis`` ``[R_b]``, ``slot_mapping`` ``[M_b * P]``."""
+    """`[R_b * P]` slot indices; `tis` `[R_b]`, `slot_mapping` `[M_b * P]`."""
     _, out = pcp_spec.mtp_slot_inputs(state, tis, slot_mapping, num_reqs=num_reqs, num_speculative_tokens=k)
     return out.slot_indices
 
 
 def mask_restore(capacity_state: PCPState, index: torch.Tensor) -> torch.Tensor:
-    """``index`` with the rows a graph-padded draft batch never reads zeroed (any length up to ``G``).
+    """`index` with the rows a graph-padded draft batch never reads zeroed (any length up to `G`).
 
     The mask depends on the row number only, so it runs at the capacity state's
-    ``[P * L]`` rows and the result is cut back to ``index``'s length.
+    `[P * L]` rows and the result is cut back to `index`'s length.
     """
     rows = capacity_state.config.pcp_size * capacity_state.bucket.num_tokens
     _, out = pcp_spec.mask_restore_index_for_graph(capacity_state, _pad_rows(index, rows, "restore index"))
@@ -624,10 +624,10 @@ def mask_restore(capacity_state: PCPState, index: torch.Tensor) -> torch.Tensor:
 
 
 def drafting_lens(capacity_state: PCPState, seq_lens: torch.Tensor, draft_index: int):
-    """Per-rank KV lengths at a draft step, for ``seq_lens`` of any length up to ``R``.
+    """Per-rank KV lengths at a draft step, for `seq_lens` of any length up to `R`.
 
-    Elementwise per request, so it runs at the capacity state's ``[R]`` rows
-    (on ``seq_lens``' device) and the results are cut back to its length.
+    Elementwise per request, so it runs at the capacity state's `[R]` rows
+    (on `seq_lens`' device) and the results are cut back to its length.
     """
     n = seq_lens.shape[0]
     padded = _pad_rows(seq_lens, capacity_state.bucket.num_reqs, "seq_lens")
@@ -647,7 +647,7 @@ def remap_mrope(
     positions: np.ndarray,
     counts: np.ndarray,
 ) -> torch.Tensor:
-    """``[3, len(positions)]`` M-RoPE positions of the rank's tokens, on the CPU (the runner's buffer)."""
+    """`[3, len(positions)]` M-RoPE positions of the rank's tokens, on the CPU (the runner's buffer)."""
     n = len(tables)
     width = max([t.shape[1] for t in tables if t is not None] + [1])
     packed = pcp_mm.pack_mrope_tables(tables, deltas, num_rows=max(n, 1), max_len=width)
@@ -661,7 +661,7 @@ def remap_mrope(
 
 
 def gather_prompt_embeds(req_embeds: torch.Tensor, positions: np.ndarray, out: torch.Tensor) -> torch.Tensor:
-    """One request's prompt embeds at its local positions; rows past the embeds keep ``out``."""
+    """One request's prompt embeds at its local positions; rows past the embeds keep `out`."""
     zero = torch.zeros(1, dtype=torch.int64)
     embeds = pcp_mm.PromptEmbeds(
         values=req_embeds, start=zero, length=torch.full((1,), req_embeds.shape[0], dtype=torch.int64)

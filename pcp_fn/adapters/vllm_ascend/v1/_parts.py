@@ -1,10 +1,12 @@
 """What the manager's helpers are given: the parts of one manager they read and write, made once.
 
-:class:`FunctionalDCSManager` makes each part in its constructor and hands this record to
-its helpers (:class:`._metadata.MetadataBuilder`, :class:`._spec_inputs.SpecInputsBuilder`,
-:class:`._spec_proposer.Proposer`), each of which keeps, under its own attributes, the parts
-it uses. The record is frozen: a helper never replaces a part (the record cell's
-``current``, the buffers' contents and the view cache's entries are what change).
+[`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager] makes each part in its
+constructor and hands this record to its helpers
+(`pcp_fn.adapters.vllm_ascend.v1._metadata.MetadataBuilder`,
+`pcp_fn.adapters.vllm_ascend.v1._spec_inputs.SpecInputsBuilder`,
+`pcp_fn.adapters.vllm_ascend.v1._spec_proposer.Proposer`), each of which keeps, under its own
+attributes, the parts it uses. The record is frozen: a helper never replaces a part (the record
+cell's `current`, the buffers' contents and the view cache's entries are what change).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from ._settings import ManagerSettings
 class ManagerParts:
     """One manager's parts.
 
-    Fields:
-        settings: the constructor's settings (:func:`._settings.read_settings`).
-        config: the ops' config (:func:`._ops.make_config`).
-        buffers: the persistent buffers (:func:`._buffers.allocate`).
-        graphs: the device graphs over them (:class:`._ops.DeviceGraphs`).
+    Attributes:
+        settings: the constructor's settings (`pcp_fn.adapters.vllm_ascend.v1._settings.read_settings`).
+        config: the ops' config (`pcp_fn.adapters.vllm_ascend.v1._ops.make_config`).
+        buffers: the persistent buffers (`pcp_fn.adapters.vllm_ascend.v1._buffers.allocate`).
+        graphs: the device graphs over them (`pcp_fn.adapters.vllm_ascend.v1._ops.DeviceGraphs`).
         records: the cell of the current frozen step record.
         views: the cache of views of the buffers (a key names one buffer).
         cpu_state: the state of the ops that read the CPU token table.

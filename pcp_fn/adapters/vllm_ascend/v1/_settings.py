@@ -1,17 +1,17 @@
-"""What the manager reads from vllm-ascend's constructor arguments and ``VllmConfig``.
+"""What the manager reads from vllm-ascend's constructor arguments and `VllmConfig`.
 
-The 0.23 ``PCPManager`` takes a ``VllmConfig``; the adapter accepts any object
+The 0.23 `PCPManager` takes a `VllmConfig`; the adapter accepts any object
 with the same attributes (duck typing), reads them once here and never keeps
 the config's mutable parts. Attributes read:
 
-- ``speculative_config``: ``None`` or an object with ``num_speculative_tokens``;
-- ``scheduler_config.max_num_batched_tokens`` (``T``) and ``.max_num_seqs`` (``R``);
-- ``model_config.hf_config.model_type`` (hybrid attention for ``qwen3_next``,
-  ``qwen3_5``, ``qwen3_5_moe``) and ``model_config.max_model_len`` (the width of
-  the MTP attention mask; the runner has already widened it by ``2 * P * R``);
-- ``parallel_config.cp_kv_cache_interleave_size``;
-- vllm-ascend's ``is_pd_decode_recompute_scheduler_enabled(vllm_config)``, when
-  ``vllm_ascend`` is importable (otherwise ``False``).
+- `speculative_config`: `None` or an object with `num_speculative_tokens`;
+- `scheduler_config.max_num_batched_tokens` (`T`) and `.max_num_seqs` (`R`);
+- `model_config.hf_config.model_type` (hybrid attention for `qwen3_next`,
+  `qwen3_5`, `qwen3_5_moe`) and `model_config.max_model_len` (the width of
+  the MTP attention mask; the runner has already widened it by `2 * P * R`);
+- `parallel_config.cp_kv_cache_interleave_size`;
+- vllm-ascend's `is_pd_decode_recompute_scheduler_enabled(vllm_config)`, when
+  `vllm_ascend` is importable (otherwise `False`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ManagerSettings:
 
     @property
     def decode_threshold(self) -> int:
-        """``1 + k``: the most tokens a decode request schedules."""
+        """`1 + k`: the most tokens a decode request schedules."""
         return 1 + self.num_spec_tokens
 
     @property
@@ -90,8 +90,8 @@ def read_settings(
     pin_memory: bool,
     use_sparse: bool,
 ) -> ManagerSettings:
-    """Read the ``PCPManager`` constructor arguments (``pcp``, ``dcp``: world size and rank);
-    ``ValueError`` names a bad field."""
+    """Read the `PCPManager` constructor arguments (`pcp`, `dcp`: world size and rank);
+    `ValueError` names a bad field."""
     (pcp_world_size, pcp_rank), (dcp_world_size, dcp_rank) = pcp, dcp
     spec = vllm_config.speculative_config
     sched = vllm_config.scheduler_config

@@ -1,19 +1,17 @@
 """The runner-side speculative-decode (MTP) methods of the vllm-ascend manager, on pcp_fn.spec.
 
-``model_runner_v1.py`` calls these two while it prepares a step:
+`model_runner_v1.py` calls these two while it prepares a step:
 
-================================================  ==============================================
-vllm-ascend ``PCPManager``                        pcp_fn
-================================================  ==============================================
-``generate_pcp_mtp_input``                        ``spec.full_input_ids`` (on the CPU token table)
-``_update_input_ids_pcp_full_ids``                ``spec.repair_full_input_ids``
-``rebuild_async_spec_decode_inputs``              ``spec.rebuild_spec_positions`` (device branch)
-================================================  ==============================================
+| vllm-ascend `PCPManager`           | pcp_fn                                         |
+|------------------------------------|------------------------------------------------|
+| `generate_pcp_mtp_input`           | `spec.full_input_ids` (on the CPU token table) |
+| `_update_input_ids_pcp_full_ids`   | `spec.repair_full_input_ids`                   |
+| `rebuild_async_spec_decode_inputs` | `spec.rebuild_spec_positions` (device branch)  |
 
 They keep the reference's signatures and side effects (the full-input
-buffers, ``mtp_slot_pad``, the block table's slot-mapping calls, the runner's
+buffers, `mtp_slot_pad`, the block table's slot-mapping calls, the runner's
 positions), and the state they carry to later calls (the async layout, the
-MTP slot rows) lives in the manager's frozen record (its :class:`._record.RecordCell`).
+MTP slot rows) lives in the manager's frozen record (its `pcp_fn.adapters.vllm_ascend.v1._record.RecordCell`).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ class PCPAsyncSpecDecodeRebuildResult:
 
 @dataclasses.dataclass(frozen=True)
 class AsyncRebuildArgs:
-    """The arguments of ``rebuild_async_spec_decode_inputs`` the rebuild reads (the runner's names)."""
+    """The arguments of `rebuild_async_spec_decode_inputs` the rebuild reads (the runner's names)."""
 
     use_async_spec_decode: bool
     valid_sampled_token_count_gpu: torch.Tensor | None
@@ -75,9 +73,9 @@ class AsyncRebuildArgs:
 
 
 def _draft_slot_fn(block_table: MultiGroupBlockTable, num_rows: int, on_host: bool) -> _ops.SlotFn:
-    """``slot_fn`` over the runner's block table: its ``compute_slot_mapping_draft`` on the real rows.
+    """`slot_fn` over the runner's block table: its `compute_slot_mapping_draft` on the real rows.
 
-    Reads ``block_table.block_tables[0].slot_mapping.cpu`` (host rows) or ``.gpu``.
+    Reads `block_table.block_tables[0].slot_mapping.cpu` (host rows) or `.gpu`.
     """
 
     def slot_fn(request: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -102,11 +100,12 @@ def _correct_optimistic_seq_lens() -> Callable[..., None]:
 
 
 class SpecInputsBuilder:
-    """The runner-side spec-decode inputs of :class:`FunctionalDCSManager` (``generate_pcp_mtp_input``,
-    ``rebuild_async_spec_decode_inputs``).
+    """The runner-side spec-decode inputs of
+    [`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager]
+    (`generate_pcp_mtp_input`, `rebuild_async_spec_decode_inputs`).
 
     Holds what it reads and writes: the settings and config, the persistent buffers (the
-    full-input buffers, ``mtp_slot_pad``), the device graphs (their sync guard), the
+    full-input buffers, `mtp_slot_pad`), the device graphs (their sync guard), the
     manager's record cell (the step; the layouts it records for later calls) and the
     CPU-side state the ops over the CPU token table read.
     """
@@ -122,7 +121,7 @@ class SpecInputsBuilder:
         draft_token_ids: torch.Tensor | None, precomputed_positions_np: np.ndarray | None,
         prev_positions: torch.Tensor | None,
     ) -> None:  # fmt: skip
-        """``generate_pcp_mtp_input`` (the arguments it reads)."""
+        """`generate_pcp_mtp_input` (the arguments it reads)."""
         s, h = self.settings, self.records.host()
         if self.buffers.input_ids_pcp_full is None:
             raise RuntimeError("generate_pcp_mtp_input needs a speculative config and pcp * dcp > 1")
@@ -160,8 +159,8 @@ class SpecInputsBuilder:
             self._repair_full_input_ids(input_batch, draft_token_ids, prev_positions)
 
     def _write_full(self, full: _ops.FullInputs, total: int, bucket: _ops.Bucket) -> None:
-        """The scheduler-order inputs into ``input_ids_pcp_full`` (both halves),
-        ``query_start_loc_pcp_full`` (-1 past the bucket's rows) and ``positions_pcp_full``."""
+        """The scheduler-order inputs into `input_ids_pcp_full` (both halves),
+        `query_start_loc_pcp_full` (-1 past the bucket's rows) and `positions_pcp_full`."""
         b = self.buffers
         ids, qsl = b.input_ids_pcp_full, b.query_start_loc_pcp_full
         ids.cpu[:total] = full.input_ids[:total]
@@ -177,13 +176,13 @@ class SpecInputsBuilder:
         draft_token_ids: torch.Tensor | None,
         prev_positions: torch.Tensor | None,
     ) -> None:
-        """vllm-ascend ``_update_input_ids_pcp_full_ids``: last step's sampled and draft tokens into the ids.
+        """vllm-ascend `_update_input_ids_pcp_full_ids`: last step's sampled and draft tokens into the ids.
 
-        Without ``prev_positions`` each request's previous row comes from
-        ``input_batch.req_id_to_index`` and ``prev_req_id_to_index`` (host, O(R)),
-        and a decode's drafts are its ``n - 1`` spec tokens (the reference counts
-        ``scheduled_spec_decode_tokens``: the same when the scheduler schedules
-        ``1 + drafts`` tokens, as vLLM's does).
+        Without `prev_positions` each request's previous row comes from
+        `input_batch.req_id_to_index` and `prev_req_id_to_index` (host, O(R)),
+        and a decode's drafts are its `n - 1` spec tokens (the reference counts
+        `scheduled_spec_decode_tokens`: the same when the scheduler schedules
+        `1 + drafts` tokens, as vLLM's does).
         """
         if input_batch.prev_sampled_token_ids is None or input_batch.prev_req_id_to_index is None:
             return
@@ -213,7 +212,7 @@ class SpecInputsBuilder:
 
     # ------------------------------------------------------------ rebuild_async_spec_decode_inputs
     def rebuild(self, args: AsyncRebuildArgs) -> PCPAsyncSpecDecodeRebuildResult:
-        """``rebuild_async_spec_decode_inputs`` (its keyword arguments in ``args``)."""
+        """`rebuild_async_spec_decode_inputs` (its keyword arguments in `args`)."""
         s, h = self.settings, self.records.host()
         if not (
             s.cp_size > 1
@@ -303,7 +302,7 @@ class SpecInputsBuilder:
     def _full_slots_on_host(
         self, full: FullLayout, base: np.ndarray, input_batch: NPUInputBatch, n: int
     ) -> np.ndarray:
-        """The corrected scheduler-order positions; with ``P > 1`` the block table's slot mapping of them."""
+        """The corrected scheduler-order positions; with `P > 1` the block table's slot mapping of them."""
         counts = np.diff(np.concatenate(([0], full.cu_num_tokens)))
         positions_full = base[full.req_indices] + (
             np.arange(full.num_tokens) - np.repeat(full.cu_num_tokens - counts, counts)
@@ -322,7 +321,7 @@ def _first_positions(
     counts: np.ndarray, cu: np.ndarray, precomputed: np.ndarray | None, input_batch: NPUInputBatch, n: int
 ) -> np.ndarray:
     """Each request's computed tokens: its first precomputed position when given (its corrected
-    computed count), else ``input_batch.num_computed_tokens_cpu``."""
+    computed count), else `input_batch.num_computed_tokens_cpu`."""
     if precomputed is None:
         return np.asarray(input_batch.num_computed_tokens_cpu)[:n]
     first = np.minimum(cu - counts, max(int(counts.sum()) - 1, 0))

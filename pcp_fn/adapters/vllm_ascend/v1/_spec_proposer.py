@@ -2,19 +2,17 @@
 
 vllm-ascend's MTP proposer calls these after the target model's forward:
 
-================================================  ==============================================
-vllm-ascend ``PCPManager``                        pcp_fn
-================================================  ==============================================
-``get_spec_decode_decode_hidden_states``          ``decode_hidden_states`` (rows from the step)
-``prepare_spec_decode_first_pass_inputs``         ``spec.first_pass_inputs`` (+ the hybrid split)
-``prepare_spec_decode_mtp_drafting_inputs``       ``spec.mtp_slot_inputs``
-``mask_spec_decode_restore_idx_for_graph``        ``spec.mask_restore_index_for_graph``
-``update_spec_decode_drafting_cp_metadata``       ``spec.drafting_cp_seq_lens``
-================================================  ==============================================
+| vllm-ascend `PCPManager`                  | pcp_fn                                        |
+|-------------------------------------------|-----------------------------------------------|
+| `get_spec_decode_decode_hidden_states`    | `decode_hidden_states` (rows from the step)   |
+| `prepare_spec_decode_first_pass_inputs`   | `spec.first_pass_inputs` (+ the hybrid split) |
+| `prepare_spec_decode_mtp_drafting_inputs` | `spec.mtp_slot_inputs`                        |
+| `mask_spec_decode_restore_idx_for_graph`  | `spec.mask_restore_index_for_graph`           |
+| `update_spec_decode_drafting_cp_metadata` | `spec.drafting_cp_seq_lens`                   |
 
 Each keeps the reference's signature, return type (same field names) and side
-effects on the objects it is handed (``common_attn_metadata``, the caller's
-``token_indices_to_sample`` and restore index).
+effects on the objects it is handed (`common_attn_metadata`, the caller's
+`token_indices_to_sample` and restore index).
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ class PCPSpecDecodeFirstPassInputs:
 
 
 def _isinstance_of(obj: object, module: str, name: str) -> bool:
-    """``isinstance(obj, module.name)`` when vllm-ascend is importable, else ``False``."""
+    """`isinstance(obj, module.name)` when vllm-ascend is importable, else `False`."""
     try:
         cls = getattr(__import__(module, fromlist=[name]), name)
     except (ImportError, AttributeError):
@@ -63,10 +61,11 @@ def _isinstance_of(obj: object, module: str, name: str) -> bool:
 
 
 class Proposer:
-    """The proposer-side spec-decode helpers of :class:`FunctionalDCSManager`.
+    """The proposer-side spec-decode helpers of
+    [`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager].
 
     Holds what it reads and writes: the settings and config, the persistent buffers (the
-    step's decode rows and restore index, the full query lengths, ``mtp_slot_pad``), the
+    step's decode rows and restore index, the full query lengths, `mtp_slot_pad`), the
     device graphs (their sync guard), the manager's record cell (the step and its MTP slot
     rows), and the states the ops tied to no step read (the CPU's and the capacity bucket's).
     """
@@ -77,7 +76,7 @@ class Proposer:
         self.cpu_state, self.capacity_state = parts.cpu_state, parts.capacity_state
 
     def decode_hidden_states(self, hidden: torch.Tensor, num_decode_tokens: int | None) -> torch.Tensor:
-        """``get_spec_decode_decode_hidden_states``."""
+        """`get_spec_decode_decode_hidden_states`."""
         if num_decode_tokens is None:
             host = self.records.current.host
             num_decode_tokens = 0 if host is None else host.num_decode_tokens
@@ -95,8 +94,8 @@ class Proposer:
         long_seq_metadata: object | None, logits_indices: torch.Tensor, num_tokens: int,
         num_prefill_reqs: int, num_decode_reqs: int, uses_mrope: bool,
     ) -> PCPSpecDecodeFirstPassInputs:  # fmt: skip
-        """``prepare_spec_decode_first_pass_inputs`` (``tis``: ``token_indices_to_sample``;
-        ``long_seq_metadata``: ``generate_pcp_metadata``'s, set on ``common_attn_metadata``)."""
+        """`prepare_spec_decode_first_pass_inputs` (`tis`: `token_indices_to_sample`;
+        `long_seq_metadata`: `generate_pcp_metadata`'s, set on `common_attn_metadata`)."""
         s = self.settings
         unchanged = PCPSpecDecodeFirstPassInputs(num_tokens, input_ids, target_positions, hidden, tis, None)
         if s.cp_size <= 1:
@@ -123,7 +122,7 @@ class Proposer:
         self, h: dcs_host.HostLayout, input_ids: torch.Tensor, hidden: torch.Tensor, tis: torch.Tensor,
         logits_indices: torch.Tensor, num_tokens: int, n: int, num_prefill_reqs: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """This rank's ids and hidden rows of the first pass; ``tis[:n]`` rewritten in place."""
+        """This rank's ids and hidden rows of the first pass; `tis[:n]` rewritten in place."""
         bucket, state = self.records.bucket(), self.records.current.state
         D, N = h.num_decode_tokens, h.num_tokens
         ids_full = F.pad(input_ids[:num_tokens], (0, _ops.full_rows(self.config, bucket) - num_tokens))
@@ -170,7 +169,7 @@ class Proposer:
         self, common_attn_metadata: AscendCommonAttentionMetadata, attn_metadata: object,
         ori_tis: torch.Tensor | None, batch_size: int, num_decode_reqs: int, is_prefill_batch: bool, k: int,
     ) -> PCPSpecDecodeMTPInputs | None:  # fmt: skip
-        """``prepare_spec_decode_mtp_drafting_inputs`` (``k``: ``num_speculative_tokens``)."""
+        """`prepare_spec_decode_mtp_drafting_inputs` (`k`: `num_speculative_tokens`)."""
         s = self.settings
         decode_only = num_decode_reqs > 0 and not is_prefill_batch
         dcp_prefill = s.pcp_size == 1 and s.dcp_size > 1 and is_prefill_batch
@@ -195,7 +194,7 @@ class Proposer:
         return PCPSpecDecodeMTPInputs(seq_lens, seq_lens_cpu, slot_indices, slot_mapping)
 
     def mask_restore(self, pcp_allgather_restore_idx: torch.Tensor) -> None:
-        """``mask_spec_decode_restore_idx_for_graph``."""
+        """`mask_spec_decode_restore_idx_for_graph`."""
         buf = self.buffers.step["restore"]
         length = pcp_allgather_restore_idx.shape[0]
         if length > buf.shape[0]:
@@ -209,7 +208,7 @@ class Proposer:
         self, attn_metadata: DraftAttentionMetadata, kv_cache_spec: object, seq_lens: torch.Tensor,
         draft_index: int, seq_lens_cpu: torch.Tensor | None, attn_metadata_builder: object | None,
     ) -> None:  # fmt: skip
-        """``update_spec_decode_drafting_cp_metadata``."""
+        """`update_spec_decode_drafting_cp_metadata`."""
         is_mla = _isinstance_of(
             kv_cache_spec, "vllm_ascend.core.kv_cache_interface", "AscendMLAAttentionSpec"
         )
@@ -235,7 +234,7 @@ class Proposer:
 
 
 def _draft_seq_lens(attn_metadata: object, batch_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Copies of the draft batch's ``seq_lens`` (``seq_lens_cpu`` where it has none) and ``seq_lens_cpu``
+    """Copies of the draft batch's `seq_lens` (`seq_lens_cpu` where it has none) and `seq_lens_cpu`
     (any attention metadata: both are read with getattr)."""
     seq_lens = getattr(attn_metadata, "seq_lens", None)
     seq_lens_cpu = getattr(attn_metadata, "seq_lens_cpu", None)

@@ -1,9 +1,10 @@
-"""The vllm-ascend 0.23 objects ``model_runner_v1.py`` hands :class:`FunctionalDCSManager`, as
-typing protocols: one per vllm-ascend class, naming what the manager reads (or writes) of it.
+"""The vllm-ascend 0.23 objects `model_runner_v1.py` hands
+[`FunctionalDCSManager`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager], as typing protocols: one
+per vllm-ascend class, naming what the manager reads (or writes) of it.
 
-The vLLM objects the runner hands it too (``VllmConfig``, ``SchedulerOutput``, ``CpuGpuBuffer``,
-``CachedRequestState``, ...) are :mod:`pcp_fn.adapters.vllm.engine_types`'; this line imports
-them for annotations only (``TYPE_CHECKING``), so importing it imports no other adapter.
+The vLLM objects the runner hands it too (`VllmConfig`, `SchedulerOutput`, `CpuGpuBuffer`,
+`CachedRequestState`, ...) are [`pcp_fn.adapters.vllm.engine_types`][]'; this line imports
+them for annotations only (`TYPE_CHECKING`), so importing it imports no other adapter.
 Annotations only: nothing checks an object against them. This module imports neither vLLM nor
 vllm-ascend.
 """
@@ -20,13 +21,13 @@ if TYPE_CHECKING:
 
 
 class BlockTable(Protocol):
-    """vllm-ascend's ``BlockTable`` (``vllm_ascend/worker/block_table.py``): one KV-cache group's."""
+    """vllm-ascend's `BlockTable` (`vllm_ascend/worker/block_table.py`): one KV-cache group's."""
 
     slot_mapping: CpuGpuBuffer  # the slots compute_slot_mapping(_draft) last wrote
 
 
 class MultiGroupBlockTable(Protocol):
-    """vllm-ascend's ``MultiGroupBlockTable`` (``vllm_ascend/worker/block_table.py``): the batch's."""
+    """vllm-ascend's `MultiGroupBlockTable` (`vllm_ascend/worker/block_table.py`): the batch's."""
 
     block_tables: list[BlockTable]
 
@@ -41,7 +42,7 @@ class MultiGroupBlockTable(Protocol):
 
 
 class NPUInputBatch(Protocol):
-    """vllm-ascend's ``NPUInputBatch`` (``vllm_ascend/worker/npu_input_batch.py``): the runner's batch."""
+    """vllm-ascend's `NPUInputBatch` (`vllm_ascend/worker/npu_input_batch.py`): the runner's batch."""
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
@@ -54,13 +55,13 @@ class NPUInputBatch(Protocol):
 
 
 class DeviceEvent(Protocol):
-    """A device event (``torch.npu.Event`` on an NPU): the async rebuild waits on it."""
+    """A device event (`torch.npu.Event` on an NPU): the async rebuild waits on it."""
 
     def synchronize(self) -> None: ...
 
 
 class AscendCommonAttentionMetadata(Protocol):
-    """vllm-ascend's ``AscendCommonAttentionMetadata`` (``vllm_ascend/attention/utils.py``): the drafter's."""
+    """vllm-ascend's `AscendCommonAttentionMetadata` (`vllm_ascend/attention/utils.py`): the drafter's."""
 
     prefill_context_parallel_metadata: object  # set to generate_pcp_metadata's result
     num_actual_tokens: int
@@ -73,41 +74,41 @@ class AscendCommonAttentionMetadata(Protocol):
 
 
 class AscendMLADecodeMetadata(Protocol):
-    """vllm-ascend's ``AscendMLADecodeMetadata`` (``vllm_ascend/attention/mla_v1.py``)."""
+    """vllm-ascend's `AscendMLADecodeMetadata` (`vllm_ascend/attention/mla_v1.py`)."""
 
     cp_seq_len: torch.Tensor
 
 
 class AscendMLAMetadata(Protocol):
-    """vllm-ascend's ``AscendMLAMetadata`` (``vllm_ascend/attention/mla_v1.py``): an MLA draft step's."""
+    """vllm-ascend's `AscendMLAMetadata` (`vllm_ascend/attention/mla_v1.py`): an MLA draft step's."""
 
     decode: AscendMLADecodeMetadata
 
 
 class DCPContext(Protocol):
-    """vllm-ascend's SFA ``DCPContext`` (``vllm_ascend.attention.context_parallel.sfa_cp``)."""
+    """vllm-ascend's SFA `DCPContext` (`vllm_ascend.attention.context_parallel.sfa_cp`)."""
 
     seq_lens: torch.Tensor
 
 
 class AscendSFADCPMetadata(Protocol):
-    """vllm-ascend's ``AscendSFADCPMetadata`` (built by ``AscendSFADCPMetadataBuilder``, ``sfa_cp``)."""
+    """vllm-ascend's `AscendSFADCPMetadata` (built by `AscendSFADCPMetadataBuilder`, `sfa_cp`)."""
 
     dcp_context: DCPContext
 
 
 class AscendMetadataForDecode(Protocol):
-    """vllm-ascend's ``AscendMetadataForDecode`` (``vllm_ascend/attention/context_parallel/common_cp.py``)."""
+    """vllm-ascend's `AscendMetadataForDecode` (`vllm_ascend/attention/context_parallel/common_cp.py`)."""
 
     num_computed_tokens_of_pcp_dcp: np.ndarray
 
 
 class AscendMetadata(Protocol):
-    """vllm-ascend's ``AscendMetadata`` (``vllm_ascend/attention/attention_v1.py``): a draft step's."""
+    """vllm-ascend's `AscendMetadata` (`vllm_ascend/attention/attention_v1.py`): a draft step's."""
 
     decode_meta: AscendMetadataForDecode
 
 
-#: The drafter's attention metadata ``update_spec_decode_drafting_cp_metadata`` writes into, told
-#: apart by the KV-cache spec (MLA) and the metadata builder (SFA with DCP).
 DraftAttentionMetadata = AscendMLAMetadata | AscendSFADCPMetadata | AscendMetadata
+"""The drafter's attention metadata `update_spec_decode_drafting_cp_metadata` writes into, told apart by the
+KV-cache spec (MLA) and the metadata builder (SFA with DCP)."""

@@ -1,41 +1,43 @@
-"""``FunctionalDCSManager``: a drop-in for vllm-ascend 0.23's ``PCPManager`` (``worker/pcp_utils.py``).
+"""`FunctionalDCSManager`: a drop-in for vllm-ascend 0.23's `PCPManager` (`worker/pcp_utils.py`).
 
-Same constructor, same methods and the attributes ``model_runner_v1.py`` reads;
+Same constructor, same methods and the attributes `model_runner_v1.py` reads;
 the layout is computed by pcp_fn instead of host numpy:
 
-- ``init_batch_info`` builds the step: the host twin (:mod:`pcp_fn.dcs.host`, O(R)
+- `init_batch_info` builds the step: the host twin ([`pcp_fn.dcs.host`][], O(R)
   numpy on the runner's arrays) for every value the runner reads on the host,
-  and one device step (:func:`._ops.device_step`: ``update_tokens``, logits
+  and one device step (`pcp_fn.adapters.vllm_ascend.v1._ops.device_step`: `update_tokens`, logits
   indices, attention index tensors, the hybrid index maps), one graph per
-  bucket of a ladder made at construction (:class:`._ops.DeviceGraphs`;
-  ``PCP_FN_GRAPH_BACKEND``, :mod:`pcp_fn.adapters.backend`), bound to a
+  bucket of a ladder made at construction (`pcp_fn.adapters.vllm_ascend.v1._ops.DeviceGraphs`;
+  `PCP_FN_GRAPH_BACKEND`, [`pcp_fn.adapters.backend`][]), bound to a
   persistent staging buffer and writing its outputs into the persistent
-  buffers (:mod:`._buffers`) inside the graph;
-- every later call reads the frozen step record (:mod:`._record`), those
+  buffers (`pcp_fn.adapters.vllm_ascend.v1._buffers`) inside the graph;
+- every later call reads the frozen step record (`pcp_fn.adapters.vllm_ascend.v1._record`), those
   buffers, or runs a small pcp_fn op (the padded slot mapping per KV cache
   group, the MTP mask, the spec-decode and multimodal helpers).
 
 The attention metadata, the spec-decode inputs on the runner's and the proposer's
-side and the multimodal helpers are four composed objects (:class:`._metadata.MetadataBuilder`,
-:class:`._spec_inputs.SpecInputsBuilder`, :class:`._spec_proposer.Proposer`,
-:class:`._multimodal.Multimodal`), each given what it reads at construction (the
-settings, the buffers, the graphs, the record cell...); the manager's methods of
-those names forward to them.
+side and the multimodal helpers are four composed objects
+(`pcp_fn.adapters.vllm_ascend.v1._metadata.MetadataBuilder`,
+`pcp_fn.adapters.vllm_ascend.v1._spec_inputs.SpecInputsBuilder`,
+`pcp_fn.adapters.vllm_ascend.v1._spec_proposer.Proposer`,
+`pcp_fn.adapters.vllm_ascend.v1._multimodal.Multimodal`), each given what it reads at construction
+(the settings, the buffers, the graphs, the record cell...); the manager's methods of those names
+forward to them.
 
-Call order (the runner's ``_prepare_inputs`` / ``_build_attention_metadata`` /
-``execute_model``): ``init_batch_info`` -> ``generate_pcp_mtp_input`` (spec
-decode) -> ``update_tokens_for_pcp`` -> ``rebuild_async_spec_decode_inputs`` ->
-``get_logits_indices`` (or the runner's spec metadata with
-``num_pcp_pads_cpu`` and ``adjust_cu_num_scheduled_tokens_for_pcp``) ->
-``get_padded_slot_mapping`` per KV cache group -> ``generate_pcp_metadata`` ->
-forward -> ``get_restore_hidden_states`` -> the proposer's helpers. A
-``_dummy_run`` (graph capture, and the runs between steps) calls
-``init_batch_info`` -> ``get_padded_slot_mapping`` -> ``generate_pcp_metadata``
-without ``update_tokens_for_pcp``: its metadata is the real step's of the dummy batch.
+Call order (the runner's `_prepare_inputs` / `_build_attention_metadata` /
+`execute_model`): `init_batch_info` -> `generate_pcp_mtp_input` (spec
+decode) -> `update_tokens_for_pcp` -> `rebuild_async_spec_decode_inputs` ->
+`get_logits_indices` (or the runner's spec metadata with
+`num_pcp_pads_cpu` and `adjust_cu_num_scheduled_tokens_for_pcp`) ->
+`get_padded_slot_mapping` per KV cache group -> `generate_pcp_metadata` ->
+forward -> `get_restore_hidden_states` -> the proposer's helpers. A
+`_dummy_run` (graph capture, and the runs between steps) calls
+`init_batch_info` -> `get_padded_slot_mapping` -> `generate_pcp_metadata`
+without `update_tokens_for_pcp`: its metadata is the real step's of the dummy batch.
 
-Differences from vllm-ascend's ``PCPManager`` (docs/adapters/vllm-ascend.md's deviation
+Differences from vllm-ascend's `PCPManager` (docs/adapters/vllm-ascend.md's deviation
 table): the restore index and metadata index tensors are views of device buffers built by pcp_fn (the
-host ``.np`` copies are not kept); ``pcp_unpad_mask`` in the metadata is the
+host `.np` copies are not kept); `pcp_unpad_mask` in the metadata is the
 device mask; the MTP attention mask is the interleave-aware one (with the
 reference's buffer semantics: rows it does not recompute keep their last values).
 """
@@ -83,12 +85,12 @@ def _pcp_all_gather(x: torch.Tensor) -> torch.Tensor:
 
 
 def graph_backend(capture: bool | None, compile_backend: str | None, device: torch.device) -> str | None:
-    """The backend of the manager's graphs (``None``: plain calls).
+    """The backend of the manager's graphs (`None`: plain calls).
 
-    ``capture`` / ``compile_backend`` given: ``capture=False`` plain calls; ``capture=True``
-    graphs with ``compile_backend`` (default ``"inductor"``: device graphs on CUDA / NPU,
-    ``torch.compile`` on the CPU); ``compile_backend`` alone that backend. Neither:
-    ``$PCP_FN_GRAPH_BACKEND`` (:func:`pcp_fn.adapters.backend.resolve_graph_backend`: ``auto``,
+    `capture` / `compile_backend` given: `capture=False` plain calls; `capture=True`
+    graphs with `compile_backend` (default `"inductor"`: device graphs on CUDA / NPU,
+    `torch.compile` on the CPU); `compile_backend` alone that backend. Neither:
+    `$PCP_FN_GRAPH_BACKEND` ([`pcp_fn.adapters.backend.resolve_graph_backend`][]: `auto`,
     the default, captures device graphs on CUDA / NPU and makes plain calls on the CPU).
     """
     if capture is False:
@@ -121,7 +123,7 @@ def _device_graphs(
 
 
 def _host_field(name: str) -> property:
-    """A count of the last ``init_batch_info``'s host twin (``0`` before the first)."""
+    """A count of the last `init_batch_info`'s host twin (`0` before the first)."""
 
     def get(self: FunctionalDCSManager) -> int:
         host = self._records.current.host
@@ -131,7 +133,7 @@ def _host_field(name: str) -> property:
 
 
 def _hybrid_field(name: str) -> property:
-    """A count of the last ``update_tokens_for_pcp``'s hybrid split (``0`` without hybrid attention)."""
+    """A count of the last `update_tokens_for_pcp`'s hybrid split (`0` without hybrid attention)."""
 
     def get(self: FunctionalDCSManager) -> int:
         u = self._hybrid_update()
@@ -141,31 +143,50 @@ def _hybrid_field(name: str) -> property:
 
 
 class FunctionalDCSManager:
-    """vllm-ascend 0.23 ``PCPManager`` on pcp_fn (DualChunkSwap; hybrid attention; spec decode).
+    """vllm-ascend 0.23 `PCPManager` on pcp_fn (DualChunkSwap; hybrid attention; spec decode).
 
-    Args (as ``PCPManager``'s; ``vllm_config`` is read once, see :mod:`._settings`):
-        pcp_world_size, pcp_rank, dcp_world_size, dcp_rank, max_buffer_num_tokens,
-        max_num_reqs, device, vllm_config, use_async_scheduling, pin_memory, use_sparse.
+    The constructor takes vllm-ascend's `PCPManager` arguments, in its order (up to
+    `use_sparse`), then keyword-only additions; `vllm_config` is read once
+    (`pcp_fn.adapters.vllm_ascend.v1._settings`).
 
-    Keyword-only additions:
-        capture, compile_backend: override ``$PCP_FN_GRAPH_BACKEND`` (:func:`graph_backend`):
-            ``capture=True`` makes one graph per bucket with :func:`pcp_fn.graph.capture`
-            (``torch.npu.NPUGraph`` on an NPU, ``torch.cuda.CUDAGraph`` on CUDA,
-            ``torch.compile(backend=compile_backend)`` elsewhere, AOTInductor packages
-            cached in ``$PCP_FN_CACHE_DIR`` for ``compile_backend="aoti"``),
-            ``capture=False`` plain calls. Every graph is made here, for every
-            bucket of the ladder (:attr:`graph_stats`), never at a step.
-        check_syncs: run every device-path call under :func:`pcp_fn.no_host_syncs`.
-        request_buckets, token_buckets: the ladder's bucket sizes (token sizes default to
-            powers of two from 16 up to the local capacity; each with ``min(L_b, R)``
-            request rows, rounded up to ``request_buckets`` when given).
-        all_gather: ``x -> all_gather(x, dim 0)`` over the PCP group; default
-            vLLM's ``get_pcp_group().all_gather`` (imported when first used).
+    Args:
+        pcp_world_size: `P`, the PCP group's size.
+        pcp_rank: this rank of the PCP group.
+        dcp_world_size: decode context-parallel ranks.
+        dcp_rank: this rank's decode context-parallel rank.
+        max_buffer_num_tokens: the runner's token buffer size (`T + 2 * P * R`).
+        max_num_reqs: `R`, requests per step.
+        device: where the buffers and the graphs live (an NPU, a CUDA device or the CPU).
+        vllm_config: vLLM's `VllmConfig`, or any object with the attributes it reads:
+            the speculative config, `T` and `R` from the scheduler config, the model type
+            (hybrid attention) and `max_model_len`, the KV interleave size.
+        use_async_scheduling: the runner schedules asynchronously (the spec-decode positions
+            are rebuilt on the device).
+        pin_memory: pin the host staging buffers (on a graph device).
+        use_sparse: vllm-ascend's sparse-attention flag (kept in the settings).
+        capture: `True`: one graph per bucket with
+            [`pcp_fn.graph.capture`][pcp_fn.graph.capture.capture] (`torch.npu.NPUGraph` on
+            an NPU, `torch.cuda.CUDAGraph` on CUDA, `torch.compile(backend=compile_backend)`
+            elsewhere); `False`: plain calls. With `compile_backend`, it overrides
+            `$PCP_FN_GRAPH_BACKEND`
+            ([`graph_backend`][pcp_fn.adapters.vllm_ascend.v1.manager.graph_backend]). Every
+            graph is made here, for every bucket of the ladder
+            ([`graph_stats`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager.graph_stats]),
+            never at a step.
+        compile_backend: the graphs' backend (see `capture`); `"aoti"`: AOTInductor packages
+            cached in `$PCP_FN_CACHE_DIR`.
+        check_syncs: run every device-path call under [`pcp_fn.no_host_syncs`][].
+        request_buckets: the ladder's request-row sizes: each token bucket gets `min(L_b, R)`
+            request rows, rounded up to one of these when given.
+        token_buckets: the ladder's token sizes (default: powers of two from 16 up to the
+            local capacity).
+        all_gather: `x -> all_gather(x, dim 0)` over the PCP group; default
+            vLLM's `get_pcp_group().all_gather` (imported when first used).
 
     Raises:
-        ValueError: a bad constructor field, or (from ``init_batch_info``) counts
-            that are not 1-D integers, negative, beyond ``max_num_reqs`` /
-            ``max_num_batched_tokens``; the message names the field and the limit.
+        ValueError: a bad constructor field, or (from `init_batch_info`) counts
+            that are not 1-D integers, negative, beyond `max_num_reqs` /
+            `max_num_batched_tokens`; the message names the field and the limit.
     """
 
     def __init__(
@@ -271,12 +292,12 @@ class FunctionalDCSManager:
     @property
     def graphs(self) -> _ops.DeviceGraphs:
         """The device graphs, all made at construction (their ladder, rungs and runtime): for
-        inspection, like the vLLM drop-in's ``bookkeeper.graphs``."""
+        inspection, like the vLLM drop-in's `bookkeeper.graphs`."""
         return self._graphs
 
     def persistent_buffers(self) -> dict[str, torch.Tensor]:
-        """Every persistent tensor by name (allocated once; their ``data_ptr()``s never change):
-        the device step's outputs by their keys (``restore``, ``unpad_mask``, ``logits``, the
+        """Every persistent tensor by name (allocated once; their `data_ptr()`s never change):
+        the device step's outputs by their keys (`restore`, `unpad_mask`, `logits`, the
         attention index tensors, ...), the staging buffers, each KV-cache group's padded slot
         mapping, and the spec-decode buffers under vllm-ascend's attribute names."""
         b = self._buffers
@@ -306,8 +327,8 @@ class FunctionalDCSManager:
 
     @property
     def graph_stats(self) -> GraphStats:
-        """Graphs prepared at construction and their time (``loaded``: AOTInductor packages found
-        in the cache), steps, steps run eagerly for want of a graph (``fallbacks``)."""
+        """Graphs prepared at construction and their time (`loaded`: AOTInductor packages found
+        in the cache), steps, steps run eagerly for want of a graph (`fallbacks`)."""
         return self._graphs.stats
 
     num_reqs = _host_field("num_reqs")
@@ -322,7 +343,7 @@ class FunctionalDCSManager:
 
     @property
     def num_pcp_pads_cpu(self) -> np.ndarray:
-        """``[R]`` int64 pads per request of the last ``update_tokens_for_pcp``, zero past its requests:
+        """`[R]` int64 pads per request of the last `update_tokens_for_pcp`, zero past its requests:
         one persistent array, like vllm-ascend's attribute (written when first read after an update;
         the runner reads it per KV cache group)."""
         u, (last, out) = self._records.current.updated, self._pads
@@ -336,7 +357,7 @@ class FunctionalDCSManager:
 
     @property
     def pcp_tokens(self) -> np.ndarray:
-        """``[R]`` int32 DualChunkSwap rows per request of the last update."""
+        """`[R]` int32 DualChunkSwap rows per request of the last update."""
         out = np.zeros(self.max_num_reqs, dtype=np.int32)
         u = self._records.current.updated
         if u is not None:
@@ -345,8 +366,8 @@ class FunctionalDCSManager:
 
     @property
     def num_scheduled_tokens_padded(self) -> np.ndarray | None:
-        """``[n]`` int32: the scheduled counts after ``init_batch_info``; the DualChunkSwap rows
-        per request after ``update_tokens_for_pcp`` (with hybrid attention the FA query lengths)."""
+        """`[n]` int32: the scheduled counts after `init_batch_info`; the DualChunkSwap rows
+        per request after `update_tokens_for_pcp` (with hybrid attention the FA query lengths)."""
         h, u = self._records.current.host, self._records.current.updated
         if h is None:
             return None
@@ -359,7 +380,7 @@ class FunctionalDCSManager:
 
     @property
     def pcp_padded_tokens_length(self) -> int:
-        """Rows of the padded gathered order of the last update (``P * N``)."""
+        """Rows of the padded gathered order of the last update (`P * N`)."""
         u = self._records.current.updated
         return 0 if u is None else self.pcp_world_size * u.num_tokens
 
@@ -391,7 +412,7 @@ class FunctionalDCSManager:
     # ---------------------------------------------------------------- spec-decode record views
     @property
     def mtp_slot_pad(self) -> torch.Tensor | None:
-        """``[M * P]`` int32 MTP slot mapping last built (token-strided; a view of a persistent buffer)."""
+        """`[M * P]` int32 MTP slot mapping last built (token-strided; a view of a persistent buffer)."""
         return self._buffers.mtp_slot_view(self._records.current.mtp_rows, self.pcp_world_size)
 
     @property
@@ -421,7 +442,7 @@ class FunctionalDCSManager:
         num_prompt_tokens: npt.ArrayLike,
         decode_threshold: int,
     ) -> np.ndarray:
-        """vllm-ascend ``classify_decode_request_mask`` (numpy)."""
+        """vllm-ascend `classify_decode_request_mask` (numpy)."""
         s = dataclasses.replace(self.settings, num_spec_tokens=decode_threshold - 1)
         return classify_decodes(
             s,
@@ -439,7 +460,7 @@ class FunctionalDCSManager:
     ) -> None:
         """Start a step: the host twin, the staged batch and the device step.
 
-        The arrays are the runner's (decodes first); only their first ``num_reqs``
+        The arrays are the runner's (decodes first); only their first `num_reqs`
         entries are read and nothing keeps a reference to them.
         """
         if isinstance(num_reqs, bool) or not isinstance(num_reqs, (int, np.integer)) or num_reqs < 0:
@@ -466,10 +487,10 @@ class FunctionalDCSManager:
     def update_tokens_for_pcp(
         self, num_scheduled_tokens: np.ndarray, arange_np: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``(tokens per request on this rank [n] int32, local positions)`` of the step.
+        """`(tokens per request on this rank [n] int32, local positions)` of the step.
 
-        DualChunkSwap: ``pcp_tokens`` and the int32 offsets of the local rows;
-        hybrid attention: the linear split's counts and int64 offsets. ``arange_np``
+        DualChunkSwap: `pcp_tokens` and the int32 offsets of the local rows;
+        hybrid attention: the linear split's counts and int64 offsets. `arange_np`
         is accepted for the reference's signature and not needed.
         """
         h = self._records.host()
@@ -487,9 +508,9 @@ class FunctionalDCSManager:
     def get_logits_indices(
         self, cu_num_tokens: np.ndarray, num_reqs: int, tokens_original: list[int] | None = None
     ) -> torch.Tensor:
-        """``[num_reqs]`` int64 CPU tensor of restored rows to sample (the runner pins and copies it).
+        """`[num_reqs]` int64 CPU tensor of restored rows to sample (the runner pins and copies it).
 
-        The same rows are on the device in ``logits_indices_gpu`` (hybrid form with hybrid attention).
+        The same rows are on the device in `logits_indices_gpu` (hybrid form with hybrid attention).
         """
         h = self._records.host()
         hybrid_form = self.pcp_use_hybrid_attn and tokens_original is not None
@@ -513,11 +534,11 @@ class FunctionalDCSManager:
     def get_padded_slot_mapping(
         self, num_tokens: int, num_tokens_padded: int, slot_mapping: torch.Tensor, kv_cache_group_id: int
     ) -> torch.Tensor:
-        """The group's padded slot mapping: ``[num_tokens_padded * P]`` int32 (pad rows -1), at most
-        ``max_buffer_num_tokens`` rows (the runner's size for it).
+        """The group's padded slot mapping: `[num_tokens_padded * P]` int32 (pad rows -1), at most
+        `max_buffer_num_tokens` rows (the runner's size for it).
 
-        ``slot_mapping`` holds the step's slots in scheduler order (the runner
-        passes exactly ``sum(num_scheduled_tokens)``; only those are read).
+        `slot_mapping` holds the step's slots in scheduler order (the runner
+        passes exactly `sum(num_scheduled_tokens)`; only those are read).
         """
         rec = self._records.current
         if rec.batch is None:
@@ -559,9 +580,9 @@ class FunctionalDCSManager:
     ) -> torch.Tensor:
         """All-gather the ranks' hidden states and put them in request order.
 
-        DualChunkSwap: the first ``num_input_tokens`` rows (default this step's
+        DualChunkSwap: the first `num_input_tokens` rows (default this step's
         local tokens) are gathered and reordered by the restore index. Hybrid
-        attention: the linear rows, padded to ``M`` per rank, are gathered and
+        attention: the linear rows, padded to `M` per rank, are gathered and
         reordered into the compact full-attention input.
         """
         P = self.pcp_world_size
@@ -596,23 +617,23 @@ class FunctionalDCSManager:
         num_reqs: int,
         fixed_decode_seq_lens_cpu: np.ndarray | None = None,
     ) -> tuple[Any, torch.Tensor]:
-        """vllm-ascend's ``AscendPrefillContextParallelMetadata`` of the step, and the block table.
+        """vllm-ascend's `AscendPrefillContextParallelMetadata` of the step, and the block table.
 
-        Reads ``input_batch.num_computed_tokens_cpu`` (the context of the
-        prefills, and of the decodes without ``fixed_decode_seq_lens_cpu``).
+        Reads `input_batch.num_computed_tokens_cpu` (the context of the
+        prefills, and of the decodes without `fixed_decode_seq_lens_cpu`).
         Device fields are views of the manager's persistent buffers.
 
-        ``query_lens`` (host) must hold the step's local token counts per request
-        (``update_tokens_for_pcp``'s, or ``num_scheduled_tokens_padded`` with hybrid
-        attention), as the runner passes them. In a ``_dummy_run``
-        (``init_batch_info`` without ``update_tokens_for_pcp``; the runner then passes
+        `query_lens` (host) must hold the step's local token counts per request
+        (`update_tokens_for_pcp`'s, or `num_scheduled_tokens_padded` with hybrid
+        attention), as the runner passes them. In a `_dummy_run`
+        (`init_batch_info` without `update_tokens_for_pcp`; the runner then passes
         the dummy batch's own counts, checked against them) the metadata is the
         one the real step of the dummy batch gets: every field, the hybrid index
         fields included, shaped as that step's (a graph captured in a dummy run
         sees what a real step of that batch sees).
 
         Raises:
-            ValueError: ``query_lens`` (or ``num_scheduled_tokens``) missing, or not those counts.
+            ValueError: `query_lens` (or `num_scheduled_tokens`) missing, or not those counts.
         """
         return self._metadata.generate(
             total_num_scheduled_tokens,
@@ -643,12 +664,12 @@ class FunctionalDCSManager:
     ) -> None:
         """Record the scheduler-order (pre-split) inputs the drafter shifts.
 
-        Fills ``input_ids_pcp_full`` (``.cpu`` and ``.gpu``), ``query_start_loc_pcp_full``
-        and ``positions_pcp_full`` from ``input_batch.token_ids_cpu_tensor`` and
-        ``input_batch.num_computed_tokens_cpu`` (or ``precomputed_positions_np``);
+        Fills `input_ids_pcp_full` (`.cpu` and `.gpu`), `query_start_loc_pcp_full`
+        and `positions_pcp_full` from `input_batch.token_ids_cpu_tensor` and
+        `input_batch.num_computed_tokens_cpu` (or `precomputed_positions_np`);
         under async scheduling repairs the ids with the previous step's tokens;
-        with ``k >= 2`` builds ``mtp_slot_pad`` through
-        ``input_batch.block_table.compute_slot_mapping_draft`` (decode-only batches,
+        with `k >= 2` builds `mtp_slot_pad` through
+        `input_batch.block_table.compute_slot_mapping_draft` (decode-only batches,
         or DCP-only prefills, as the reference).
         """
         self._spec_inputs.generate(
@@ -698,16 +719,18 @@ class FunctionalDCSManager:
         num_spec_tokens: int,
         prepare_input_ids: Callable[[SchedulerOutput, int, int, np.ndarray], None],
     ) -> PCPAsyncSpecDecodeRebuildResult:
-        """Recompute positions (and the drafter's inputs) once async scheduling corrected ``num_computed``.
+        """Recompute positions (and the drafter's inputs) once async scheduling corrected `num_computed`.
 
         Device branch (decode-only, no embeds or multimodal inputs):
-        ``spec.rebuild_spec_positions`` on the corrected ``num_computed_tokens``
-        writes ``positions`` and rebuilds ``mtp_slot_pad`` (through
-        ``compute_slot_mapping_draft``), then hands the scheduler-order positions
-        to ``input_batch.block_table.compute_slot_mapping``, so the block table's
-        ``slot_mapping.gpu`` ends with the main model's slots. Host branch: corrects
-        the counts with vllm-ascend's ``correct_optimistic_seq_lens_cpu``, refills the runner's host positions
-        and input ids, and calls :meth:`generate_pcp_mtp_input` again.
+        `spec.rebuild_spec_positions` on the corrected `num_computed_tokens`
+        writes `positions` and rebuilds `mtp_slot_pad` (through
+        `compute_slot_mapping_draft`), then hands the scheduler-order positions
+        to `input_batch.block_table.compute_slot_mapping`, so the block table's
+        `slot_mapping.gpu` ends with the main model's slots. Host branch: corrects
+        the counts with vllm-ascend's `correct_optimistic_seq_lens_cpu`, refills the runner's host positions
+        and input ids, and calls
+        [`generate_pcp_mtp_input`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager.generate_pcp_mtp_input]
+        again.
         """
         return self._spec_inputs.rebuild(
             AsyncRebuildArgs(
@@ -766,13 +789,13 @@ class FunctionalDCSManager:
     ) -> PCPSpecDecodeFirstPassInputs:
         """This rank's first draft pass: its own rows of the scheduler-order ids and restored hidden states.
 
-        As the reference, it sets ``common_attn_metadata.prefill_context_parallel_metadata``,
-        rewrites ``token_indices_to_sample`` in place (decodes: ``logits_indices[tis]``;
-        prefills: the last ``num_prefill_reqs`` logits indices) and, with prefills,
-        the metadata's ``num_actual_tokens``, ``max_query_len``, ``seq_lens`` and
-        ``query_start_loc`` (host values from the twin). ``input_ids`` are the
-        scheduler-order ids (``num_tokens`` of them); ``target_hidden_states`` the
-        restored rows; ``token_indices_to_sample`` has one entry per request.
+        As the reference, it sets `common_attn_metadata.prefill_context_parallel_metadata`,
+        rewrites `token_indices_to_sample` in place (decodes: `logits_indices[tis]`;
+        prefills: the last `num_prefill_reqs` logits indices) and, with prefills,
+        the metadata's `num_actual_tokens`, `max_query_len`, `seq_lens` and
+        `query_start_loc` (host values from the twin). `input_ids` are the
+        scheduler-order ids (`num_tokens` of them); `target_hidden_states` the
+        restored rows; `token_indices_to_sample` has one entry per request.
         """
         return self._proposer.first_pass(
             input_ids,
@@ -798,7 +821,7 @@ class FunctionalDCSManager:
         is_prefill_batch: bool,
         num_speculative_tokens: int,
     ) -> PCPSpecDecodeMTPInputs | None:
-        """MTP draft-step slots for decode-only batches (or DCP-only prefills); ``None`` otherwise."""
+        """MTP draft-step slots for decode-only batches (or DCP-only prefills); `None` otherwise."""
         return self._proposer.mtp_drafting(
             common_attn_metadata,
             attn_metadata,
@@ -825,10 +848,10 @@ class FunctionalDCSManager:
     ) -> None:
         """Per-draft-step CP sequence lengths into the drafter's attention metadata.
 
-        MLA (``AscendMLAAttentionSpec``): ``attn_metadata.decode.cp_seq_len``;
-        SFA DCP builder: copied into ``attn_metadata.dcp_context.seq_lens``;
-        otherwise ``attn_metadata.decode_meta.num_computed_tokens_of_pcp_dcp``
-        (numpy, from ``seq_lens_cpu`` when given).
+        MLA (`AscendMLAAttentionSpec`): `attn_metadata.decode.cp_seq_len`;
+        SFA DCP builder: copied into `attn_metadata.dcp_context.seq_lens`;
+        otherwise `attn_metadata.decode_meta.num_computed_tokens_of_pcp_dcp`
+        (numpy, from `seq_lens_cpu` when given).
         """
         self._proposer.drafting_cp_metadata(
             attn_metadata, kv_cache_spec, seq_lens, draft_index, seq_lens_cpu, attn_metadata_builder
@@ -847,7 +870,7 @@ class FunctionalDCSManager:
     def fill_prompt_embeds_for_pcp(
         self, req_embeds: torch.Tensor, req_positions_np: np.ndarray, dst_slice: torch.Tensor
     ) -> None:
-        """Write one request's prompt embeds at its local positions into ``dst_slice`` (rows past the
+        """Write one request's prompt embeds at its local positions into `dst_slice` (rows past the
         embeds are left as they are)."""
         self._multimodal.fill_prompt_embeds(req_embeds, req_positions_np, dst_slice)
 
@@ -860,7 +883,7 @@ class FunctionalDCSManager:
         requests: dict[str, CachedRequestState],
         mrope_positions: CpuGpuBuffer,
     ) -> None:
-        """M-RoPE positions of this rank's tokens into ``mrope_positions.cpu[:, :num_local_tokens]``."""
+        """M-RoPE positions of this rank's tokens into `mrope_positions.cpu[:, :num_local_tokens]`."""
         self._multimodal.mrope(positions_np, num_scheduled_tokens, input_batch, requests, mrope_positions)
 
     def build_local_mm_schedule(
@@ -871,7 +894,7 @@ class FunctionalDCSManager:
         local_num_scheduled_tokens: np.ndarray,
         encoder_cache: dict[str, torch.Tensor],
     ) -> tuple[dict[str, list[int]], set[str]]:
-        """Encoder inputs this rank's tokens need: ``({req_id: [missing features]}, needed hashes)``."""
+        """Encoder inputs this rank's tokens need: `({req_id: [missing features]}, needed hashes)`."""
         return _ops.build_local_mm_schedule(
             req_ids, requests, positions_np, local_num_scheduled_tokens, encoder_cache
         )
@@ -892,7 +915,7 @@ class FunctionalDCSManager:
     ) -> tuple[list[torch.Tensor], bool, bool]:
         """The encoder rows this rank's tokens consume, in local token order.
 
-        Marks them in ``is_mm_embed`` and, with multimodal pruning and M-RoPE,
+        Marks them in `is_mm_embed` and, with multimodal pruning and M-RoPE,
         writes the recomputed M-RoPE positions into the request states.
         """
         return self._multimodal.gather_embeddings(
@@ -919,9 +942,10 @@ class FunctionalDCSManager:
         local_total_num_scheduled_tokens: int | None,
         encoder_cache: dict[str, torch.Tensor],
     ) -> dict[str, Any] | None:
-        """Make ``scheduler_output`` this rank's view for the multimodal preprocess (in place, as the
-        runner reads the same object); returns what :meth:`restore_scheduler_output_after_mm_preprocess`
-        needs, or ``None`` when nothing differs."""
+        """Make `scheduler_output` this rank's view for the multimodal preprocess (in place, as the
+        runner reads the same object); returns what
+        [`restore_scheduler_output_after_mm_preprocess`][pcp_fn.adapters.vllm_ascend.FunctionalDCSManager]
+        needs, or `None` when nothing differs."""
         return self._multimodal.localize(
             scheduler_output,
             req_ids,

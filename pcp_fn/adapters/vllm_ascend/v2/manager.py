@@ -1,45 +1,46 @@
-"""The body of ``FunctionalAscendPCPManager``: vllm-ascend main's ``AscendPCPManager`` (model runner V2,
-``vllm_ascend/worker/v2/pcp_manager.py``) on top of ``FunctionalPCPManager``.
+"""The body of `FunctionalAscendPCPManager`: vllm-ascend main's `AscendPCPManager` (model runner V2,
+`vllm_ascend/worker/v2/pcp_manager.py`) on top of `FunctionalPCPManager`.
 
-vllm-ascend's manager subclasses vLLM's MRV2 ``PCPManager`` (decodes replicated
+vllm-ascend's manager subclasses vLLM's MRV2 `PCPManager` (decodes replicated
 on every rank) and adds:
 
 - slot-mapping buffers in the block tables' slot dtype, and local input buffers
-  of vllm-ascend's ``AscendInputBuffers`` (host ``seq_lens_cpu`` / ``seq_lens_np``);
-- ``partition_batch(input_batch, padded_num_tokens, padded_num_reqs)``: the
+  of vllm-ascend's `AscendInputBuffers` (host `seq_lens_cpu` / `seq_lens_np`);
+- `partition_batch(input_batch, padded_num_tokens, padded_num_reqs)`: the
   local rows of a speculative batch (draft counts by request, the layout at the
   largest rank), the padding of a decode-only batch to its graph (tokens to the
-  global ``num_tokens_after_padding``, request rows to it too for a
-  FULL_DECODE_ONLY graph without drafts, else to ``num_reqs_after_padding``;
+  global `num_tokens_after_padding`, request rows to it too for a
+  FULL_DECODE_ONLY graph without drafts, else to `num_reqs_after_padding`;
   the local query start locations are then the global ones, FIA dummy request
-  included), the local batch's ``seq_lens_np`` and ``attn_state``;
-- ``prepare_slot_mappings``: when a decode-only graph pads past the layout, the
+  included), the local batch's `seq_lens_np` and `attn_state`;
+- `prepare_slot_mappings`: when a decode-only graph pads past the layout, the
   gathered slot mappings rank by rank in the graph's layout
-  ``[rank 0 rows | rank 0 padding | rank 1 rows | ...]``;
-- ``restore_hidden_states`` (and so ``restore_for_sampling`` and
-  ``restore_draft_prefill``): unchanged off the last pipeline stage; the
+  `[rank 0 rows | rank 0 padding | rank 1 rows | ...]`;
+- `restore_hidden_states` (and so `restore_for_sampling` and
+  `restore_draft_prefill`): unchanged off the last pipeline stage; the
   global graph rows with the padding rows zeroed when the global batch is
-  padded; ``restore_hidden_state_buffer`` restores a model-owned buffer in place;
-- ``prepare_dummy_attn`` (dummy inputs staged in the persistent buffers),
-  ``get_dummy_block_tables`` (bounded), ``build_attention_context`` (the global
+  padded; `restore_hidden_state_buffer` restores a model-owned buffer in place;
+- `prepare_dummy_attn` (dummy inputs staged in the persistent buffers),
+  `get_dummy_block_tables` (bounded), `build_attention_context` (the global
   view attention metadata builders read: global batch, block tables and slot
   mappings, the layout's index maps);
-- its own ``validate_config``, ``is_last_pp_rank``,
-  ``broadcast_replicated_hidden_states``.
+- its own `validate_config`, `is_last_pp_rank`,
+  `broadcast_replicated_hidden_states`.
 
-:class:`FunctionalAscendPCPManagerMixin` has the same constructor and methods over
-:class:`pcp_fn.adapters.vllm.FunctionalPCPManagerMixin` and its bookkeeper's public
-hooks (:class:`~pcp_fn.adapters.vllm.MRV2Bookkeeper`: one graph per bucket,
-persistent buffers, host fields from the numpy twin); everything
+[`FunctionalAscendPCPManagerMixin`][pcp_fn.adapters.vllm_ascend.v2.FunctionalAscendPCPManagerMixin]
+has the same constructor and methods over [`pcp_fn.adapters.vllm.FunctionalPCPManagerMixin`][] and
+its bookkeeper's public hooks ([`MRV2Bookkeeper`][pcp_fn.adapters.vllm.MRV2Bookkeeper]: one graph
+per bucket, persistent buffers, host fields from the numpy twin); everything
 vllm-ascend adds is host arithmetic on the scheduler's arrays or fixed-shape
 device copies into those buffers. Differences from vllm-ascend, on purpose:
-``validate_config`` accepts ``FULL`` graphs, and ``padded_num_reqs`` pads the
+`validate_config` accepts `FULL` graphs, and `padded_num_reqs` pads the
 request rows of a mixed batch (a FULL graph; vllm-ascend ignores the argument);
-bad sizes are ``ValueError`` naming the field (vllm-ascend: ``RuntimeError`` or
+bad sizes are `ValueError` naming the field (vllm-ascend: `RuntimeError` or
 an assertion).
 
-:func:`make_functional_ascend_manager` imports neither vLLM nor vllm-ascend: it
-takes their names (:class:`~pcp_fn.adapters.vllm.VllmApi`, :class:`AscendApi`),
+[`make_functional_ascend_manager`][pcp_fn.adapters.vllm_ascend.make_functional_ascend_manager]
+imports neither vLLM nor vllm-ascend: it takes their names
+([`VllmApi`][pcp_fn.adapters.vllm.VllmApi], [`AscendApi`][pcp_fn.adapters.vllm_ascend.AscendApi]),
 so the default suite builds it over a stand-in.
 """
 
@@ -59,23 +60,23 @@ from ...vllm.manager import FunctionalPCPManagerMixin, VllmApi, class_namespace
 from ...vllm.replace import replace_fields
 from .engine_types import AscendInputBatch, AscendInputBuffers, AscendInputBuffersFactory
 
-#: The speculative methods vllm-ascend's MRV2 PCP accepts.
 SPEC_METHODS = ("mtp", "eagle3", "dspark")
+"""The speculative methods vllm-ascend's MRV2 PCP accepts."""
 
 
 @dataclasses.dataclass(frozen=True)
 class PCPAttentionContext:
     """The global PCP view of one attention step (the fields of vllm-ascend's
-    ``AscendPCPAttentionContext``; used when vllm-ascend is absent).
+    `AscendPCPAttentionContext`; used when vllm-ascend is absent).
 
-    Fields:
+    Attributes:
         global_batch: the global (or dummy) batch.
-        global_block_tables: the global rows' block tables, ``[R, B]`` per KV-cache group.
-        global_slot_mappings: ``[K, num_tokens_after_padding]`` global slot mappings.
-        hidden_restore_idx: ``[rows]`` int64 gathered row of each global token.
-        padded_gather_idx: ``[P*Lp]`` int64 global token of each gathered row (``None`` for a dummy).
-        gathered_kv_write_mask: ``[P*Lp]`` bool (``None`` for a dummy).
-        global_block_table_num_blocks: ``[K, num_reqs]`` allocated blocks per global request
+        global_block_tables: the global rows' block tables, `[R, B]` per KV-cache group.
+        global_slot_mappings: `[K, num_tokens_after_padding]` global slot mappings.
+        hidden_restore_idx: `[rows]` int64 gathered row of each global token.
+        padded_gather_idx: `[P*Lp]` int64 global token of each gathered row (`None` for a dummy).
+        gathered_kv_write_mask: `[P*Lp]` bool (`None` for a dummy).
+        global_block_table_num_blocks: `[K, num_reqs]` allocated blocks per global request
             (DCP with a prefill only).
     """
 
@@ -92,15 +93,16 @@ class PCPAttentionContext:
 class AscendApi:
     """The vllm-ascend (and vLLM) names the Ascend additions use.
 
-    Fields:
-        AscendInputBuffers: ``vllm_ascend.worker.v2.input_batch.AscendInputBuffers``
-            (keyword constructor ``max_num_reqs, max_num_tokens, device``; host
-            ``seq_lens_np``).
-        build_attn_state: ``vllm_ascend.worker.v2.attn_utils.build_attn_state``
-            ``(vllm_config, seq_lens_np, num_reqs, num_scheduled_tokens, num_valid_tokens)``.
-        get_pp_group: ``vllm.distributed.get_pp_group`` (``is_last_rank``).
-        AttentionContext: ``vllm_ascend.worker.v2.pcp_manager.AscendPCPAttentionContext``
-            (keyword constructor with :class:`PCPAttentionContext`'s fields).
+    Attributes:
+        AscendInputBuffers: `vllm_ascend.worker.v2.input_batch.AscendInputBuffers`
+            (keyword constructor `max_num_reqs, max_num_tokens, device`; host
+            `seq_lens_np`).
+        build_attn_state: `vllm_ascend.worker.v2.attn_utils.build_attn_state`
+            `(vllm_config, seq_lens_np, num_reqs, num_scheduled_tokens, num_valid_tokens)`.
+        get_pp_group: `vllm.distributed.get_pp_group` (`is_last_rank`).
+        AttentionContext: `vllm_ascend.worker.v2.pcp_manager.AscendPCPAttentionContext`
+            (keyword constructor with
+            [`PCPAttentionContext`][pcp_fn.adapters.vllm_ascend.PCPAttentionContext]'s fields).
     """
 
     AscendInputBuffers: AscendInputBuffersFactory
@@ -112,7 +114,7 @@ class AscendApi:
 
 @dataclasses.dataclass(frozen=True)
 class _Desc:
-    """The base manager's batch descriptor (``cg_mode``, ``num_tokens``, ``num_reqs``)."""
+    """The base manager's batch descriptor (`cg_mode`, `num_tokens`, `num_reqs`)."""
 
     cg_mode: CUDAGraphMode
     num_tokens: int
@@ -120,8 +122,8 @@ class _Desc:
 
 
 def _zero_padding_rows(restored: torch.Tensor, num_tokens: int, rows: int) -> torch.Tensor:
-    """``[rows, ...]``: the first ``num_tokens < rows`` rows of ``restored``, zeros after (in
-    place when ``restored`` already has ``rows`` rows)."""
+    """`[rows, ...]`: the first `num_tokens < rows` rows of `restored`, zeros after (in
+    place when `restored` already has `rows` rows)."""
     if restored.shape[0] == rows:
         restored[num_tokens:rows].zero_()
         return restored
@@ -131,7 +133,7 @@ def _zero_padding_rows(restored: torch.Tensor, num_tokens: int, rows: int) -> to
 
 
 class AscendBookkeeper(MRV2Bookkeeper):
-    """The MRV2 bookkeeper with vllm-ascend's graph rows: ``padded_num_reqs`` as the runner gives
+    """The MRV2 bookkeeper with vllm-ascend's graph rows: `padded_num_reqs` as the runner gives
     it (vllm-ascend's runner passes the rows of its own graph; vLLM's MRV2 dispatcher, whose
     mixed FULL graphs the base widens, is not in play)."""
 
@@ -144,8 +146,8 @@ class AscendBookkeeper(MRV2Bookkeeper):
 
 
 def ascend_input_buffers(ascend_api: AscendApi) -> Callable[[int, int, torch.device], AscendInputBuffers]:
-    """The local ``InputBuffers`` factory: vllm-ascend's ``AscendInputBuffers`` (host
-    ``seq_lens_cpu`` / ``seq_lens_np``) at vLLM's ``query_start_loc`` size."""
+    """The local `InputBuffers` factory: vllm-ascend's `AscendInputBuffers` (host
+    `seq_lens_cpu` / `seq_lens_np`) at vLLM's `query_start_loc` size."""
 
     def local_input_buffers(
         max_num_reqs: int, max_num_tokens: int, device: torch.device
@@ -162,17 +164,32 @@ def ascend_input_buffers(ascend_api: AscendApi) -> Callable[[int, int, torch.dev
 
 
 class FunctionalAscendPCPManagerMixin:
-    """Drop-in for vllm-ascend main's ``AscendPCPManager`` (model runner V2), placed before
-    :class:`~pcp_fn.adapters.vllm.FunctionalPCPManagerMixin` over vLLM's ``PCPManager``.
+    """Drop-in for vllm-ascend main's `AscendPCPManager` (model runner V2), placed before
+    [`FunctionalPCPManagerMixin`][pcp_fn.adapters.vllm.FunctionalPCPManagerMixin] over vLLM's `PCPManager`.
 
-    Class attributes:
-        vllm_api, ascend_api: the engines' names (:class:`~pcp_fn.adapters.vllm.VllmApi`,
-            :class:`AscendApi`).
+    The constructor is vllm-ascend's `AscendPCPManager`'s: decodes are replicated on every
+    rank (vllm-ascend's base), the rest goes to the vLLM drop-in's.
+
+    Args:
+        pcp_world_size: `P`, the PCP group's size.
+        pcp_rank: this rank of the PCP group.
+        device: where the persistent buffers and the graphs live.
+        req_states: vLLM's request states (kept for the runner, never read here).
+        max_num_reqs: `R`, global requests per step.
+        max_num_tokens: `T`, global scheduled tokens per step.
+        block_tables: vLLM's `BlockTables`.
+        dcp_world_size: decode context-parallel ranks.
+        dcp_rank: this rank's decode context-parallel rank.
+        cp_interleave: the KV interleave size.
 
     Attributes:
+        vllm_api: the engine's names (a class attribute:
+            [`VllmApi`][pcp_fn.adapters.vllm.VllmApi]).
+        ascend_api: vllm-ascend's names (a class attribute:
+            [`AscendApi`][pcp_fn.adapters.vllm_ascend.AscendApi]).
         vllm_config: set by the runner (as for vllm-ascend's manager); read for the
-            CUDA-graph mode and passed to ``build_attn_state``.
-        req_states: the constructor's ``req_states`` (kept, unused: the
+            CUDA-graph mode and passed to `build_attn_state`.
+        req_states: the constructor's `req_states` (kept, unused: the
             bookkeeping needs none of it).
     """
 
@@ -228,11 +245,11 @@ class FunctionalAscendPCPManagerMixin:
     def validate_config(cls, vllm_config: VllmConfig, supports_mm_inputs: bool) -> None:
         """vllm-ascend's checks, except that FULL CUDA graphs serve mixed batches too.
 
-        Raises ``NotImplementedError`` (as vllm-ascend does) naming the feature PCP does not
+        Raises `NotImplementedError` (as vllm-ascend does) naming the feature PCP does not
         support here: encoder-decoder models, multimodal inputs, LoRA, speculative methods
         other than MTP / Eagle3 / DSpark or non-greedy draft sampling, data parallelism or
-        sparse MLA with CUDA graphs other than ``FULL_DECODE_ONLY``, and full CUDA graphs
-        other than ``FULL`` / ``FULL_DECODE_ONLY``. vllm-ascend also refuses ``FULL``; the
+        sparse MLA with CUDA graphs other than `FULL_DECODE_ONLY`, and full CUDA graphs
+        other than `FULL` / `FULL_DECODE_ONLY`. vllm-ascend also refuses `FULL`; the
         bookkeeping here is one graph per bucket, whatever the batch's composition.
         Like vllm-ascend's (and unlike vLLM's), DCP and pipeline parallelism are accepted.
         """
@@ -274,7 +291,7 @@ class FunctionalAscendPCPManagerMixin:
 
     @property
     def global_batch(self) -> AscendInputBatch:
-        """The global batch of the last ``partition_batch``."""
+        """The global batch of the last `partition_batch`."""
         if self.bookkeeper.last_global_batch is None:
             raise RuntimeError("PCP global batch is unavailable before partition_batch().")
         return self.bookkeeper.last_global_batch
@@ -287,7 +304,7 @@ class FunctionalAscendPCPManagerMixin:
         num_tokens: int,
         replicated_pcp: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """PCP rank 0's first ``num_tokens`` draft hidden rows on every rank, when the target's
+        """PCP rank 0's first `num_tokens` draft hidden rows on every rank, when the target's
         PCP rows are replicated (else both unchanged); broadcast once when both are one tensor."""
         if not replicated_pcp:
             return last_hidden_states, hidden_states
@@ -311,23 +328,23 @@ class FunctionalAscendPCPManagerMixin:
         padded_num_tokens: int | None = None,
         padded_num_reqs: int | None = None,
     ) -> AscendInputBatch:
-        """This rank's local ``AscendInputBatch`` (vllm-ascend ``partition_batch``).
+        """This rank's local `AscendInputBatch` (vllm-ascend `partition_batch`).
 
-        The layout pads the local tokens to ``padded_num_tokens`` (default, and
+        The layout pads the local tokens to `padded_num_tokens` (default, and
         always for a speculative batch: the largest rank's). A decode-only batch
         is then padded to its graph: tokens to the global
-        ``num_tokens_after_padding``, request rows to it as well for a
+        `num_tokens_after_padding`, request rows to it as well for a
         FULL_DECODE_ONLY graph without drafts (else to the global
-        ``num_reqs_after_padding``), with the global ``query_start_loc_np`` as the
-        local one. Like vllm-ascend, ``padded_num_reqs`` is ignored for a
+        `num_reqs_after_padding`), with the global `query_start_loc_np` as the
+        local one. Like vllm-ascend, `padded_num_reqs` is ignored for a
         decode-only batch; unlike vllm-ascend, it pads the request rows of a
-        mixed batch (a FULL graph). ``seq_lens_np``, ``attn_state`` and the local
+        mixed batch (a FULL graph). `seq_lens_np`, `attn_state` and the local
         draft counts come from host arrays only.
 
         Raises:
             NotImplementedError: draft tokens on a prefill request.
-            ValueError: no ``num_draft_tokens_per_req`` with draft tokens, a graph
-                larger than the local buffers, a global ``query_start_loc_np``
+            ValueError: no `num_draft_tokens_per_req` with draft tokens, a graph
+                larger than the local buffers, a global `query_start_loc_np`
                 shorter than the graph's rows, and as the base class.
         """
         global_batch = input_batch
@@ -420,7 +437,7 @@ class FunctionalAscendPCPManagerMixin:
         return {}
 
     def _attention_fields(self, local: AscendInputBatch, changes: dict[str, Any]) -> dict[str, Any]:
-        """The local batch's ``seq_lens_np`` (at the padded rows) and ``attn_state``."""
+        """The local batch's `seq_lens_np` (at the padded rows) and `attn_state`."""
         n = local.num_reqs
         padded = changes.get("num_reqs_after_padding", local.num_reqs_after_padding)
         seq_lens = local.num_computed_tokens_np + local.num_scheduled_tokens
@@ -440,7 +457,7 @@ class FunctionalAscendPCPManagerMixin:
         return dict(seq_lens_np=seq_lens_np, attn_state=state)
 
     def _check_graph_size(self, global_batch: AscendInputBatch, tokens: int, reqs: int) -> np.ndarray:
-        """A decode graph's sizes checked against the buffers; its global ``query_start_loc_np``."""
+        """A decode graph's sizes checked against the buffers; its global `query_start_loc_np`."""
         bookkeeper = self.bookkeeper
         if tokens > bookkeeper.max_num_tokens:
             raise ValueError(
@@ -463,8 +480,8 @@ class FunctionalAscendPCPManagerMixin:
     def _pad_to_graph(
         self, global_batch: AscendInputBatch, local: AscendInputBatch, tokens: int, reqs: int
     ) -> dict[str, Any]:
-        """The local batch's fields padded to a decode-only graph of ``tokens`` tokens and
-        ``reqs`` request rows (decodes are replicated: the global query layout is the local one).
+        """The local batch's fields padded to a decode-only graph of `tokens` tokens and
+        `reqs` request rows (decodes are replicated: the global query layout is the local one).
         """
         qsl_np = self._check_graph_size(global_batch, tokens, reqs)
         ib = self.bookkeeper.input_buffers
@@ -498,8 +515,8 @@ class FunctionalAscendPCPManagerMixin:
 
     def prepare_slot_mappings(self) -> torch.Tensor:
         """The gathered slot mappings; for a decode-only batch padded past the layout, in the
-        graph's rank-major layout ``[K, P * num_tokens_after_padding]`` (each rank's rows, then
-        ``PAD_SLOT_ID`` up to the graph's tokens)."""
+        graph's rank-major layout `[K, P * num_tokens_after_padding]` (each rank's rows, then
+        `PAD_SLOT_ID` up to the graph's tokens)."""
         bookkeeper = self.bookkeeper
         slots = bookkeeper.prepare_slot_mappings()
         global_batch = bookkeeper.last_global_batch
@@ -537,7 +554,7 @@ class FunctionalAscendPCPManagerMixin:
         self, input_batch: AscendInputBatch
     ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Stage a dummy batch in the persistent local buffers (a FULL graph reads them) and
-        return its zeroed block tables and ``PAD_SLOT_ID`` slot mappings."""
+        return its zeroed block tables and `PAD_SLOT_ID` slot mappings."""
         ib = self.bookkeeper.input_buffers
         t, r = input_batch.num_tokens_after_padding, input_batch.num_reqs_after_padding
         # each staged field's rows, by its name (the same in InputBuffers and InputBatch)
@@ -558,12 +575,12 @@ class FunctionalAscendPCPManagerMixin:
     ) -> Any:
         """The global PCP view attention metadata builders read.
 
-        A dummy batch (``input_batch.is_dummy``: capture, idle DP rank) is its own
-        global batch: ``block_tables`` and this rank's slice of ``slot_mappings``
-        (``[K, P * num_tokens_after_padding]``), restore rows ``rank * L .. rank * L + L``.
+        A dummy batch (`input_batch.is_dummy`: capture, idle DP rank) is its own
+        global batch: `block_tables` and this rank's slice of `slot_mappings`
+        (`[K, P * num_tokens_after_padding]`), restore rows `rank * L .. rank * L + L`.
         Otherwise the last partitioned global batch, its block tables (the runner's
-        tables, gathered), its slot mappings (``prepare_attn`` computed them), the
-        layout's ``hidden_restore_idx``, ``padded_gather_idx`` and KV write mask, and
+        tables, gathered), its slot mappings (`prepare_attn` computed them), the
+        layout's `hidden_restore_idx`, `padded_gather_idx` and KV write mask, and
         with DCP and a prefill the allocated blocks of each global request.
         """
         if input_batch is not None and input_batch.is_dummy:
@@ -627,8 +644,8 @@ class FunctionalAscendPCPManagerMixin:
     # ------------------------------------------------------------ hidden states
 
     def _restored_rows(self) -> tuple[int, int]:
-        """``(num_tokens, rows)``: the global tokens and the rows a restore returns (the
-        global graph's ``num_tokens_after_padding`` when the global batch is padded)."""
+        """`(num_tokens, rows)`: the global tokens and the rows a restore returns (the
+        global graph's `num_tokens_after_padding` when the global batch is padded)."""
         global_batch = self.global_batch
         n, padded = global_batch.num_tokens, global_batch.num_tokens_after_padding
         if n == padded:
@@ -643,7 +660,7 @@ class FunctionalAscendPCPManagerMixin:
         return n, rows
 
     def _padded(self, restored: torch.Tensor, n: int, rows: int) -> torch.Tensor:
-        """A restore's ``[rows, ...]`` result with its rows past the ``n`` global tokens (the
+        """A restore's `[rows, ...]` result with its rows past the `n` global tokens (the
         global graph's padding) zero; unchanged when there are none (the steady case)."""
         if n == rows:
             return restored
@@ -651,8 +668,8 @@ class FunctionalAscendPCPManagerMixin:
             return _zero_padding_rows(restored, n, rows)
 
     def _layout_rows(self, gathered: torch.Tensor) -> torch.Tensor:
-        """``gathered`` at the layout's ``P * Lp`` rows: a decode graph padded past the layout
-        gathers ``P * num_tokens_after_padding`` rows, whose restored rows are all rank 0's."""
+        """`gathered` at the layout's `P * Lp` rows: a decode graph padded past the layout
+        gathers `P * num_tokens_after_padding` rows, whose restored rows are all rank 0's."""
         bookkeeper = self.bookkeeper
         P, Lp, global_batch = (
             bookkeeper.pcp_world_size,
@@ -666,13 +683,13 @@ class FunctionalAscendPCPManagerMixin:
         return gathered[: P * Lp] if graph > Lp and rows == P * graph else gathered
 
     def _gather(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """All-gather ``hidden_states`` over the PCP group, at the layout's rows."""
+        """All-gather `hidden_states` over the PCP group, at the layout's rows."""
         return self._layout_rows(self.vllm_api.get_pcp_group().all_gather(hidden_states, dim=0))
 
     def restore_hidden_states(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """All-gather the ranks' local rows and put them in global order: ``[num_tokens, ...]``,
-        or the global graph's ``[num_tokens_after_padding, ...]`` with zero padding rows.
-        Unchanged off the last pipeline stage and before the first ``partition_batch``."""
+        """All-gather the ranks' local rows and put them in global order: `[num_tokens, ...]`,
+        or the global graph's `[num_tokens_after_padding, ...]` with zero padding rows.
+        Unchanged off the last pipeline stage and before the first `partition_batch`."""
         if not self.is_last_pp_rank or not self.bookkeeper.has_layout:
             return hidden_states
         gathered = self._gather(hidden_states)
@@ -680,7 +697,7 @@ class FunctionalAscendPCPManagerMixin:
         return self._padded(self.bookkeeper.graphs.restore(gathered, rows), n, rows)
 
     def restore_hidden_state_buffer(self, hidden_states: torch.Tensor) -> None:
-        """Restore a model-owned buffer in place: its first ``Lp`` rows (the layout's local
+        """Restore a model-owned buffer in place: its first `Lp` rows (the layout's local
         tokens) are this rank's; the restored global rows overwrite its head."""
         if not self.is_last_pp_rank:
             return
@@ -692,7 +709,7 @@ class FunctionalAscendPCPManagerMixin:
     def restore_for_sampling(
         self, hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None, AscendInputBatch]:
-        """Restored hidden (and auxiliary) states, as :meth:`restore_hidden_states`, with the
+        """Restored hidden (and auxiliary) states, as `restore_hidden_states`, with the
         global batch to sample with."""
         global_batch = self.global_batch
         if not self.is_last_pp_rank:
@@ -708,7 +725,7 @@ class FunctionalAscendPCPManagerMixin:
     def restore_draft_prefill(
         self, last_hidden_states: torch.Tensor, hidden_states: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The drafter's outputs restored as :meth:`restore_hidden_states` (once when both are
+        """The drafter's outputs restored as `restore_hidden_states` (once when both are
         the same tensor), when a draft prefill was prepared."""
         bookkeeper = self.bookkeeper
         if bookkeeper.draft_prefill_batch is None:
@@ -726,7 +743,7 @@ class FunctionalAscendPCPManagerMixin:
 
 
 def _check_speculative(spec: SpeculativeConfig | None) -> None:
-    """vllm-ascend's speculative-decoding checks (``validate_config``)."""
+    """vllm-ascend's speculative-decoding checks (`validate_config`)."""
     if spec is None:
         return
     if spec.method not in SPEC_METHODS:
@@ -742,7 +759,7 @@ def _check_speculative(spec: SpeculativeConfig | None) -> None:
 
 
 def _checked_drafts(global_batch: AscendInputBatch) -> np.ndarray | None:
-    """A speculative batch's draft counts by request (``None`` without drafts)."""
+    """A speculative batch's draft counts by request (`None` without drafts)."""
     if not global_batch.num_draft_tokens > 0:
         return None
     drafts = global_batch.num_draft_tokens_per_req
@@ -759,8 +776,8 @@ def _checked_drafts(global_batch: AscendInputBatch) -> np.ndarray | None:
 def make_functional_ascend_manager(
     vllm_api: VllmApi, ascend_api: AscendApi, name: str = "FunctionalAscendPCPManager"
 ) -> type:
-    """``class name(FunctionalAscendPCPManagerMixin, contract.methods, FunctionalPCPManagerMixin,
-    vllm_api.PCPManager)``: vllm-ascend's ``AscendPCPManager`` constructor and additions over the
+    """`class name(FunctionalAscendPCPManagerMixin, contract.methods, FunctionalPCPManagerMixin,
+    vllm_api.PCPManager)`: vllm-ascend's `AscendPCPManager` constructor and additions over the
     vLLM drop-in, with vllm-ascend's input buffers."""
     api = dataclasses.replace(vllm_api, InputBuffers=ascend_input_buffers(ascend_api))
     bases = (FunctionalAscendPCPManagerMixin, api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)
