@@ -119,7 +119,10 @@ def test_bench_core_writes_its_tables_as_markdown(tmp_path: pathlib.Path):
     assert {r[1] for r in ops} >= {"update_tokens", "step", "attention_metadata", "composed step"}
     for row in ops:
         assert row[0] == "A" and all(number(c) > 0 for c in row[2:5]), row
-    paths = by_columns(found, ["batch", "path", "us", "/ reference"])
+    # the ratio column only where the vllm-ascend reference was found (tools/reference.py)
+    referenced = any(cols == ["batch", "path", "us", "/ reference"] for cols, _ in found)
+    paths = by_columns(found, ["batch", "path", "us"] + ["/ reference"] * referenced)
+    assert referenced or "(not measured in this run: / reference)" in text
     assert {"step / eager", "step + restore / eager", "composed step / eager"} <= {r[1] for r in paths}
     assert all(number(r[2]) > 0 for r in paths)
     assert "Kernel counts the same for every batch." in text
