@@ -180,7 +180,12 @@ def test_no_private_name_crosses_a_package_and_no_hidden_import():
 
 # the adapters, one package per engine line, over the modules every adapter shares
 ADAPTERS = ("pcp_fn.adapters.vllm", "pcp_fn.adapters.vllm_ascend.v1", "pcp_fn.adapters.vllm_ascend.v2")
-ADAPTERS_SHARED = ("pcp_fn.adapters.runtime", "pcp_fn.adapters.backend", "pcp_fn.adapters.schedule_cache")
+ADAPTERS_SHARED = (
+    "pcp_fn.adapters.runtime",
+    "pcp_fn.adapters.backend",
+    "pcp_fn.adapters.schedule_cache",
+    "pcp_fn.adapters.recording",
+)
 
 
 def _adapter_of(module: str) -> str | None:

@@ -8,12 +8,16 @@ MRV2 API is used in this one module:
 - [`MRV2Path.partition`][pcp_fn.sim.mrv2_path.MRV2Path.partition]: `mrv2.make_batch` (the host boundary: the
   scheduler's arrays and the global input ids) and `mrv2.partition_batch`;
 - [`mrv2_wiring`][pcp_fn.sim.mrv2_path.mrv2_wiring]: `mrv2.gathered_slot_mappings` and
-  `mrv2.restore_hidden_states` wired into the tiny model.
+  `mrv2.restore_hidden_states` wired into the tiny model;
+- [`engine_outputs`][pcp_fn.sim.mrv2_path.engine_outputs]: an engine's recorded steps
+  ([`pcp_fn.adapters.recording`][]) through `mrv2.make_batch` and `mrv2.partition_batch`, the
+  functions the vLLM drop-in's graph runs, in the engine's row order with its prefill flags.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,3 +118,49 @@ class MRV2Path:
         ).astype(np.int64)
         host = torch.from_numpy(np.concatenate([request_of_token, global_slots, last])).to(self.device)
         return mrv2_wiring(state, local, host[T : 2 * T], host[:T], host[2 * T :], trash)
+
+
+def engine_mrv2_config(config: PCPConfig, moe_gathers_tokens: bool = False) -> mrv2.MRV2Config:
+    """The [`pcp_fn.MRV2Config`][] (rank 0) of an engine trace's header: `config.layout` says
+    whether decodes are sharded (`"mrv2-sharded"`) or replicated (`"mrv2"`); the buckets are
+    `pcp_fn.mrv2`'s defaults (the graph ladder the recording engine used is not replayed)."""
+    return mrv2.MRV2Config(
+        config.pcp_size,
+        0,
+        config.max_num_reqs,
+        config.max_num_tokens,
+        shard_decode_requests=config.layout == "mrv2-sharded",
+        moe_gathers_tokens=moe_gathers_tokens,
+        dcp_size=config.dcp_size,
+        cp_kv_cache_interleave_size=config.cp_kv_cache_interleave_size,
+        pad_slot_id=config.pad_slot_id,
+    )
+
+
+def engine_batch(config: mrv2.MRV2Config, step: Any, device: torch.device | str = "cpu") -> mrv2.GlobalBatch:
+    """A recorded step's global batch, as the drop-in stages it: the engine's row order,
+    its `is_prefilling` and `idx_mapping`, positions from the computed tokens, zero input ids
+    (a recording holds no token ids)."""
+    return mrv2.make_batch(
+        config,
+        step.num_scheduled,
+        step.num_computed,
+        step.num_prompt,
+        is_prefilling=step.is_prefilling,
+        idx_mapping=step.idx_mapping,
+        device=device,
+    )
+
+
+def engine_outputs(
+    config: mrv2.MRV2Config, steps: Iterable[Any], run: Callable[..., Any], ranks: Sequence[int], device: Any
+) -> Iterator[tuple[mrv2.MRV2Layout, mrv2.LocalBatch]]:
+    """Each recorded step's `(layout, local batch)` of every rank in `ranks`, rank after rank;
+    `run` is [`pcp_fn.mrv2.partition_batch`][] or a compiled one (it reads only the state's
+    config and rank, so every step starts from the initial state)."""
+    states = {r: mrv2.init_state(config, device, rank=r) for r in ranks}
+    for s in steps:
+        batch = engine_batch(config, s, device)
+        for r in ranks:
+            state, local = run(states[r], batch)
+            yield state.layout, local

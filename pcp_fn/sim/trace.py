@@ -39,7 +39,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.utils._pytree as pytree
@@ -47,8 +47,14 @@ import torch.utils._pytree as pytree
 from .. import PCPConfig, StepOutputs, init_state, make_batch, step
 from ..core.checks import INT32_MAX
 from ..graph import Captured, compile_per_bucket
+from ..mrv2 import partition_batch
+from .mrv2_path import engine_batch, engine_mrv2_config, engine_outputs
 
-FORMAT, VERSION = "pcp_fn.trace", 1
+FORMAT, VERSION = "pcp_fn.trace", 2
+VERSIONS = (1, 2)
+"""The versions read: 1, the scheduler's arrays; 2 adds an engine's recording (the header's
+`engine`, the steps' `is_prefilling`, `idx_mapping` and `batch_desc`). A trace without them is
+written as version 1, so readers of version 1 keep reading it."""
 CONFIG_FIELDS = (
     "pcp_size",
     "max_num_reqs",
@@ -67,9 +73,16 @@ CONFIG_FIELDS = (
 """The header's config, in the format's order: PCPConfig's fields but pcp_rank (replay runs every rank)."""
 _CONFIG_FLAGS = ("hybrid_attn", "pd_decode_recompute")
 _CONFIG_LISTS = ("request_buckets", "token_buckets")
-_HEADER_FIELDS = ("format", "version", "config")
+_HEADER_FIELDS = ("format", "version", "config", "engine")
+_ENGINE_FIELDS = ("name", "version", "manager", "moe_gathers_tokens")
 _ARRAYS = ("num_scheduled", "num_computed", "num_prompt")
-_STEP_FIELDS = ("step", *_ARRAYS, "slot_mapping")
+_ENGINE_STEP_FIELDS = ("is_prefilling", "idx_mapping", "batch_desc")
+_STEP_FIELDS = ("step", *_ARRAYS, "slot_mapping", *_ENGINE_STEP_FIELDS)
+_DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len")
+CG_MODES = ("NONE", "PIECEWISE", "FULL")
+"""The CUDA-graph modes a recorded step's `batch_desc.cg_mode` names (vLLM's `CUDAGraphMode`)."""
+ENGINE_LAYOUTS = ("mrv2", "mrv2-sharded")
+"""The layouts an engine trace may name: the vLLM drop-in's (decodes replicated or sharded)."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 MAX_LINE_BYTES = 1 << 24
@@ -90,22 +103,52 @@ class TraceError(ValueError):
     """A malformed trace: the message names the line and the field."""
 
 
+class BatchDesc(NamedTuple):
+    """The engine's batch descriptor of a recorded step (vLLM's `BatchExecutionDescriptor`)."""
+
+    cg_mode: str  # one of CG_MODES
+    num_tokens: int | None  # the graph's tokens (None: not padded)
+    num_reqs: int | None  # the graph's request rows (None: not padded)
+    max_query_len: int | None = None  # the graph's query bound (vLLM 0.33+'s decode graphs)
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceStep:
-    """One step of a trace: the scheduler's per-request arrays, and the slot mapping when recorded."""
+    """One step of a trace: the scheduler's per-request arrays, and the slot mapping when recorded.
+
+    An engine's recording ([`pcp_fn.adapters.recording`][]) adds, per request in the engine's
+    row order, `is_prefilling` (the engine's own flag: vLLM's `is_prefilling_np`) and
+    `idx_mapping` (its persistent request rows), and the step's
+    [`BatchDesc`][pcp_fn.sim.trace.BatchDesc]. `num_prompt` is then vLLM's `prefill_len`.
+    """
 
     num_scheduled: tuple[int, ...]
     num_computed: tuple[int, ...]
     num_prompt: tuple[int, ...]
     slot_mapping: tuple[int, ...] | None = None
+    is_prefilling: tuple[bool, ...] | None = None
+    idx_mapping: tuple[int, ...] | None = None
+    batch_desc: BatchDesc | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineInfo:
+    """The header's `engine` of a recorded trace: who recorded it (the steps are replayed
+    through the layout functions that engine's drop-in runs)."""
+
+    name: str  # "vllm"
+    version: str  # the engine's release, "0.32.0"
+    manager: str  # the drop-in class that recorded, "FunctionalPCPManager"
+    moe_gathers_tokens: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Trace:
-    """A whole trace: the header's config and the steps."""
+    """A whole trace: the header's config, the steps, and the engine that recorded them (if one did)."""
 
     config: PCPConfig  # pcp_rank 0; replay runs every rank with its rank as data
     steps: tuple[TraceStep, ...]
+    engine: EngineInfo | None = None
 
 
 def config_to_json(config: PCPConfig) -> dict[str, Any]:
@@ -115,6 +158,31 @@ def config_to_json(config: PCPConfig) -> dict[str, Any]:
     if out["layout"] is None:  # the DualChunkSwap family (hybrid_attn says which): traces stay as they were
         del out["layout"]
     return out
+
+
+def header_line(config: PCPConfig, engine: EngineInfo | None = None) -> str:
+    """The header's JSON line (with its newline): version 1 without an engine, 2 with one."""
+    header: dict[str, Any] = {"format": FORMAT, "version": 1, "config": config_to_json(config)}
+    if engine is not None:
+        header["version"] = 2
+        header["engine"] = dataclasses.asdict(engine)
+    return json.dumps(header) + "\n"
+
+
+def step_line(index: int, s: TraceStep) -> str:
+    """Step `index`'s JSON line (with its newline); the optional fields only when set."""
+    line: dict[str, Any] = {"step": index}
+    for name in _ARRAYS:
+        line[name] = [int(v) for v in getattr(s, name)]
+    if s.slot_mapping is not None:
+        line["slot_mapping"] = [int(v) for v in s.slot_mapping]
+    if s.is_prefilling is not None:
+        line["is_prefilling"] = [bool(v) for v in s.is_prefilling]
+    if s.idx_mapping is not None:
+        line["idx_mapping"] = [int(v) for v in s.idx_mapping]
+    if s.batch_desc is not None:
+        line["batch_desc"] = s.batch_desc._asdict()
+    return json.dumps(line) + "\n"
 
 
 class Terminated(BaseException):
@@ -178,6 +246,7 @@ def write_trace(
     steps: Iterable[TraceStep],
     *,
     overwrite: bool = True,
+    engine: EngineInfo | None = None,
 ) -> int:
     """Write a trace atomically: a temporary file beside `path`, renamed once complete.
 
@@ -188,7 +257,9 @@ def write_trace(
     handler for the duration of the write and restores the default after); a
     handler of the caller's is left in place. With `overwrite=False` an existing `path` raises
     `FileExistsError` and is left alone (checked again at the rename, so a
-    file created meanwhile is not replaced). Returns the number of steps.
+    file created meanwhile is not replaced). `engine`: the header's
+    [`EngineInfo`][pcp_fn.sim.trace.EngineInfo] of an engine's steps (version 2). Returns the
+    number of steps.
     """
     path = os.fspath(path)
     if not overwrite and os.path.lexists(path):
@@ -199,25 +270,19 @@ def write_trace(
     if not os.path.isdir(folder):  # named here: mkstemp's error would name the temporary file
         raise FileNotFoundError(errno.ENOENT, f"{os.strerror(errno.ENOENT)} (its folder {folder})", path)
     with _sigterm_unwinds():
-        return _write(path, folder, config, steps, overwrite)
+        return _write(path, folder, header_line(config, engine), steps, overwrite)
 
 
-def _write(path: str, folder: str, config: PCPConfig, steps: Iterable[TraceStep], overwrite: bool) -> int:
+def _write(path: str, folder: str, header: str, steps: Iterable[TraceStep], overwrite: bool) -> int:
     tmp = None
     try:
         with _signals_deferred():
             fd, tmp = tempfile.mkstemp(prefix=".trace-", suffix=".tmp", dir=folder)
         with os.fdopen(fd, "w") as f:
-            header = {"format": FORMAT, "version": VERSION, "config": config_to_json(config)}
-            f.write(json.dumps(header) + "\n")
+            f.write(header)
             count = 0
             for i, s in enumerate(steps):
-                line: dict[str, Any] = {"step": i}
-                for name in _ARRAYS:
-                    line[name] = list(getattr(s, name))
-                if s.slot_mapping is not None:
-                    line["slot_mapping"] = list(s.slot_mapping)
-                f.write(json.dumps(line) + "\n")
+                f.write(step_line(i, s))
                 count += 1
         umask = os.umask(0)
         os.umask(umask)
@@ -340,14 +405,59 @@ def _int_list(lineno: int, name: str, value: Any, lo: int, hi: int, limit: str) 
     return tuple(value)
 
 
-def _parse_header(lineno: int, obj: dict[str, Any]) -> PCPConfig:
+class Header(NamedTuple):
+    """A trace's header, parsed: the config, the engine that recorded it (version 2) and, for an
+    engine's trace, the [`pcp_fn.MRV2Config`][] its steps are replayed under."""
+
+    config: PCPConfig
+    engine: EngineInfo | None = None
+    engine_config: Any = None  # MRV2Config (rank 0) of an engine trace
+
+
+def _parse_header(lineno: int, obj: dict[str, Any]) -> Header:
     _check_keys(lineno, obj, _HEADER_FIELDS, "header")
     if obj.get("format") != FORMAT:
         raise TraceError(f"line {lineno}: field 'format' must be {FORMAT!r} (the header comes first)")
     version = obj.get("version")
-    if isinstance(version, bool) or version != VERSION:
-        raise TraceError(f"line {lineno}: field 'version' must be {VERSION}, got {version!r}")
-    raw = obj.get("config")
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise TraceError(
+            f"line {lineno}: field 'version' must be one of {', '.join(map(str, VERSIONS))}, got {version!r}"
+        )
+    config = _parse_config(lineno, obj.get("config"))
+    if "engine" not in obj:
+        return Header(config)
+    if version < 2:
+        raise TraceError(f"line {lineno}: field 'engine' needs version 2 (this header says {version})")
+    engine = _parse_engine(lineno, obj["engine"])
+    if config.layout not in ENGINE_LAYOUTS:
+        raise TraceError(
+            f"line {lineno}: field 'config.layout' = {config.layout!r}: an engine trace's layout is one of "
+            f"{', '.join(ENGINE_LAYOUTS)} (the vLLM drop-in's)"
+        )
+    try:
+        engine_config = engine_mrv2_config(config, engine.moe_gathers_tokens)
+    except (TypeError, ValueError) as e:
+        raise TraceError(f"line {lineno}: field 'config': {e}") from None
+    return Header(config, engine, engine_config)
+
+
+def _parse_engine(lineno: int, raw: Any) -> EngineInfo:
+    if not isinstance(raw, dict):
+        raise TraceError(f"line {lineno}: field 'engine' must be an object, got {_type_name(raw)}")
+    _check_keys(lineno, raw, _ENGINE_FIELDS, "engine", "engine.")
+    for name in ("name", "version", "manager"):
+        if not isinstance(raw.get(name), str):
+            got = "missing" if name not in raw else f"a {_type_name(raw[name])}"
+            raise TraceError(f"line {lineno}: field 'engine.{name}' must be a string, got {got}")
+    moe = raw.get("moe_gathers_tokens", False)
+    if not isinstance(moe, bool):
+        raise TraceError(
+            f"line {lineno}: field 'engine.moe_gathers_tokens' must be a boolean, got {_type_name(moe)}"
+        )
+    return EngineInfo(raw["name"], raw["version"], raw["manager"], moe)
+
+
+def _parse_config(lineno: int, raw: Any) -> PCPConfig:
     if not isinstance(raw, dict):
         raise TraceError(f"line {lineno}: field 'config' must be an object, got {_type_name(raw)}")
     _check_keys(lineno, raw, CONFIG_FIELDS, "PCPConfig", "config.")
@@ -399,7 +509,7 @@ def check_gathered_rows(config: PCPConfig) -> None:
         )
 
 
-def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int) -> TraceStep:
+def _parse_step(lineno: int, obj: dict[str, Any], header: Header, index: int) -> TraceStep:
     """Step `index` of the trace (its 0-based place in the file), from line `lineno`."""
     _check_keys(lineno, obj, _STEP_FIELDS, "step")
     for name in _ARRAYS:
@@ -413,13 +523,16 @@ def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int)
                 "(steps are numbered 0, 1, 2, ... in file order)"
             )
     arrays = {name: _int_list(lineno, name, obj[name], 0, INT32_MAX, "the int32 limit") for name in _ARRAYS}
+    engine = _engine_fields(lineno, obj, header)
     slots = obj.get("slot_mapping")
     if slots is not None:
         slots = _int_list(lineno, "slot_mapping", slots, INT64_MIN, INT64_MAX, "the int64 limit")
-    lengths = [len(a) for a in arrays.values()]
+    per_request = {**arrays, **{k: v for k, v in engine.items() if k != "batch_desc" and v is not None}}
+    lengths = [len(a) for a in per_request.values()]
     if len(set(lengths)) > 1:
-        listed = ", ".join(f"{name!r} has {n}" for name, n in zip(arrays, lengths))
+        listed = ", ".join(f"{name!r} has {n}" for name, n in zip(per_request, lengths))
         raise TraceError(f"line {lineno}: fields differ in length (one entry per request): {listed}")
+    config = header.config
     if lengths[0] > config.max_num_reqs:
         raise TraceError(
             f"line {lineno}: field 'num_scheduled' has {lengths[0]} requests; "
@@ -431,15 +544,59 @@ def _parse_step(lineno: int, obj: dict[str, Any], config: PCPConfig, index: int)
             f"line {lineno}: field 'num_scheduled' sums to {total} tokens; "
             f"max_num_tokens is {config.max_num_tokens}"
         )
+    step_ = TraceStep(**arrays, slot_mapping=slots, **engine)
     try:  # the rest against the config (sequence lengths, decodes first, the bucket)
-        make_batch(config, arrays["num_scheduled"], arrays["num_computed"], arrays["num_prompt"])
+        if header.engine is None:
+            make_batch(config, arrays["num_scheduled"], arrays["num_computed"], arrays["num_prompt"])
+        else:  # the engine's own row order and prefill flags, as its drop-in lays them out
+            engine_batch(header.engine_config, step_)
     except ValueError as e:
         raise TraceError(f"line {lineno}: {e}") from None
     if slots is not None and len(slots) != total:
         raise TraceError(
             f"line {lineno}: field 'slot_mapping' has {len(slots)} entries for {total} scheduled tokens"
         )
-    return TraceStep(**arrays, slot_mapping=slots)
+    return step_
+
+
+def _engine_fields(lineno: int, obj: dict[str, Any], header: Header) -> dict[str, Any]:
+    """A step's engine fields: `is_prefilling` required in an engine trace, none allowed outside."""
+    if header.engine is None:
+        extra = next((k for k in _ENGINE_STEP_FIELDS if k in obj), None)
+        if extra is not None:
+            raise TraceError(
+                f"line {lineno}: field {extra!r} belongs to an engine's trace (a header with 'engine')"
+            )
+        return {}
+    if "is_prefilling" not in obj:
+        raise TraceError(f"line {lineno}: field 'is_prefilling' is missing (an engine trace records it)")
+    flags = obj["is_prefilling"]
+    if not isinstance(flags, list) or not all(isinstance(f, bool) for f in flags):
+        what = _type_name(flags) if not isinstance(flags, list) else "a list with a non-boolean"
+        raise TraceError(f"line {lineno}: field 'is_prefilling' must be a list of booleans, got {what}")
+    idx = obj.get("idx_mapping")
+    if idx is not None:
+        idx = _int_list(lineno, "idx_mapping", idx, 0, INT32_MAX, "the int32 limit")
+    desc = obj.get("batch_desc")
+    if desc is not None:
+        desc = _parse_desc(lineno, desc)
+    return {"is_prefilling": tuple(flags), "idx_mapping": idx, "batch_desc": desc}
+
+
+def _parse_desc(lineno: int, raw: Any) -> BatchDesc:
+    if not isinstance(raw, dict):
+        raise TraceError(f"line {lineno}: field 'batch_desc' must be an object, got {_type_name(raw)}")
+    _check_keys(lineno, raw, _DESC_FIELDS, "batch_desc", "batch_desc.")
+    mode = raw.get("cg_mode")
+    if mode not in CG_MODES:
+        raise TraceError(
+            f"line {lineno}: field 'batch_desc.cg_mode' must be one of {', '.join(CG_MODES)}, got {mode!r}"
+        )
+    sizes = []
+    for name in _DESC_FIELDS[1:]:
+        value = raw.get(name)
+        sizes.append(None if value is None else _int(lineno, f"'batch_desc.{name}'", value, 0, INT32_MAX))
+    return BatchDesc(mode, *sizes)
 
 
 def parse_trace(lines: Iterable[str | bytes]) -> Trace:
@@ -447,14 +604,14 @@ def parse_trace(lines: Iterable[str | bytes]) -> Trace:
 
     `lines`: text or bytes lines (bytes are decoded as UTF-8, strictly).
     """
-    config, steps = _open_records(_records(lines))
-    return Trace(config, tuple(steps))
+    header, steps = _open_records(_records(lines))
+    return Trace(header.config, tuple(steps), header.engine)
 
 
-def _records(lines: Iterable[str | bytes]) -> Iterator[PCPConfig | TraceStep]:
-    """The header's config, then each step, validated one line at a time (a malformed line
+def _records(lines: Iterable[str | bytes]) -> Iterator[Header | TraceStep]:
+    """The header, then each step, validated one line at a time (a malformed line
     raises when it is reached; an empty trace when the lines end without a header)."""
-    config: PCPConfig | None = None
+    config: Header | None = None
     index = 0
     for lineno, raw in enumerate(lines, start=1):
         if len(raw) > MAX_LINE_BYTES:
@@ -474,11 +631,11 @@ def _records(lines: Iterable[str | bytes]) -> Iterator[PCPConfig | TraceStep]:
         raise TraceError("line 1: the trace is empty (no header)")
 
 
-def _open_records(records: Iterator[PCPConfig | TraceStep]) -> tuple[PCPConfig, Iterator[TraceStep]]:
-    """The config of a `_records` stream, and its steps (a generator: read as they are used)."""
-    config = next(records)
-    assert isinstance(config, PCPConfig)  # _records yields the header first
-    return config, (s for s in records if isinstance(s, TraceStep))
+def _open_records(records: Iterator[Header | TraceStep]) -> tuple[Header, Iterator[TraceStep]]:
+    """The header of a `_records` stream, and its steps (a generator: read as they are used)."""
+    header = next(records)
+    assert isinstance(header, Header)  # _records yields the header first
+    return header, (s for s in records if isinstance(s, TraceStep))
 
 
 def _binary_lines(f: Any) -> Iterable[bytes]:
@@ -573,12 +730,13 @@ def replay(
         ranks: which ranks (default all); the digest covers exactly these.
         backend: `torch.compile` backend for the compiled and captured modes.
     """
-    run = _step_runner(mode, backend)
     if not isinstance(trace, Trace):
         trace = read_trace(trace) if isinstance(trace, str | os.PathLike) else parse_trace(trace)
+    header = _header_of(trace)
+    run = _step_runner(mode, backend, header)
     ranks = _checked_ranks(trace.config, ranks)
     outputs: list[list[StepOutputs]] = []
-    for out in _run(trace.config, trace.steps, run, ranks, device):
+    for out in _run(header, trace.steps, run, ranks, device):
         if not outputs or len(outputs[-1]) == len(ranks):
             outputs.append([])
         # a captured graph's outputs are its static buffers, rewritten by the next replay: a copy
@@ -605,12 +763,12 @@ def replay_digest(
     is returned, as when [`replay`][pcp_fn.sim.replay] validates the whole trace first). Arguments
     as [`replay`][pcp_fn.sim.replay].
     """
-    run = _step_runner(mode, backend)
-    with stream_trace(trace) as (config, steps):
-        ranks = _checked_ranks(config, ranks)
+    with _stream(trace) as (header, steps):
+        run = _step_runner(mode, backend, header)
+        ranks = _checked_ranks(header.config, ranks)
         h = hashlib.sha256()
         calls = 0
-        for out in _run(config, steps, run, ranks, device):
+        for out in _run(header, steps, run, ranks, device):
             _digest_tree(h, out)  # before the next call rewrites a captured graph's buffers
             calls += 1
     return ReplayDigest(h.hexdigest(), calls // len(ranks), 0 if mode == "eager" else len(run))
@@ -622,8 +780,15 @@ def stream_trace(trace: TraceSource) -> Iterator[tuple[PCPConfig, Iterable[Trace
     iterator that reads and validates the file one line at a time (a malformed line raises
     [`TraceError`][pcp_fn.sim.trace.TraceError] when it is reached): memory bounded by one line,
     whatever the length."""
+    with _stream(trace) as (header, steps):
+        yield header.config, steps
+
+
+@contextlib.contextmanager
+def _stream(trace: TraceSource) -> Iterator[tuple[Header, Iterable[TraceStep]]]:
+    """[`stream_trace`][pcp_fn.sim.stream_trace] with the whole header."""
     if isinstance(trace, Trace):
-        yield trace.config, trace.steps
+        yield _header_of(trace), trace.steps
     elif isinstance(trace, str | os.PathLike):
         with open(trace, "rb") as f:
             yield _open_records(_records(_binary_lines(f)))
@@ -631,13 +796,23 @@ def stream_trace(trace: TraceSource) -> Iterator[tuple[PCPConfig, Iterable[Trace
         yield _open_records(_records(trace))
 
 
-def _step_runner(mode: str, backend: str) -> Any:
+def _header_of(trace: Trace) -> Header:
+    if trace.engine is None:
+        return Header(trace.config)
+    engine_config = engine_mrv2_config(trace.config, trace.engine.moe_gathers_tokens)
+    return Header(trace.config, trace.engine, engine_config)
+
+
+def _step_runner(mode: str, backend: str, header: Header) -> Any:
+    """The function every rank's step runs: [`pcp_fn.step`][pcp_fn.step.step], or for an engine's
+    trace [`pcp_fn.mrv2.partition_batch`][] (what the vLLM drop-in's graph runs)."""
+    fn = step if header.engine is None else partition_batch
     if mode == "eager":
-        return step
+        return fn
     if mode == "compiled":
-        return compile_per_bucket(step, backend=backend)
+        return compile_per_bucket(fn, backend=backend)
     if mode == "captured":
-        return Captured(step, backend=backend)
+        return Captured(fn, backend=backend)
     raise ValueError(f"mode must be 'eager', 'compiled' or 'captured', got {mode!r}")
 
 
@@ -652,10 +827,14 @@ def _checked_ranks(config: PCPConfig, ranks: Sequence[int] | None) -> list[int]:
 
 
 def _run(
-    config: PCPConfig, steps: Iterable[TraceStep], run: Any, ranks: list[int], device: torch.device | str
-) -> Iterator[StepOutputs]:
+    header: Header, steps: Iterable[TraceStep], run: Any, ranks: list[int], device: torch.device | str
+) -> Iterator[Any]:
     """Each step's outputs, rank after rank, in `ranks`' order; an output is valid until the
     next is made (a captured graph rewrites its buffers)."""
+    if header.engine is not None:
+        yield from engine_outputs(header.engine_config, steps, run, ranks, device)
+        return
+    config = header.config
     states = {r: init_state(config, device, rank=r) for r in ranks}
     for s in steps:
         slots = s.slot_mapping if s.slot_mapping is not None else range(sum(s.num_scheduled))

@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -49,7 +51,10 @@ import numpy as np
 import torch
 
 from ...core.checks import check_int, host_ints, host_row
+from ...protocol.config import PCPConfig
+from ...sim.trace import BatchDesc, EngineInfo
 from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
+from ..recording import TraceRecorder, is_recording_process, record_path
 from ..schedule_cache import ScheduleCache
 from .contract import VLLM_0_32, VllmContract
 from .engine_types import (
@@ -114,6 +119,12 @@ _INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
 _NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
 _NO_TOKENS = np.zeros(1, dtype=np.int64)
 _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+
+
+def recorded_desc(batch_desc: BatchExecutionDescriptor) -> BatchDesc:
+    """A recorded step's [`BatchDesc`][pcp_fn.sim.trace.BatchDesc] of vLLM's descriptor."""
+    bound = getattr(batch_desc, "max_query_len", None) or getattr(batch_desc, "uniform_token_count", None)
+    return BatchDesc(batch_desc.cg_mode.name, batch_desc.num_tokens, batch_desc.num_reqs, bound)
 
 
 class StepShape(NamedTuple):
@@ -202,6 +213,8 @@ class MRV2Bookkeeper:
         graph_backend: str | None = "auto",
         token_buckets: Sequence[int] | None = None,
         check_host_syncs: bool = False,
+        record_schedule: str | os.PathLike[str] | None = None,
+        manager_name: str = "FunctionalPCPManager",
     ) -> None:
         check_flags(shard_decode_requests, moe_gathers_tokens)
         if moe_gathers_tokens and not engine.contract.moe_mask:
@@ -246,10 +259,32 @@ class MRV2Bookkeeper:
             # mask on a manager without the request capacity).
             self.moe_mask = torch.ones(pcp_world_size * max_num_tokens, dtype=torch.bool, device=self.device)
             self.moe = self.moe_mask if moe_gathers_tokens else None
+        self.recorder: TraceRecorder | None = None
         if max_num_reqs is not None and max_num_tokens is not None:
             self._allocate()
             self._allocate_block_tables(block_tables)
             self._build_graphs()
+            self.recorder = self._recorder(record_path(record_schedule), manager_name)
+
+    def _recorder(self, path: str | None, manager_name: str) -> TraceRecorder | None:
+        """The [`TraceRecorder`][pcp_fn.adapters.recording.TraceRecorder] of this process, when asked
+        for one and this is the recording process ([`pcp_fn.adapters.recording`][])."""
+        if path is None or not is_recording_process(self.pcp_rank):
+            return None
+        config = PCPConfig(
+            self.pcp_world_size,
+            0,
+            self.max_num_reqs,
+            self.max_num_tokens,
+            dcp_size=self.dcp_world_size,
+            cp_kv_cache_interleave_size=self.cp_interleave,
+            pad_slot_id=int(self.engine.PAD_SLOT_ID),
+            layout="mrv2-sharded" if self.shard_decode_requests else "mrv2",
+        )
+        vllm = sys.modules.get("vllm")
+        version = getattr(vllm, "__version__", None) or self.engine.contract.name
+        engine = EngineInfo("vllm", str(version), manager_name, self.moe is not None)
+        return TraceRecorder(path, config, engine)
 
     def _init_cache(self) -> None:
         """What a repeated schedule reuses ([`pcp_fn.adapters.schedule_cache`][]): the twin's
@@ -534,6 +569,10 @@ class MRV2Bookkeeper:
         num_tokens = global_batch.num_tokens  # what the restores return and the slot mappings cover
         if num_tokens.__class__ is not int or num_tokens != shape.total:
             check_num_tokens(num_tokens, shape.total)
+        if self.recorder is not None:  # the step as the engine gave it, checked
+            computed, prefill_len, idx_mapping = arrays[1], arrays[2], arrays[4]
+            desc = recorded_desc(batch_desc)
+            self.recorder.record(num_scheduled, computed, prefill_len, is_prefilling, idx_mapping, desc)
         graphs.partition(arrays, global_batch.input_ids, global_batch.positions, shape.total, shape.plan)
         self.decode_only = shape.decode_only  # of the global batch just partitioned
         fields = self.host_fields(global_batch, shape, arrays)

@@ -20,6 +20,7 @@ the bookkeeping is inside a graph, nothing in it depends on the batch's composit
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import numpy as np
@@ -100,6 +101,9 @@ class FunctionalPCPManagerMixin:
         cp_interleave: the KV interleave size.
         moe_gathers_tokens: the MoE all-gathers PCP tokens to route them (vLLM 0.33+; a
             `ValueError` on a vLLM without the MoE routing mask).
+        record_schedule: record every step's schedule to this trace file (default
+            `$PCP_FN_RECORD_SCHEDULE`; [`pcp_fn.adapters.recording`][]): `pcp-fn replay` replays
+            it. Only the recording process writes (global rank 0); serving never waits on it.
 
     The class attributes, from `vllm_api` to `check_host_syncs`, are set on a subclass or the
     class to change every instance.
@@ -147,6 +151,8 @@ class FunctionalPCPManagerMixin:
         dcp_rank: int = 0,
         cp_interleave: int = 1,
         moe_gathers_tokens: bool = False,
+        *,
+        record_schedule: str | os.PathLike[str] | None = None,
     ) -> None:
         api = self.vllm_api
         if moe_gathers_tokens and not api.contract.moe_mask:
@@ -182,6 +188,8 @@ class FunctionalPCPManagerMixin:
             graph_backend=self.graph_backend,
             token_buckets=self.token_buckets,
             check_host_syncs=self.check_host_syncs,
+            record_schedule=record_schedule,
+            manager_name=type(self).__name__,
         )
 
     @classmethod

@@ -1,0 +1,285 @@
+"""Recording an engine's schedule (pcp_fn.adapters.recording) and replaying it (pcp_fn.sim.trace v2).
+
+The recorder's guarantees, each provoked for real: a background writer (a stalled one stops the
+recording, serving goes on), whole lines only (a short write is cut back, a SIGKILLed process
+leaves a trace that parses and replays), the size limit, a failing disk, one log line per stop.
+Then the vLLM drop-in over the stand-in: the steps it was given are the steps recorded, and the
+replay through ``pcp_fn.mrv2`` gives rank 0 the local rows the drop-in served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import vllm_standin as standin
+from vllm_lockstep import Case, Summary, make_global_batch, runner_steps
+
+import pcp_fn
+from pcp_fn.adapters import recording
+from pcp_fn.adapters.recording import RECORD_ENV, TraceRecorder, record_path
+from pcp_fn.sim import trace as T
+
+CFG = pcp_fn.PCPConfig(2, 0, 8, 64, layout="mrv2")
+ENGINE = T.EngineInfo("vllm", "0.32.0", "FunctionalPCPManager")
+STEPS = [  # (scheduled, computed, prefill_len, is_prefilling): the engine's order, decodes anywhere
+    ([1, 5, 8], [3, 0, 0], [3, 5, 8], [False, True, True]),
+    ([5, 1, 1], [0, 5, 8], [6, 5, 8], [True, False, False]),
+    ([1, 1, 1], [5, 6, 9], [6, 5, 8], [True, False, False]),
+]
+
+
+def _record(rec: TraceRecorder, sched, computed, prompt, prefilling, idx=None, desc=None) -> None:
+    a = lambda x: np.asarray(x, np.int32)  # noqa: E731
+    idx = None if idx is None else np.asarray(idx, np.intp)
+    rec.record(a(sched), a(computed), a(prompt), np.asarray(prefilling, bool), idx, desc)
+
+
+def _lines(path) -> list[bytes]:
+    return open(path, "rb").read().splitlines(keepends=True)
+
+
+def test_a_recording_reads_back_step_for_step_and_replays_bit_identically(tmp_path):
+    path = tmp_path / "t.jsonl"
+    rec = TraceRecorder(path, CFG, ENGINE)
+    desc = T.BatchDesc("PIECEWISE", 16, None, None)
+    for i, s in enumerate(STEPS):
+        _record(rec, *s, idx=[2, 0, 1][: len(s[0])], desc=desc if i == 1 else None)
+    rec.close()
+    assert rec.stats.steps_written == 3 and rec.stats.stopped is None
+    assert rec.stats.bytes_written == os.path.getsize(path)
+    trace = T.read_trace(path)
+    assert trace.engine == ENGINE and trace.config.layout == "mrv2"
+    for got, (sched, computed, prompt, prefilling) in zip(trace.steps, STEPS, strict=True):
+        assert (got.num_scheduled, got.num_computed, got.num_prompt) == (
+            tuple(sched),
+            tuple(computed),
+            tuple(prompt),
+        )
+        assert got.is_prefilling == tuple(prefilling) and got.idx_mapping == (2, 0, 1)
+    assert trace.steps[1].batch_desc == desc and trace.steps[0].batch_desc is None
+    eager = T.replay(path)
+    assert T.replay_digest(path).digest == eager.digest
+    assert T.replay_digest(path, mode="compiled", backend="eager").digest == eager.digest
+    # the replay is pcp_fn.mrv2's partition of the engine's rows: step 0, rank 0
+    layout, local = eager.outputs[0][0]
+    # the decode; request 1's head chunk (c = ceil(5 / 4) = 2; its tail chunk is empty); request 2's
+    # head and tail chunks (c = 2), one row each
+    assert local.num_scheduled_tokens[: int(local.num_reqs)].tolist() == [1, 2, 2, 2]
+    assert local.idx_mapping[: int(local.num_reqs)].tolist() == [2, 0, 1, 1]
+
+
+def test_version_1_readers_are_unaffected_and_engine_fields_stay_in_engine_traces(tmp_path):
+    plain = tmp_path / "plain.jsonl"
+    T.write_trace(plain, pcp_fn.PCPConfig(2, 0, 8, 64), [T.TraceStep((1, 5), (3, 0), (3, 5))])
+    assert b'"version": 1' in _lines(plain)[0] and b"engine" not in _lines(plain)[0]
+    with pytest.raises(T.TraceError, match="line 2: field 'is_prefilling' belongs to an engine's trace"):
+        T.parse_trace(
+            [_lines(plain)[0], b'{"num_scheduled": [1], "num_computed": [0], "num_prompt": [1], '
+             b'"is_prefilling": [true]}']
+        )  # fmt: skip
+    header = T.header_line(CFG, ENGINE)
+    with pytest.raises(T.TraceError, match="field 'engine' needs version 2"):
+        T.parse_trace([header.replace('"version": 2', '"version": 1')])
+    with pytest.raises(T.TraceError, match="an engine trace's layout is one of mrv2, mrv2-sharded"):
+        T.parse_trace([T.header_line(pcp_fn.PCPConfig(2, 0, 8, 64), ENGINE)])
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ('"is_prefilling": [true, 1, false]', "'is_prefilling' must be a list of booleans"),
+        ('"is_prefilling": [true, false]', "fields differ in length .* 'is_prefilling' has 2"),
+        ('"is_prefilling": [false, true, true], "idx_mapping": [0, -1, 2]', r"'idx_mapping'\[1\] = -1 is"),
+        ('"is_prefilling": [false, true, true], "batch_desc": {"cg_mode": "FAST", "num_tokens": 8}',
+         "'batch_desc.cg_mode' must be one of NONE, PIECEWISE, FULL, got 'FAST'"),
+        ('"is_prefilling": [false, true, true], "batch_desc": {"cg_mode": "FULL", "num_tokenz": 8}',
+         "'batch_desc.num_tokenz' is not a batch_desc field"),
+        ('"idx_mapping": [0, 1, 2]', "field 'is_prefilling' is missing"),
+    ],
+)  # fmt: skip
+def test_a_corrupted_recorded_line_is_refused_with_its_line_and_field(line, match):
+    step = '{"step": 0, "num_scheduled": [1, 5, 8], "num_computed": [3, 0, 0], "num_prompt": [3, 5, 8], '
+    with pytest.raises(T.TraceError, match="line 2: .*" + match):
+        T.parse_trace([T.header_line(CFG, ENGINE), step + line + "}"])
+
+
+def test_path_placeholder_environment_and_an_existing_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+    assert record_path(None) is None
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path / "r-{pid}.jsonl"))
+    assert record_path(None) == str(tmp_path / f"r-{os.getpid()}.jsonl")
+    assert record_path(tmp_path / "x.jsonl") == str(tmp_path / "x.jsonl")  # the argument wins
+    TraceRecorder(tmp_path / "x.jsonl", CFG, ENGINE).close()
+    with pytest.raises(FileExistsError):  # a restart never overwrites an earlier recording
+        TraceRecorder(tmp_path / "x.jsonl", CFG, ENGINE)
+    with pytest.raises(ValueError, match="max_pending must be a positive int"):
+        TraceRecorder(tmp_path / "y.jsonl", CFG, ENGINE, max_pending=0)
+
+
+def _stopped_once(caplog, rec: TraceRecorder, reason: str) -> None:
+    stops = [r for r in caplog.records if "recording to" in r.getMessage()]
+    assert len(stops) == 1 and reason in stops[0].getMessage(), [r.getMessage() for r in stops]
+    assert rec.stats.stopped is not None and not rec.recording
+    assert all(line.endswith(b"\n") for line in _lines(rec.path))
+    assert len(T.read_trace(rec.path).steps) == rec.stats.steps_written
+
+
+def test_a_stalled_writer_stops_the_recording_and_serving_goes_on(tmp_path, monkeypatch, caplog):
+    release = threading.Event()
+    real = recording.step_line
+
+    def slow_step_line(index, step):
+        release.wait(10)
+        return real(index, step)
+
+    monkeypatch.setattr(recording, "step_line", slow_step_line)
+    rec = TraceRecorder(tmp_path / "t.jsonl", CFG, ENGINE, max_pending=4)
+    with caplog.at_level(logging.WARNING, "pcp_fn.adapters"):
+        _record(rec, *STEPS[0])
+        deadline = time.monotonic() + 5
+        while rec._pending and time.monotonic() < deadline:  # the writer holds step 0
+            time.sleep(0.001)
+        start = time.perf_counter()
+        for _ in range(100):  # never blocks: the queue fills, then record() is a no-op
+            _record(rec, *STEPS[1])
+        assert time.perf_counter() - start < 1.0
+        release.set()
+        rec.close()
+    _stopped_once(caplog, rec, "the writer is 4 steps behind (max_pending=4)")
+    assert rec.stats.steps_written == 1  # what the writer had taken; the queue was dropped
+
+
+def test_the_size_limit_keeps_whole_lines(tmp_path, caplog):
+    header = len(T.header_line(CFG, ENGINE).encode())
+    rec = TraceRecorder(tmp_path / "t.jsonl", CFG, ENGINE, max_bytes=header + 300)
+    with caplog.at_level(logging.WARNING, "pcp_fn.adapters"):
+        for _ in range(20):
+            _record(rec, *STEPS[0])
+        rec.close()
+    _stopped_once(caplog, rec, f"the trace reached max_bytes={header + 300}")
+    assert 0 < rec.stats.steps_written < 20 and os.path.getsize(rec.path) <= header + 300
+
+
+def test_a_failing_disk_is_logged_once_and_a_short_write_is_cut_back(tmp_path, monkeypatch, caplog):
+    rec = TraceRecorder(tmp_path / "t.jsonl", CFG, ENGINE)
+    real_write = os.write
+    calls = []
+
+    def half_write(fd, data):  # a disk that fills in the middle of the second write
+        calls.append(len(data))
+        return real_write(fd, data if len(calls) == 1 else data[: len(data) // 2])
+
+    monkeypatch.setattr(recording.os, "write", half_write)
+    with caplog.at_level(logging.WARNING, "pcp_fn.adapters"):
+        _record(rec, *STEPS[0])
+        while rec.stats.steps_written < 1:
+            time.sleep(0.001)
+        _record(rec, *STEPS[1])
+        rec.close()
+        _record(rec, *STEPS[2])  # after the stop: nothing, no error
+    _stopped_once(caplog, rec, "writing failed")
+    assert rec.stats.steps_written == 1 and len(calls) == 2
+
+
+KILLED = textwrap.dedent(
+    """
+    import sys, numpy as np, pcp_fn
+    from pcp_fn.adapters.recording import TraceRecorder
+    from pcp_fn.sim.trace import EngineInfo
+    config = pcp_fn.PCPConfig(2, 0, 8, 64, layout="mrv2")
+    rec = TraceRecorder(sys.argv[1], config, EngineInfo("vllm", "t", "M"))
+    i = 0
+    while True:
+        n = 1 + i % 40
+        rec.record(np.array([1, n], np.int32), np.array([n, 0], np.int32), np.array([1, n], np.int32),
+                   np.array([False, True]))
+        i += 1
+    """
+)
+
+
+def test_a_killed_engine_leaves_a_trace_whose_lines_replay(tmp_path):
+    path = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)])
+    try:
+        deadline = time.monotonic() + 60
+        while (not path.exists() or path.stat().st_size < 200_000) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the recording process ended early"
+            time.sleep(0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    lines = _lines(path)
+    assert len(lines) > 100 and all(line.endswith(b"\n") for line in lines)
+    assert T.replay_digest(path, ranks=[0]).num_steps == len(lines) - 1
+
+
+# -- the vLLM drop-in (stand-in names) ---------------------------------------------------------
+
+
+def _standin_manager(**kw):
+    from test_vllm_adapter import StandinManager
+
+    tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
+    base = dict(pcp_world_size=2, device="cpu", shard_decode_requests=True, max_num_reqs=8)
+    return StandinManager(**base, max_num_tokens=48, block_tables=tables, **kw), tables
+
+
+def _served_steps(manager, tables):
+    """Drive the simulator's schedule (rows shuffled every 4th step) through `manager`; what it
+    served: (the runner step, local rows, idx_mapping, query_start_loc, real positions)."""
+    from test_vllm_adapter import STANDIN_API
+
+    Desc, Mode = standin.BatchExecutionDescriptor, standin.CUDAGraphMode
+    case = Case(P=2, R=8, T=48, requests=8, seed=3, max_steps=25)
+    for rs in runner_steps(case, [tables], np.random.default_rng(0), Summary()):
+        desc = Desc(cg_mode=Mode.NONE, num_tokens=0, num_reqs=None)
+        batch = make_global_batch(STANDIN_API, rs.step, desc, rs.order, torch.device("cpu"))
+        local = manager.partition_batch(batch, desc)
+        n = local.num_reqs
+        yield (
+            rs,
+            n,
+            local.idx_mapping_np[:n].tolist(),
+            local.query_start_loc_np[: n + 1].tolist(),
+            (local.positions[: local.num_tokens].tolist()),
+        )
+
+
+def test_the_drop_in_records_what_it_serves_and_the_replay_gives_the_same_rows(tmp_path, monkeypatch):
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path / "served-{pid}.jsonl"))
+    manager, tables = _standin_manager(pcp_rank=0)
+    other, _ = _standin_manager(pcp_rank=1)  # one process records: PCP rank 0 without torch.distributed
+    assert other.bookkeeper.recorder is None
+    served = list(_served_steps(manager, tables))
+    recorder = manager.bookkeeper.recorder
+    recorder.close()
+    assert recorder.path == str(tmp_path / f"served-{os.getpid()}.jsonl")
+    trace = T.read_trace(recorder.path)
+    assert trace.engine.manager == "StandinManager" and trace.config.layout == "mrv2-sharded"
+    assert len(trace.steps) == len(served) >= 20
+    assert any(s.is_prefilling != tuple(sorted(s.is_prefilling)) for s in trace.steps)  # shuffled rows
+    replayed = T.replay(trace, ranks=[0])
+    for s, (rs, n, idx, qsl, positions), out in zip(trace.steps, served, replayed.outputs, strict=True):
+        assert s.num_scheduled == tuple(rs.sched.tolist())
+        assert s.is_prefilling == tuple(rs.prefilling.tolist())
+        _, local = out[0]
+        assert int(local.num_reqs) == n and local.idx_mapping[:n].tolist() == idx
+        assert local.query_start_loc[: n + 1].tolist() == qsl
+        assert local.positions[: int(local.num_tokens)].tolist() == positions
+
+
+def test_no_recording_without_a_path(monkeypatch):
+    monkeypatch.delenv(RECORD_ENV, raising=False)
+    manager, _ = _standin_manager(pcp_rank=0)
+    assert manager.bookkeeper.recorder is None
