@@ -112,6 +112,9 @@ def _worker_report(worker: Any) -> dict[str, Any]:
     stats = getattr(manager, "graph_stats", None)
     if stats is not None:
         report["graph_stats"] = dict(vars(stats))
+    recorder = getattr(getattr(manager, "bookkeeper", None), "recorder", None)
+    if recorder is not None:  # PCP_FN_RECORD_SCHEDULE: this process records the schedule
+        report["recording"] = {"path": recorder.path, **vars(recorder.stats)}
     timers = getattr(manager, "_engine_tool_timers", None)
     if timers is not None:
         report["method_seconds"] = {name: list(total) for name, total in timers.items()}

@@ -518,7 +518,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ranks = None if args.rank is None else [args.rank]
     # the digest alone, one step in memory at a time: a long trace replays in bounded memory
     result = replay_digest(args.trace, mode=args.mode, ranks=ranks, backend=args.backend)
-    print(f"{result.digest}  {args.trace} ({result.num_steps} steps, mode {args.mode})")
+    recorded = ""
+    if result.engine is not None:  # an engine's recording: replayed through the drop-in's layout
+        e = result.engine
+        recorded = f"; recorded by {e.name} {e.version}'s {e.manager}, replayed through pcp_fn.mrv2"
+    print(f"{result.digest}  {args.trace} ({result.num_steps} steps, mode {args.mode}{recorded})")
     if args.expect is not None and result.digest != args.expect:
         print(f"pcp-fn replay: digest mismatch: expected {args.expect}, got {result.digest}", file=sys.stderr)
         return 1
@@ -594,8 +598,12 @@ def _compare_workload(args: argparse.Namespace) -> tuple[PCPConfig, list[TraceSt
     """The config, steps and description of `compare`'s workload: the trace, or a simulation."""
     if args.trace is not None:
         with stream_trace(args.trace) as (cfg, trace_steps):
-            # the costs read the counts only: a step's slot mapping is not kept
-            steps = [TraceStep(s.num_scheduled, s.num_computed, s.num_prompt) for s in trace_steps]
+            # the costs read the counts (and an engine's prefill flags, to put its decodes first)
+            # only: a step's slot mapping is not kept
+            steps = [
+                TraceStep(s.num_scheduled, s.num_computed, s.num_prompt, is_prefilling=s.is_prefilling)
+                for s in trace_steps
+            ]
         return cfg, steps, f"{args.trace} ({len(steps)} steps)"
     cfg, runner = _simulate_schedule(args)
     steps = [

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import PCPConfig, all_ranks, available_layouts, init_state, make_batch, update_tokens
+from ..protocol import classify_decodes
 from .trace import TraceStep, check_gathered_rows
 
 CARRIED_FIELDS = (
@@ -102,6 +103,8 @@ def config_cost(cfg: PCPConfig, steps: Sequence[TraceStep]) -> LayoutCost:
     for i, s in enumerate(steps):
         if not s.num_scheduled:
             continue
+        if s.is_prefilling is not None:  # an engine's order: every layout here wants decodes first
+            s = decodes_first(cfg, s)
         try:
             batch = make_batch(cfg, s.num_scheduled, s.num_computed, s.num_prompt)
         except ValueError as e:
@@ -120,6 +123,17 @@ def config_cost(cfg: PCPConfig, steps: Sequence[TraceStep]) -> LayoutCost:
     return LayoutCost(
         cfg.layout_name, P, tuple(map(int, tokens)), tuple(map(int, work)), tuple(map(int, padding)), gathered
     )
+
+
+def decodes_first(cfg: PCPConfig, s: TraceStep) -> TraceStep:
+    """An engine-recorded step's requests reordered for `cfg`'s layouts: its decodes (by the
+    layouts' rule, [`classify_decodes`][pcp_fn.protocol.classify_decodes]) first, each
+    group in the engine's order. vLLM's model runner V2 sorts by drafts and query length, so a
+    short prompt chunk may precede a decode; the per-rank costs do not depend on that order."""
+    arrays = [np.asarray(a, np.int64) for a in (s.num_scheduled, s.num_computed, s.num_prompt)]
+    order = np.argsort(~classify_decodes(cfg, *arrays), kind="stable")
+    sched, comp, prompt = (tuple(a[order].tolist()) for a in arrays)
+    return TraceStep(sched, comp, prompt)
 
 
 def layout_config(workload: PCPConfig, layout: str, pcp_size: int) -> PCPConfig:

@@ -696,6 +696,7 @@ class ReplayDigest:
     digest: str
     num_steps: int
     num_graphs: int = 0  # graphs compiled or captured (0 in eager mode): one per bucket met
+    engine: EngineInfo | None = None  # the engine that recorded the trace, if one did
 
 
 TraceSource = Trace | str | os.PathLike[str] | Iterable[str | bytes]
@@ -771,7 +772,40 @@ def replay_digest(
         for out in _run(header, steps, run, ranks, device):
             _digest_tree(h, out)  # before the next call rewrites a captured graph's buffers
             calls += 1
-    return ReplayDigest(h.hexdigest(), calls // len(ranks), 0 if mode == "eager" else len(run))
+    graphs = 0 if mode == "eager" else len(run)
+    return ReplayDigest(h.hexdigest(), calls // len(ranks), graphs, header.engine)
+
+
+def check_replay(
+    trace: TraceSource | str | os.PathLike[str],
+    expected: str,
+    *,
+    modes: Sequence[str] = ("eager", "compiled"),
+    backend: str = "inductor",
+) -> None:
+    """A recorded trace as a regression test: replay it in every mode of `modes` and raise
+    `AssertionError` unless each digest is `expected` (a trace file, or its lines, read once
+    per mode).
+
+        # tests/test_incident_1234.py, beside the trace pcp-fn replay printed the digest of
+        from pcp_fn.sim import check_replay
+
+        def test_incident_1234():
+            check_replay("tests/traces/incident-1234.jsonl", "3f5c...e1")
+
+    Args:
+        modes: how to run the step (see [`replay`][pcp_fn.sim.replay]); they must agree.
+        backend: the `torch.compile` backend of the compiled and captured modes.
+    """
+    if isinstance(trace, Iterable) and not isinstance(trace, str | Trace):
+        trace = list(trace)  # lines: read once per mode
+    for mode in modes:
+        got = replay_digest(trace, mode=mode, backend=backend).digest
+        if got != expected:
+            raise AssertionError(
+                f"replaying {trace if isinstance(trace, str | os.PathLike) else 'the trace'} in mode "
+                f"{mode!r} gives digest {got}; expected {expected}"
+            )
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ replay through ``pcp_fn.mrv2`` gives rank 0 the local rows the drop-in served.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -283,3 +284,40 @@ def test_no_recording_without_a_path(monkeypatch):
     monkeypatch.delenv(RECORD_ENV, raising=False)
     manager, _ = _standin_manager(pcp_rank=0)
     assert manager.bookkeeper.recorder is None
+
+
+def test_check_replay_turns_a_recording_into_a_regression_test(tmp_path, capsys):
+    from pcp_fn.sim import check_replay
+    from pcp_fn.sim.cli import main
+
+    path = tmp_path / "incident.jsonl"
+    rec = TraceRecorder(path, CFG, ENGINE)
+    for s in STEPS:
+        _record(rec, *s)
+    rec.close()
+    assert main(["replay", str(path)]) == 0
+    out = capsys.readouterr().out
+    digest = out.split()[0]
+    assert "(3 steps, mode eager; recorded by vllm 0.32.0's FunctionalPCPManager" in out
+    check_replay(path, digest, modes=("eager", "compiled"), backend="eager")
+    check_replay(_lines(path), digest, modes=("eager",))
+    with pytest.raises(AssertionError, match=f"in mode 'eager' gives digest {digest}; expected 0+"):
+        check_replay(path, "0" * 64)
+
+
+def test_compare_reads_an_engine_trace_decodes_first(tmp_path, capsys):
+    from pcp_fn.sim.cli import main
+
+    path = tmp_path / "t.jsonl"
+    rec = TraceRecorder(path, CFG, ENGINE)
+    for s in STEPS:  # steps 1, 2: a prompt chunk before decodes, as vLLM's runner may order them
+        _record(rec, *s)
+    rec.close()
+    out = tmp_path / "c.json"
+    assert main(["compare", str(path), "--pcp-sizes", "2", "--layouts", "dcs,mrv2", "--json", str(out)]) == 0
+    capsys.readouterr()
+    rows = {r["layout"]: r for r in json.loads(out.read_text())["rows"]}
+    total = sum(sum(s[0]) for s in STEPS)
+    # every token once, plus a second copy of each of the 5 decodes (mrv2 replicates them; step 2's
+    # request 0 is a prompt's last token, split, not a decode)
+    assert sum(rows["mrv2"]["per_rank"]["tokens"]) == total + 5, rows["mrv2"]

@@ -149,6 +149,34 @@ def test_graphs_prepared_at_startup_none_while_serving(engine):
     assert ours["steps"] == engine("vllm", "--manager", "vllm")["steps"]
 
 
+def test_a_recorded_run_serves_the_same_and_replays_bit_identically(engine, tmp_path_factory):
+    """PCP_FN_RECORD_SCHEDULE: one process (the global rank 0) writes every step it laid out;
+    serving is unchanged; the trace replays through pcp_fn.mrv2 with the same digest eager and
+    compiled, and `pcp-fn replay` reads it."""
+    from pcp_fn.sim.trace import read_trace, replay_digest
+
+    folder = tmp_path_factory.mktemp("recorded")
+    ours = engine("pcp_fn_recorded", env={"PCP_FN_RECORD_SCHEDULE": str(folder / "pcp-{pid}.jsonl")})
+    _check_plugin_served(ours)
+    assert ours["steps"] == engine("pcp_fn")["steps"]
+    recording = [w["recording"] for w in ours["workers"] if "recording" in w]
+    traces = sorted(folder.iterdir())
+    assert len(recording) == 1 and [str(t) for t in traces] == [recording[0]["path"]], (recording, traces)
+    assert recording[0]["stopped"] is None and recording[0]["steps_recorded"] == ours["engine_steps"]
+    trace = read_trace(traces[0])
+    assert (trace.engine.name, trace.engine.manager) == ("vllm", "FunctionalPCPManager")
+    assert trace.config.pcp_size == 2 and trace.config.layout == "mrv2-sharded"
+    assert len(trace.steps) == ours["engine_steps"]
+    assert any(len(set(s.is_prefilling)) == 2 for s in trace.steps)  # prefills beside decodes
+    eager = replay_digest(traces[0])
+    assert replay_digest(traces[0], mode="compiled", backend="eager").digest == eager.digest
+    cli = subprocess.run(
+        [sys.executable, "-m", "pcp_fn.sim.cli", "replay", str(traces[0])],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cli.returncode == 0 and eager.digest in cli.stdout, cli.stdout + cli.stderr
+
+
 @pytest.mark.skipif(
     not _has_amx(), reason="chunked prefill with MLA needs vLLM's AMX_MLA backend (no AMX here)"
 )
