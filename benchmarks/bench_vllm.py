@@ -49,8 +49,10 @@ keeps what a step's schedule decides (the twin, the plan, some host fields)
 per distinct schedule; every step here repeats its batch, like a busy
 server's decode steps, and ``new`` is the same step with those memos emptied
 first (a schedule never seen before: its dispatch computes the twin, which its
-partition then reuses). ``--markdown PATH`` writes both tables to a markdown fragment too
-(``benchmarks/_common.py``).
+partition then reuses). ``recording`` is the adapter recording every step's schedule
+(``record_schedule``, ``pcp_fn.adapters.recording``: the arrays copied and queued; its writer
+thread turns them into JSON lines in this process meanwhile, as in a server). ``--markdown PATH``
+writes both tables to a markdown fragment too (``benchmarks/_common.py``).
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ import argparse
 import functools
 import os
 import random
+import shutil
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -254,6 +258,7 @@ def main() -> None:
         f"interleaved steps; load average {load:.2f} at the start, {os.cpu_count()} CPUs"
     )
     rows1, rows2, notes = [], [], []
+    scratch = tempfile.mkdtemp(prefix="bench_vllm-")  # the recordings, removed at the end
     phases = ("dispatch", "check", "plan", "stage", "fields", "batch", "attn", "restore")
     for name, (P, (sched, comp, plen)) in batches().items():
         n = len(sched)
@@ -293,9 +298,12 @@ def main() -> None:
 
             host = graph_replayed(plain(**kw), host_step_of)
             fresh = graph_replayed(plain(**kw), host_step_of)
+            trace = os.path.join(scratch, f"{name}.jsonl")
+            recording = graph_replayed(plain(**kw, record_schedule=trace), host_step_of)
             fns = {
                 "vLLM": functools.partial(host_step_of, ref),
                 "adapter": functools.partial(host_step_of, host),
+                "recording": functools.partial(host_step_of, recording),
                 "new": functools.partial(new_schedule_step, fresh, host_step_of),
                 "vLLM dispatch": functools.partial(
                     ref.get_num_tokens_for_dispatch, g.num_scheduled_tokens, g.is_prefilling_np
@@ -305,6 +313,10 @@ def main() -> None:
             }
             PHASES.clear()
             rows2.append((name, P, mode, interleaved_medians(fns, args.iters)))
+            recorder = recording.bookkeeper.recorder
+            recorder.close()
+            if recorder.stats.stopped is not None:
+                notes.append(f"{name}: the recording stopped: {recorder.stats.stopped}")
             rows2[-1][3].update({k: float(np.median(v[10:])) / 1e3 for k, v in PHASES.items()})
 
     cols = ["vLLM", "eager"] + ([backend] if backend else [])
@@ -316,11 +328,13 @@ def main() -> None:
         "2. host time per step (us), H=1, the adapter's graph replay not counted; the adapter's phases "
         "(us, the repeated step); vLLM's own get_num_tokens_for_dispatch and partition_batch",
         ["batch", "P", "descriptor", "vLLM us", "adapter us", "adapter / vLLM", "new us", "new / vLLM"]
+        + ["recording us", "recording / adapter"]
         + [f"{p} us" for p in phases]
         + ["vLLM dispatch us", "vLLM partition us"],
         [
             [name, P, mode, f"{t['vLLM']:.0f}", f"{t['adapter']:.0f}", f"{t['adapter'] / t['vLLM']:.2f}"]
             + [f"{t['new']:.0f}", f"{t['new'] / t['vLLM']:.2f}"]
+            + [f"{t['recording']:.0f}", f"{t['recording'] / t['adapter']:.3f}"]
             + [f"{t[p]:.1f}" for p in phases]
             + [f"{t['vLLM dispatch']:.0f}", f"{t['vLLM partition']:.0f}"]
             for name, P, mode, t in rows2
@@ -328,6 +342,7 @@ def main() -> None:
     )
     if notes:
         tables.note("; ".join(notes) + ".")
+    shutil.rmtree(scratch)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     tables.write()
 

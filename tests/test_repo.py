@@ -185,6 +185,7 @@ ADAPTERS_SHARED = (
     "pcp_fn.adapters.backend",
     "pcp_fn.adapters.schedule_cache",
     "pcp_fn.adapters.recording",
+    "pcp_fn.adapters.trace_writer",
 )
 
 

@@ -10,17 +10,19 @@ scheduler's per-request arrays in the engine's row order, its prefill flags and 
 and the batch descriptor (version 2 of [`pcp_fn.sim.trace`][]'s format). No token id, text or
 KV slot is recorded.
 
-Serving never waits on the disk:
+Serving never waits on the disk, nor on the JSON:
 
 - [`record`][pcp_fn.adapters.recording.TraceRecorder.record] copies the step's arrays and appends
-  them to a queue (no lock, no syscall); a background thread turns them into JSON lines and
-  writes them;
-- the queue is bounded: a writer `max_pending` steps behind stops the recording (logged once),
-  as does any `OSError` (a full disk, a closed file) and the step that would make the file pass
-  `max_bytes`. Serving goes on; what was written stays a valid trace;
-- every write is whole lines (one `os.write` of complete lines on a file opened for append; a
-  short write is cut back to the last whole line), so a process killed at any moment leaves a
-  trace whose lines all parse and replay.
+  them to a queue (no lock, no syscall: about a microsecond);
+- a feeder thread packs the queued steps into binary frames and writes them to a writer process
+  ([`pcp_fn.adapters.trace_writer`][]), which makes the JSON lines and writes the file: the
+  encoding holds no GIL of the engine's;
+- the queue is bounded: a feeder `max_pending` steps behind stops the recording (logged once), as
+  does the writer's stop (the step that would make the file pass `max_bytes`, a full disk: its
+  reason logged once). Serving goes on; what was written stays a valid trace;
+- every write is whole lines (a short write is cut back to the last whole line); an engine that
+  dies, even by SIGKILL, closes the writer's input, and the writer writes the steps it was sent
+  before it ends. The trace's lines all parse and replay.
 
 One process records: the global rank 0 when `torch.distributed` is initialized, else PCP rank 0
 (every rank lays out the same global batch). `{pid}` in the path is the process id; an existing
@@ -32,16 +34,20 @@ from __future__ import annotations
 import atexit
 import collections
 import dataclasses
-import errno
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..protocol.config import PCPConfig
-from ..sim.trace import BatchDesc, EngineInfo, TraceStep, header_line, step_line
+from ..sim.trace import BatchDesc, EngineInfo, header_line
+from . import trace_writer
 
 logger = logging.getLogger("pcp_fn.adapters")
 
@@ -52,10 +58,10 @@ DEFAULT_MAX_BYTES = 1 << 30
 """The largest trace a recorder writes (1 GiB); the step that would pass it stops the recording."""
 
 DEFAULT_MAX_PENDING = 4096
-"""Steps the writer may fall behind before the recording stops (the queue's bound)."""
+"""Steps the feeder may fall behind before the recording stops (the queue's bound)."""
 
-_POLL_S = 0.01  # the writer's wait for new steps: the serving thread never signals it
-_CLOSE_TIMEOUT_S = 10.0
+_POLL_S = 0.01  # the feeder's wait for new steps: the serving thread never signals it
+_CLOSE_TIMEOUT_S = 30.0
 
 
 def record_path(explicit: str | os.PathLike[str] | None) -> str | None:
@@ -80,27 +86,31 @@ class RecorderStats:
     """What a [`TraceRecorder`][pcp_fn.adapters.recording.TraceRecorder] has done."""
 
     steps_recorded: int = 0  # handed to record() and queued
-    steps_written: int = 0  # on disk, whole lines
-    bytes_written: int = 0  # the header included
-    stopped: str | None = None  # why the recording stopped early (None: still recording)
+    steps_written: int | None = None  # on disk, whole lines: known once closed (the writer says)
+    bytes_written: int | None = None  # the file's size, the header included: known once closed
+    stopped: str | None = None  # why the recording stopped early (None: it did not)
 
 
 class TraceRecorder:
-    """Writes an engine's steps to a trace file from a background thread.
+    """Records an engine's steps to a trace file without making serving wait.
 
     Args:
-        path: the trace file; created (an existing file raises `FileExistsError`).
+        path: the trace file; created with its header (an existing file raises
+            `FileExistsError`).
         config: the header's config (`pcp_rank` is not written).
         engine: the header's [`EngineInfo`][pcp_fn.sim.trace.EngineInfo].
         max_bytes: the file's largest size (default
             [`DEFAULT_MAX_BYTES`][pcp_fn.adapters.recording.DEFAULT_MAX_BYTES]).
-        max_pending: steps the writer may fall behind (default
+        max_pending: steps the feeder may fall behind (default
             [`DEFAULT_MAX_PENDING`][pcp_fn.adapters.recording.DEFAULT_MAX_PENDING]).
+        describe: turns the engine's batch descriptor, as handed to
+            [`record`][pcp_fn.adapters.recording.TraceRecorder.record], into a
+            [`BatchDesc`][pcp_fn.sim.trace.BatchDesc], in the feeder thread (default: it is one).
 
     Raises:
         ValueError: `max_bytes` below the header's size or `max_pending` below 1.
-        OSError: the file cannot be created (its folder is missing, it exists, ...): at the
-            engine's start-up, never later.
+        OSError: the file cannot be created (its folder is missing, it exists, ...) or the
+            writer process cannot start: at the engine's start-up, never later.
     """
 
     def __init__(
@@ -111,6 +121,7 @@ class TraceRecorder:
         *,
         max_bytes: int = DEFAULT_MAX_BYTES,
         max_pending: int = DEFAULT_MAX_PENDING,
+        describe: Callable[[Any], BatchDesc] | None = None,
     ) -> None:
         header = header_line(config, engine).encode()
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < len(header):
@@ -121,13 +132,26 @@ class TraceRecorder:
             raise ValueError(f"max_pending must be a positive int, got {max_pending!r}")
         self.path = os.fspath(path)
         self.max_bytes, self.max_pending = max_bytes, max_pending
+        self.describe = describe
         self.stats = RecorderStats()
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self._closing = threading.Event()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o666)
-        self._write_whole(header)
-        self._thread = threading.Thread(target=self._writer, name="pcp_fn-trace-recorder", daemon=True)
-        self._thread.start()
+        self._warned = False
+        self._report_lock = threading.Lock()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            os.write(fd, header)  # one line: whole, or the start-up fails here
+        finally:
+            os.close(fd)
+        # the writer: a script run by path, so it imports neither pcp_fn nor torch
+        self._writer = subprocess.Popen(
+            [sys.executable, trace_writer.__file__, self.path, str(max_bytes)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        self._feeder = threading.Thread(target=self._feed, name="pcp_fn-trace-recorder", daemon=True)
+        self._feeder.start()
         atexit.register(self.close)
 
     @property
@@ -140,108 +164,100 @@ class TraceRecorder:
         num_scheduled: np.ndarray,
         num_computed: np.ndarray,
         num_prompt: np.ndarray,
-        is_prefilling: np.ndarray,
+        is_prefilling: np.ndarray | None = None,
         idx_mapping: np.ndarray | None = None,
-        batch_desc: BatchDesc | None = None,
+        batch_desc: Any = None,
     ) -> None:
-        """Queue one step (`[num_reqs]` arrays in the engine's row order; copied, so the engine
-        may reuse its buffers). Never blocks and never raises for the disk's sake."""
+        """Queue one step (`[num_reqs]` arrays in the engine's row order, `is_prefilling` and
+        `idx_mapping` for an MRV2 engine's trace only; copied, so the engine
+        may reuse its buffers; `batch_desc` is kept as given, an immutable descriptor, and
+        converted by `describe` in the feeder). Never blocks and never raises for the disk's
+        sake: it costs the serving thread the copies and an append."""
         if self.stats.stopped is not None or self._closing.is_set():
             return
         if len(self._pending) >= self.max_pending:
             self._stop(f"the writer is {len(self._pending)} steps behind (max_pending={self.max_pending})")
             return
+        flags = None if is_prefilling is None else is_prefilling.copy()
         idx = None if idx_mapping is None else idx_mapping.copy()
-        arrays = (num_scheduled.copy(), num_computed.copy(), num_prompt.copy(), is_prefilling.copy())
-        self._pending.append((*arrays, idx, batch_desc))
+        counts = (num_scheduled.copy(), num_computed.copy(), num_prompt.copy())
+        self._pending.append((*counts, flags, idx, batch_desc))
         self.stats.steps_recorded += 1
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
-        """Write what is queued (waiting at most `timeout` seconds) and close the file. Idempotent."""
+        """Send what is queued, end the writer's input and wait for it (at most `timeout`
+        seconds each); then [`stats`][pcp_fn.adapters.recording.RecorderStats] says what is on
+        disk. Idempotent."""
         if self._closing.is_set():
             return
         self._closing.set()
-        self._thread.join(timeout)  # the writer closes the file when it ends
-        if self._thread.is_alive():
-            self._stop(f"the writer did not finish within {timeout} s of close()")
+        self._feeder.join(timeout)
+        if self._feeder.is_alive():
+            self._stop(f"the feeder did not finish within {timeout} s of close()")
+            return
+        self._writer_report(timeout)
 
-    # -- the writer thread ---------------------------------------------------------------------
+    # -- the feeder thread ---------------------------------------------------------------------
 
-    def _writer(self) -> None:
-        """The thread: drain the queue into whole-line writes until closed or stopped, then close
-        the file (the only code that touches it after the header)."""
+    def _feed(self) -> None:
+        """The thread: queued steps as frames into the writer's input until closed or stopped,
+        then the input closed (the writer writes what it read and ends)."""
+        pipe = self._writer.stdin
         try:
             while self.stats.stopped is None:
                 if not self._pending:
                     if self._closing.wait(_POLL_S) and not self._pending:
                         break
                     continue
-                lines = []
-                while self._pending:
-                    args = self._pending.popleft()
-                    lines.append(step_line(self.stats.steps_written + len(lines), _step(*args)).encode())
-                self._write_lines(lines)
+                frames = []
+                while self._pending and len(frames) < 256:
+                    *arrays, desc = self._pending.popleft()
+                    if desc is not None and self.describe is not None:
+                        desc = self.describe(desc)
+                    frames.append(trace_writer.encode_frame(*arrays, desc))
+                pipe.write(b"".join(frames))  # blocks this thread only; the GIL is released
+                pipe.flush()
+        except BrokenPipeError:  # the writer ended: it stopped, and says why
+            self._writer_report(_CLOSE_TIMEOUT_S)
+            self._stop(self.stats.stopped or "the writer process ended")
         except Exception as e:  # never let the thread die silently: say why recording stopped
             self._stop(f"{type(e).__name__}: {e}")
         finally:
-            self._close_fd()
+            try:
+                pipe.close()
+            except OSError:
+                pass
 
-    def _write_lines(self, lines: list[bytes]) -> None:
-        size = self.stats.bytes_written
-        for i, line in enumerate(lines):
-            size += len(line)
-            if size > self.max_bytes:  # the lines before this one fit: write them, then stop
-                self._write_whole(b"".join(lines[:i]), i)
-                self._stop(f"the trace reached max_bytes={self.max_bytes}")
+    def _writer_report(self, timeout: float) -> None:
+        """Wait for the writer (its input closed) and read its report: steps and bytes on disk,
+        and why it stopped. Read once (by the feeder when the writer ended first)."""
+        with self._report_lock:
+            if self._writer.stdout.closed:
                 return
-        self._write_whole(b"".join(lines), len(lines))
-
-    def _write_whole(self, data: bytes, steps: int = 0) -> None:
-        """Write complete lines, or none of them (a short write is cut back)."""
-        if not data:
-            return
+            try:
+                self._writer.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._stop(f"the writer did not finish within {timeout} s")
+                return
+            out = self._writer.stdout.read()
+            self._writer.stdout.close()
         try:
-            written = os.write(self._fd, data)
-            if written != len(data):
-                os.ftruncate(self._fd, self.stats.bytes_written)
-                raise OSError(errno.ENOSPC, f"wrote {written} of {len(data)} bytes")
-        except OSError as e:
-            self._stop(f"writing failed: {e}")
+            said = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            self._stop(f"the writer process ended with status {self._writer.returncode} and no report")
             return
-        self.stats.bytes_written += written
-        self.stats.steps_written += steps
+        self.stats.steps_written, self.stats.bytes_written = said["steps"], said["bytes"]
+        if said["stopped"] is not None:
+            self._stop(said["stopped"])
 
     def _stop(self, why: str) -> None:
         if self.stats.stopped is None:
             self.stats.stopped = why
             self._pending.clear()
+        if not self._warned:
+            self._warned = True
             logger.warning(
-                "pcp_fn: recording to %s stopped: %s; serving goes on, and the %d steps written replay",
+                "pcp_fn: recording to %s stopped: %s; serving goes on, and the steps written replay",
                 self.path,
                 why,
-                self.stats.steps_written,
             )
-
-    def _close_fd(self) -> None:
-        try:
-            os.close(self._fd)
-        except OSError:
-            pass
-
-
-def _step(
-    num_scheduled: np.ndarray,
-    num_computed: np.ndarray,
-    num_prompt: np.ndarray,
-    is_prefilling: np.ndarray,
-    idx_mapping: np.ndarray | None,
-    batch_desc: BatchDesc | None,
-) -> TraceStep:
-    return TraceStep(
-        tuple(num_scheduled.tolist()),
-        tuple(num_computed.tolist()),
-        tuple(num_prompt.tolist()),
-        is_prefilling=tuple(is_prefilling.tolist()),
-        idx_mapping=None if idx_mapping is None else tuple(idx_mapping.tolist()),
-        batch_desc=batch_desc,
-    )

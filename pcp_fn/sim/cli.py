@@ -521,7 +521,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     recorded = ""
     if result.engine is not None:  # an engine's recording: replayed through the drop-in's layout
         e = result.engine
-        recorded = f"; recorded by {e.name} {e.version}'s {e.manager}, replayed through pcp_fn.mrv2"
+        recorded = f"; recorded by {e.name} {e.version}'s {e.manager}, replayed through {result.through}"
     print(f"{result.digest}  {args.trace} ({result.num_steps} steps, mode {args.mode}{recorded})")
     if args.expect is not None and result.digest != args.expect:
         print(f"pcp-fn replay: digest mismatch: expected {args.expect}, got {result.digest}", file=sys.stderr)

@@ -82,7 +82,10 @@ _DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len")
 CG_MODES = ("NONE", "PIECEWISE", "FULL")
 """The CUDA-graph modes a recorded step's `batch_desc.cg_mode` names (vLLM's `CUDAGraphMode`)."""
 ENGINE_LAYOUTS = ("mrv2", "mrv2-sharded")
-"""The layouts an engine trace may name: the vLLM drop-in's (decodes replicated or sharded)."""
+"""The layouts whose engine traces carry the engine's own row order (`is_prefilling` per step) and
+replay through `pcp_fn.mrv2`: the vLLM drop-in's (decodes replicated or sharded). An engine
+trace of another layout (vllm-ascend 0.23's DualChunkSwap) is the scheduler's arrays, decodes
+first, replayed through `pcp_fn.step` as a version-1 trace is."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 MAX_LINE_BYTES = 1 << 24
@@ -407,11 +410,11 @@ def _int_list(lineno: int, name: str, value: Any, lo: int, hi: int, limit: str) 
 
 class Header(NamedTuple):
     """A trace's header, parsed: the config, the engine that recorded it (version 2) and, for an
-    engine's trace, the [`pcp_fn.MRV2Config`][] its steps are replayed under."""
+    engine's MRV2 trace, the [`pcp_fn.MRV2Config`][] its steps are replayed under."""
 
     config: PCPConfig
     engine: EngineInfo | None = None
-    engine_config: Any = None  # MRV2Config (rank 0) of an engine trace
+    engine_config: Any = None  # MRV2Config (rank 0) of an MRV2 engine trace (ENGINE_LAYOUTS)
 
 
 def _parse_header(lineno: int, obj: dict[str, Any]) -> Header:
@@ -430,10 +433,7 @@ def _parse_header(lineno: int, obj: dict[str, Any]) -> Header:
         raise TraceError(f"line {lineno}: field 'engine' needs version 2 (this header says {version})")
     engine = _parse_engine(lineno, obj["engine"])
     if config.layout not in ENGINE_LAYOUTS:
-        raise TraceError(
-            f"line {lineno}: field 'config.layout' = {config.layout!r}: an engine trace's layout is one of "
-            f"{', '.join(ENGINE_LAYOUTS)} (the vLLM drop-in's)"
-        )
+        return Header(config, engine)
     try:
         engine_config = engine_mrv2_config(config, engine.moe_gathers_tokens)
     except (TypeError, ValueError) as e:
@@ -546,7 +546,7 @@ def _parse_step(lineno: int, obj: dict[str, Any], header: Header, index: int) ->
         )
     step_ = TraceStep(**arrays, slot_mapping=slots, **engine)
     try:  # the rest against the config (sequence lengths, decodes first, the bucket)
-        if header.engine is None:
+        if header.engine_config is None:
             make_batch(config, arrays["num_scheduled"], arrays["num_computed"], arrays["num_prompt"])
         else:  # the engine's own row order and prefill flags, as its drop-in lays them out
             engine_batch(header.engine_config, step_)
@@ -560,12 +560,14 @@ def _parse_step(lineno: int, obj: dict[str, Any], header: Header, index: int) ->
 
 
 def _engine_fields(lineno: int, obj: dict[str, Any], header: Header) -> dict[str, Any]:
-    """A step's engine fields: `is_prefilling` required in an engine trace, none allowed outside."""
-    if header.engine is None:
+    """A step's engine fields: `is_prefilling` required in an engine's MRV2 trace, none allowed in
+    another."""
+    if header.engine_config is None:
         extra = next((k for k in _ENGINE_STEP_FIELDS if k in obj), None)
         if extra is not None:
             raise TraceError(
-                f"line {lineno}: field {extra!r} belongs to an engine's trace (a header with 'engine')"
+                f"line {lineno}: field {extra!r} belongs to an engine's trace of layout "
+                f"{' or '.join(ENGINE_LAYOUTS)} (a header with 'engine')"
             )
         return {}
     if "is_prefilling" not in obj:
@@ -697,6 +699,7 @@ class ReplayDigest:
     num_steps: int
     num_graphs: int = 0  # graphs compiled or captured (0 in eager mode): one per bucket met
     engine: EngineInfo | None = None  # the engine that recorded the trace, if one did
+    through: str = "pcp_fn.step"  # what every rank's step ran: pcp_fn.step or pcp_fn.mrv2.partition_batch
 
 
 TraceSource = Trace | str | os.PathLike[str] | Iterable[str | bytes]
@@ -773,7 +776,8 @@ def replay_digest(
             _digest_tree(h, out)  # before the next call rewrites a captured graph's buffers
             calls += 1
     graphs = 0 if mode == "eager" else len(run)
-    return ReplayDigest(h.hexdigest(), calls // len(ranks), graphs, header.engine)
+    through = "pcp_fn.step" if header.engine_config is None else "pcp_fn.mrv2.partition_batch"
+    return ReplayDigest(h.hexdigest(), calls // len(ranks), graphs, header.engine, through)
 
 
 def check_replay(
@@ -831,16 +835,16 @@ def _stream(trace: TraceSource) -> Iterator[tuple[Header, Iterable[TraceStep]]]:
 
 
 def _header_of(trace: Trace) -> Header:
-    if trace.engine is None:
-        return Header(trace.config)
+    if trace.engine is None or trace.config.layout not in ENGINE_LAYOUTS:
+        return Header(trace.config, trace.engine)
     engine_config = engine_mrv2_config(trace.config, trace.engine.moe_gathers_tokens)
     return Header(trace.config, trace.engine, engine_config)
 
 
 def _step_runner(mode: str, backend: str, header: Header) -> Any:
     """The function every rank's step runs: [`pcp_fn.step`][pcp_fn.step.step], or for an engine's
-    trace [`pcp_fn.mrv2.partition_batch`][] (what the vLLM drop-in's graph runs)."""
-    fn = step if header.engine is None else partition_batch
+    MRV2 trace [`pcp_fn.mrv2.partition_batch`][] (what the vLLM drop-in's graph runs)."""
+    fn = step if header.engine_config is None else partition_batch
     if mode == "eager":
         return fn
     if mode == "compiled":
@@ -865,7 +869,7 @@ def _run(
 ) -> Iterator[Any]:
     """Each step's outputs, rank after rank, in `ranks`' order; an output is valid until the
     next is made (a captured graph rewrites its buffers)."""
-    if header.engine is not None:
+    if header.engine_config is not None:
         yield from engine_outputs(header.engine_config, steps, run, ranks, device)
         return
     config = header.config

@@ -9,6 +9,7 @@ replay through ``pcp_fn.mrv2`` gives rank 0 the local rows the drop-in served.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ import vllm_standin as standin
 from vllm_lockstep import Case, Summary, make_global_batch, runner_steps
 
 import pcp_fn
-from pcp_fn.adapters import recording
+from pcp_fn.adapters import recording, trace_writer
 from pcp_fn.adapters.recording import RECORD_ENV, TraceRecorder, record_path
 from pcp_fn.sim import trace as T
 
@@ -91,8 +92,12 @@ def test_version_1_readers_are_unaffected_and_engine_fields_stay_in_engine_trace
     header = T.header_line(CFG, ENGINE)
     with pytest.raises(T.TraceError, match="field 'engine' needs version 2"):
         T.parse_trace([header.replace('"version": 2', '"version": 1')])
-    with pytest.raises(T.TraceError, match="an engine trace's layout is one of mrv2, mrv2-sharded"):
-        T.parse_trace([T.header_line(pcp_fn.PCPConfig(2, 0, 8, 64), ENGINE)])
+    # an engine's DualChunkSwap trace (vllm-ascend 0.23) is the scheduler's arrays, decodes first
+    dcs = T.header_line(pcp_fn.PCPConfig(2, 0, 8, 64), T.EngineInfo("vllm-ascend", "0.23", "M"))
+    step = '{"num_scheduled": [1, 5], "num_computed": [3, 0], "num_prompt": [3, 5]'
+    assert len(T.parse_trace([dcs, step + "}"]).steps) == 1
+    with pytest.raises(T.TraceError, match="line 2: field 'is_prefilling' belongs to an engine's trace of"):
+        T.parse_trace([dcs, step + ', "is_prefilling": [false, true]}'])
 
 
 @pytest.mark.parametrize(
@@ -135,20 +140,20 @@ def _stopped_once(caplog, rec: TraceRecorder, reason: str) -> None:
     assert len(T.read_trace(rec.path).steps) == rec.stats.steps_written
 
 
-def test_a_stalled_writer_stops_the_recording_and_serving_goes_on(tmp_path, monkeypatch, caplog):
+def test_a_stalled_feeder_stops_the_recording_and_serving_goes_on(tmp_path, monkeypatch, caplog):
     release = threading.Event()
-    real = recording.step_line
+    real = recording.trace_writer.encode_frame
 
-    def slow_step_line(index, step):
+    def slow_encode(*args):
         release.wait(10)
-        return real(index, step)
+        return real(*args)
 
-    monkeypatch.setattr(recording, "step_line", slow_step_line)
+    monkeypatch.setattr(recording.trace_writer, "encode_frame", slow_encode)
     rec = TraceRecorder(tmp_path / "t.jsonl", CFG, ENGINE, max_pending=4)
     with caplog.at_level(logging.WARNING, "pcp_fn.adapters"):
         _record(rec, *STEPS[0])
         deadline = time.monotonic() + 5
-        while rec._pending and time.monotonic() < deadline:  # the writer holds step 0
+        while rec._pending and time.monotonic() < deadline:  # the feeder holds step 0
             time.sleep(0.001)
         start = time.perf_counter()
         for _ in range(100):  # never blocks: the queue fills, then record() is a no-op
@@ -157,7 +162,7 @@ def test_a_stalled_writer_stops_the_recording_and_serving_goes_on(tmp_path, monk
         release.set()
         rec.close()
     _stopped_once(caplog, rec, "the writer is 4 steps behind (max_pending=4)")
-    assert rec.stats.steps_written == 1  # what the writer had taken; the queue was dropped
+    assert rec.stats.steps_written == 1  # what the feeder had taken; the queue was dropped
 
 
 def test_the_size_limit_keeps_whole_lines(tmp_path, caplog):
@@ -166,60 +171,92 @@ def test_the_size_limit_keeps_whole_lines(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, "pcp_fn.adapters"):
         for _ in range(20):
             _record(rec, *STEPS[0])
+            time.sleep(0.002)  # the writer stops while steps still come: record() stays quiet
         rec.close()
     _stopped_once(caplog, rec, f"the trace reached max_bytes={header + 300}")
     assert 0 < rec.stats.steps_written < 20 and os.path.getsize(rec.path) <= header + 300
 
 
-def test_a_failing_disk_is_logged_once_and_a_short_write_is_cut_back(tmp_path, monkeypatch, caplog):
-    rec = TraceRecorder(tmp_path / "t.jsonl", CFG, ENGINE)
+def _frames(*steps) -> io.BufferedReader:
+    data = b"".join(trace_writer.encode_frame(*map(np.asarray, s)) for s in steps)
+    return io.BufferedReader(io.BytesIO(data))
+
+
+def test_the_writer_cuts_a_short_write_back_to_whole_lines(tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(T.header_line(CFG, ENGINE).encode())
     real_write = os.write
-    calls = []
 
     def half_write(fd, data):  # a disk that fills in the middle of the second write
-        calls.append(len(data))
-        return real_write(fd, data if len(calls) == 1 else data[: len(data) // 2])
+        half_write.calls += 1
+        return real_write(fd, data if half_write.calls == 1 else data[: len(data) // 2])
 
-    monkeypatch.setattr(recording.os, "write", half_write)
+    half_write.calls = 0
+    monkeypatch.setattr(trace_writer.os, "write", half_write)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    writer = trace_writer.LineWriter(fd, 1 << 20)
+    trace_writer.run(_frames(STEPS[0]), writer)
+    trace_writer.run(_frames(STEPS[1], STEPS[2]), writer)
+    os.close(fd)
+    assert writer.steps == 1 and "writing failed" in writer.stopped
+    assert writer.size == os.path.getsize(path) and len(T.read_trace(path).steps) == 1
+
+
+def test_a_writer_that_ends_is_logged_once_and_serving_goes_on(tmp_path, caplog):
+    rec = TraceRecorder(tmp_path / "t.jsonl", CFG, ENGINE)
     with caplog.at_level(logging.WARNING, "pcp_fn.adapters"):
         _record(rec, *STEPS[0])
-        while rec.stats.steps_written < 1:
-            time.sleep(0.001)
-        _record(rec, *STEPS[1])
+        rec._writer.kill()  # the writer gone (killed, out of memory): the feeder's write fails
+        deadline = time.monotonic() + 10
+        while rec.stats.stopped is None and time.monotonic() < deadline:
+            _record(rec, *STEPS[1])
+            time.sleep(0.005)
         rec.close()
         _record(rec, *STEPS[2])  # after the stop: nothing, no error
-    _stopped_once(caplog, rec, "writing failed")
-    assert rec.stats.steps_written == 1 and len(calls) == 2
+    stops = [r.getMessage() for r in caplog.records if "recording to" in r.getMessage()]
+    assert len(stops) == 1 and "the writer process ended" in stops[0], stops
+    assert all(line.endswith(b"\n") for line in _lines(rec.path))
+    T.read_trace(rec.path)  # the lines written before parse
 
 
 KILLED = textwrap.dedent(
     """
-    import sys, numpy as np, pcp_fn
+    import sys, time, numpy as np, pcp_fn
     from pcp_fn.adapters.recording import TraceRecorder
     from pcp_fn.sim.trace import EngineInfo
     config = pcp_fn.PCPConfig(2, 0, 8, 64, layout="mrv2")
     rec = TraceRecorder(sys.argv[1], config, EngineInfo("vllm", "t", "M"))
+    print(rec._writer.pid, flush=True)
     i = 0
     while True:
         n = 1 + i % 40
         rec.record(np.array([1, n], np.int32), np.array([n, 0], np.int32), np.array([1, n], np.int32),
                    np.array([False, True]))
         i += 1
+        time.sleep(0.0002)  # an engine's step rate, not a tight loop's
     """
 )
 
 
 def test_a_killed_engine_leaves_a_trace_whose_lines_replay(tmp_path):
+    """SIGKILL the engine: its writer reads what was sent, writes it as whole lines, and ends."""
     path = tmp_path / "killed.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)])
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(path)], stdout=subprocess.PIPE, text=True)
+    writer_pid = int(proc.stdout.readline())
     try:
         deadline = time.monotonic() + 60
-        while (not path.exists() or path.stat().st_size < 200_000) and time.monotonic() < deadline:
+        while path.stat().st_size < 200_000 and time.monotonic() < deadline:
             assert proc.poll() is None, "the recording process ended early"
             time.sleep(0.01)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{writer_pid}") and time.monotonic() < deadline:  # it drains, then ends
+        with open(f"/proc/{writer_pid}/stat") as f:
+            if f.read().split(")")[-1].split()[0] == "Z":  # a zombie: ended (its parent died)
+                break
+        time.sleep(0.01)
     lines = _lines(path)
     assert len(lines) > 100 and all(line.endswith(b"\n") for line in lines)
     assert T.replay_digest(path, ranks=[0]).num_steps == len(lines) - 1
@@ -321,3 +358,24 @@ def test_compare_reads_an_engine_trace_decodes_first(tmp_path, capsys):
     # every token once, plus a second copy of each of the 5 decodes (mrv2 replicates them; step 2's
     # request 0 is a prompt's last token, split, not a decode)
     assert sum(rows["mrv2"]["per_rank"]["tokens"]) == total + 5, rows["mrv2"]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_writers_lines_are_the_traces_step_lines_exactly(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 9))
+    arrays = [rng.integers(0, 2**31 - 1, n).astype(np.int32) for _ in range(3)]
+    flags, idx = rng.random(n) < 0.5, rng.integers(0, 2**40, n).astype(np.int64)
+    descs = (T.BatchDesc("FULL", 16, 4, 2), T.BatchDesc("NONE", 0, None))
+    for extra in ((None, None), (idx, None), (idx, descs[0]), (None, descs[1])):
+        step = T.TraceStep(
+            *(tuple(a.tolist()) for a in arrays),
+            is_prefilling=tuple(flags.tolist()),
+            idx_mapping=None if extra[0] is None else tuple(extra[0].tolist()),
+            batch_desc=extra[1],
+        )
+        frame = trace_writer.encode_frame(*arrays, flags, *extra)
+        size, count, bits = trace_writer.FRAME.unpack_from(frame)
+        decoded = trace_writer.decode_frame(frame[trace_writer.FRAME.size :], count, bits)
+        assert size == len(frame) - trace_writer.FRAME.size and count == n
+        assert trace_writer.engine_step_line(3, *decoded) == T.step_line(3, step)

@@ -1076,3 +1076,31 @@ def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):
         _same_step_and_dummies(cfg, st, rc, re)
     assert made == captured.num_graphs == 3 * len(captured.graphs.ladder)  # all made at construction
     assert "pcp_enter_fa_restore_idx" in vars(captured.long_seq_metadata)
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["dcs", "hybrid"])
+def test_the_drop_in_records_its_schedule_and_the_trace_replays_its_layout(tmp_path, monkeypatch, hybrid):
+    """PCP_FN_RECORD_SCHEDULE: rank 0 records every init_batch_info (the runner's counts, decodes
+    first) as a trace of its own config; the replay (pcp_fn.step) gives each rank the local
+    token counts update_tokens_for_pcp served. Rank 1 records nothing."""
+    from pcp_fn.sim.trace import read_trace, replay
+
+    monkeypatch.setenv("PCP_FN_RECORD_SCHEDULE", str(tmp_path / "t.jsonl"))
+    cfg = SimConfig("recorded", pcp=2, hybrid=hybrid, R=4, T=32)
+    steps = (([1, 5, 8], [7, 0, 0], [3, 5, 8]), ([1, 1, 3], [8, 5, 5], [3, 5, 8]))
+    served = {}  # (step, rank): the local tokens of each request
+    for rank in (0, 1):
+        m, _ = _manager(cfg, rank, 0)
+        assert (m.recorder is not None) == (rank == 0)
+        for i, (sched, computed, prompt) in enumerate(steps):
+            s = np.array(sched, np.int32)
+            m.init_batch_info(s, 3, np.array(computed), np.array(prompt))
+            served[i, rank] = m.update_tokens_for_pcp(s.copy(), np.arange(64))[0]
+        if rank == 0:
+            m.recorder.close()
+    trace = read_trace(tmp_path / "t.jsonl")
+    assert trace.engine.name == "vllm-ascend" and trace.engine.manager == "FunctionalDCSManager"
+    assert trace.config.hybrid_attn == hybrid and trace.steps[1].num_computed == (8, 5, 5)
+    outputs = replay(trace).outputs
+    for (i, rank), tokens in served.items():
+        assert outputs[i][rank].query_start_loc[1:4].tolist() == np.cumsum(tokens).tolist()

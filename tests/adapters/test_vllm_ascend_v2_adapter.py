@@ -677,3 +677,25 @@ def test_pcp_fn_graph_backend_configures_the_v2_drop_in(monkeypatch, env, backen
     m, _ = _manager(cls=cls)
     assert m.graph_stats.prepared == (0 if backend is None else len(m.bookkeeper.graphs.ladder))
     assert m.bookkeeper.graphs.backend == backend
+
+
+def test_the_v2_drop_in_records_its_schedule(tmp_path, monkeypatch):
+    """PCP_FN_RECORD_SCHEDULE (or record_schedule=) records what the vllm-ascend V2 drop-in
+    lays out, replicated decodes and all; the trace replays."""
+    from pcp_fn.sim.trace import read_trace, replay_digest
+
+    monkeypatch.setenv("PCP_FN_RECORD_SCHEDULE", str(tmp_path / "env.jsonl"))
+    m, _ = _manager()
+    m.partition_batch(_decode_batch(3, padded_tokens=8, padded_reqs=8, fia=True), 8, 8)
+    m.partition_batch(_decode_batch(2, padded_tokens=8, padded_reqs=4, drafts=1), 8, 4)
+    recorder = m.bookkeeper.recorder
+    recorder.close()
+    trace = read_trace(recorder.path)
+    assert trace.engine.manager == "StandinAscendManager" and trace.config.layout == "mrv2"
+    assert [s.num_scheduled for s in trace.steps] == [(1, 1, 1), (2, 2)]
+    assert replay_digest(recorder.path).num_steps == 2
+    bt = standin.AscendBlockTables([8], 4, 16, [8], torch.device("cpu"))
+    path = tmp_path / "a.jsonl"
+    explicit = StandinAscendManager(2, 0, torch.device("cpu"), None, 4, 16, bt, record_schedule=path)
+    explicit.bookkeeper.recorder.close()
+    assert read_trace(tmp_path / "a.jsonl").steps == ()

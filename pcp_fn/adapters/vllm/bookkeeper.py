@@ -284,7 +284,7 @@ class MRV2Bookkeeper:
         vllm = sys.modules.get("vllm")
         version = getattr(vllm, "__version__", None) or self.engine.contract.name
         engine = EngineInfo("vllm", str(version), manager_name, self.moe is not None)
-        return TraceRecorder(path, config, engine)
+        return TraceRecorder(path, config, engine, describe=recorded_desc)
 
     def _init_cache(self) -> None:
         """What a repeated schedule reuses ([`pcp_fn.adapters.schedule_cache`][]): the twin's
@@ -569,11 +569,10 @@ class MRV2Bookkeeper:
         num_tokens = global_batch.num_tokens  # what the restores return and the slot mappings cover
         if num_tokens.__class__ is not int or num_tokens != shape.total:
             check_num_tokens(num_tokens, shape.total)
-        if self.recorder is not None:  # the step as the engine gave it, checked
-            computed, prefill_len, idx_mapping = arrays[1], arrays[2], arrays[4]
-            desc = recorded_desc(batch_desc)
-            self.recorder.record(num_scheduled, computed, prefill_len, is_prefilling, idx_mapping, desc)
         graphs.partition(arrays, global_batch.input_ids, global_batch.positions, shape.total, shape.plan)
+        if self.recorder is not None:  # the step as the engine gave it, accepted (values checked)
+            computed, prefill_len, idx_mapping = arrays[1], arrays[2], arrays[4]
+            self.recorder.record(num_scheduled, computed, prefill_len, is_prefilling, idx_mapping, batch_desc)
         self.decode_only = shape.decode_only  # of the global batch just partitioned
         fields = self.host_fields(global_batch, shape, arrays)
         return self.local_batch(global_batch, fields, shape.fixed)

@@ -45,6 +45,8 @@ reference's buffer semantics: rows it does not recompute keep their last values)
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,7 +59,9 @@ from ....core.checks import INT32_MAX, host_row, same_ints
 from ....dcs import host as dcs_host
 from ....hybrid.host import HybridHostLayout
 from ....protocol.batch import classify_decodes
+from ....sim.trace import EngineInfo
 from ...backend import GraphStats, default_graph_backend, package_cache_dir, resolve_graph_backend
+from ...recording import TraceRecorder, is_recording_process, record_path
 from . import _buffers, _ops
 from ._metadata import MetadataBuilder
 from ._multimodal import Multimodal
@@ -182,6 +186,9 @@ class FunctionalDCSManager:
             local capacity).
         all_gather: `x -> all_gather(x, dim 0)` over the PCP group; default
             vLLM's `get_pcp_group().all_gather` (imported when first used).
+        record_schedule: record every step's counts (`init_batch_info`) to this trace file
+            (default `$PCP_FN_RECORD_SCHEDULE`; [`pcp_fn.adapters.recording`][]): it replays
+            through `pcp_fn.step`, the functions this manager's graphs run.
 
     Raises:
         ValueError: a bad constructor field, or (from `init_batch_info`) counts
@@ -209,6 +216,7 @@ class FunctionalDCSManager:
         request_buckets: Sequence[int] | None = None,
         token_buckets: Sequence[int] | None = None,
         all_gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        record_schedule: str | os.PathLike[str] | None = None,
     ) -> None:
         s = read_settings(
             vllm_config,
@@ -254,6 +262,16 @@ class FunctionalDCSManager:
         self._proposer = Proposer(parts)
         self._multimodal = Multimodal(records)
         self._expose(s, vllm_config, b)
+        self.recorder = self._recorder(record_path(record_schedule))
+
+    def _recorder(self, path: str | None) -> TraceRecorder | None:
+        """This process's [`TraceRecorder`][pcp_fn.adapters.recording.TraceRecorder], when asked
+        for one and this is the recording process (the global rank 0)."""
+        if path is None or not is_recording_process(self.settings.pcp_rank):
+            return None
+        ascend = sys.modules.get("vllm_ascend")
+        version = getattr(ascend, "__version__", None) or "0.23"
+        return TraceRecorder(path, self.config, EngineInfo("vllm-ascend", str(version), type(self).__name__))
 
     def _expose(self, s: ManagerSettings, vllm_config: VllmConfig, b: _buffers.Buffers) -> None:
         """The constants and persistent buffers the reference exposes, under its names."""
@@ -483,6 +501,8 @@ class FunctionalDCSManager:
         # query_lens_pcp_full: the scheduled tokens, zero past them (the step writes its device half)
         self._buffers.query_lens_pcp_full.np[:] = staged
         self._records.set(state=rung.state, host=h, batch=rung.batch)
+        if self.recorder is not None:  # the step accepted: the runner's counts, decodes first
+            self.recorder.record(sched, computed, prompt)
 
     def update_tokens_for_pcp(
         self, num_scheduled_tokens: np.ndarray, arange_np: np.ndarray | None = None

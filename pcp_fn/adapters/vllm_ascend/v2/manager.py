@@ -47,6 +47,7 @@ so the default suite builds it over a stand-in.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -181,6 +182,8 @@ class FunctionalAscendPCPManagerMixin:
         dcp_world_size: decode context-parallel ranks.
         dcp_rank: this rank's decode context-parallel rank.
         cp_interleave: the KV interleave size.
+        record_schedule: record every step's schedule to this trace file (default
+            `$PCP_FN_RECORD_SCHEDULE`; [`pcp_fn.adapters.recording`][]).
 
     Attributes:
         vllm_api: the engine's names (a class attribute:
@@ -211,6 +214,8 @@ class FunctionalAscendPCPManagerMixin:
         dcp_world_size: int = 1,
         dcp_rank: int = 0,
         cp_interleave: int = 1,
+        *,
+        record_schedule: str | os.PathLike[str] | None = None,
     ) -> None:
         # vllm-ascend's base lays decode requests replicated on every rank
         super().__init__(  # type: ignore[call-arg]
@@ -224,6 +229,7 @@ class FunctionalAscendPCPManagerMixin:
             dcp_world_size=dcp_world_size,
             dcp_rank=dcp_rank,
             cp_interleave=cp_interleave,
+            record_schedule=record_schedule,
         )
         self.req_states = req_states
         # a dummy batch's restore rows (build_attention_context): views of one arange (none
