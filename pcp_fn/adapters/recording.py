@@ -66,9 +66,10 @@ _CLOSE_TIMEOUT_S = 30.0
 
 def record_path(explicit: str | os.PathLike[str] | None) -> str | None:
     """The path a drop-in records to: `explicit`, else `$PCP_FN_RECORD_SCHEDULE`, else `None`
-    (no recording); `{pid}` formatted."""
-    path = os.fspath(explicit) if explicit is not None else os.environ.get(RECORD_ENV) or None
-    return None if path is None else path.replace("{pid}", str(os.getpid()))
+    (no recording); `{pid}` formatted. An empty `explicit` (`""`) records nothing, whatever the
+    environment says."""
+    path = os.fspath(explicit) if explicit is not None else os.environ.get(RECORD_ENV)
+    return path.replace("{pid}", str(os.getpid())) if path else None
 
 
 def is_recording_process(pcp_rank: int) -> bool:

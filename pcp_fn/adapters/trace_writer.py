@@ -32,12 +32,12 @@ import numpy as np
 FRAME = struct.Struct("<IIB")
 """A frame's head: the payload's bytes, the step's requests `n`, flags (`HAS_IDX`, `HAS_DESC`,
 `HAS_PREFILLING`: which optional fields follow the counts)."""
-DESC = struct.Struct("<bqqq")
+DESC = struct.Struct("<bqqqq")
 """The batch descriptor: the mode's index in `CG_MODES` (`NONE`, `PIECEWISE`, `FULL`),
-`num_tokens`, `num_reqs`, `max_query_len` (-1: `None`)."""
+`num_tokens`, `num_reqs`, `max_query_len`, `uniform_token_count` (-1: `None`)."""
 HAS_IDX, HAS_DESC, HAS_PREFILLING = 1, 2, 4
 CG_MODES = ("NONE", "PIECEWISE", "FULL")  # pcp_fn.sim.trace.CG_MODES
-DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len")  # pcp_fn.sim.trace.BatchDesc
+DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len", "uniform_token_count")  # BatchDesc
 
 
 def encode_frame(
@@ -46,11 +46,11 @@ def encode_frame(
     num_prompt: np.ndarray,
     is_prefilling: np.ndarray | None = None,
     idx_mapping: np.ndarray | None = None,
-    desc: tuple[str, int | None, int | None, int | None] | None = None,
+    desc: tuple[str, int | None, int | None, int | None, int | None] | None = None,
 ) -> bytes:
     """One step as a frame: `[n]` int32 counts (the engine's values, checked within int32),
     then the fields given: `[n]` bool prefill flags, `[n]` int64 `idx_mapping`, the descriptor
-    `(cg_mode, num_tokens, num_reqs, max_query_len)`."""
+    `(cg_mode, num_tokens, num_reqs, max_query_len, uniform_token_count)`."""
     n = num_scheduled.shape[0]
     parts = [
         num_scheduled.astype(np.int32, copy=False).tobytes(),

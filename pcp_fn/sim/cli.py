@@ -40,6 +40,7 @@ from .. import (
     make_batch,
     step,
 )
+from ..adapters.vllm.against import compare_with_vllm
 from . import compare, show
 from .compare import LayoutFailed, compare_config, describe, format_refusals, format_table
 from .engine import Runner, ScheduledStep, StepRecord, synthetic_requests
@@ -526,7 +527,24 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.expect is not None and result.digest != args.expect:
         print(f"pcp-fn replay: digest mismatch: expected {args.expect}, got {result.digest}", file=sys.stderr)
         return 1
+    if args.against is not None:
+        return _replay_against(args, ranks)
     return 0
+
+
+def _replay_against(args: argparse.Namespace, ranks: list[int] | None) -> int:
+    """`--against vllm`: the trace's steps through vLLM's own `PCPManager` and the drop-in; the
+    first step, rank and field where they differ (exit status 1), or none."""
+    try:
+        found = compare_with_vllm(args.trace, ranks=ranks)
+    except ImportError as e:
+        raise ValueError(f"--against vllm needs vLLM 0.32, 0.33 or 0.34 importable: {e}") from None
+    where = f"{found.steps} steps x {len(found.ranks)} ranks, {len(found.fields)} fields of partition_batch"
+    if found.difference is None:
+        print(f"against vLLM {found.version}'s PCPManager: no difference ({where})")
+        return 0
+    print(f"pcp-fn replay: against vLLM {found.version}'s PCPManager: {found.difference}", file=sys.stderr)
+    return 1
 
 
 def _load_layouts(paths: Sequence[str]) -> None:
@@ -779,6 +797,13 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIGEST",
         help="exit with status 1 unless the digest is DIGEST (default: no check)",
+    )
+    rep.add_argument(
+        "--against",
+        choices=["vllm"],
+        default=None,
+        help="also run the installed vLLM's own PCPManager and the drop-in on a recorded vLLM trace's "
+        "steps, and name the first step and field where they differ (exit status 1) (default: not run)",
     )
     rep.set_defaults(func=cmd_replay)
 

@@ -78,7 +78,7 @@ _ENGINE_FIELDS = ("name", "version", "manager", "moe_gathers_tokens")
 _ARRAYS = ("num_scheduled", "num_computed", "num_prompt")
 _ENGINE_STEP_FIELDS = ("is_prefilling", "idx_mapping", "batch_desc")
 _STEP_FIELDS = ("step", *_ARRAYS, "slot_mapping", *_ENGINE_STEP_FIELDS)
-_DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len")
+_DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len", "uniform_token_count")
 CG_MODES = ("NONE", "PIECEWISE", "FULL")
 """The CUDA-graph modes a recorded step's `batch_desc.cg_mode` names (vLLM's `CUDAGraphMode`)."""
 ENGINE_LAYOUTS = ("mrv2", "mrv2-sharded")
@@ -112,7 +112,8 @@ class BatchDesc(NamedTuple):
     cg_mode: str  # one of CG_MODES
     num_tokens: int | None  # the graph's tokens (None: not padded)
     num_reqs: int | None  # the graph's request rows (None: not padded)
-    max_query_len: int | None = None  # the graph's query bound (vLLM 0.33+'s decode graphs)
+    max_query_len: int | None = None  # the graph's query bound (varlen decode graphs)
+    uniform_token_count: int | None = None  # every request's query length (uniform decode graphs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -265,7 +265,7 @@ def test_a_killed_engine_leaves_a_trace_whose_lines_replay(tmp_path):
 # -- the vLLM drop-in (stand-in names) ---------------------------------------------------------
 
 
-def _standin_manager(**kw):
+def _standin_manager(**kw):  # record_schedule= passes through
     from test_vllm_adapter import StandinManager
 
     tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
@@ -379,3 +379,116 @@ def test_the_writers_lines_are_the_traces_step_lines_exactly(seed):
         decoded = trace_writer.decode_frame(frame[trace_writer.FRAME.size :], count, bits)
         assert size == len(frame) - trace_writer.FRAME.size and count == n
         assert trace_writer.engine_step_line(3, *decoded) == T.step_line(3, step)
+
+
+# -- a recorded schedule against vLLM's own manager (pcp-fn replay --against vllm) -------------
+
+
+def _standin_names(drop_in=None):
+    from oracle_vllm import OracleManager
+    from test_vllm_adapter import STANDIN_API, StandinManager
+
+    from pcp_fn.adapters.vllm.against import VllmNames
+
+    def oracle(**kw):  # the slow oracle of vLLM's PCPManager, as the reference
+        tables = standin.BlockTables([4], kw["max_num_reqs"], kw["max_num_tokens"], [64], torch.device("cpu"))
+        return OracleManager(STANDIN_API, block_tables=tables, **kw)
+
+    plain = type("Plain", (drop_in or StandinManager,), {"graph_backend": None})
+    desc, mode = standin.BatchExecutionDescriptor, standin.CUDAGraphMode
+    return VllmNames(oracle, plain, standin.InputBatch, desc, mode, "0.32-standin")
+
+
+def _served_trace(tmp_path):
+    manager, tables = _standin_manager(pcp_rank=0, record_schedule=tmp_path / "served.jsonl")
+    served = list(_served_steps(manager, tables))
+    manager.bookkeeper.recorder.close()
+    return T.read_trace(tmp_path / "served.jsonl"), len(served)
+
+
+def test_a_served_schedule_agrees_with_the_reference_manager_step_for_step(tmp_path):
+    from pcp_fn.adapters.vllm.against import compare_with_vllm
+
+    trace, steps = _served_trace(tmp_path)
+    found = compare_with_vllm(trace, names=_standin_names())
+    assert found.difference is None and found.steps == steps and found.ranks == (0, 1)
+    assert {"positions", "query_start_loc", "seq_lens", "idx_mapping_np"} <= set(found.fields)
+
+
+def test_the_first_differing_step_rank_and_field_are_named(tmp_path):
+    from test_vllm_adapter import StandinManager
+
+    from pcp_fn.adapters.vllm.against import compare_with_vllm
+
+    class OffByOne(StandinManager):  # a drop-in with a bug: rank 1's positions from step 6 on
+        calls = 0
+
+        def partition_batch(self, input_batch, batch_desc):
+            local = super().partition_batch(input_batch, batch_desc)
+            type(self).calls += self.pcp_rank == 1
+            if self.pcp_rank == 1 and type(self).calls > 6:
+                local.positions[0] += 1
+            return local
+
+    trace, _ = _served_trace(tmp_path)
+    found = compare_with_vllm(trace, names=_standin_names(OffByOne))
+    d = found.difference
+    assert (d.step, d.rank, d.field) == (6, 1, "positions")
+    assert str(d).startswith("step 6, rank 1, positions: vLLM torch.int64")
+
+
+def test_against_refuses_a_trace_no_vllm_recorded(tmp_path, capsys):
+    from pcp_fn.adapters.vllm.against import compare_with_vllm
+    from pcp_fn.sim.cli import main
+
+    path = tmp_path / "plain.jsonl"
+    T.write_trace(path, pcp_fn.PCPConfig(2, 0, 8, 64), [T.TraceStep((1, 5), (3, 0), (3, 5))])
+    with pytest.raises(ValueError, match="needs a trace a vLLM model runner V2 drop-in recorded"):
+        compare_with_vllm(path, names=_standin_names())
+    assert main(["replay", str(path), "--against", "vllm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--against vllm" in err[0], err
+
+
+@pytest.mark.vllm
+def test_against_the_installed_vllm_no_difference_and_a_named_one(tmp_path, monkeypatch):
+    """The installed vLLM's own PCPManager and FunctionalPCPManager over it, on an engine trace
+    of the simulator's schedule (rows shuffled every 4th step, NONE and PIECEWISE descriptors),
+    sharded and replicated decodes; then the drop-in made wrong on one field, which is named."""
+    pytest.importorskip("vllm")
+    from pcp_fn.adapters.vllm.against import compare_with_vllm, installed_vllm
+
+    for layout in ("mrv2-sharded", "mrv2"):
+        case = Case(P=3, R=8, T=48, requests=9, seed=5, max_steps=30)
+        steps = []
+        for i, rs in enumerate(runner_steps(case, [], np.random.default_rng(1), Summary())):
+            pick = lambda xs, order=rs.order: tuple(xs[k] for k in order)  # noqa: E731
+            step = T.TraceStep(
+                pick(rs.step.sched),
+                pick(rs.step.computed),
+                pick(rs.step.prompt),
+                is_prefilling=tuple(rs.prefilling.tolist()),
+                idx_mapping=pick(rs.step.states),
+                batch_desc=T.BatchDesc("PIECEWISE", 48, None) if i % 3 == 2 else T.BatchDesc("NONE", 0, None),
+            )
+            steps.append(step)
+        path = tmp_path / f"{layout}.jsonl"
+        T.write_trace(path, pcp_fn.PCPConfig(3, 0, 8, 48, layout=layout), steps, engine=ENGINE)
+        found = compare_with_vllm(path)
+        assert found.difference is None and found.steps == len(steps) >= 20, found
+    names = installed_vllm()
+
+    class Wrong(names.drop_in):
+        def partition_batch(self, input_batch, batch_desc):
+            local = super().partition_batch(input_batch, batch_desc)
+            local.query_start_loc_np[1] += 1
+            return local
+
+    import dataclasses
+
+    found = compare_with_vllm(path, names=dataclasses.replace(names, drop_in=Wrong))
+    assert (found.difference.step, found.difference.rank, found.difference.field) == (
+        0,
+        0,
+        "query_start_loc_np",
+    )

@@ -170,11 +170,13 @@ def test_a_recorded_run_serves_the_same_and_replays_bit_identically(engine, tmp_
     assert any(len(set(s.is_prefilling)) == 2 for s in trace.steps)  # prefills beside decodes
     eager = replay_digest(traces[0])
     assert replay_digest(traces[0], mode="compiled", backend="eager").digest == eager.digest
+    # pcp-fn replay, and --against vllm: vLLM's own PCPManager on the recorded steps agrees
     cli = subprocess.run(
-        [sys.executable, "-m", "pcp_fn.sim.cli", "replay", str(traces[0])],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pcp_fn.sim.cli", "replay", str(traces[0]), "--against", "vllm"],
+        capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert cli.returncode == 0 and eager.digest in cli.stdout, cli.stdout + cli.stderr
+    assert f"PCPManager: no difference ({len(trace.steps)} steps x 2 ranks" in cli.stdout, cli.stdout
 
 
 @pytest.mark.skipif(

@@ -22,7 +22,9 @@ The package, one module per concept:
 - [`installed`][pcp_fn.adapters.vllm.installed]: the class over the installed vLLM (imports vLLM).
 
 - [`inputs`][pcp_fn.adapters.vllm.inputs]: the checks of what vLLM hands it (constructor arguments,
-  block tables, descriptors, the batch's tensors, restore and draft inputs).
+  block tables, descriptors, the batch's tensors, restore and draft inputs);
+- [`against`][pcp_fn.adapters.vllm.against]: a recorded schedule through vLLM's own `PCPManager`
+  and the drop-in, the first difference named (`pcp-fn replay --against vllm`; imports vLLM).
 
 Importing this package imports no vLLM: `FunctionalPCPManager`, `VLLM_API`,
 `VLLM_VERSION` and `UNSUPPORTED` import it on first access, and [`register`][pcp_fn.adapters.vllm.register]

@@ -123,8 +123,13 @@ _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
 
 def recorded_desc(batch_desc: BatchExecutionDescriptor) -> BatchDesc:
     """A recorded step's [`BatchDesc`][pcp_fn.sim.trace.BatchDesc] of vLLM's descriptor."""
-    bound = getattr(batch_desc, "max_query_len", None) or getattr(batch_desc, "uniform_token_count", None)
-    return BatchDesc(batch_desc.cg_mode.name, batch_desc.num_tokens, batch_desc.num_reqs, bound)
+    return BatchDesc(
+        batch_desc.cg_mode.name,
+        batch_desc.num_tokens,
+        batch_desc.num_reqs,
+        getattr(batch_desc, "max_query_len", None),
+        getattr(batch_desc, "uniform_token_count", None),
+    )
 
 
 class StepShape(NamedTuple):
