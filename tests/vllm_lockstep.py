@@ -32,8 +32,10 @@ import numpy as np
 import torch
 
 from pcp_fn import PCPConfig
+from pcp_fn.adapters.vllm.against import global_batch
 from pcp_fn.adapters.vllm.contract import VLLM_0_32
 from pcp_fn.sim.engine import Scheduler, synthetic_requests
+from pcp_fn.sim.trace import BatchDesc, TraceStep
 
 BLOCK_SIZE = 4
 MAX_BLOCKS = 64
@@ -206,64 +208,24 @@ def block_ids(req_id: int) -> list[list[int]]:
 
 def make_global_batch(api: Any, step: GlobalStep, desc: Any, order: list[int], device: torch.device) -> Any:
     """vLLM's global ``InputBatch`` of ``step`` (rows in ``order``) for ``desc``, as the runner's
-    ``prepare_inputs`` makes it."""
+    ``prepare_inputs`` makes it (``pcp_fn.adapters.vllm.against.global_batch``, with the step's
+    token ids, drafts and request ids)."""
     pick = lambda xs: [xs[i] for i in order]  # noqa: E731
-    sched, computed, prompt = pick(step.sched), pick(step.computed), pick(step.prompt)
-    tokens, drafts, states = pick(step.tokens), pick(step.drafts), pick(step.states)
-    n, total = len(order), sum(sched)
-    Rpad = desc.num_reqs or n
-    padded = max(total, desc.num_tokens)
-    i32 = np.int32
-    sched_np = np.array(sched, i32)
-    computed_np = np.array(computed, i32)
-    prompt_np = np.array(prompt, i32)
-    computed_prefill = np.minimum(computed_np, prompt_np)
-    prefilling = computed_prefill < prompt_np
-    qsl = np.full(Rpad + 1, total, i32)
-    qsl[0] = 0
-    np.cumsum(sched_np, out=qsl[1 : n + 1])
-    ids = np.zeros(padded, i32)
-    pos = np.zeros(padded, np.int64)
-    for k in range(n):
-        ids[qsl[k] : qsl[k + 1]] = tokens[k]
-        pos[qsl[k] : qsl[k + 1]] = np.arange(computed[k], computed[k] + sched[k])
-    seq = np.zeros(Rpad, i32)
-    seq[:n] = computed_np + sched_np
-    idx_np = np.array(states, np.intp)
-    idx = torch.tensor(states, dtype=torch.int64, device=device)
-    t = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
-    return api.InputBatch(
-        req_ids=[f"req-{r}" for r in pick(step.req_ids)],
-        num_reqs=n,
-        num_reqs_after_padding=Rpad,
-        idx_mapping=idx,
-        idx_mapping_np=idx_np,
-        expanded_idx_mapping=idx,
-        expanded_local_pos=torch.zeros(n, dtype=torch.int32, device=device),
-        num_scheduled_tokens=sched_np,
-        num_tokens=total,
-        num_tokens_after_padding=padded,
-        num_draft_tokens=sum(drafts),
-        num_draft_tokens_per_req=np.array(drafts, i32) if any(drafts) else None,
-        query_start_loc=t(qsl),
-        query_start_loc_np=qsl,
-        seq_lens=t(seq),
-        seq_lens_cpu_upper_bound=torch.from_numpy(seq.copy()),
-        dcp_local_seq_lens=None,
-        num_computed_tokens_np=computed_np,
-        prefill_len_np=prompt_np,
-        num_computed_prefill_tokens_np=computed_prefill,
-        is_prefilling_np=prefilling,
-        has_prefill=bool(prefilling.any()),
-        decode_graph_eligible=not bool(prefilling.any()),
-        input_ids=t(ids),
-        positions=t(pos),
-        is_padding=t(np.arange(padded) >= total),
-        logits_indices=t(qsl[1 : n + 1] - 1),
-        cu_num_logits=torch.arange(n + 1, dtype=torch.int32, device=device),
-        cu_num_logits_np=np.arange(n + 1, dtype=i32),
-        has_structured_output_reqs=False,
-        prompt_lens=None,
+    rows = TraceStep(
+        tuple(pick(step.sched)),
+        tuple(pick(step.computed)),
+        tuple(pick(step.prompt)),
+        idx_mapping=tuple(pick(step.states)),
+        # the padding is what the batch reads of the descriptor (vllm-ascend's has no mode)
+        batch_desc=BatchDesc("NONE", desc.num_tokens, desc.num_reqs),
+    )
+    return global_batch(
+        api.InputBatch,
+        rows,
+        device,
+        req_ids=pick(step.req_ids),
+        input_ids=pick(step.tokens),
+        num_drafts=pick(step.drafts),
     )
 
 

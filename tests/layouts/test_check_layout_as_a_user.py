@@ -8,6 +8,7 @@ import runpy
 import sys
 
 import pytest
+import torch
 
 import pcp_fn
 from pcp_fn.testing import LayoutCheckError, check_layout
@@ -79,7 +80,11 @@ def test_code_in_a_module_no_import_finds_fails_the_graph_checks_saying_what_to_
 
     check_layout(Helped(), graph_pcp_sizes=(), **QUICK)  # exact
     fix = r"no module 'user_helpers' is importable.*sys\.modules\[spec\.name\] = module"
-    with pytest.raises(LayoutCheckError, match=rf"fails the graph checks at P=2 .*{fix}"):
+    # torch 2.13's Dynamo imports a traced function's module by its name
+    if tuple(map(int, torch.__version__.split(".")[:2])) < (2, 14):
+        with pytest.raises(LayoutCheckError, match=rf"fails the graph checks at P=2 .*{fix}"):
+            check_layout(Helped(), graph_pcp_sizes=(2,), **QUICK)
+    else:  # torch 2.14's does not: the graph checks pass, nothing to say
         check_layout(Helped(), graph_pcp_sizes=(2,), **QUICK)
     pcp_fn.unregister_layout("test-user-helped")
 

@@ -147,7 +147,7 @@ def _step_difference(names: VllmNames, theirs: Any, ours: Any, s: TraceStep, dev
     differ (or where only one manager raised), else `None`."""
     results = []
     for manager in (theirs, ours):
-        batch, desc = global_batch(names, s, device), descriptor(names, s)
+        batch, desc = global_batch(names.InputBatch, s, device), descriptor(names, s)
         try:
             results.append((True, manager.partition_batch(batch, desc)))
         except Exception as e:  # one refusing what the other serves is the finding
@@ -213,15 +213,30 @@ def descriptor(names: VllmNames, s: TraceStep) -> Any:
     return names.BatchExecutionDescriptor(**{k: v for k, v in values.items() if k in accepted})
 
 
-def global_batch(names: VllmNames, s: TraceStep, device: torch.device) -> Any:
-    """vLLM's global `InputBatch` of a recorded step, as its runner's `prepare_inputs` makes it:
-    the recorded rows, prefill flags and request rows; positions from the computed tokens;
-    zero token ids; no drafts."""
+def global_batch(
+    input_batch_cls: type,
+    s: TraceStep,
+    device: torch.device,
+    *,
+    req_ids: Sequence[object] | None = None,
+    input_ids: Sequence[Sequence[int]] | None = None,
+    num_drafts: Sequence[int] | None = None,
+) -> Any:
+    """vLLM's global `InputBatch` (`input_batch_cls`) of a step, as its runner's `prepare_inputs`
+    makes it: the step's rows, prefill flags (default `num_computed < num_prompt`), request rows
+    (default `arange`) and descriptor's padding; positions from the computed tokens.
+
+    Args:
+        req_ids: the requests' ids (default `req-<request row>`).
+        input_ids: each request's scheduled token ids (default zeros: a recording holds none).
+        num_drafts: each request's draft tokens (default none).
+    """
     sched = np.asarray(s.num_scheduled, np.int32)
     computed = np.asarray(s.num_computed, np.int32)
     prompt = np.asarray(s.num_prompt, np.int32)
-    prefilling = np.asarray(s.is_prefilling, np.bool_)
     n, total = sched.size, int(sched.sum())
+    flags = s.is_prefilling if s.is_prefilling is not None else np.minimum(computed, prompt) < prompt
+    prefilling = np.asarray(flags, np.bool_)
     desc = s.batch_desc
     rows = desc.num_reqs if desc is not None and desc.num_reqs else n
     padded = max(total, desc.num_tokens if desc is not None and desc.num_tokens else 0)
@@ -230,13 +245,17 @@ def global_batch(names: VllmNames, s: TraceStep, device: torch.device) -> Any:
     np.cumsum(sched, out=qsl[1 : n + 1])
     positions = np.zeros(padded, np.int64)
     positions[:total] = np.repeat(computed.astype(np.int64) - qsl[:n], sched) + np.arange(total)
+    ids = np.zeros(padded, np.int32)
+    if input_ids is not None:
+        ids[:total] = np.concatenate([np.asarray(t, np.int32) for t in input_ids] or [np.zeros(0, np.int32)])
     seq = np.zeros(rows, np.int32)
     seq[:n] = computed + sched
     states = np.asarray(s.idx_mapping if s.idx_mapping is not None else range(n), np.intp)
+    drafts = [0] * n if num_drafts is None else list(num_drafts)
     t: Callable[[np.ndarray], torch.Tensor] = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     idx = torch.from_numpy(states.astype(np.int64)).to(device)
-    return names.InputBatch(
-        req_ids=[f"req-{k}" for k in states.tolist()],
+    return input_batch_cls(
+        req_ids=[f"req-{k}" for k in (states.tolist() if req_ids is None else req_ids)],
         num_reqs=n,
         num_reqs_after_padding=rows,
         idx_mapping=idx,
@@ -246,8 +265,8 @@ def global_batch(names: VllmNames, s: TraceStep, device: torch.device) -> Any:
         num_scheduled_tokens=sched,
         num_tokens=total,
         num_tokens_after_padding=padded,
-        num_draft_tokens=0,
-        num_draft_tokens_per_req=None,
+        num_draft_tokens=sum(drafts),
+        num_draft_tokens_per_req=np.array(drafts, np.int32) if any(drafts) else None,
         query_start_loc=t(qsl),
         query_start_loc_np=qsl,
         seq_lens=t(seq),
@@ -259,7 +278,7 @@ def global_batch(names: VllmNames, s: TraceStep, device: torch.device) -> Any:
         is_prefilling_np=prefilling,
         has_prefill=bool(prefilling.any()),
         decode_graph_eligible=not bool(prefilling.any()),
-        input_ids=t(np.zeros(padded, np.int32)),
+        input_ids=t(ids),
         positions=t(positions),
         is_padding=t(np.arange(padded) >= total),
         logits_indices=t(qsl[1 : n + 1] - 1),
