@@ -25,7 +25,10 @@ Per batch, medians of ``--iters`` steps:
   replay, the slot-mapping and restore gathers.
 - ``kernels``: CUDA kernels the profiler sees in one step (the graph's kernels
   counted one by one where the profiler can see into graphs).
-- the host time by phase (:func:`bench_vllm.phased_step`).
+- the host time by phase (:func:`bench_vllm.phased_step`);
+- ``recording host us``: the host time of the same step on a second manager recording its
+  schedule (``record_schedule=``, ``pcp_fn.adapters.recording``; its feeder thread and writer
+  process running meanwhile), timed in turn with the first, and the ratio of the two.
 
 Without a GPU (``--device cpu``) the same runs with the graph replay replaced
 by nothing (:func:`bench_vllm.graph_replayed`), the host time ``bench_vllm.py``
@@ -38,8 +41,10 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -102,6 +107,7 @@ def main() -> None:
         f"{Manager.graph_backend!r}); R={R}, T={T}, rank 0, median of {args.iters} steps"
     )
     rows = []
+    scratch = tempfile.mkdtemp(prefix="bench_adapter_device-")  # the recordings, removed at the end
     for name, (P, (sched, comp, plen)) in bench_vllm.batches().items():
         if name not in args.batches:
             continue
@@ -114,25 +120,27 @@ def main() -> None:
         width = H if cuda else 1  # the CPU's host view: its gathers cost ~0 (bench_vllm.py's table 2)
         hidden = [torch.randn(desc.num_tokens, width, device=device) for _ in range(P)]
         group.stage(hidden)
+        kw = dict(pcp_world_size=P, pcp_rank=0, device=device, shard_decode_requests=True)
+        kw.update(max_num_reqs=R, max_num_tokens=T)
         t0 = time.perf_counter()
-        manager = Manager(
-            pcp_world_size=P,
-            pcp_rank=0,
-            device=device,
-            shard_decode_requests=True,
-            max_num_reqs=R,
-            max_num_tokens=T,
-            block_tables=bench_vllm.StubBlockTables(device),
-        )
+        manager = Manager(**kw, block_tables=bench_vllm.StubBlockTables(device))
         made = time.perf_counter() - t0
+        recording = Manager(
+            **kw,
+            block_tables=bench_vllm.StubBlockTables(device),
+            record_schedule=os.path.join(scratch, f"{name}.jsonl"),
+        )
         one = functools.partial(bench_vllm.one_step, manager, g, desc, hidden[0])
-        host_us, device_us, kernels = [], [], None
+        one_recorded = functools.partial(bench_vllm.one_step, recording, g, desc, hidden[0])
+        host_us, device_us, recorded_us, kernels = [], [], [], None
         with torch.inference_mode():
             if not cuda:  # the host path alone (bench_vllm.py's table 2)
                 step_of = functools.partial(bench_vllm.one_step, global_batch=g, desc=desc, hidden=hidden[0])
                 bench_vllm.graph_replayed(manager, step_of)
+                bench_vllm.graph_replayed(recording, step_of)
             for _ in range(10):
                 one()
+                one_recorded()
             sync = torch.cuda.synchronize if cuda else (lambda: None)
             sync()
             bench_vllm.PHASES.clear()
@@ -149,6 +157,10 @@ def main() -> None:
                     device_us.append(start.elapsed_time(end) * 1e3)
                 bench_vllm.phased_step(manager, g, desc, hidden[0])
                 sync()
+                t0 = time.perf_counter_ns()
+                one_recorded()
+                recorded_us.append((time.perf_counter_ns() - t0) / 1e3)
+                sync()
             if cuda:
                 from torch.profiler import ProfilerActivity, profile
 
@@ -160,6 +172,10 @@ def main() -> None:
                     kernels = sum(1 for e in prof.events() if e.device_type == cuda_kind)
                 except Exception as e:  # a profiler that cannot see here: say so, do not fail
                     print(f"  (profiler: {type(e).__name__}: {e})")
+        recording.bookkeeper.recorder.close()
+        stopped = recording.bookkeeper.recorder.stats.stopped
+        if stopped is not None:
+            print(f"  (batch {name}: the recording stopped: {stopped})")
         stats = manager.graph_stats
         phases = " / ".join(f"{k} {median_us(bench_vllm.PHASES[k]) / 1e3:.1f}" for k in PHASES)
         print(f"batch {name} done", flush=True)
@@ -167,15 +183,17 @@ def main() -> None:
         rows.append(
             [name, P, f"{desc.cg_mode.name}({desc.num_tokens})", f"{stats.prepared} ({made:.1f})"]
             + [f"{median_us(host_us):.1f}", device_median, kernels, phases]
+            + [f"{median_us(recorded_us):.1f}", f"{median_us(recorded_us) / median_us(host_us):.3f}"]
         )
         assert stats.fallbacks == 0, f"{name}: a step ran without its graph ({stats})"
         group.clear()
     tables.table(
         title,
         ["batch", "P", "descriptor", "graphs made (s)", "host us", "device us", "kernels"]
-        + ["host by phase (us)"],
+        + ["host by phase (us)", "recording host us", "recording / host"],
         rows,
     )
+    shutil.rmtree(scratch)
     tables.write()
 
 
