@@ -362,6 +362,8 @@ def test_compare_reads_an_engine_trace_decodes_first(tmp_path, capsys):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_the_writers_lines_are_the_traces_step_lines_exactly(seed):
+    # the writer runs without pcp_fn (a script): its copies of the format's names must be the format's
+    assert trace_writer.CG_MODES == T.CG_MODES and trace_writer.DESC_FIELDS == T.BatchDesc._fields
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 9))
     arrays = [rng.integers(0, 2**31 - 1, n).astype(np.int32) for _ in range(3)]
