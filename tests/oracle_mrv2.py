@@ -30,9 +30,33 @@ class Piece:
     writes: bool  # this copy writes the KV cache
 
 
-def rank_pieces(P, sched, prefilling, shard=False, dcp=1) -> list[list[Piece]]:
-    """Every rank's pieces, in the rank's local order."""
+def balanced_cuts(n, k, P) -> list[int]:
+    """``[b_0 .. b_P]``: the cost-balanced cuts of a prefill of ``n`` tokens behind ``k``, by
+    scanning every ``b`` (the largest ``b`` whose first tokens cost at most ``q/P`` of the work;
+    token ``j`` attends ``k + j + 1`` keys)."""
+    cost = [0]
+    for j in range(n):
+        cost.append(cost[-1] + k + j + 1)
+    return [max(b for b in range(n + 1) if P * cost[b] <= q * cost[n]) for q in range(P + 1)]
+
+
+def split_runs(split, P, q, tokens, computed) -> list[list[int]]:
+    """Rank ``q``'s runs of a split prefill's ``tokens`` (global ids), in ascending order."""
+    n = len(tokens)
+    if split == "cost-balanced":
+        cuts = balanced_cuts(n, computed, P)
+        return [tokens[cuts[q] : cuts[q + 1]]]
+    size = -(-n // (2 * P))
+    chunks = [tokens[c * size : (c + 1) * size] for c in range(2 * P)]
+    held = (q, 2 * P - 1 - q) if split == "head-tail" else (q, P + q)  # round-robin: chunks q, P+q
+    return [chunks[c] for c in held]
+
+
+def rank_pieces(P, sched, prefilling, shard=False, dcp=1, split="head-tail", computed=None) -> list[list[Piece]]:
+    """Every rank's pieces, in the rank's local order (``split``: vLLM's head-tail chunks,
+    ``"round-robin"`` or ``"cost-balanced"``, which reads ``computed``)."""
     ranks: list[list[Piece]] = [[] for _ in range(P)]
+    computed = computed or [0] * len(sched)
     first = 0
     replicated_seen = 0
     for i, n in enumerate(sched):
@@ -45,9 +69,9 @@ def rank_pieces(P, sched, prefilling, shard=False, dcp=1) -> list[list[Piece]]:
         too_short = dcp > 1 and not chunks[-1]
         if prefilling[i] and not too_short:
             for q in range(P):
-                for k in (q, 2 * P - 1 - q):
-                    if chunks[k]:
-                        ranks[q].append(Piece(i, True, chunks[k], True))
+                for run in split_runs(split, P, q, tokens, computed[i]):
+                    if run:
+                        ranks[q].append(Piece(i, True, run, True))
         elif shard:
             owner = replicated_seen % P
             replicated_seen += 1
@@ -76,9 +100,11 @@ class OracleLayout:
         return [gathered[row] for row in self.padded_restore_idx()]
 
 
-def oracle_layout(P, sched, prefilling, Lp, shard=False, dcp=1, T=None) -> OracleLayout:
+def oracle_layout(
+    P, sched, prefilling, Lp, shard=False, dcp=1, T=None, split="head-tail", computed=None
+) -> OracleLayout:
     """Every rank's rows padded to ``Lp``; with ``T`` the global rows ``min(T, P * Lp)`` too."""
-    ranks = rank_pieces(P, sched, prefilling, shard, dcp)
+    ranks = rank_pieces(P, sched, prefilling, shard, dcp, split, computed)
     gather, write = [], []
     for pieces in ranks:
         rows = [(t, p.writes) for p in pieces for t in p.tokens]
@@ -138,6 +164,7 @@ def oracle_local(
     dcp=1,
     interleave=1,
     moe=False,
+    split="head-tail",
 ) -> OracleLocal:
     """Rank ``rank``'s local batch; ``batch`` holds the global lists (scheduler order):
     sched, computed, prefill_len, prefilling, idx_mapping, input_ids, positions."""
@@ -147,7 +174,7 @@ def oracle_local(
         values = batch[name]
         return values[i] if i < len(values) else 0
 
-    ranks = rank_pieces(P, sched, batch["prefilling"], shard, dcp)
+    ranks = rank_pieces(P, sched, batch["prefilling"], shard, dcp, split, batch["computed"])
     pieces = ranks[rank]
     request_first = [sum(sched[:i]) for i in range(len(sched))]
     tokens = [t for p in pieces for t in p.tokens]
@@ -199,7 +226,7 @@ def oracle_local(
     )
 
 
-def oracle_dispatch(P, sched, prefilling, shard=False, dcp=1) -> tuple[int, int]:
+def oracle_dispatch(P, sched, prefilling, shard=False, dcp=1, split="head-tail", computed=None) -> tuple[int, int]:
     """(largest rank-local token count, most local request rows of a rank, at least 1)."""
-    ranks = rank_pieces(P, sched, prefilling, shard, dcp)
+    ranks = rank_pieces(P, sched, prefilling, shard, dcp, split, computed)
     return max(sum(len(p.tokens) for p in ps) for ps in ranks), max(1, max(len(ps) for ps in ranks))

@@ -17,7 +17,11 @@ every rank orders its rows decodes first, and the gathered buffer is mapped by
 [`LAYOUT`][pcp_fn.mrv2.LAYOUT] and [`SHARDED_LAYOUT`][pcp_fn.mrv2.SHARDED_LAYOUT]
 ([`MRV2Partition`][pcp_fn.MRV2Partition]) serve the same partition to the facade, as the built-in
 `"mrv2"` and `"mrv2-sharded"` [`pcp_fn.Layout`][]; the chunk and replication rules are written once,
-in [`pcp_fn.mrv2.chunks`][].
+in [`pcp_fn.mrv2.chunks`][]. The same machinery serves any prefill split of at most two
+contiguous runs per rank ([`pcp_fn.mrv2.splits`][], `MRV2Config(split=...)`): besides vLLM's
+head and tail chunks, [`ROUND_ROBIN_LAYOUT`][pcp_fn.mrv2.ROUND_ROBIN_LAYOUT] and
+[`COST_BALANCED_LAYOUT`][pcp_fn.mrv2.COST_BALANCED_LAYOUT] are built in (`"round-robin"`,
+`"cost-balanced"`), and the vLLM drop-in serves each of them.
 
 Sizes come with the data: `partition_batch` and `build_layout` (entry
 ops: they read only the state's config and rank) record the batch's bucket
@@ -48,23 +52,39 @@ from .restore import (
     restore_for_sampling,
     restore_hidden_states,
 )
+from .splits import COST_BALANCED, HEAD_TAIL, ROUND_ROBIN, CostBalanced, HeadTail, PrefillSplit, RoundRobin
 
 LAYOUT = MRV2Partition()
 """The built-in `"mrv2"` layout of the facade (`pcp_fn.PCPConfig(layout="mrv2")`): decodes replicated."""
 SHARDED_LAYOUT = MRV2Partition(shard_decode_requests=True)
 """The built-in `"mrv2-sharded"` layout of the facade: decode requests dealt round-robin to the ranks."""
+ROUND_ROBIN_LAYOUT = MRV2Partition(split=ROUND_ROBIN)
+"""The built-in `"round-robin"` layout: the `2P` chunks of a prefill dealt in turn, rank `q`
+holds chunks `q` and `P+q` ([`RoundRobin`][pcp_fn.mrv2.splits.RoundRobin]); decodes replicated."""
+COST_BALANCED_LAYOUT = MRV2Partition(split=COST_BALANCED)
+"""The built-in `"cost-balanced"` layout: one run of each prefill per rank, equal causal work
+([`CostBalanced`][pcp_fn.mrv2.splits.CostBalanced]); decodes replicated."""
 
 __all__ = [
+    "COST_BALANCED",
+    "COST_BALANCED_LAYOUT",
+    "HEAD_TAIL",
     "LAYOUT",
     "REQUESTS",
+    "ROUND_ROBIN",
+    "ROUND_ROBIN_LAYOUT",
     "SHARDED_LAYOUT",
+    "CostBalanced",
     "DraftHiddenStates",
     "GlobalBatch",
+    "HeadTail",
     "LocalBatch",
     "MRV2Config",
     "MRV2Layout",
     "MRV2Partition",
     "MRV2State",
+    "PrefillSplit",
+    "RoundRobin",
     "SamplingInputs",
     "build_layout",
     "check_bucket",

@@ -92,7 +92,10 @@ def token_rows(config: MRV2Config, bucket: Bucket) -> int:
 
 
 def rank_counts(
-    config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
+    config: MRV2Config,
+    num_scheduled: np.ndarray,
+    is_prefilling: np.ndarray,
+    num_computed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`([P], [P])`: local tokens and local segments (request rows) of every rank.
 
@@ -100,13 +103,17 @@ def rank_counts(
     `PCPManager._iter_rank_chunks` for every rank). `P = 2`, scheduled
     `[3, 8]`, request 1 prefilling: the decode is replicated (3 tokens on each
     rank), the prefill is cut in 4 chunks of 2, rank 0 takes chunks 0 and 3, rank 1
-    chunks 1 and 2: tokens `[7, 7]`, segments `[3, 3]`.
+    chunks 1 and 2: tokens `[7, 7]`, segments `[3, 3]`. `num_computed` `[R]`: read by a
+    split that [`reads_context`][pcp_fn.mrv2.splits.PrefillSplit] (required then).
     """
-    return host.counts(config, num_scheduled, is_prefilling)
+    return host.counts(config, num_scheduled, is_prefilling, num_computed)
 
 
 def num_tokens_for_dispatch(
-    config: MRV2Config, num_scheduled_tokens: ArrayLike, is_prefilling: ArrayLike
+    config: MRV2Config,
+    num_scheduled_tokens: ArrayLike,
+    is_prefilling: ArrayLike,
+    num_computed_tokens: ArrayLike | None = None,
 ) -> int:
     """The largest real rank-local batch, before graph padding.
 
@@ -115,13 +122,21 @@ def num_tokens_for_dispatch(
     `P = 2`: `[8]` prefill -> 4; `[7]` prefill -> 4; `[3]` decode -> 3;
     `[3, 8]` decode + prefill -> 7. `P = 4`, `[2, 9]` -> 5 (replicated
     decodes) or 4 (sharded: rank 0 takes the decode, rank 3 has 3 tokens).
+
+    A split that [`reads_context`][pcp_fn.mrv2.splits.PrefillSplit] without
+    `num_computed_tokens` (vLLM's runner passes none): the most any context can put on a rank.
     """
     _check_config(config)
     sched = host_ints("num_scheduled_tokens", num_scheduled_tokens)
     prefilling = host_bools("is_prefilling", is_prefilling)
+    computed = None
+    if num_computed_tokens is not None:
+        computed = host_ints("num_computed_tokens", num_computed_tokens)
+        check_same_length(num_scheduled_tokens=sched, num_computed_tokens=computed)
     check_same_length(num_scheduled_tokens=sched, is_prefilling=prefilling)
-    tokens, _ = rank_counts(config, sched, prefilling)
-    return int(tokens.max()) if sched.size else 0
+    if not sched.size:
+        return 0
+    return host.largest_rank(config, sched, prefilling, int(sched.sum()), computed)[0]
 
 
 def check_bucket(config: MRV2Config, bucket: Bucket, num_local_tokens: int, num_local_reqs: int) -> None:
@@ -276,7 +291,7 @@ def make_batch(
     else:
         names, counts = _COUNTS_AND_MAPPING, (*counts, idx_mapping)
     rows, sched, pf, total = _check_counts(config, names, counts, is_prefilling)
-    bucket = _local_bucket(config, bucket, sched, pf, total)
+    bucket = _local_bucket(config, bucket, sched, pf, total, rows[1])
     dev = _CPU if device is None else torch.device(device)
     tokens = _token_inputs(config, bucket, input_ids, positions, total, dev)
     return _global_batch(config, bucket, _pack(config, rows, pf, tokens, dev), tokens, dev)
@@ -309,13 +324,18 @@ def _check_counts(
 
 
 def _local_bucket(
-    config: MRV2Config, bucket: Bucket | None, sched: np.ndarray, pf: np.ndarray, total: int
+    config: MRV2Config,
+    bucket: Bucket | None,
+    sched: np.ndarray,
+    pf: np.ndarray,
+    total: int,
+    computed: np.ndarray,
 ) -> Bucket:
     """The graph bucket of the largest rank-local batch (vLLM `get_num_tokens_for_dispatch`) of
     `sched [n]` scheduled tokens (`total` in all), `pf [n]` prefilling: the smallest
     configured one, or `bucket` checked ([`check_bucket`][pcp_fn.mrv2.check_bucket])."""
     if config.shard_decode_requests or np.count_nonzero(pf):
-        need_tokens, need_reqs = host.largest_rank(config, sched, pf, total)
+        need_tokens, need_reqs = host.largest_rank(config, sched, pf, total, computed)
     else:  # no prefill, replicated: every rank holds every non-empty request
         need_tokens, need_reqs = total, np.count_nonzero(sched)
     need_reqs = max(need_reqs, 1)  # a rank without tokens keeps a placeholder row

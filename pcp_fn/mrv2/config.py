@@ -27,6 +27,7 @@ import dataclasses
 from typing import ClassVar
 
 from ..core.config import RankConfig
+from .splits import HEAD_TAIL, HeadTail, PrefillSplit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,10 @@ class MRV2Config(RankConfig):
             mask over the `P * Lp` gathered rows.
         pad_slot_id: slot of gathered rows that must not write the KV cache
             (vLLM `PAD_SLOT_ID`).
+        split: how a split prefill is cut over the ranks (a
+            [`PrefillSplit`][pcp_fn.mrv2.splits.PrefillSplit]): vLLM's head and tail chunks
+            ([`HEAD_TAIL`][pcp_fn.mrv2.splits.HEAD_TAIL], the default), or another split of at
+            most two contiguous runs per rank.
         request_buckets: allowed local request rows. Default: powers of two, then the capacity.
         token_buckets: allowed local tokens per rank. Default: powers of two, then the capacity.
 
@@ -62,11 +67,16 @@ class MRV2Config(RankConfig):
             `dcp_size > 1`: vLLM never combines them
             (`ParallelConfig.pcp_shard_decode_requests` is False when DCP > 1),
             and vLLM's `PCPManager` would leave the KV of a replicated short prefill owned
-            by a rank other than 0 unwritten and its hidden-restore rows unset.
+            by a rank other than 0 unwritten and its hidden-restore rows unset; or a
+            `split` other than head-tail with `dcp_size > 1`: vLLM's DCP replicates the
+            prefills too short for head and tail chunks, and its sparse-MLA backends
+            (`_split_pcp_dcp_prefill_chunks`, FlashMLA-sparse's `gathered_prefill_shards`)
+            read each rank's rows as those chunks.
     """
 
     shard_decode_requests: bool = dataclasses.field(default=False, kw_only=True)
     moe_gathers_tokens: bool = dataclasses.field(default=False, kw_only=True)
+    split: PrefillSplit = dataclasses.field(default=HEAD_TAIL, kw_only=True)
 
     OWN_FLAGS: ClassVar[tuple[str, ...]] = ("shard_decode_requests", "moe_gathers_tokens")
     CAPACITY_NAMES: ClassVar[tuple[str, str, str]] = (
@@ -82,6 +92,14 @@ class MRV2Config(RankConfig):
                 f"shard_decode_requests requires dcp_size == 1, got dcp_size={self.dcp_size}: "
                 "DCP needs decode queries on every rank (vLLM's pcp_shard_decode_requests is "
                 "False when DCP > 1)"
+            )
+        if not isinstance(self.split, PrefillSplit):
+            raise ValueError(f"split must be a pcp_fn.mrv2.PrefillSplit, got {type(self.split).__name__}")
+        if self.dcp_size > 1 and not isinstance(self.split, HeadTail):
+            raise ValueError(
+                f"split {self.split.name!r} requires dcp_size == 1, got dcp_size={self.dcp_size}: "
+                "vLLM's DCP reads each rank's prefill rows as head and tail chunks (its sparse-MLA "
+                "backends' _split_pcp_dcp_prefill_chunks and gathered_prefill_shards)"
             )
         self._normalise_buckets()
 

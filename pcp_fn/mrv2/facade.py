@@ -22,8 +22,9 @@ import torch
 from ..protocol.config import PCPConfig
 from ..protocol.partition import PartitionLayout, Requests
 from . import host
-from .chunks import chunk_length, chunk_size, splits
+from .chunks import splits
 from .config import MRV2Config
+from .splits import HEAD_TAIL, HeadTail, PrefillSplit
 
 
 class MRV2Partition(PartitionLayout):
@@ -43,16 +44,29 @@ class MRV2Partition(PartitionLayout):
     and speculative tokens ([`pcp_fn.spec`][] reads a decode's draft tokens from
     this rank's rows, where a sharded decode is not; vLLM MRV2 broadcasts rank 0's
     drafts instead).
+
+    `split`: another [`PrefillSplit`][pcp_fn.mrv2.splits.PrefillSplit] of the prefills (the
+    built-in `"round-robin"` and `"cost-balanced"`), named after it; it requires
+    `dcp_size == 1` (vLLM's DCP reads head and tail chunks). The vLLM drop-in serves
+    every layout of this class (`FunctionalPCPManager(layout=...)`).
     """
 
     name = "mrv2"
 
-    def __init__(self, *, shard_decode_requests: bool = False) -> None:
+    def __init__(self, *, shard_decode_requests: bool = False, split: PrefillSplit = HEAD_TAIL) -> None:
         self.shard_decode_requests = shard_decode_requests
+        self.split = split
+        if not isinstance(split, HeadTail):
+            self.name = split.name
         if shard_decode_requests:
-            self.name = f"{type(self).name}-sharded"
+            self.name = f"{self.name}-sharded"
 
     def check_config(self, config: PCPConfig) -> None:
+        if not isinstance(self.split, HeadTail) and config.dcp_size > 1:
+            raise ValueError(
+                f"the {self.name!r} layout requires dcp_size == 1, got dcp_size={config.dcp_size}: "
+                "vLLM's DCP reads each rank's prefill rows as head and tail chunks"
+            )
         if self.shard_decode_requests and config.dcp_size > 1:
             raise ValueError(
                 f"the {self.name!r} layout requires dcp_size == 1, got dcp_size={config.dcp_size}: DCP "
@@ -68,6 +82,8 @@ class MRV2Partition(PartitionLayout):
     def _whole(self, config: PCPConfig, requests: Requests) -> torch.Tensor:
         """vLLM `replicated_requests`: the requests not split (decodes; short prefills under DCP)."""
         prefilling = requests.request_ids >= requests.num_decode_reqs
+        if not isinstance(self.split, HeadTail):
+            return ~prefilling
         return ~splits(config, requests.num_scheduled, prefilling)
 
     def replicated(self, config: PCPConfig, requests: Requests) -> torch.Tensor:
@@ -79,13 +95,11 @@ class MRV2Partition(PartitionLayout):
     def segments(
         self, config: PCPConfig, requests: Requests, rank: int | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        P, C = config.pcp_size, 2 * config.pcp_size
+        P = config.pcp_size
         n = requests.num_scheduled
         whole = self._whole(config, requests) | (P == 1)
-        c = chunk_size(n, C)
-        head, tail = rank * c, (C - 1 - rank) * c  # chunks rank and C-1-rank
-        first = torch.stack([head, tail], 1) * ~whole[:, None]
-        length = chunk_length(n[:, None] - first, c[:, None])
+        first, length = self.split.runs(n, requests.num_computed, rank, P)  # [R_b, 2]
+        first = first * ~whole[:, None]
         mine = n
         if self.shard_decode_requests and P > 1:  # dealt round-robin over the non-empty ones
             dealt = whole & (n > 0)
@@ -98,13 +112,13 @@ class MRV2Partition(PartitionLayout):
         self, config: PCPConfig, num_scheduled: np.ndarray, num_decodes: int, num_computed: np.ndarray
     ) -> int:
         """Host: the fullest rank's rows, by the host twin (vLLM `get_num_tokens_for_dispatch`)."""
-        twin = _host_config(config.pcp_size, config.dcp_size, self.shard_decode_requests)
+        twin = _host_config(config.pcp_size, config.dcp_size, self.shard_decode_requests, self.split)
         prefilling = np.arange(num_scheduled.shape[0]) >= num_decodes
         total = int(np.add.reduce(num_scheduled))
-        return host.largest_rank(twin, num_scheduled, prefilling, total)[0]
+        return host.largest_rank(twin, num_scheduled, prefilling, total, num_computed)[0]
 
 
 @functools.cache
-def _host_config(pcp_size: int, dcp_size: int, shard_decode_requests: bool) -> MRV2Config:
+def _host_config(pcp_size: int, dcp_size: int, shard: bool, split: PrefillSplit) -> MRV2Config:
     """The MRV2 config the host twin reads (its rules read no capacity: nominal ones)."""
-    return MRV2Config(pcp_size, 0, 1, 1, dcp_size=dcp_size, shard_decode_requests=shard_decode_requests)
+    return MRV2Config(pcp_size, 0, 1, 1, dcp_size=dcp_size, shard_decode_requests=shard, split=split)

@@ -36,6 +36,7 @@ import numpy as np
 
 from . import chunks
 from .config import MRV2Config
+from .splits import HeadTail
 
 
 class LocalSegments(NamedTuple):
@@ -61,16 +62,24 @@ _NONE.flags.writeable = False
 
 
 def local_segments(
-    config: MRV2Config, rank: int, num_scheduled: np.ndarray, is_prefilling: np.ndarray
+    config: MRV2Config,
+    rank: int,
+    num_scheduled: np.ndarray,
+    is_prefilling: np.ndarray,
+    num_computed: np.ndarray | None = None,
 ) -> LocalSegments:
     """Rank `rank`'s segments (vLLM `PCPManager._get_rank_segments`) and every rank's counts.
 
     `num_scheduled` `[R]` ints, `is_prefilling` `[R]` bools, scheduler
-    order. Up to `FEW_REQUESTS` requests, one pass over Python integers
+    order; `num_computed` `[R]` ints, read only by a split that
+    [`reads_context`][pcp_fn.mrv2.splits.PrefillSplit] (required then). vLLM's head and tail
+    chunks: up to `FEW_REQUESTS` requests, one pass over Python integers
     (`_local_segments_few`); beyond, numpy: replicated requests cost
     `O(R)`, only split prefills are expanded over the `P` ranks (`[P, S]`),
-    so a decode-only step stays a few numpy calls.
+    so a decode-only step stays a few numpy calls. Another split: numpy.
     """
+    if not isinstance(config.split, HeadTail):
+        return _local_runs(config, rank, num_scheduled, is_prefilling, num_computed)
     if len(num_scheduled) <= FEW_REQUESTS:
         return _local_segments_few(config, rank, num_scheduled, is_prefilling)
     # ufuncs and their methods, not the Python-level wrappers (clip, stack, sum): each call counts
@@ -204,13 +213,19 @@ def _local_segments_few(
 
 
 def counts(
-    config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
+    config: MRV2Config,
+    num_scheduled: np.ndarray,
+    is_prefilling: np.ndarray,
+    num_computed: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """`([P], [P])` int64: local tokens and local segments (request rows) of every rank.
 
     The counts of [`local_segments`][pcp_fn.mrv2.host.local_segments] without listing any rank's segments:
     replicated requests are counted as a whole, only the split prefills are cut.
     """
+    if not isinstance(config.split, HeadTail):
+        seg = _local_runs(config, 0, num_scheduled, is_prefilling, num_computed)
+        return seg.per_rank_num_tokens, seg.per_rank_num_reqs
     n = np.asarray(num_scheduled)
     split = _split(config, n, np.asarray(is_prefilling, dtype=np.bool_))
     ns = n[split]
@@ -227,12 +242,25 @@ def counts(
 
 
 def largest_rank(
-    config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray, total: int
+    config: MRV2Config,
+    num_scheduled: np.ndarray,
+    is_prefilling: np.ndarray,
+    total: int,
+    num_computed: np.ndarray | None = None,
 ) -> tuple[int, int]:
     """`(tokens, rows)`: the most local tokens and the most local request rows of any rank
     ([`counts`][pcp_fn.mrv2.host.counts]' maxima; `total = sum(num_scheduled)`), what the host
     boundary needs to pick a bucket: a few numpy calls on `[R]`, then the split prefills one by one
-    (or as `[2P, S]` when there are many)."""
+    (or as `[2P, S]` when there are many).
+
+    A split that reads the context, given no `num_computed`: a bound on every context
+    ([`widest_without_context`][pcp_fn.mrv2.splits.PrefillSplit.widest_without_context], two
+    rows for each split prefill), what vLLM's `get_num_tokens_for_dispatch` can answer."""
+    if not isinstance(config.split, HeadTail):
+        if num_computed is None and config.split.reads_context:
+            return _widest_without_context(config, num_scheduled, is_prefilling)
+        tokens, rows = counts(config, num_scheduled, is_prefilling, num_computed)
+        return int(tokens.max()), int(rows.max())
     n = num_scheduled
     split = _split(config, n, is_prefilling)
     ns = n[split]
@@ -330,3 +358,66 @@ def dcp_rank0_seq_lens(seq_lens: np.ndarray, dcp_size: int, interleave: int) -> 
     s = np.asarray(seq_lens, dtype=np.int64)
     span = dcp_size * interleave
     return (s // span) * interleave + np.minimum(s % span, interleave)
+
+
+def _replicated_counts(
+    config: MRV2Config, n: np.ndarray, rep: np.ndarray, rank: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`([P] tokens, [P] rows, this rank's requests)` of the non-empty replicated requests
+    `rep` (in order): on every rank, or dealt round-robin with `shard_decode_requests`."""
+    if config.shard_decode_requests:
+        tokens, rows = _sharded(config, n[rep])
+        return tokens, rows, rep[rank :: config.pcp_size]
+    P = config.pcp_size
+    return np.full(P, n[rep].sum(), dtype=np.int64), np.full(P, rep.size, dtype=np.int64), rep
+
+
+def _context(split: Any, num_computed: np.ndarray | None, size: int) -> np.ndarray:
+    if num_computed is not None:
+        return np.asarray(num_computed, dtype=np.int64)
+    if split.reads_context:
+        raise ValueError(f"the {split.name!r} split reads num_computed: pass it")
+    return np.zeros(size, dtype=np.int64)
+
+
+def _local_runs(
+    config: MRV2Config,
+    rank: int,
+    num_scheduled: np.ndarray,
+    is_prefilling: np.ndarray,
+    num_computed: np.ndarray | None,
+) -> LocalSegments:
+    """[`local_segments`][pcp_fn.mrv2.host.local_segments] of a split other than head-tail (no DCP:
+    every prefill is split): `[P, S, 2]` runs of the `S` prefills from the split's rule, this
+    rank's listed after its replicated requests, by request, first run first."""
+    P = config.pcp_size
+    n = np.asarray(num_scheduled, dtype=np.int64)
+    k = _context(config.split, num_computed, n.size)
+    live = n > 0
+    split = np.logical_and(live, is_prefilling).nonzero()[0]
+    rep = np.logical_and(live, np.logical_not(is_prefilling)).nonzero()[0]
+    tokens, rows, request = _replicated_counts(config, n, rep, rank)
+    offset, length = np.zeros(request.size, np.int64), n[request]
+    if split.size:
+        q = np.arange(P, dtype=np.int64)[:, None]
+        first, size = config.split.runs(n[split], k[split], q, P)  # [P, S, 2]
+        tokens = tokens + size.sum((1, 2))
+        rows = rows + np.count_nonzero(size, axis=(1, 2))
+        mine, keep = first[rank].reshape(-1), size[rank].reshape(-1) > 0
+        request = np.concatenate([request, np.repeat(split, 2)[keep]])
+        offset = np.concatenate([offset, mine[keep]])
+        length = np.concatenate([length, size[rank].reshape(-1)[keep]])
+    return LocalSegments(request.astype(np.intp), offset, length, tokens, rows)
+
+
+def _widest_without_context(
+    config: MRV2Config, num_scheduled: np.ndarray, is_prefilling: np.ndarray
+) -> tuple[int, int]:
+    """`(tokens, rows)` no rank exceeds whatever the contexts (module docstring of `largest_rank`)."""
+    n = np.asarray(num_scheduled, dtype=np.int64)
+    live = n > 0
+    split = np.logical_and(live, is_prefilling)
+    rep = np.logical_and(live, np.logical_not(is_prefilling)).nonzero()[0]
+    tokens, rows, _ = _replicated_counts(config, n, rep, 0)
+    widest = config.split.widest_without_context(n[split], config.pcp_size)
+    return int(tokens.max() + widest.sum()), int(rows.max() + 2 * np.count_nonzero(split))

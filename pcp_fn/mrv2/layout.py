@@ -48,8 +48,9 @@ from ..core.pytree import pytree_dataclass, static_field
 from ..core.ragged import offsets, scatter_to, segment_of
 from ..core.rank import rank_leaf
 from .batch import GlobalBatch, check_global_batch, make_batch, token_rows
-from .chunks import chunk_length, chunk_size, splits
+from .chunks import chunk_size, splits
 from .config import MRV2Config
+from .splits import HeadTail
 
 
 @pytree_dataclass
@@ -194,25 +195,27 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
     scatter is a trash row for the empty slots; a batch has at most `2R` rows a rank,
     and [`pcp_fn.mrv2.make_batch`][] checked that `Rl` holds them).
     """
-    P, C, R, Rl = config.pcp_size, config.num_chunks, config.max_num_reqs, batch.bucket.num_reqs
+    P, R, Rl = config.pcp_size, config.max_num_reqs, batch.bucket.num_reqs
     n, prefilling = batch.num_scheduled, batch.is_prefilling
     ids = torch.arange(max(2, P, R, Rl + 1), dtype=torch.int32, device=n.device)
-    group, q = ids[:2], ids[:P, None, None]  # group: also the replicated chunks [head, tail]
-    c = chunk_size(n, C)
-    split = splits(config, n, prefilling, c)  # the others are replicated (or dealt)
-    rep_chunk = group
+    group, q = ids[:2], ids[:P, None]  # group: non-prefilling, prefilling (and head, tail)
+    if isinstance(config.split, HeadTail):  # vLLM's chunks; under DCP short prefills are replicated
+        split = splits(config, n, prefilling, chunk_size(n, config.num_chunks))
+    else:
+        split = prefilling
+    first, split_length = config.split.runs(n, batch.num_computed, q, P)  # [P, R, 2]
+    # a replicated request (the others) is one run of all its tokens on its ranks
+    whole = torch.stack([n, torch.zeros_like(n)], -1)  # [R, 2]
     if config.shard_decode_requests:  # the j-th non-empty replicated request lives on rank j % P only
         ordinal = torch.cumsum((n > 0) > split, 0, dtype=torch.int32) - 1
-        rep_chunk = (q != ordinal[:, None] % P) | group.bool()  # [P, R, 2]
-    split_chunk = torch.stack([q, (C - 1) - q], -1).view(P, 1, 2)
-    chunk = torch.where(split[:, None], split_chunk, rep_chunk)  # [P, R, 2]
-    size = torch.where(split, c, n)[:, None]
-    rest = torch.addcmul(n[:, None], chunk, size, value=-1)  # tokens from the chunk's start on
-    length = chunk_length(rest, size)
+        whole = whole * (q == ordinal % P)[..., None]  # [P, R, 2]
+    first = first * split[:, None]
+    length = torch.where(split[:, None], split_length, whole)
+    rest = n[:, None] - first  # tokens from the run's start on
     if config.shard_decode_requests:  # a sharded request lives on its owner only: every copy writes
         written = torch.ones((), dtype=torch.bool, device=n.device)
     else:  # rank 0's copy of a replicated request writes
-        written = split[:, None] | (q == 0)
+        written = split[:, None] | (q[..., None] == 0)  # [P, R, 1]
     request_len = batch.num_computed + n
     token_end = torch.cumsum(n, 0, dtype=torch.int32)
     channels = (

@@ -23,6 +23,8 @@ BUILTIN_LAYOUTS: dict[str, tuple[str, str]] = {
     "hybrid": ("pcp_fn.hybrid", "LAYOUT"),
     "mrv2": ("pcp_fn.mrv2", "LAYOUT"),
     "mrv2-sharded": ("pcp_fn.mrv2", "SHARDED_LAYOUT"),
+    "round-robin": ("pcp_fn.mrv2", "ROUND_ROBIN_LAYOUT"),
+    "cost-balanced": ("pcp_fn.mrv2", "COST_BALANCED_LAYOUT"),
 }
 """name -> `(module, attribute)` of each built-in layout, in the order they are listed."""
 

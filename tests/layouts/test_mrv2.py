@@ -19,6 +19,8 @@ import pcp_fn
 from pcp_fn import Bucket, graph, mrv2
 from pcp_fn.mrv2 import MRV2Config, init_state, make_batch, token_rows
 
+SPLITS = {"head-tail": mrv2.HEAD_TAIL, "round-robin": mrv2.ROUND_ROBIN, "cost-balanced": mrv2.COST_BALANCED}
+
 INT32_MAX = 2**31 - 1
 
 
@@ -222,6 +224,7 @@ class MCase:
     input_ids: list[int]
     positions: list[int]
     bucket: Bucket
+    split: str = "head-tail"
 
     def config(self, rank: int = 0) -> MRV2Config:
         return MRV2Config(
@@ -233,6 +236,7 @@ class MCase:
             dcp_size=self.dcp,
             cp_kv_cache_interleave_size=self.interleave,
             moe_gathers_tokens=self.moe,
+            split=SPLITS[self.split],
         )
 
     def batch(self, cfg: MRV2Config, bucket: Bucket | None = None) -> mrv2.GlobalBatch:
@@ -298,7 +302,10 @@ def mcases(draw, pcp_sizes=(1, 2, 3, 4, 8), max_reqs=8, max_tokens=120):
     input_ids = [draw(st.integers(0, 50_000)) for _ in range(total)]
     idx_mapping = draw(st.permutations(list(range(R))))[:n_reqs]
     shard, dcp = mode == "sharded", 2 if mode == "dcp" else 1
-    need_tokens, need_reqs = oracle_dispatch(P, sched, prefilling, shard, dcp) if n_reqs else (0, 1)
+    split = "head-tail" if dcp > 1 else draw(st.sampled_from(list(SPLITS)))
+    need_tokens, need_reqs = (
+        oracle_dispatch(P, sched, prefilling, shard, dcp, split, computed) if n_reqs else (0, 1)
+    )
     exact = Bucket(need_reqs, max(need_tokens, 1))
     bucket = draw(
         st.one_of(
@@ -322,6 +329,7 @@ def mcases(draw, pcp_sizes=(1, 2, 3, 4, 8), max_reqs=8, max_tokens=120):
         input_ids,
         positions,
         bucket,
+        split,
     )
 
 
@@ -337,6 +345,7 @@ def _check_local(case: MCase, rank: int, local: mrv2.LocalBatch) -> None:
         dcp=case.dcp,
         interleave=case.interleave,
         moe=case.moe,
+        split=case.split,
     )
     assert int(local.num_reqs) == o.num_reqs and int(local.num_tokens) == o.num_tokens
     for name in (
@@ -378,7 +387,9 @@ def test_layout_and_every_rank_match_the_oracle(case):
     cfg = case.config()
     batch = case.batch(cfg)
     Lp, P, T = case.bucket.num_tokens, case.P, case.T
-    orc = oracle_layout(P, case.sched, case.prefilling, Lp, case.shard, case.dcp, T=T)
+    orc = oracle_layout(
+        P, case.sched, case.prefilling, Lp, case.shard, case.dcp, T=T, split=case.split, computed=case.computed
+    )
     state, lay = mrv2.build_layout(init_state(cfg), batch)
     N, F = sum(case.sched), orc.global_rows
     assert token_rows(cfg, case.bucket) == F and state.bucket == case.bucket
@@ -438,7 +449,7 @@ def test_identities(case, H):
             writers.setdefault(t, []).append(q)
     assert sorted(writers) == list(range(N)) and all(len(w) == 1 for w in writers.values())
     first = [sum(case.sched[:i]) for i in range(len(case.sched))]
-    pieces = rank_pieces(P, case.sched, case.prefilling, case.shard, case.dcp)
+    pieces = rank_pieces(P, case.sched, case.prefilling, case.shard, case.dcp, case.split, case.computed)
     for i, n in enumerate(case.sched):
         tokens = range(first[i], first[i] + n)
         whole = [q for q in range(P) for p in pieces[q] if p.req == i and len(p.tokens) == n]
@@ -467,9 +478,14 @@ def test_identities(case, H):
 def test_default_bucket_is_the_smallest_and_dispatch_matches(case):
     cfg = case.config()
     need_tokens, need_reqs = (
-        oracle_dispatch(case.P, case.sched, case.prefilling, case.shard, case.dcp) if case.sched else (0, 1)
+        oracle_dispatch(case.P, case.sched, case.prefilling, case.shard, case.dcp, case.split, case.computed)
+        if case.sched
+        else (0, 1)
     )
-    assert mrv2.num_tokens_for_dispatch(cfg, case.sched, case.prefilling) == need_tokens
+    assert mrv2.num_tokens_for_dispatch(cfg, case.sched, case.prefilling, case.computed) == need_tokens
+    # vLLM's runner gives no contexts: a split that reads them answers a bound on every context
+    bound = mrv2.num_tokens_for_dispatch(cfg, case.sched, case.prefilling)
+    assert bound >= need_tokens and (bound == need_tokens or cfg.split.reads_context)
     batch = make_batch(cfg, case.sched, case.computed, case.prefill_len, is_prefilling=case.prefilling)
     assert batch.bucket == cfg.bucket_for(need_reqs, need_tokens)
     if need_tokens > 1:

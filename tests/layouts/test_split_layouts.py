@@ -1,4 +1,5 @@
-"""examples/cost_balanced_layout.py: a layout on the protocol alone: exact, captured, simulated."""
+"""The built-in "round-robin" and "cost-balanced" layouts (pcp_fn.mrv2.splits): conforming, balanced,
+captured, simulated; and examples/cost_balanced_layout.py, which shows the latter."""
 
 from __future__ import annotations
 
@@ -35,11 +36,29 @@ def _balanced_runs(n, k, P):
     return [ends[q + 1] - ends[q] for q in range(P)]
 
 
+@pytest.mark.parametrize("name", ["round-robin", "cost-balanced"])
+def test_the_split_layouts_conform(name):
+    check_layout(name, max_examples=8, graph_pcp_sizes=(2,))
+
+
+@pytest.mark.parametrize("name", ["round-robin", "cost-balanced"])
+def test_the_split_layouts_refuse_dcp(name):
+    with pytest.raises(ValueError, match="requires dcp_size == 1"):
+        pcp_fn.PCPConfig(2, 0, 4, 64, dcp_size=2, layout=name)
+
+
+def test_round_robin_deals_the_chunks_in_turn():
+    """P = 2, a fresh prefill of 10 tokens: chunks of 3, rank 0 holds chunks 0 and 2, rank 1 chunks 1 and 3."""
+    cfg = pcp_fn.PCPConfig(2, 0, 4, 64, layout="round-robin")
+    batch = pcp_fn.make_batch(cfg, [10], [0], [10], slot_mapping=range(10))
+    _, out = pcp_fn.all_ranks(pcp_fn.step, pcp_fn.init_state(cfg, rank=0), batch)
+    held = out.layout.num_tokens.tolist()
+    assert held == [6, 4]
+    assert [out.positions[r, : held[r]].tolist() for r in range(2)] == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9]]
+
+
 @pytest.mark.parametrize(("n", "k", "runs"), [(256, 0, [127, 53, 41, 35]), (256, 1000, [69, 66, 62, 59])])
-def test_the_cost_balanced_layout_conforms_and_balances_the_work(n, k, runs):
-    ex = _example()
-    if k == 0:
-        check_layout(ex.COST_BALANCED, max_examples=8, graph_pcp_sizes=(2,))
+def test_the_cost_balanced_layout_balances_the_work(n, k, runs):
     cfg = pcp_fn.PCPConfig(4, 0, 4, 256, layout="cost-balanced")
     batch = pcp_fn.make_batch(cfg, [n], [k], [n + k], slot_mapping=range(n))
     _, out = pcp_fn.all_ranks(pcp_fn.step, pcp_fn.init_state(cfg, rank=0), batch)
@@ -52,9 +71,9 @@ def test_the_cost_balanced_layout_conforms_and_balances_the_work(n, k, runs):
     assert batch.bucket.num_tokens >= max(held)
 
 
-def test_the_cost_balanced_layout_is_captured_and_replays():
-    _example()
-    cfg = pcp_fn.PCPConfig(3, 1, 4, 64, layout="cost-balanced")
+@pytest.mark.parametrize("name", ["round-robin", "cost-balanced"])
+def test_the_split_layouts_are_captured_and_replay(name):
+    cfg = pcp_fn.PCPConfig(3, 1, 4, 64, layout=name)
     first = pcp_fn.make_batch(cfg, [64], [0], [64], slot_mapping=range(64), bucket=cfg.capacity)
     captured = pcp_fn.graph.capture(pcp_fn.step, pcp_fn.init_state(cfg), first, backend="eager")
     other = pcp_fn.make_batch(
