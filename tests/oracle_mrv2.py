@@ -52,7 +52,9 @@ def split_runs(split, P, q, tokens, computed) -> list[list[int]]:
     return [chunks[c] for c in held]
 
 
-def rank_pieces(P, sched, prefilling, shard=False, dcp=1, split="head-tail", computed=None) -> list[list[Piece]]:
+def rank_pieces(
+    P, sched, prefilling, shard=False, dcp=1, split="head-tail", computed=None
+) -> list[list[Piece]]:
     """Every rank's pieces, in the rank's local order (``split``: vLLM's head-tail chunks,
     ``"round-robin"`` or ``"cost-balanced"``, which reads ``computed``)."""
     ranks: list[list[Piece]] = [[] for _ in range(P)]
@@ -226,7 +228,9 @@ def oracle_local(
     )
 
 
-def oracle_dispatch(P, sched, prefilling, shard=False, dcp=1, split="head-tail", computed=None) -> tuple[int, int]:
+def oracle_dispatch(
+    P, sched, prefilling, shard=False, dcp=1, split="head-tail", computed=None
+) -> tuple[int, int]:
     """(largest rank-local token count, most local request rows of a rank, at least 1)."""
     ranks = rank_pieces(P, sched, prefilling, shard, dcp, split, computed)
     return max(sum(len(p.tokens) for p in ps) for ps in ranks), max(1, max(len(ps) for ps in ranks))

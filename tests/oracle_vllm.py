@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from oracle_mrv2 import oracle_dispatch, oracle_layout, oracle_local, rank_pieces
+from oracle_mrv2 import balanced_cuts, oracle_dispatch, oracle_layout, oracle_local, rank_pieces
 
 
 class OracleManager:
@@ -33,8 +33,12 @@ class OracleManager:
         dcp_rank: int = 0,
         cp_interleave: int = 1,
         moe_gathers_tokens: bool = False,
+        layout: str = "mrv2",
     ) -> None:
         self.api = api
+        # the drop-in's layout option: its prefill split (decodes follow shard_decode_requests)
+        base = layout.removesuffix("-sharded")
+        self.split = "head-tail" if base == "mrv2" else base
         self.moe = moe_gathers_tokens  # vLLM 0.33+: the local is_padding is the gathered [P * Lp] mask
         # vLLM 0.33+'s per-step metadata class (the local batch's ``pcp`` field), if the api has it
         self.metadata = getattr(api, "PCPBatchMetadata", None)
@@ -63,20 +67,28 @@ class OracleManager:
 
     def get_num_tokens_for_dispatch(self, num_scheduled_tokens, is_prefilling) -> int:
         sched = [int(x) for x in num_scheduled_tokens]
-        return oracle_dispatch(self.P, sched, [bool(x) for x in is_prefilling], self.shard, self.dcp)[0]
+        pf = [bool(x) for x in is_prefilling]
+        if self.split != "cost-balanced":
+            return oracle_dispatch(self.P, sched, pf, self.shard, self.dcp, self.split)[0]
+        # no contexts given: the bound on every context, rank 0's cut at context 0 plus one
+        bound = [min(n, balanced_cuts(n, 0, self.P)[1] + 1) if p else 0 for n, p in zip(sched, pf)]
+        rest = [0 if p else n for n, p in zip(sched, pf)]
+        return sum(bound) + oracle_dispatch(self.P, rest, [False] * len(rest), self.shard, self.dcp)[0]
 
     def partition_batch(self, g: Any, desc: Any) -> Any:
         Mode = self.api.CUDAGraphMode
         sched = [int(x) for x in g.num_scheduled_tokens]
         pf = [bool(x) for x in g.is_prefilling_np]
-        widest, _ = oracle_dispatch(self.P, sched, pf, self.shard, self.dcp)
+        computed = [int(x) for x in g.num_computed_tokens_np]
+        split = (self.shard, self.dcp, self.split, computed)
+        widest, _ = oracle_dispatch(self.P, sched, pf, *split)
         Lp = widest if desc.cg_mode == Mode.NONE else desc.num_tokens
-        n = max(1, len(rank_pieces(self.P, sched, pf, self.shard, self.dcp)[self.rank]))
+        n = max(1, len(rank_pieces(self.P, sched, pf, *split)[self.rank]))
         Rpad = desc.num_reqs if desc.cg_mode == Mode.FULL and desc.num_reqs is not None else n
         total = sum(sched)
         batch = dict(
             sched=sched,
-            computed=[int(x) for x in g.num_computed_tokens_np],
+            computed=computed,
             prefill_len=[int(x) for x in g.prefill_len_np],
             prefilling=pf,
             idx_mapping=[int(x) for x in g.idx_mapping_np],
@@ -84,9 +96,17 @@ class OracleManager:
             positions=g.positions[:total].tolist(),
         )
         o = oracle_local(
-            self.P, self.rank, batch, Lp, Rpad, shard=self.shard, dcp=self.dcp, interleave=self.interleave
+            self.P,
+            self.rank,
+            batch,
+            Lp,
+            Rpad,
+            shard=self.shard,
+            dcp=self.dcp,
+            interleave=self.interleave,
+            split=self.split,
         )
-        self.layout = oracle_layout(self.P, sched, pf, Lp, self.shard, self.dcp)
+        self.layout = oracle_layout(self.P, sched, pf, Lp, *split[:2], split=self.split, computed=computed)
         self.gather_rows = o.gather_idx
         dev, i32, i64 = self.device, torch.int32, torch.int64
         prefilling = np.array(o.is_prefilling, dtype=np.bool_)
@@ -108,7 +128,7 @@ class OracleManager:
             }
         is_padding = o.is_padding
         if self.moe:  # gathered row q * Lp + l is padding past rank q's tokens
-            ranks = rank_pieces(self.P, sched, pf, self.shard, self.dcp)
+            ranks = rank_pieces(self.P, sched, pf, *split)
             counts = [sum(len(p.tokens) for p in ps) for ps in ranks]
             is_padding = [l >= counts[q] for q in range(self.P) for l in range(Lp)]
         self.local = dataclasses.replace(

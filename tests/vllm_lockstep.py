@@ -92,6 +92,9 @@ class Case:
     # FULL steps are decode-only batches on decode graphs (their descriptor bounds the queries),
     # mixed steps PIECEWISE; the managers know the mode. False: FULL's mixed graphs.
     decode_graphs: bool = False
+    # the drop-in's layout option (pcp_fn.adapters.vllm.served): another prefill split, which only
+    # the oracle serves as reference (vLLM's own manager cuts head and tail chunks)
+    layout: str = "mrv2"
 
 
 @dataclasses.dataclass
@@ -378,6 +381,8 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
             dcp_rank=q % case.dcp,
             cp_interleave=case.interleave,
         )
+        if case.layout != "mrv2":
+            kw["layout"] = case.layout
         late = backend.contract.moe_mask  # vLLM 0.33+: the runner's order
         if late:
             kw.update(block_tables=None, moe_gathers_tokens=case.moe)
@@ -594,5 +599,6 @@ def _local_rows(manager: Any, sched: np.ndarray, prefilling: np.ndarray) -> int:
     """Local request rows of ``manager``'s rank (from the oracle's pieces; at least 1)."""
     from oracle_mrv2 import rank_pieces
 
-    pieces = rank_pieces(manager.P, sched.tolist(), prefilling.tolist(), manager.shard, manager.dcp)
+    split = getattr(manager, "split", "head-tail")  # (the oracle's; the contexts are not read: a count)
+    pieces = rank_pieces(manager.P, sched.tolist(), prefilling.tolist(), manager.shard, manager.dcp, split)
     return max(1, len(pieces[manager.rank]))

@@ -64,15 +64,22 @@ holds chunks `q` and `P+q` ([`RoundRobin`][pcp_fn.mrv2.splits.RoundRobin]); deco
 COST_BALANCED_LAYOUT = MRV2Partition(split=COST_BALANCED)
 """The built-in `"cost-balanced"` layout: one run of each prefill per rank, equal causal work
 ([`CostBalanced`][pcp_fn.mrv2.splits.CostBalanced]); decodes replicated."""
+ROUND_ROBIN_SHARDED_LAYOUT = MRV2Partition(split=ROUND_ROBIN, shard_decode_requests=True)
+"""`"round-robin-sharded"`: `"round-robin"` with decode requests dealt to the ranks (vLLM's
+`pcp_shard_decode_requests`, what a drop-in serving `"round-robin"` does then)."""
+COST_BALANCED_SHARDED_LAYOUT = MRV2Partition(split=COST_BALANCED, shard_decode_requests=True)
+"""`"cost-balanced-sharded"`: `"cost-balanced"` with decode requests dealt to the ranks."""
 
 __all__ = [
     "COST_BALANCED",
     "COST_BALANCED_LAYOUT",
+    "COST_BALANCED_SHARDED_LAYOUT",
     "HEAD_TAIL",
     "LAYOUT",
     "REQUESTS",
     "ROUND_ROBIN",
     "ROUND_ROBIN_LAYOUT",
+    "ROUND_ROBIN_SHARDED_LAYOUT",
     "SHARDED_LAYOUT",
     "CostBalanced",
     "DraftHiddenStates",

@@ -25,6 +25,8 @@ BUILTIN_LAYOUTS: dict[str, tuple[str, str]] = {
     "mrv2-sharded": ("pcp_fn.mrv2", "SHARDED_LAYOUT"),
     "round-robin": ("pcp_fn.mrv2", "ROUND_ROBIN_LAYOUT"),
     "cost-balanced": ("pcp_fn.mrv2", "COST_BALANCED_LAYOUT"),
+    "round-robin-sharded": ("pcp_fn.mrv2", "ROUND_ROBIN_SHARDED_LAYOUT"),
+    "cost-balanced-sharded": ("pcp_fn.mrv2", "COST_BALANCED_SHARDED_LAYOUT"),
 }
 """name -> `(module, attribute)` of each built-in layout, in the order they are listed."""
 

@@ -24,6 +24,7 @@ import torch
 
 from .. import mrv2
 from ..protocol.config import PCPConfig
+from ..protocol.registry import get_layout
 from .tiny_model import Wiring
 
 
@@ -121,16 +122,21 @@ class MRV2Path:
 
 
 def engine_mrv2_config(config: PCPConfig, moe_gathers_tokens: bool = False) -> mrv2.MRV2Config:
-    """The [`pcp_fn.MRV2Config`][] (rank 0) of an engine trace's header: `config.layout` says
-    whether decodes are sharded (`"mrv2-sharded"`) or replicated (`"mrv2"`); the buckets are
-    `pcp_fn.mrv2`'s defaults (the graph ladder the recording engine used is not replayed)."""
+    """The [`pcp_fn.MRV2Config`][] (rank 0) of an engine trace's header: `config.layout` (an
+    [`pcp_fn.MRV2Partition`][]) says how prefills are split and whether decodes are sharded
+    (`"mrv2-sharded"`, ...) or replicated (`"mrv2"`, ...); the buckets are `pcp_fn.mrv2`'s
+    defaults (the graph ladder the recording engine used is not replayed)."""
+    layout = get_layout(config.layout)
+    if not isinstance(layout, mrv2.MRV2Partition):
+        raise ValueError(f"layout {config.layout!r} is not a pcp_fn.MRV2Partition: no engine serves it")
     return mrv2.MRV2Config(
         config.pcp_size,
         0,
         config.max_num_reqs,
         config.max_num_tokens,
-        shard_decode_requests=config.layout == "mrv2-sharded",
+        shard_decode_requests=layout.shard_decode_requests,
         moe_gathers_tokens=moe_gathers_tokens,
+        split=layout.split,
         dcp_size=config.dcp_size,
         cp_kv_cache_interleave_size=config.cp_kv_cache_interleave_size,
         pad_slot_id=config.pad_slot_id,

@@ -81,9 +81,17 @@ _STEP_FIELDS = ("step", *_ARRAYS, "slot_mapping", *_ENGINE_STEP_FIELDS)
 _DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len", "uniform_token_count")
 CG_MODES = ("NONE", "PIECEWISE", "FULL")
 """The CUDA-graph modes a recorded step's `batch_desc.cg_mode` names (vLLM's `CUDAGraphMode`)."""
-ENGINE_LAYOUTS = ("mrv2", "mrv2-sharded")
+ENGINE_LAYOUTS = (
+    "mrv2",
+    "mrv2-sharded",
+    "round-robin",
+    "round-robin-sharded",
+    "cost-balanced",
+    "cost-balanced-sharded",
+)
 """The layouts whose engine traces carry the engine's own row order (`is_prefilling` per step) and
-replay through `pcp_fn.mrv2`: the vLLM drop-in's (decodes replicated or sharded). An engine
+replay through `pcp_fn.mrv2`: the vLLM drop-in's (its prefill split, decodes replicated or
+sharded; the built-in [`pcp_fn.MRV2Partition`][] layouts). An engine
 trace of another layout (vllm-ascend 0.23's DualChunkSwap) is the scheduler's arrays, decodes
 first, replayed through `pcp_fn.step` as a version-1 trace is."""
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

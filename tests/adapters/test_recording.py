@@ -9,6 +9,7 @@ replay through ``pcp_fn.mrv2`` gives rank 0 the local rows the drop-in served.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -494,3 +495,57 @@ def test_against_the_installed_vllm_no_difference_and_a_named_one(tmp_path, monk
         0,
         "query_start_loc_np",
     )
+
+
+# -- another layout served, recorded, replayed and compared -----------------------------------
+
+
+@pytest.mark.parametrize("layout", ["round-robin", "cost-balanced"])
+def test_another_layout_served_records_replays_and_keeps_what_vllm_keeps(tmp_path, layout):
+    """The drop-in serving another split records it (the sharded twin: vLLM deals the decodes),
+    the replay through pcp_fn.mrv2 gives the served rows, and against vLLM's own manager (the
+    oracle here) the decode rows and every prefill's positions agree while the rows differ."""
+    from pcp_fn.adapters.vllm.against import SPLIT_FIELDS, compare_with_vllm
+
+    path = tmp_path / "served.jsonl"
+    manager, tables = _standin_manager(pcp_rank=0, record_schedule=path, layout=layout)
+    served = list(_served_steps(manager, tables))
+    manager.bookkeeper.recorder.close()
+    trace = T.read_trace(path)
+    assert trace.config.layout == f"{layout}-sharded"
+    replayed = T.replay(trace, ranks=[0])
+    for (_, n, idx, qsl, positions), out in zip(served, replayed.outputs, strict=True):
+        _, local = out[0]
+        assert int(local.num_reqs) == n and local.idx_mapping[:n].tolist() == idx
+        assert local.query_start_loc[: n + 1].tolist() == qsl
+        assert local.positions[: int(local.num_tokens)].tolist() == positions
+    found = compare_with_vllm(trace, names=_standin_names())
+    assert found.difference is None and found.fields == SPLIT_FIELDS and found.steps == len(served)
+    # not vacuous: vLLM's own split of the same steps gives rank 0 other rows
+    vllm_split = dataclasses.replace(trace, config=dataclasses.replace(trace.config, layout="mrv2-sharded"))
+    theirs = T.replay(vllm_split, ranks=[0]).outputs
+    differ = [
+        a[0][1].positions[: int(a[0][1].num_tokens)].tolist() != rows[4]
+        for a, rows in zip(theirs, served, strict=True)
+    ]
+    assert sum(differ) >= 3, differ
+
+
+def test_against_names_a_split_that_loses_a_prefill_token(tmp_path):
+    from test_vllm_adapter import StandinManager
+
+    from pcp_fn.adapters.vllm.against import compare_with_vllm
+
+    class Drops(StandinManager):  # a drop-in with a bug: rank 1 serves its prefill rows one position off
+        def partition_batch(self, input_batch, batch_desc):
+            local = super().partition_batch(input_batch, batch_desc)
+            if self.pcp_rank == 1 and local.has_prefill:
+                local.positions[local.num_tokens - 1] += 1
+            return local
+
+    path = tmp_path / "served.jsonl"
+    manager, tables = _standin_manager(pcp_rank=0, record_schedule=path, layout="round-robin")
+    list(_served_steps(manager, tables))
+    manager.bookkeeper.recorder.close()
+    d = compare_with_vllm(path, names=_standin_names(Drops)).difference
+    assert d is not None and d.field in ("row runs", "prefill positions"), d

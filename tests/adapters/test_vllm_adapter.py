@@ -113,6 +113,24 @@ def test_lockstep_standin_against_oracle(case):
     assert summary.full_mixed_vs_oracle == 0  # the oracle is the reference of every step here
 
 
+LAYOUT_CASES = [
+    Case(P=2, shard=True, spec=1, moe=True, layout="round-robin"),
+    Case(P=3, shard=False, seed=2, layout="round-robin"),
+    Case(P=4, shard=True, spec=2, seed=4, layout="cost-balanced"),
+    Case(P=8, shard=False, seed=6, T=64, layout="cost-balanced", moe=True),
+    Case(P=2, shard=True, seed=7, layout="cost-balanced", decode_graphs=True, spec=1),
+]
+
+
+@pytest.mark.parametrize("case", LAYOUT_CASES, ids=lambda c: f"{c.layout}-P{c.P}-shard{int(c.shard)}")
+def test_lockstep_standin_serves_another_layout_as_the_oracle_does(case):
+    """FunctionalPCPManager(layout=...): every method, every rank, every cudagraph mode, drafts
+    and dummy runs, against the oracle cutting the same split (the reference of every step)."""
+    summary = run_lockstep(standin_backend(), case)
+    assert summary.steps >= 10 and summary.mixed and summary.decode_only, summary
+    assert summary.full_mixed_vs_oracle == 0
+
+
 @pytest.mark.parametrize("case", TINY_CASES, ids=lambda c: f"decode_graphs{int(c.decode_graphs)}")
 def test_lockstep_tiny_max_num_seqs_with_spec_tokens_standin(case):
     _check_tiny_summary(run_lockstep(standin_backend(), case), case)
@@ -1349,3 +1367,70 @@ print("allowed")
     out = subprocess.run([sys.executable, "-c", allowed], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and "allowed" in out.stdout, out.stderr[-3000:]
     assert "PCPManager.restore_hidden_states is" in out.stderr and "serving it anyway" in out.stderr
+
+
+# --------------------------------------------------------------------------- the layout option
+
+
+@pytest.mark.parametrize(
+    ("layout", "shard", "dcp", "match"),
+    [
+        ("dcs", True, 1, "cannot serve it: it pads every prefill"),
+        ("hybrid", False, 1, "cannot serve it: its prefill rows are DualChunkSwap's"),
+        ("no-such-layout", True, 1, "is not a registered layout; registered: dcs, hybrid, mrv2"),
+        ("round-robin", False, 2, "requires dcp_size == 1, got 2"),
+        ("cost-balanced-sharded", False, 1, "vLLM's pcp_shard_decode_requests is False: name 'cost-balanced'"),
+    ],
+)
+def test_a_layout_vllm_cannot_serve_is_refused_at_construction(layout, shard, dcp, match):
+    tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"), cp_size=dcp)
+    kw = dict(pcp_world_size=4, pcp_rank=0, device="cpu", shard_decode_requests=shard, max_num_reqs=8)
+    with pytest.raises(ValueError, match=match):
+        StandinManager(**kw, max_num_tokens=48, block_tables=tables, dcp_world_size=dcp, layout=layout)
+
+
+def test_a_researchers_layout_is_served_when_vllm_can_and_refused_when_not(monkeypatch):
+    """A registered MRV2Partition with its own split is served (decodes replicated; dealt, once its
+    sharded twin is registered too); a layout of another class is refused, naming why."""
+    import dataclasses as dc
+    from typing import ClassVar
+
+    from pcp_fn.mrv2 import MRV2Partition, PrefillSplit
+
+    @dc.dataclass(frozen=True)
+    class Halves(PrefillSplit):  # rank q holds the q-th of P equal runs
+        name: ClassVar[str] = "halves"
+
+        def runs(self, n, k, rank, P):
+            first, end = (n * rank) // P, (n * (rank + 1)) // P
+            return torch.stack(torch.broadcast_tensors(first, end), -1), torch.stack(
+                torch.broadcast_tensors(end - first, end * 0), -1
+            )
+
+    tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
+    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", max_num_reqs=8, max_num_tokens=48, block_tables=tables)
+    pcp_fn.register_layout(MRV2Partition(split=Halves()))
+    try:
+        manager = StandinManager(**kw, shard_decode_requests=False, layout="halves")
+        assert manager.bookkeeper.served.name == "halves"
+        with pytest.raises(ValueError, match="no layout 'halves-sharded'"):
+            StandinManager(**kw, shard_decode_requests=True, layout="halves")
+        pcp_fn.register_layout(MRV2Partition(split=Halves(), shard_decode_requests=True))
+        monkeypatch.setenv("PCP_FN_PCP_LAYOUT", "halves")  # the environment names it too
+        assert StandinManager(**kw, shard_decode_requests=True).bookkeeper.served.name == "halves-sharded"
+    finally:
+        for name in ("halves", "halves-sharded"):
+            if name in pcp_fn.available_layouts():
+                pcp_fn.unregister_layout(name)
+    monkeypatch.setenv("PCP_FN_PCP_LAYOUT", "dcs")
+    with pytest.raises(ValueError, match="PCP_FN_PCP_LAYOUT='dcs'"):
+        StandinManager(**kw, shard_decode_requests=True)
+
+
+def test_the_default_layout_is_vllms_and_changes_nothing(monkeypatch):
+    monkeypatch.delenv("PCP_FN_PCP_LAYOUT", raising=False)
+    tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
+    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", max_num_reqs=8, max_num_tokens=48, block_tables=tables)
+    for shard, name in ((True, "mrv2-sharded"), (False, "mrv2")):
+        served = StandinManager(**kw, shard_decode_requests=shard).bookkeeper.served
+        assert served.name == name and served.split == pcp_fn.mrv2.HEAD_TAIL

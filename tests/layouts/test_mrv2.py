@@ -388,7 +388,15 @@ def test_layout_and_every_rank_match_the_oracle(case):
     batch = case.batch(cfg)
     Lp, P, T = case.bucket.num_tokens, case.P, case.T
     orc = oracle_layout(
-        P, case.sched, case.prefilling, Lp, case.shard, case.dcp, T=T, split=case.split, computed=case.computed
+        P,
+        case.sched,
+        case.prefilling,
+        Lp,
+        case.shard,
+        case.dcp,
+        T=T,
+        split=case.split,
+        computed=case.computed,
     )
     state, lay = mrv2.build_layout(init_state(cfg), batch)
     N, F = sum(case.sched), orc.global_rows

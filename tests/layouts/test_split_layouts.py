@@ -48,7 +48,7 @@ def test_the_split_layouts_refuse_dcp(name):
 
 
 def test_round_robin_deals_the_chunks_in_turn():
-    """P = 2, a fresh prefill of 10 tokens: chunks of 3, rank 0 holds chunks 0 and 2, rank 1 chunks 1 and 3."""
+    """P = 2, a fresh prefill of 10 tokens: chunks of 3; rank 0 holds chunks 0 and 2, rank 1 1 and 3."""
     cfg = pcp_fn.PCPConfig(2, 0, 4, 64, layout="round-robin")
     batch = pcp_fn.make_batch(cfg, [10], [0], [10], slot_mapping=range(10))
     _, out = pcp_fn.all_ranks(pcp_fn.step, pcp_fn.init_state(cfg, rank=0), batch)

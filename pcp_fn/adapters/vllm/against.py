@@ -11,6 +11,14 @@ two local batches `partition_batch` returns is compared (dtype, shape and values
 PCP metadata field by field); the answer names the first step, rank and field that differ, or
 says none does. A step one manager refuses and the other serves is a difference too.
 
+A trace of another layout the drop-in served (`"round-robin"`, `"cost-balanced"`, ...:
+[`pcp_fn.adapters.vllm.served`][]) cuts prefills differently from vLLM's head and tail chunks by
+design; it is compared on what the split must not change, step by step over every rank
+([`SPLIT_FIELDS`][pcp_fn.adapters.vllm.against.SPLIT_FIELDS]): the same steps served, each
+rank's decode rows equal to vLLM's, every prefill's scheduled positions held exactly once over
+the ranks as in vLLM's, and each of the drop-in's rows one contiguous run ending at its
+`seq_len`.
+
 Not replayed: the token ids (a recording holds none: zeros), the draft tokens (none), the
 block tables and slot mappings (the recording holds no KV slot).
 """
@@ -24,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...mrv2.splits import HeadTail
+from ...protocol.registry import get_layout
 from ...sim.trace import ENGINE_LAYOUTS, Trace, TraceStep, read_trace
 
 
@@ -88,6 +98,10 @@ class Comparison:
     difference: Difference | None
 
 
+SPLIT_FIELDS = ("partition_batch", "decode rows", "prefill positions", "row runs")
+"""What a trace of another prefill split is compared on (module docstring)."""
+
+
 def compare_with_vllm(
     trace: Trace | str,
     *,
@@ -99,7 +113,7 @@ def compare_with_vllm(
     rank of `ranks` (default all), until the first difference.
 
     Args:
-        trace: an engine's trace (its layout `mrv2` or `mrv2-sharded`), or its path.
+        trace: an engine's trace (a layout of `ENGINE_LAYOUTS`), or its path.
         names: the engine's classes (default [`installed_vllm`][pcp_fn.adapters.vllm.against.installed_vllm]).
 
     Raises:
@@ -118,10 +132,11 @@ def compare_with_vllm(
     cfg = trace.config
     ranks = tuple(range(cfg.pcp_size)) if ranks is None else tuple(ranks)
     fields = tuple(f.name for f in dataclasses.fields(names.InputBatch))
+    layout = get_layout(cfg.layout)
     kw = dict(
         pcp_world_size=cfg.pcp_size,
         device=torch.device(device),
-        shard_decode_requests=cfg.layout == "mrv2-sharded",
+        shard_decode_requests=layout.shard_decode_requests,
         max_num_reqs=cfg.max_num_reqs,
         max_num_tokens=cfg.max_num_tokens,
         dcp_world_size=cfg.dcp_size,
@@ -129,6 +144,8 @@ def compare_with_vllm(
     )
     if trace.engine.moe_gathers_tokens:
         kw["moe_gathers_tokens"] = True
+    if not isinstance(layout.split, HeadTail):
+        return _compare_split(trace, names, ranks, kw, torch.device(device))
     steps = 0
     for rank in ranks:
         theirs = names.PCPManager(pcp_rank=rank, **kw)
@@ -140,6 +157,84 @@ def compare_with_vllm(
                 field, a, b = found
                 return Comparison(names.version, steps, ranks, fields, Difference(i, rank, field, a, b))
     return Comparison(names.version, steps, ranks, fields, None)
+
+
+def _compare_split(
+    trace: Trace, names: VllmNames, ranks: tuple[int, ...], kw: dict[str, Any], device: torch.device
+) -> Comparison:
+    """A trace of another prefill split against vLLM's head and tail chunks, step by step over
+    `ranks` together ([`SPLIT_FIELDS`][pcp_fn.adapters.vllm.against.SPLIT_FIELDS])."""
+    theirs = {q: names.PCPManager(pcp_rank=q, **kw) for q in ranks}
+    base = trace.config.layout.removesuffix("-sharded")
+    ours = {q: names.drop_in(pcp_rank=q, record_schedule="", layout=base, **kw) for q in ranks}
+    for i, s in enumerate(trace.steps):
+        locals_: dict[str, dict[int, Any]] = {"vllm": {}, "pcp_fn": {}}
+        # vLLM's chunks may need more rows than the recorded graph size the drop-in's split fit:
+        # vLLM's manager pads its own way (NONE), the split-neutral fields do not see the padding
+        plain = dataclasses.replace(s, batch_desc=None)
+        for who, managers, step in (("vllm", theirs, plain), ("pcp_fn", ours, s)):
+            for q in ranks:
+                batch, desc = global_batch(names.InputBatch, step, device), descriptor(names, step)
+                try:
+                    locals_[who][q] = _rows(managers[q].partition_batch(batch, desc))
+                except Exception as e:  # one refusing what the other serves is the finding
+                    locals_[who][q] = f"raised {type(e).__name__}: {e}"
+        found = _split_difference(locals_["vllm"], locals_["pcp_fn"], ranks)
+        if found is not None:
+            rank, field, a, b = found
+            return Comparison(names.version, i + 1, ranks, SPLIT_FIELDS, Difference(i, rank, field, a, b))
+    return Comparison(names.version, len(trace.steps), ranks, SPLIT_FIELDS, None)
+
+
+def _rows(local: Any) -> list[tuple[str, bool, list[int], int]]:
+    """A local batch's request rows: `(request id, prefilling, positions, seq_len)`."""
+    n = local.num_reqs
+    qsl, positions = local.query_start_loc_np[: n + 1].tolist(), local.positions.cpu().tolist()
+    seq_lens = local.seq_lens[:n].cpu().tolist()
+    flags = local.is_prefilling_np[:n].tolist()
+    return [(local.req_ids[k], flags[k], positions[qsl[k] : qsl[k + 1]], seq_lens[k]) for k in range(n)]
+
+
+def _split_difference(theirs: dict[int, Any], ours: dict[int, Any], ranks: tuple[int, ...]) -> Any:
+    """`(rank, field, vLLM's, pcp_fn's)` of the first entry of
+    [`SPLIT_FIELDS`][pcp_fn.adapters.vllm.against.SPLIT_FIELDS] that differs in one step (rank ->
+    rows or an error), else `None`."""
+    for q in ranks:
+        a, b = theirs[q], ours[q]
+        if isinstance(a, str) or isinstance(b, str):
+            if not (isinstance(a, str) and isinstance(b, str)):
+                return (
+                    q,
+                    "partition_batch",
+                    _short(a if isinstance(a, str) else "served"),
+                    _short(b if isinstance(b, str) else "served"),
+                )
+            continue
+        decodes_a = [row for row in a if not row[1] and row[2]]
+        decodes_b = [row for row in b if not row[1] and row[2]]
+        if decodes_a != decodes_b:
+            return q, "decode rows", _short(repr(decodes_a)), _short(repr(decodes_b))
+        for req, _, positions, seq_len in b:
+            if positions and positions != list(range(seq_len - len(positions), seq_len)):
+                return (
+                    q,
+                    "row runs",
+                    "one contiguous run a row",
+                    _short(f"{req}: {positions}, seq_len {seq_len}"),
+                )
+    covered: list[dict[str, list[int]]] = [{}, {}]
+    for held, by_rank in zip(covered, (theirs, ours)):
+        for q in ranks:
+            if isinstance(by_rank[q], str):
+                continue
+            for req, prefilling, positions, _ in by_rank[q]:
+                if prefilling:
+                    held.setdefault(req, []).extend(positions)
+    for req in sorted(set(covered[0]) | set(covered[1])):
+        a, b = sorted(covered[0].get(req, [])), sorted(covered[1].get(req, []))
+        if a != b:
+            return ranks[0], "prefill positions", _short(f"{req}: {a}"), _short(f"{req}: {b}")
+    return None
 
 
 def _step_difference(names: VllmNames, theirs: Any, ours: Any, s: TraceStep, device: torch.device) -> Any:

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from ...core.checks import check_int, host_ints, host_row
+from ...mrv2.host import largest_rank
 from ...protocol.config import PCPConfig
 from ...sim.trace import BatchDesc, EngineInfo
 from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
@@ -82,6 +83,7 @@ from .inputs import (
     resolve_device,
 )
 from .replace import dict_copy_ok, replace_fields
+from .served import served_split
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,6 +121,17 @@ _INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
 _NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
 _NO_TOKENS = np.zeros(1, dtype=np.int64)
 _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+
+
+def _check_schedule(num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> None:
+    """Integer counts, none negative, and bool prefill flags (`ValueError` naming the field)."""
+    if num_scheduled.dtype.kind not in "iu" or is_prefilling.dtype != np.bool_:
+        bad = ("num_scheduled_tokens", num_scheduled, "integers")
+        if num_scheduled.dtype.kind in "iu":
+            bad = ("is_prefilling_np", is_prefilling, "bools")
+        raise ValueError(f"input_batch.{bad[0]} must hold {bad[2]}, got {bad[1].dtype}")
+    if num_scheduled.size and int(np.bitwise_or.reduce(num_scheduled)) < 0:
+        host_ints("num_scheduled_tokens", num_scheduled)  # raises, naming the negative entry
 
 
 def recorded_desc(batch_desc: BatchExecutionDescriptor) -> BatchDesc:
@@ -186,6 +199,11 @@ class MRV2Bookkeeper:
         token_buckets: the graph ladder's token sizes (default: the engine's capture sizes
             on a device, else powers of two; [`pcp_fn.adapters.backend.graph_ladder`][]).
         check_host_syncs: run the device part under [`pcp_fn.no_host_syncs`][].
+        record_schedule: the trace file to record every step's schedule to
+            ([`pcp_fn.adapters.recording`][]).
+        manager_name: the manager class's name, for a recorded trace's header.
+        layout: the registered layout to serve ([`served_split`][pcp_fn.adapters.vllm.served.served_split]:
+            default `$PCP_FN_PCP_LAYOUT`, else vLLM's own `"mrv2"`).
 
     State after each step (read by the manager and its subclasses): `last_global_batch`,
     `last_local_batch`, `local_rows` (each local row's global request), `decode_only`
@@ -220,8 +238,14 @@ class MRV2Bookkeeper:
         check_host_syncs: bool = False,
         record_schedule: str | os.PathLike[str] | None = None,
         manager_name: str = "FunctionalPCPManager",
+        layout: str | None = None,
     ) -> None:
         check_flags(shard_decode_requests, moe_gathers_tokens)
+        self.served = served_split(
+            layout, shard_decode_requests=shard_decode_requests, dcp_size=dcp_world_size
+        )
+        # a split that reads the contexts (cost-balanced) is keyed and cut by num_computed too
+        self.reads_context = self.served.split.reads_context
         if moe_gathers_tokens and not engine.contract.moe_mask:
             raise ValueError(
                 f"moe_gathers_tokens=True: vLLM {engine.contract.name}'s PCPManager has no MoE routing mask"
@@ -284,7 +308,7 @@ class MRV2Bookkeeper:
             dcp_size=self.dcp_world_size,
             cp_kv_cache_interleave_size=self.cp_interleave,
             pad_slot_id=int(self.engine.PAD_SLOT_ID),
-            layout="mrv2-sharded" if self.shard_decode_requests else "mrv2",
+            layout=self.served.name,
         )
         vllm = sys.modules.get("vllm")
         version = getattr(vllm, "__version__", None) or self.engine.contract.name
@@ -325,6 +349,7 @@ class MRV2Bookkeeper:
             dcp_size=self.dcp_world_size,
             dcp_rank=self.dcp_rank,
             cp_kv_cache_interleave_size=self.cp_interleave,
+            split=self.served.split,
         )
 
     def _host_segments(self) -> HostSegments:
@@ -525,24 +550,27 @@ class MRV2Bookkeeper:
         """The largest real rank-local batch before graph padding (host twin, no loop)."""
         num_scheduled = host_row("input_batch.num_scheduled_tokens", num_scheduled_tokens)
         prefilling = host_row("input_batch.is_prefilling_np", is_prefilling, num_scheduled.size)
+        if self.reads_context:  # vLLM gives no contexts here: the most any context puts on a rank
+            _check_schedule(num_scheduled, prefilling)
+            total = int(np.add.reduce(num_scheduled, dtype=np.int64))
+            return largest_rank(self.host.config, num_scheduled, prefilling, total)[0] if total else 0
         return self.segments(num_scheduled, prefilling)[1]
 
-    def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> tuple[Any, int]:
+    def segments(
+        self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, num_computed: np.ndarray | None = None
+    ) -> tuple[Any, int]:
         """The host twin's segments of a schedule (every rank's counts, this rank's rows) and
         the largest rank's token count, remembered: vLLM's runner asks
         `get_num_tokens_for_dispatch` and then `partition_batch` of the same schedule, and
-        a busy server's decode steps repeat theirs. The cached arrays are only read."""
+        a busy server's decode steps repeat theirs. The cached arrays are only read.
+        `num_computed`: the contexts, for a split that reads them (part of the key then)."""
         key = (num_scheduled.dtype, is_prefilling.dtype, num_scheduled.tobytes(), is_prefilling.tobytes())
+        if num_computed is not None:
+            key = (*key, num_computed.tobytes())
         found = self._segments_of.get(key)
         if found is None:
-            if num_scheduled.dtype.kind not in "iu" or is_prefilling.dtype != np.bool_:
-                bad = ("num_scheduled_tokens", num_scheduled, "integers")
-                if num_scheduled.dtype.kind in "iu":
-                    bad = ("is_prefilling_np", is_prefilling, "bools")
-                raise ValueError(f"input_batch.{bad[0]} must hold {bad[2]}, got {bad[1].dtype}")
-            if num_scheduled.size and int(np.bitwise_or.reduce(num_scheduled)) < 0:
-                host_ints("num_scheduled_tokens", num_scheduled)  # raises, naming the negative entry
-            seg = self.host.segments(num_scheduled, is_prefilling)
+            _check_schedule(num_scheduled, is_prefilling)
+            seg = self.host.segments(num_scheduled, is_prefilling, num_computed)
             # max over P ints in Python: a numpy reduction costs more than the list
             widest = max(seg.per_rank_num_tokens.tolist()) if num_scheduled.size else 0
             found = self.schedule_cache.put("segments", key, (seg, widest))
@@ -570,7 +598,7 @@ class MRV2Bookkeeper:
         global_batch = input_batch
         arrays = self.check(global_batch)
         num_scheduled, _, _, is_prefilling, _ = arrays
-        shape = self.plan(num_scheduled, is_prefilling, batch_desc)
+        shape = self.plan(num_scheduled, is_prefilling, batch_desc, arrays[1] if self.reads_context else None)
         num_tokens = global_batch.num_tokens  # what the restores return and the slot mappings cover
         if num_tokens.__class__ is not int or num_tokens != shape.total:
             check_num_tokens(num_tokens, shape.total)
@@ -632,7 +660,11 @@ class MRV2Bookkeeper:
         return num_scheduled, computed, prefill_len, prefilling, idx_mapping
 
     def plan(
-        self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: BatchExecutionDescriptor
+        self,
+        num_scheduled: np.ndarray,
+        is_prefilling: np.ndarray,
+        batch_desc: BatchExecutionDescriptor,
+        num_computed: np.ndarray | None = None,
     ) -> StepShape:
         """The step's [`StepShape`][pcp_fn.adapters.vllm.bookkeeper.StepShape]: made from the host
         twin's segments and vLLM's padded sizes `(Lp, Rpad)` (checked against what the ranks hold)
@@ -644,10 +676,12 @@ class MRV2Bookkeeper:
             desc_id = self._desc_id(batch_desc)
         # (is_prefilling: one byte a request, so its length is the request count)
         key = (num_scheduled.dtype, num_scheduled.tobytes(), is_prefilling.tobytes(), desc_id)
+        if num_computed is not None:  # a split that reads the contexts
+            key = (*key, num_computed.dtype, num_computed.tobytes())
         shape = self._shapes.get(key)
         if shape is None:
             shape = self.schedule_cache.put(
-                "shapes", key, self._new_shape(num_scheduled, is_prefilling, batch_desc)
+                "shapes", key, self._new_shape(num_scheduled, is_prefilling, batch_desc, num_computed)
             )
         return shape  # (StepGraphs.partition checks input_ids and positions hold its tokens)
 
@@ -709,7 +743,11 @@ class MRV2Bookkeeper:
             )
 
     def _new_shape(
-        self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, batch_desc: BatchExecutionDescriptor
+        self,
+        num_scheduled: np.ndarray,
+        is_prefilling: np.ndarray,
+        batch_desc: BatchExecutionDescriptor,
+        num_computed: np.ndarray | None = None,
     ) -> StepShape:
         total = int(np.add.reduce(num_scheduled, dtype=np.int64))  # (R int32 counts can pass int32)
         if total > self.max_num_tokens:
@@ -717,7 +755,7 @@ class MRV2Bookkeeper:
                 f"input_batch.num_scheduled_tokens sums to {total} tokens; "
                 f"max_num_tokens is {self.max_num_tokens}"
             )
-        seg, widest = self.segments(num_scheduled, is_prefilling)
+        seg, widest = self.segments(num_scheduled, is_prefilling, num_computed)
         Lp, pad_reqs = self._padded_sizes(widest, batch_desc)
         rows, offset, length = seg.request, seg.offset, seg.length
         n = rows.size

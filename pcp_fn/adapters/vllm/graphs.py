@@ -209,6 +209,7 @@ class HostSegments:
         dcp_size: int,
         dcp_rank: int,
         cp_kv_cache_interleave_size: int,
+        split: mrv2.PrefillSplit = mrv2.HEAD_TAIL,
     ) -> None:
         self.config = mrv2.MRV2Config(
             pcp_size=pcp_size,
@@ -219,11 +220,17 @@ class HostSegments:
             dcp_size=dcp_size,
             dcp_rank=dcp_rank,
             cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
+            split=split,
         )
 
-    def segments(self, num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> host.LocalSegments:
-        """This rank's segments and every rank's counts (host, `O(P * R)`)."""
-        return host.local_segments(self.config, self.config.pcp_rank, num_scheduled, is_prefilling)
+    def segments(
+        self, num_scheduled: np.ndarray, is_prefilling: np.ndarray, num_computed: np.ndarray | None = None
+    ) -> host.LocalSegments:
+        """This rank's segments and every rank's counts (host, `O(P * R)`; `num_computed` for a
+        split that reads the contexts)."""
+        return host.local_segments(
+            self.config, self.config.pcp_rank, num_scheduled, is_prefilling, num_computed
+        )
 
 
 class StepGraphs:
@@ -240,6 +247,8 @@ class StepGraphs:
         dcp_size: decode context-parallel ranks.
         dcp_rank: this rank's decode context-parallel rank.
         cp_kv_cache_interleave_size: the KV interleave size.
+        split: how prefills are cut over the ranks ([`pcp_fn.mrv2.splits`][]; vLLM's head and
+            tail chunks by default).
         pad_slot_id: the slot of gathered rows that must not write the KV cache.
         device: where the graphs run.
         out: the persistent buffers ([`Destinations`][pcp_fn.adapters.vllm.graphs.Destinations]).
@@ -274,6 +283,7 @@ class StepGraphs:
         pad_slot_id: int,
         device: torch.device,
         out: Destinations,
+        split: mrv2.PrefillSplit = mrv2.HEAD_TAIL,
         backend: str | None,
         check_host_syncs: bool = False,
         token_buckets: Sequence[int] | None = None,
@@ -293,6 +303,7 @@ class StepGraphs:
             dcp_rank=dcp_rank,
             cp_kv_cache_interleave_size=cp_kv_cache_interleave_size,
             pad_slot_id=pad_slot_id,
+            split=split,
             request_buckets=sorted({b.num_reqs for b in self.ladder}),
             token_buckets=self._rungs,
         )

@@ -104,6 +104,11 @@ class FunctionalPCPManagerMixin:
         record_schedule: record every step's schedule to this trace file (default
             `$PCP_FN_RECORD_SCHEDULE`; [`pcp_fn.adapters.recording`][]): `pcp-fn replay` replays
             it. Only the recording process writes (global rank 0); serving never waits on it.
+        layout: the registered layout to serve (default `$PCP_FN_PCP_LAYOUT`, else `"mrv2"`,
+            vLLM's own): any [`pcp_fn.MRV2Partition`][], the built-in `"round-robin"` and
+            `"cost-balanced"` among them; decodes stay where vLLM's
+            `pcp_shard_decode_requests` puts them. Any other layout is a `ValueError` naming why
+            ([`pcp_fn.adapters.vllm.served`][]).
 
     The class attributes, from `vllm_api` to `check_host_syncs`, are set on a subclass or the
     class to change every instance.
@@ -153,6 +158,7 @@ class FunctionalPCPManagerMixin:
         moe_gathers_tokens: bool = False,
         *,
         record_schedule: str | os.PathLike[str] | None = None,
+        layout: str | None = None,
     ) -> None:
         api = self.vllm_api
         if moe_gathers_tokens and not api.contract.moe_mask:
@@ -190,6 +196,7 @@ class FunctionalPCPManagerMixin:
             check_host_syncs=self.check_host_syncs,
             record_schedule=record_schedule,
             manager_name=type(self).__name__,
+            layout=layout,
         )
 
     @classmethod
