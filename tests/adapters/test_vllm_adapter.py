@@ -1379,7 +1379,7 @@ print("allowed")
         ("hybrid", False, 1, "cannot serve it: its prefill rows are DualChunkSwap's"),
         ("no-such-layout", True, 1, "is not a registered layout; registered: dcs, hybrid, mrv2"),
         ("round-robin", False, 2, "requires dcp_size == 1, got 2"),
-        ("cost-balanced-sharded", False, 1, "vLLM's pcp_shard_decode_requests is False: name 'cost-balanced'"),
+        ("cost-balanced-sharded", False, 1, "pcp_shard_decode_requests is False: name 'cost-balanced'"),
     ],
 )
 def test_a_layout_vllm_cannot_serve_is_refused_at_construction(layout, shard, dcp, match):
@@ -1408,7 +1408,8 @@ def test_a_researchers_layout_is_served_when_vllm_can_and_refused_when_not(monke
             )
 
     tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
-    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", max_num_reqs=8, max_num_tokens=48, block_tables=tables)
+    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", max_num_reqs=8, max_num_tokens=48)
+    kw["block_tables"] = tables
     pcp_fn.register_layout(MRV2Partition(split=Halves()))
     try:
         manager = StandinManager(**kw, shard_decode_requests=False, layout="halves")
@@ -1430,7 +1431,8 @@ def test_a_researchers_layout_is_served_when_vllm_can_and_refused_when_not(monke
 def test_the_default_layout_is_vllms_and_changes_nothing(monkeypatch):
     monkeypatch.delenv("PCP_FN_PCP_LAYOUT", raising=False)
     tables = standin.BlockTables([4], 8, 48, [64], torch.device("cpu"))
-    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", max_num_reqs=8, max_num_tokens=48, block_tables=tables)
+    kw = dict(pcp_world_size=2, pcp_rank=0, device="cpu", max_num_reqs=8, max_num_tokens=48)
+    kw["block_tables"] = tables
     for shard, name in ((True, "mrv2-sharded"), (False, "mrv2")):
         served = StandinManager(**kw, shard_decode_requests=shard).bookkeeper.served
         assert served.name == name and served.split == pcp_fn.mrv2.HEAD_TAIL
