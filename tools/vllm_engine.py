@@ -112,6 +112,9 @@ def _worker_report(worker: Any) -> dict[str, Any]:
     stats = getattr(manager, "graph_stats", None)
     if stats is not None:
         report["graph_stats"] = dict(vars(stats))
+    served = getattr(getattr(manager, "bookkeeper", None), "served", None)
+    if served is not None:  # PCP_FN_PCP_LAYOUT: the layout the drop-in serves
+        report["layout"] = served.name
     recorder = getattr(getattr(manager, "bookkeeper", None), "recorder", None)
     if recorder is not None:  # PCP_FN_RECORD_SCHEDULE: this process records the schedule
         report["recording"] = {"path": recorder.path, **vars(recorder.stats)}

@@ -179,6 +179,83 @@ def test_a_recorded_run_serves_the_same_and_replays_bit_identically(engine, tmp_
     assert f"PCPManager: no difference ({len(trace.steps)} steps x 2 ranks" in cli.stdout, cli.stdout
 
 
+def _logprobs(result: dict) -> list[tuple[str, str, float]]:
+    """Every step's `(request, token, logprob)` of the top-3 logprobs, in order."""
+    return [
+        (req, token, float.fromhex(value))
+        for step in result["steps"]
+        for req, (_, logprobs) in sorted(step.items())
+        for position in logprobs
+        for token, value in sorted(position.items())
+    ]
+
+
+def _worst(a: dict, b: dict) -> float:
+    """The largest absolute difference of two runs' logprobs (the same top-3 tokens asserted)."""
+    x, y = _logprobs(a), _logprobs(b)
+    assert [(r, t) for r, t, _ in x] == [(r, t) for r, t, _ in y]
+    return max(abs(u - v) for (_, _, u), (_, _, v) in zip(x, y))
+
+
+@pytest.mark.parametrize("pcp", [2, 4])
+@pytest.mark.parametrize("layout", ["round-robin", "cost-balanced"])
+def test_another_layout_serves_the_pcp1_tokens(engine, layout, pcp):
+    """PCP_FN_PCP_LAYOUT: every worker serves the layout (decodes dealt, as vLLM's config says);
+    greedy tokens equal PCP=1's; the top-3 tokens of every position are vLLM's own manager's.
+
+    Logprobs are not bitwise vLLM's: another split changes which rows each rank's GEMMs and
+    attention compute together, so float32 sums round differently -- as PCP itself does. They
+    stay within twice vLLM's own manager's distance from PCP=1 (measured 2026-12-05: vLLM's
+    manager vs PCP=1 5.5e-6 at P=2, 1.5e-5 at P=4; the splits vs vLLM's manager 2.1e-6 to
+    1.5e-5)."""
+    p = ("--pcp", str(pcp)) if pcp != 2 else ()
+    suffix = "" if pcp == 2 else f"_p{pcp}"
+    ours = engine(f"{layout}{suffix}", *p, env={"PCP_FN_PCP_LAYOUT": layout})
+    _check_plugin_served(ours)
+    assert {w["layout"] for w in ours["workers"]} == {f"{layout}-sharded"}
+    assert _tokens(ours) == _tokens(engine("pcp1", "--pcp", "1", "--manager", "vllm"))
+    theirs = engine("vllm" + suffix, *p, "--manager", "vllm")
+    assert ours["engine_steps"] == theirs["engine_steps"]
+    worst, pcp_noise = _worst(ours, theirs), _worst(theirs, engine("pcp1", "--pcp", "1", "--manager", "vllm"))
+    print(f"\n{layout} P={pcp}: logprobs within {worst:.2e} of vLLM's manager (PCP=1 gap {pcp_noise:.2e})")
+    assert 0 < pcp_noise and worst <= 2 * pcp_noise
+
+
+def test_a_recorded_round_robin_run_replays_and_keeps_what_vllm_keeps(engine, tmp_path_factory):
+    """A trace recorded while serving "round-robin" names it, replays bit-identically eager and
+    compiled, agrees with `--against vllm` on what a split must keep, and `pcp-fn compare` prints
+    every layout's per-rank attention work on it."""
+    from pcp_fn.sim.trace import read_trace, replay_digest
+
+    folder = tmp_path_factory.mktemp("recorded_rr")
+    env = {"PCP_FN_PCP_LAYOUT": "round-robin", "PCP_FN_RECORD_SCHEDULE": str(folder / "rr.jsonl")}
+    ours = engine("round-robin_recorded", env=env)
+    _check_plugin_served(ours)
+    assert ours["steps"] == engine("round-robin", env={"PCP_FN_PCP_LAYOUT": "round-robin"})["steps"]
+    trace = read_trace(folder / "rr.jsonl")
+    assert trace.config.layout == "round-robin-sharded" and len(trace.steps) == ours["engine_steps"]
+    eager = replay_digest(folder / "rr.jsonl")
+    assert replay_digest(folder / "rr.jsonl", mode="compiled", backend="eager").digest == eager.digest
+    cli = [sys.executable, "-m", "pcp_fn.sim.cli"]
+    out = subprocess.run(
+        [*cli, "replay", str(folder / "rr.jsonl"), "--against", "vllm"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0 and eager.digest in out.stdout, out.stdout + out.stderr
+    assert "no difference" in out.stdout, out.stdout
+    out = subprocess.run(
+        [*cli, "compare", str(folder / "rr.jsonl"), "--layouts", "mrv2,round-robin,cost-balanced",
+         "--pcp-sizes", "2", "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[2:] if line.strip()}
+    assert "work max" in out.stdout and set(rows) == {"mrv2", "round-robin", "cost-balanced"}, out.stdout
+    assert all(row[0] == "2" and int(row[3]) >= int(row[4]) > 0 for row in rows.values()), out.stdout
+
+
 @pytest.mark.skipif(
     not _has_amx(), reason="chunked prefill with MLA needs vLLM's AMX_MLA backend (no AMX here)"
 )
