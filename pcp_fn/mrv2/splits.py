@@ -175,5 +175,8 @@ class CostBalanced(PrefillSplit):
 
 
 HEAD_TAIL = HeadTail()
+"""vLLM's split ([`HeadTail`][pcp_fn.mrv2.splits.HeadTail]), the default of [`pcp_fn.MRV2Config`][]."""
 ROUND_ROBIN = RoundRobin()
+"""The `"round-robin"` layout's split ([`RoundRobin`][pcp_fn.mrv2.splits.RoundRobin])."""
 COST_BALANCED = CostBalanced()
+"""The `"cost-balanced"` layout's split ([`CostBalanced`][pcp_fn.mrv2.splits.CostBalanced])."""

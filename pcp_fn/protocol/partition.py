@@ -21,7 +21,7 @@ laid out request by request) or, for full control,
 starts in scheduler order). Both must be capturable (docs/concepts.md, "Capturability, checked") and
 take `rank` as an int or a 0-d tensor. [`pcp_fn.mrv2.MRV2Partition`][pcp_fn.MRV2Partition] (vLLM
 model runner V2's unpadded head/tail chunks, the built-in `"mrv2"`) is the example;
-`examples/cost_balanced_layout.py` another.
+the built-in `"round-robin"` and `"cost-balanced"` (its `PrefillSplit`s) others.
 
 `P = 2`, tokens `[1, 5, 8]` (request 0 a decode), `"mrv2"`: chunks of
 `c = ceil(n / 4)` cut at the request's end, so rank 0 holds `(0,0) (1,0) (1,1)

@@ -40,7 +40,7 @@ from .. import (
     make_batch,
     step,
 )
-from ..adapters.vllm.against import compare_with_vllm
+from ..adapters.vllm.against import SPLIT_FIELDS, compare_with_vllm
 from . import compare, show
 from .compare import LayoutFailed, compare_config, describe, format_refusals, format_table
 from .engine import Runner, ScheduledStep, StepRecord, synthetic_requests
@@ -540,6 +540,8 @@ def _replay_against(args: argparse.Namespace, ranks: list[int] | None) -> int:
     except ImportError as e:
         raise ValueError(f"--against vllm needs vLLM 0.32, 0.33 or 0.34 importable: {e}") from None
     where = f"{found.steps} steps x {len(found.ranks)} ranks, {len(found.fields)} fields of partition_batch"
+    if found.fields == SPLIT_FIELDS:  # another split: compared on what it must keep
+        where = f"{found.steps} steps x {len(found.ranks)} ranks, {', '.join(SPLIT_FIELDS[1:])}"
     if found.difference is None:
         print(f"against vLLM {found.version}'s PCPManager: no difference ({where})")
         return 0
