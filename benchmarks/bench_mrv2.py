@@ -4,6 +4,7 @@ the gathered rows.
 
     taskset -c 1 python benchmarks/bench_mrv2.py [--iters 200] [--no-compile] [--no-inductor-counts]
                                                  [--shard] [--no-reference] [--batches A,B,C]
+                                                 [--split head-tail|round-robin|cost-balanced]
                                                  [--markdown PATH]
 
 For each batch (R=256, T=8192, rank 0; decodes have 500 computed tokens and a
@@ -141,6 +142,10 @@ def main():
     ap.add_argument("--shard", action="store_true", help="shard decodes round-robin instead of replicating")
     ap.add_argument("--no-reference", action="store_true", help="do not time vLLM's host path")
     ap.add_argument("--batches", default="A,B,C")
+    splits = {s.name: s for s in (mrv2.HEAD_TAIL, mrv2.ROUND_ROBIN, mrv2.COST_BALANCED)}
+    ap.add_argument(
+        "--split", choices=sorted(splits), default="head-tail", help="the prefill split (vLLM's: head-tail)"
+    )
     add_markdown_option(ap)
     args = ap.parse_args()
     tables = Tables(args.markdown)
@@ -152,7 +157,7 @@ def main():
     for name, (P, (sched, comp, plen)) in reference_batches().items():
         if name not in args.batches.split(","):
             continue
-        cfg = mrv2.MRV2Config(P, 0, R, T, shard_decode_requests=args.shard)
+        cfg = mrv2.MRV2Config(P, 0, R, T, shard_decode_requests=args.shard, split=splits[args.split])
         entry_state = previous.get(P, mrv2.init_state(cfg))
         batch = mrv2.make_batch(cfg, sched, comp, plen)
         bucket = batch.bucket

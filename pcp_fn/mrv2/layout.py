@@ -48,9 +48,9 @@ from ..core.pytree import pytree_dataclass, static_field
 from ..core.ragged import offsets, scatter_to, segment_of
 from ..core.rank import rank_leaf
 from .batch import GlobalBatch, check_global_batch, make_batch, token_rows
-from .chunks import chunk_size, splits
+from .chunks import chunk_length, chunk_size, splits
 from .config import MRV2Config
-from .splits import HeadTail
+from .splits import ChunkSplit, HeadTail, PrefillSplit
 
 
 @pytree_dataclass
@@ -186,10 +186,10 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
     """Every rank's segments of `batch` compacted in its local order (module docstring for
     the rules): [`Segments`][pcp_fn.mrv2.layout.Segments] channels `[8, P, Rl]`, then one empty row per rank.
 
-    Every (rank, request, head/tail) slot is a chunk `k` of `size` tokens cut at the
-    request's end, `length = clamp(n - k * size, 0, size)`: a split prefill's head and
-    tail are chunks `q` and `2P-1-q` of `ceil(n / 2P)`; a replicated request takes
-    `size = n` and chunk 0 (head) on its ranks, chunk 1 (empty) elsewhere. One prefix
+    Every (rank, request, run) slot is a run of the request: of a chunk split (vLLM's head and
+    tail, round-robin) a chunk cut at the request's end (`_chunk_runs`), of another split its
+    rule's runs (`_split_runs`); a replicated request is one run of all its tokens on its ranks,
+    the second slot empty. One prefix
     sum over `[P, group, R, head/tail]` (non-prefilling requests first) numbers the
     non-empty slots in local order, and one scatter compacts every channel (row 0 of the
     scatter is a trash row for the empty slots; a batch has at most `2R` rows a rank,
@@ -198,24 +198,16 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
     P, R, Rl = config.pcp_size, config.max_num_reqs, batch.bucket.num_reqs
     n, prefilling = batch.num_scheduled, batch.is_prefilling
     ids = torch.arange(max(2, P, R, Rl + 1), dtype=torch.int32, device=n.device)
-    group, q = ids[:2], ids[:P, None]  # group: non-prefilling, prefilling (and head, tail)
-    if isinstance(config.split, HeadTail):  # vLLM's chunks; under DCP short prefills are replicated
-        split = splits(config, n, prefilling, chunk_size(n, config.num_chunks))
+    group, q = ids[:2], ids[:P, None, None]  # group: also the replicated chunks [head, tail]
+    rule = config.split
+    if isinstance(rule, ChunkSplit):
+        rest, length, split = _chunk_runs(config, rule, n, prefilling, q, group)
     else:
-        split = prefilling
-    first, split_length = config.split.runs(n, batch.num_computed, q, P)  # [P, R, 2]
-    # a replicated request (the others) is one run of all its tokens on its ranks
-    whole = torch.stack([n, torch.zeros_like(n)], -1)  # [R, 2]
-    if config.shard_decode_requests:  # the j-th non-empty replicated request lives on rank j % P only
-        ordinal = torch.cumsum((n > 0) > split, 0, dtype=torch.int32) - 1
-        whole = whole * (q == ordinal % P)[..., None]  # [P, R, 2]
-    first = first * split[:, None]
-    length = torch.where(split[:, None], split_length, whole)
-    rest = n[:, None] - first  # tokens from the run's start on
+        rest, length, split = _split_runs(config, rule, batch, q)
     if config.shard_decode_requests:  # a sharded request lives on its owner only: every copy writes
         written = torch.ones((), dtype=torch.bool, device=n.device)
     else:  # rank 0's copy of a replicated request writes
-        written = split[:, None] | (q[..., None] == 0)  # [P, R, 1]
+        written = split[:, None] | (q == 0)
     request_len = batch.num_computed + n
     token_end = torch.cumsum(n, 0, dtype=torch.int32)
     channels = (
@@ -242,6 +234,49 @@ def segments(config: MRV2Config, batch: GlobalBatch) -> Compacted:
     index = row.view(1, P, 2 * R).expand(K, -1, -1)
     compact = target[:, None].expand(-1, P, -1).scatter(2, index, table)
     return Compacted(compact[:, :, 1 : Rl + 2], numbered[:, -1, -1, -1], ids)
+
+
+def _chunk_runs(
+    config: MRV2Config,
+    rule: ChunkSplit,
+    n: torch.Tensor,
+    prefilling: torch.Tensor,
+    q: torch.Tensor,
+    group: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(rest, length [P, R, 2], split [R])` of a chunk split: every (rank, request, run) slot is a
+    chunk `k` of `size` tokens cut at the request's end, `length = clamp(n - k * size, 0, size)`;
+    a split prefill's chunks are the rule's ([`ChunkSplit.held`][pcp_fn.mrv2.splits.ChunkSplit.held])
+    of `ceil(n / 2P)`, a replicated request takes `size = n` and chunk 0 on its ranks, chunk 1
+    (empty) elsewhere."""
+    P = config.pcp_size
+    c = chunk_size(n, config.num_chunks)
+    split = splits(config, n, prefilling, c) if isinstance(rule, HeadTail) else prefilling
+    rep_chunk = group
+    if config.shard_decode_requests:  # the j-th non-empty replicated request lives on rank j % P only
+        ordinal = torch.cumsum((n > 0) > split, 0, dtype=torch.int32) - 1
+        rep_chunk = (q != ordinal[:, None] % P) | group.bool()  # [P, R, 2]
+    split_chunk = torch.stack(rule.held(q, P), -1).view(P, 1, 2)
+    chunk = torch.where(split[:, None], split_chunk, rep_chunk)  # [P, R, 2]
+    size = torch.where(split, c, n)[:, None]
+    rest = torch.addcmul(n[:, None], chunk, size, value=-1)  # tokens from the chunk's start on
+    return rest, chunk_length(rest, size), split
+
+
+def _split_runs(
+    config: MRV2Config, rule: PrefillSplit, batch: GlobalBatch, q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(rest, length [P, R, 2], split [R])` of any other split: its runs
+    ([`PrefillSplit.runs`][pcp_fn.mrv2.splits.PrefillSplit.runs]) for the prefills (under no DCP
+    all are split), one run of all its tokens for a replicated request on its ranks."""
+    P, n, split = config.pcp_size, batch.num_scheduled, batch.is_prefilling
+    first, split_length = rule.runs(n, batch.num_computed, q[:, 0], P)  # [P, R, 2]
+    whole = torch.stack([n, torch.zeros_like(n)], -1)  # [R, 2]
+    if config.shard_decode_requests:  # the j-th non-empty replicated request lives on rank j % P only
+        ordinal = torch.cumsum((n > 0) > split, 0, dtype=torch.int32) - 1
+        whole = whole * (q == ordinal[:, None] % P)  # [P, R, 2]
+    first = first * split[:, None]
+    return n[:, None] - first, torch.where(split[:, None], split_length, whole), split
 
 
 class Built(NamedTuple):

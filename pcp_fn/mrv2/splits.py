@@ -81,34 +81,44 @@ class PrefillSplit:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadTail(PrefillSplit):
-    """vLLM's `PCPManager._iter_rank_chunks`: `2P` chunks of `c = ceil(n / 2P)`, rank `q` holds
-    chunk `q` (head) and chunk `2P-1-q` (tail), each cut at the request's end. Both ends of
-    the causal triangle on every rank: the work evens out."""
+class ChunkSplit(PrefillSplit):
+    """A split into `2P` chunks of `c = ceil(n / 2P)` tokens, each cut at the request's end: rank
+    `q` holds the two chunks [`held`][pcp_fn.mrv2.splits.ChunkSplit.held] names. The device layout
+    builds such a split from the chunk indices alone (one fused multiply-add a run)."""
 
-    name: ClassVar[str] = "head-tail"
+    def held(self, rank: Any, P: int) -> tuple[Any, Any]:
+        """The two chunks rank `rank` holds (`rank` an int, array or tensor; the results alike)."""
+        raise NotImplementedError
 
     def runs(self, n: Any, k: Any, rank: Any, P: int) -> tuple[Any, Any]:
-        C = 2 * P
-        c = chunk_size(n, C)
-        first = _pair(rank * c, (C - 1 - rank) * c)
+        c = chunk_size(n, 2 * P)
+        a, b = self.held(rank, P)
+        first = _pair(a * c, b * c)
         return first, chunk_length(_expand(n) - first, _expand(c))
 
 
 @dataclasses.dataclass(frozen=True)
-class RoundRobin(PrefillSplit):
-    """The `2P` chunks of [`HeadTail`][pcp_fn.mrv2.splits.HeadTail] dealt in turn: rank `q` holds
-    chunks `q` and `P+q` (a round-robin split in two rounds, as SGLang's context parallelism
-    deals chunks; dealt token by token it would put one request row per token on a rank, past
-    vLLM's `2 * max_num_reqs` rows). The later round costs more causal work than the earlier
-    one, so the last rank does the most."""
+class HeadTail(ChunkSplit):
+    """vLLM's `PCPManager._iter_rank_chunks`: rank `q` holds chunk `q` (head) and chunk `2P-1-q`
+    (tail). Both ends of the causal triangle on every rank: the work evens out."""
+
+    name: ClassVar[str] = "head-tail"
+
+    def held(self, rank: Any, P: int) -> tuple[Any, Any]:
+        return rank, (2 * P - 1) - rank
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRobin(ChunkSplit):
+    """The `2P` chunks dealt in turn: rank `q` holds chunks `q` and `P+q` (a round-robin split in
+    two rounds, as SGLang's context parallelism deals chunks; dealt token by token it would put
+    one request row per token on a rank, past vLLM's `2 * max_num_reqs` rows). The later round
+    costs more causal work than the earlier one, so the last rank does the most."""
 
     name: ClassVar[str] = "round-robin"
 
-    def runs(self, n: Any, k: Any, rank: Any, P: int) -> tuple[Any, Any]:
-        c = chunk_size(n, 2 * P)
-        first = _pair(rank * c, (P + rank) * c)
-        return first, chunk_length(_expand(n) - first, _expand(c))
+    def held(self, rank: Any, P: int) -> tuple[Any, Any]:
+        return rank, rank + P
 
 
 def work(b: Any, k: Any) -> Any:
@@ -156,7 +166,13 @@ class CostBalanced(PrefillSplit):
     reads_context: ClassVar[bool] = True
 
     def runs(self, n: Any, k: Any, rank: Any, P: int) -> tuple[Any, Any]:
-        begin, end = balanced_bound(n, k, rank, P), balanced_bound(n, k, rank + 1, P)
+        if isinstance(rank, (torch.Tensor, np.ndarray)):  # both cuts in one pass: half the kernels
+            xp = torch if isinstance(rank, torch.Tensor) else np
+            lead = (1,) * max(np.ndim(n) - rank.ndim, 0)  # [2, ...]: the pair apart from n's dims
+            both = xp.stack([rank, rank + 1]).reshape(2, *lead, *rank.shape)
+            begin, end = balanced_bound(n, k, both, P)
+        else:
+            begin, end = balanced_bound(n, k, rank, P), balanced_bound(n, k, rank + 1, P)
         if isinstance(n, torch.Tensor):
             begin, end = begin.to(n.dtype), end.to(n.dtype)
         return _pair(begin, end), _pair(end - begin, end * 0)
