@@ -26,9 +26,10 @@ Per batch, medians of ``--iters`` steps:
 - ``kernels``: CUDA kernels the profiler sees in one step (the graph's kernels
   counted one by one where the profiler can see into graphs).
 - the host time by phase (:func:`bench_vllm.phased_step`);
-- ``recording host us``: the host time of the same step on a second manager recording its
-  schedule (``record_schedule=``, ``pcp_fn.adapters.recording``; its feeder thread and writer
-  process running meanwhile), timed in turn with the first, and the ratio of the two.
+- ``recording host us``: the host time of the same step on the same manager recording its
+  schedule (the recorder of a manager built with ``record_schedule=``,
+  ``pcp_fn.adapters.recording``; its feeder thread and writer process running meanwhile),
+  timed in turn with the unrecorded step, and the ratio of the two.
 
 Without a GPU (``--device cpu``) the same runs with the graph replay replaced
 by nothing (:func:`bench_vllm.graph_replayed`), the host time ``bench_vllm.py``
@@ -125,19 +126,19 @@ def main() -> None:
         t0 = time.perf_counter()
         manager = Manager(**kw, block_tables=bench_vllm.StubBlockTables(device))
         made = time.perf_counter() - t0
-        recording = Manager(
+        recorder = Manager(  # its recorder records the steps of `manager`: one instance, with and without
             **kw,
             block_tables=bench_vllm.StubBlockTables(device),
             record_schedule=os.path.join(scratch, f"{name}.jsonl"),
-        )
-        one = functools.partial(bench_vllm.one_step, manager, g, desc, hidden[0])
-        one_recorded = functools.partial(bench_vllm.one_step, recording, g, desc, hidden[0])
+        ).bookkeeper.recorder
+        one_of = functools.partial(bench_vllm.one_step, global_batch=g, desc=desc, hidden=hidden[0])
+        one = functools.partial(bench_vllm.recorded_step, manager, None, one_of)
+        one_recorded = functools.partial(bench_vllm.recorded_step, manager, recorder, one_of)
         host_us, device_us, recorded_us, kernels = [], [], [], None
         with torch.inference_mode():
             if not cuda:  # the host path alone (bench_vllm.py's table 2)
                 step_of = functools.partial(bench_vllm.one_step, global_batch=g, desc=desc, hidden=hidden[0])
                 bench_vllm.graph_replayed(manager, step_of)
-                bench_vllm.graph_replayed(recording, step_of)
             for _ in range(10):
                 one()
                 one_recorded()
@@ -155,6 +156,7 @@ def main() -> None:
                     end.record()
                     end.synchronize()
                     device_us.append(start.elapsed_time(end) * 1e3)
+                manager.bookkeeper.recorder = None
                 bench_vllm.phased_step(manager, g, desc, hidden[0])
                 sync()
                 t0 = time.perf_counter_ns()
@@ -172,8 +174,8 @@ def main() -> None:
                     kernels = sum(1 for e in prof.events() if e.device_type == cuda_kind)
                 except Exception as e:  # a profiler that cannot see here: say so, do not fail
                     print(f"  (profiler: {type(e).__name__}: {e})")
-        recording.bookkeeper.recorder.close()
-        stopped = recording.bookkeeper.recorder.stats.stopped
+        recorder.close()
+        stopped = recorder.stats.stopped
         if stopped is not None:
             print(f"  (batch {name}: the recording stopped: {stopped})")
         stats = manager.graph_stats

@@ -50,8 +50,10 @@ per distinct schedule; every step here repeats its batch, like a busy
 server's decode steps, and ``new`` is the same step with those memos emptied
 first (a schedule never seen before: its dispatch computes the twin, which its
 partition then reuses). ``recording`` is the adapter recording every step's schedule
-(``record_schedule``, ``pcp_fn.adapters.recording``: the arrays copied and queued; its writer
-thread turns them into JSON lines in this process meanwhile, as in a server). ``--markdown PATH``
+(``record_schedule``, ``pcp_fn.adapters.recording``: the arrays copied and queued; its feeder
+thread frames them meanwhile and its writer process turns them into JSON lines, as in a server:
+``--writer-cpu N`` puts that process on CPU ``N``), timed on the ``adapter``'s own manager with
+and without its recorder, so the two differ by the recording alone. ``--markdown PATH``
 writes both tables to a markdown fragment too (``benchmarks/_common.py``).
 """
 
@@ -138,6 +140,12 @@ def _no_replay(call: Any, bound: Any) -> None:
     return None
 
 
+def recorded_step(manager: Any, recorder: Any, step: Any) -> None:
+    """``step(manager)`` with ``recorder`` recording its schedule (``None``: not recorded)."""
+    manager.bookkeeper.recorder = recorder
+    step(manager)
+
+
 PHASES: dict[str, list[int]] = {}
 
 
@@ -221,6 +229,12 @@ def main() -> None:
         default="aoti",
         help="the adapter's graphs in table 1: aoti (default), inductor, or none to skip the column",
     )
+    parser.add_argument(
+        "--writer-cpu",
+        type=int,
+        default=None,
+        help="run the recording's writer process on this CPU (default: the CPUs this process may use)",
+    )
     add_markdown_option(parser)
     args = parser.parse_args()
     tables = Tables(args.markdown)
@@ -299,11 +313,15 @@ def main() -> None:
             host = graph_replayed(plain(**kw), host_step_of)
             fresh = graph_replayed(plain(**kw), host_step_of)
             trace = os.path.join(scratch, f"{name}.jsonl")
-            recording = graph_replayed(plain(**kw, record_schedule=trace), host_step_of)
+            # the recorder of a manager built to record; its steps are the host manager's, with and
+            # without it: one instance's buffers and memos, so only the recording differs
+            recorder = plain(**kw, record_schedule=trace).bookkeeper.recorder
+            if args.writer_cpu is not None:  # a server's writer runs beside the serving thread
+                os.sched_setaffinity(recorder.writer_pid, {args.writer_cpu})
             fns = {
                 "vLLM": functools.partial(host_step_of, ref),
-                "adapter": functools.partial(host_step_of, host),
-                "recording": functools.partial(host_step_of, recording),
+                "adapter": functools.partial(recorded_step, host, None, host_step_of),
+                "recording": functools.partial(recorded_step, host, recorder, host_step_of),
                 "new": functools.partial(new_schedule_step, fresh, host_step_of),
                 "vLLM dispatch": functools.partial(
                     ref.get_num_tokens_for_dispatch, g.num_scheduled_tokens, g.is_prefilling_np
@@ -313,7 +331,6 @@ def main() -> None:
             }
             PHASES.clear()
             rows2.append((name, P, mode, interleaved_medians(fns, args.iters)))
-            recorder = recording.bookkeeper.recorder
             recorder.close()
             if recorder.stats.stopped is not None:
                 notes.append(f"{name}: the recording stopped: {recorder.stats.stopped}")

@@ -60,6 +60,7 @@ DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_MAX_PENDING = 4096
 """Steps the feeder may fall behind before the recording stops (the queue's bound)."""
 
+_MAX_DESCRIPTORS = 1024  # packed descriptors the feeder keeps (a server has one per graph)
 _POLL_S = 0.01  # the feeder's wait for new steps: the serving thread never signals it
 _CLOSE_TIMEOUT_S = 30.0
 
@@ -134,9 +135,11 @@ class TraceRecorder:
         self.path = os.fspath(path)
         self.max_bytes, self.max_pending = max_bytes, max_pending
         self.describe = describe
+        self._descs: dict[int, tuple[Any, bytes]] = {}  # the feeder's packed descriptors, by object
         self.stats = RecorderStats()
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
         self._closing = threading.Event()
+        self._accepting = True  # False once closing or stopped: record() returns at once
         self._warned = False
         self._report_lock = threading.Lock()
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -156,33 +159,50 @@ class TraceRecorder:
         atexit.register(self.close)
 
     @property
+    def writer_pid(self) -> int:
+        """The writer process's id (to place it on a CPU of its own, say)."""
+        return self._writer.pid
+
+    @property
     def recording(self) -> bool:
         """`True` until the recording stops (a limit, a write error, `close()`)."""
         return self.stats.stopped is None and not self._closing.is_set()
 
     def record(
         self,
-        num_scheduled: np.ndarray,
-        num_computed: np.ndarray,
-        num_prompt: np.ndarray,
-        is_prefilling: np.ndarray | None = None,
-        idx_mapping: np.ndarray | None = None,
+        num_scheduled: np.ndarray | bytes,
+        num_computed: np.ndarray | bytes,
+        num_prompt: np.ndarray | bytes,
+        is_prefilling: np.ndarray | bytes | None = None,
+        idx_mapping: np.ndarray | bytes | None = None,
         batch_desc: Any = None,
     ) -> None:
         """Queue one step (`[num_reqs]` arrays in the engine's row order, `is_prefilling` and
         `idx_mapping` for an MRV2 engine's trace only; copied, so the engine
         may reuse its buffers; `batch_desc` is kept as given, an immutable descriptor, and
         converted by `describe` in the feeder). Never blocks and never raises for the disk's
-        sake: it costs the serving thread the copies and an append."""
-        if self.stats.stopped is not None or self._closing.is_set():
+        sake: it costs the serving thread the copies and an append.
+
+        A field may also come as `bytes` in its frame dtype (int32 counts, bool flags, int64
+        `idx_mapping`): immutable, kept as they are (a caller that has them spares the copy)."""
+        if not self._accepting:  # (a plain attribute: an Event's is_set is a method call)
             return
-        if len(self._pending) >= self.max_pending:
-            self._stop(f"the writer is {len(self._pending)} steps behind (max_pending={self.max_pending})")
+        pending = self._pending
+        if len(pending) >= self.max_pending:
+            self._stop(f"the writer is {len(pending)} steps behind (max_pending={self.max_pending})")
             return
-        flags = None if is_prefilling is None else is_prefilling.copy()
-        idx = None if idx_mapping is None else idx_mapping.copy()
-        counts = (num_scheduled.copy(), num_computed.copy(), num_prompt.copy())
-        self._pending.append((*counts, flags, idx, batch_desc))
+        pending.append(
+            (
+                num_scheduled if num_scheduled.__class__ is bytes else num_scheduled.copy(),
+                num_computed if num_computed.__class__ is bytes else num_computed.copy(),
+                num_prompt if num_prompt.__class__ is bytes else num_prompt.copy(),
+                is_prefilling
+                if is_prefilling is None or is_prefilling.__class__ is bytes
+                else is_prefilling.copy(),
+                idx_mapping if idx_mapping is None or idx_mapping.__class__ is bytes else idx_mapping.copy(),
+                batch_desc,
+            )
+        )
         self.stats.steps_recorded += 1
 
     def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
@@ -191,6 +211,7 @@ class TraceRecorder:
         disk. Idempotent."""
         if self._closing.is_set():
             return
+        self._accepting = False
         self._closing.set()
         self._feeder.join(timeout)
         if self._feeder.is_alive():
@@ -213,9 +234,8 @@ class TraceRecorder:
                 frames = []
                 while self._pending and len(frames) < 256:
                     *arrays, desc = self._pending.popleft()
-                    if desc is not None and self.describe is not None:
-                        desc = self.describe(desc)
-                    frames.append(trace_writer.encode_frame(*arrays, desc))
+                    packed = None if desc is None else self._packed_desc(desc)
+                    frames.append(trace_writer.encode_frame(*arrays, packed))
                 pipe.write(b"".join(frames))  # blocks this thread only; the GIL is released
                 pipe.flush()
         except BrokenPipeError:  # the writer ended: it stopped, and says why
@@ -228,6 +248,18 @@ class TraceRecorder:
                 pipe.close()
             except OSError:
                 pass
+
+    def _packed_desc(self, desc: Any) -> bytes:
+        """A descriptor's frame bytes, made once per descriptor object (vLLM's dispatcher hands
+        out one per graph; the object is held, so its id is not reused while cached)."""
+        held = self._descs.get(id(desc))
+        if held is not None and held[0] is desc:
+            return held[1]
+        packed = trace_writer.pack_desc(self.describe(desc) if self.describe is not None else desc)
+        if len(self._descs) >= _MAX_DESCRIPTORS:
+            self._descs.clear()
+        self._descs[id(desc)] = (desc, packed)
+        return packed
 
     def _writer_report(self, timeout: float) -> None:
         """Wait for the writer (its input closed) and read its report: steps and bytes on disk,
@@ -252,6 +284,7 @@ class TraceRecorder:
             self._stop(said["stopped"])
 
     def _stop(self, why: str) -> None:
+        self._accepting = False
         if self.stats.stopped is None:
             self.stats.stopped = why
             self._pending.clear()

@@ -41,35 +41,50 @@ DESC_FIELDS = ("cg_mode", "num_tokens", "num_reqs", "max_query_len", "uniform_to
 
 
 def encode_frame(
-    num_scheduled: np.ndarray,
-    num_computed: np.ndarray,
-    num_prompt: np.ndarray,
-    is_prefilling: np.ndarray | None = None,
-    idx_mapping: np.ndarray | None = None,
-    desc: tuple[str, int | None, int | None, int | None, int | None] | None = None,
+    num_scheduled: np.ndarray | bytes,
+    num_computed: np.ndarray | bytes,
+    num_prompt: np.ndarray | bytes,
+    is_prefilling: np.ndarray | bytes | None = None,
+    idx_mapping: np.ndarray | bytes | None = None,
+    desc: tuple[str, int | None, int | None, int | None, int | None] | bytes | None = None,
 ) -> bytes:
     """One step as a frame: `[n]` int32 counts (the engine's values, checked within int32),
     then the fields given: `[n]` bool prefill flags, `[n]` int64 `idx_mapping`, the descriptor
-    `(cg_mode, num_tokens, num_reqs, max_query_len, uniform_token_count)`."""
-    n = num_scheduled.shape[0]
-    parts = [
-        num_scheduled.astype(np.int32, copy=False).tobytes(),
-        num_computed.astype(np.int32, copy=False).tobytes(),
-        num_prompt.astype(np.int32, copy=False).tobytes(),
-    ]
-    flags = 0
+    `(cg_mode, num_tokens, num_reqs, max_query_len, uniform_token_count)` (or its
+    [`pack_desc`][pcp_fn.adapters.trace_writer.pack_desc] bytes, which a recorder keeps per
+    descriptor). An array may come as `bytes` already in its frame dtype."""
+    n = len(num_scheduled) // 4 if num_scheduled.__class__ is bytes else num_scheduled.shape[0]
+    # the arrays themselves where they have the frame's dtype (bytes.join reads their buffers:
+    # one copy, into the frame), converted otherwise
+    parts = [FRAME, _as(num_scheduled, _I32), _as(num_computed, _I32), _as(num_prompt, _I32)]
+    flags, size = 0, 12 * n
     if is_prefilling is not None:
-        flags |= HAS_PREFILLING
-        parts.append(is_prefilling.astype(np.bool_, copy=False).tobytes())
+        flags, size = flags | HAS_PREFILLING, size + n
+        parts.append(_as(is_prefilling, _BOOL))
     if idx_mapping is not None:
-        flags |= HAS_IDX
-        parts.append(idx_mapping.astype(np.int64, copy=False).tobytes())
+        flags, size = flags | HAS_IDX, size + 8 * n
+        parts.append(_as(idx_mapping, _I64))
     if desc is not None:
-        flags |= HAS_DESC
-        mode, *sizes = desc
-        parts.append(DESC.pack(CG_MODES.index(mode), *(-1 if v is None else v for v in sizes)))
-    payload = b"".join(parts)
-    return FRAME.pack(len(payload), n, flags) + payload
+        flags, size = flags | HAS_DESC, size + DESC.size
+        parts.append(desc if isinstance(desc, bytes) else pack_desc(desc))
+    parts[0] = FRAME.pack(size, n, flags)
+    return b"".join(parts)
+
+
+def pack_desc(desc: tuple[str, int | None, int | None, int | None, int | None]) -> bytes:
+    """A descriptor's [`DESC`][pcp_fn.adapters.trace_writer.DESC] bytes (`None` as -1)."""
+    mode, *sizes = desc
+    return DESC.pack(CG_MODES.index(mode), *(-1 if v is None else v for v in sizes))
+
+
+_I32, _I64, _BOOL = np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.bool_)
+
+
+def _as(array: np.ndarray | bytes, dtype: np.dtype) -> np.ndarray | bytes:
+    """`array` with `dtype`, C-contiguous (itself when it already is, or is `bytes`)."""
+    if array.__class__ is bytes or (array.dtype is dtype and array.flags.c_contiguous):
+        return array
+    return np.ascontiguousarray(array, dtype=dtype)
 
 
 def decode_frame(payload: bytes, n: int, flags: int) -> tuple[Any, ...]:

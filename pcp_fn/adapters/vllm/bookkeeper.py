@@ -121,6 +121,7 @@ _INT_FIELDS = ("num_computed_tokens_np", "prefill_len_np", "idx_mapping_np")
 _NO_ROW = np.zeros(1, dtype=np.intp)  # the placeholder row of a rank without tokens (read only)
 _NO_TOKENS = np.zeros(1, dtype=np.int64)
 _NO_ROW.flags.writeable = _NO_TOKENS.flags.writeable = False
+_I32, _I64 = np.dtype(np.int32), np.dtype(np.int64)
 
 
 def _check_schedule(num_scheduled: np.ndarray, is_prefilling: np.ndarray) -> None:
@@ -604,11 +605,21 @@ class MRV2Bookkeeper:
             check_num_tokens(num_tokens, shape.total)
         graphs.partition(arrays, global_batch.input_ids, global_batch.positions, shape.total, shape.plan)
         if self.recorder is not None:  # the step as the engine gave it, accepted (values checked)
-            computed, prefill_len, idx_mapping = arrays[1], arrays[2], arrays[4]
-            self.recorder.record(num_scheduled, computed, prefill_len, is_prefilling, idx_mapping, batch_desc)
+            self._record(arrays, batch_desc)
         self.decode_only = shape.decode_only  # of the global batch just partitioned
         fields = self.host_fields(global_batch, shape, arrays)
         return self.local_batch(global_batch, fields, shape.fixed)
+
+    def _record(self, arrays: GlobalArrays, batch_desc: BatchExecutionDescriptor) -> None:
+        """The step to the recorder: the bytes this step already made of its arrays (the plan's
+        key, the graphs' idx_mapping check) where they are in the frame's dtype, else the arrays."""
+        num_scheduled, computed, prefill_len, is_prefilling, idx_mapping = arrays
+        key = self._plan_key  # (dtype, num_scheduled bytes, is_prefilling bytes, ...)
+        sched = key[1] if key[0] is _I32 else num_scheduled
+        idx = idx_mapping
+        if idx_mapping.dtype is _I64 and self.graphs is not None:
+            idx = self.graphs.checked_idx_bytes or idx_mapping
+        self.recorder.record(sched, computed, prefill_len, key[2], idx, batch_desc)
 
     # The phases of partition_batch, one method each (benchmarks/bench_vllm.py times them):
     # check, twin + plan, staging + graph (StepGraphs.partition), host fields, local batch.
@@ -678,6 +689,7 @@ class MRV2Bookkeeper:
         key = (num_scheduled.dtype, num_scheduled.tobytes(), is_prefilling.tobytes(), desc_id)
         if num_computed is not None:  # a split that reads the contexts
             key = (*key, num_computed.dtype, num_computed.tobytes())
+        self._plan_key = key  # (the recorder reuses its bytes)
         shape = self._shapes.get(key)
         if shape is None:
             shape = self.schedule_cache.put(

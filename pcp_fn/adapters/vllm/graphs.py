@@ -573,6 +573,12 @@ class StepGraphs:
                 self._idx_checked = key
         return host
 
+    @property
+    def checked_idx_bytes(self) -> bytes:
+        """The bytes of the last staged `idx_mapping` wider than int32 (vLLM's intp; `b""`
+        before one): the step's own after a partition."""
+        return self._idx_checked
+
     def set_slot_mappings(
         self, global_slot_mappings: torch.Tensor, gathered_slot_mappings: torch.Tensor
     ) -> None:
