@@ -699,3 +699,13 @@ def test_the_v2_drop_in_records_its_schedule(tmp_path, monkeypatch):
     explicit = StandinAscendManager(2, 0, torch.device("cpu"), None, 4, 16, bt, record_schedule=path)
     explicit.bookkeeper.recorder.close()
     assert read_trace(tmp_path / "a.jsonl").steps == ()
+
+
+def test_the_v2_drop_in_refuses_another_layout(monkeypatch):
+    """vllm-ascend's NPU attention is not checked against another prefill split: the V2 drop-in
+    serves vLLM's own chunks and names the layout it refuses (never served unchecked)."""
+    monkeypatch.setenv("PCP_FN_PCP_LAYOUT", "round-robin")
+    with pytest.raises(ValueError, match="layout 'round-robin': StandinAscendManager"):
+        _manager()
+    monkeypatch.setenv("PCP_FN_PCP_LAYOUT", "mrv2")
+    assert _manager()[0].bookkeeper.served.name == "mrv2"

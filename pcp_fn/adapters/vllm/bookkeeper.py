@@ -52,6 +52,7 @@ import torch
 
 from ...core.checks import check_int, host_ints, host_row
 from ...mrv2.host import largest_rank
+from ...mrv2.splits import HeadTail
 from ...protocol.config import PCPConfig
 from ...sim.trace import BatchDesc, EngineInfo
 from ..backend import GraphStats, capture_ladder, package_cache_dir, resolve_graph_backend
@@ -219,6 +220,10 @@ class MRV2Bookkeeper:
             ([`pcp_fn.adapters.vllm.inputs`][]), naming it, before anything is allocated.
     """
 
+    serves_other_splits = True
+    """Serves a layout of another prefill split (`layout=`); a subclass whose engine's attention
+    is not checked against one says `False`, and refuses them."""
+
     def __init__(
         self,
         pcp_world_size: int,
@@ -245,6 +250,11 @@ class MRV2Bookkeeper:
         self.served = served_split(
             layout, shard_decode_requests=shard_decode_requests, dcp_size=dcp_world_size
         )
+        if not self.serves_other_splits and not isinstance(self.served.split, HeadTail):
+            raise ValueError(
+                f"layout {self.served.name!r}: {manager_name} serves vLLM's own head and tail chunks "
+                "only ('mrv2'); its engine's attention backends are not checked against another split"
+            )
         # a split that reads the contexts (cost-balanced) is keyed and cut by num_computed too
         self.reads_context = self.served.split.reads_context
         if moe_gathers_tokens and not engine.contract.moe_mask:

@@ -138,6 +138,8 @@ class AscendBookkeeper(MRV2Bookkeeper):
     it (vllm-ascend's runner passes the rows of its own graph; vLLM's MRV2 dispatcher, whose
     mixed FULL graphs the base widens, is not in play)."""
 
+    # vllm-ascend's NPU attention backends are not checked against another prefill split
+    serves_other_splits = False
     input_buffers: AscendInputBuffers | None  # (ascend_input_buffers)
     last_global_batch: AscendInputBatch | None
     last_local_batch: AscendInputBatch | None
