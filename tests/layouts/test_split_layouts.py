@@ -98,3 +98,13 @@ def test_the_example_runs_as_a_script():
     out = subprocess.run([sys.executable, str(PATH)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "simulator: P = 3 samples the same tokens as P = 1" in out.stdout
+
+
+def test_a_bad_split_is_named_at_the_config():
+    with pytest.raises(ValueError, match="split must be a pcp_fn.mrv2.PrefillSplit, got str"):
+        pcp_fn.MRV2Config(2, 0, 4, 64, split="round-robin")
+    with pytest.raises(ValueError, match="split 'cost-balanced' requires dcp_size == 1, got dcp_size=2"):
+        pcp_fn.MRV2Config(2, 0, 4, 64, dcp_size=2, split=pcp_fn.mrv2.COST_BALANCED)
+    with pytest.raises(ValueError, match="the 'cost-balanced' split reads num_computed: pass it"):
+        cfg = pcp_fn.MRV2Config(2, 0, 4, 64, split=pcp_fn.mrv2.COST_BALANCED)
+        pcp_fn.mrv2.rank_counts(cfg, np.array([9]), np.array([True]))
