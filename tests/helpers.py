@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import pathlib
+import sys
+import types
+
 import torch
 import torch.utils._pytree as pytree
 from strategies import Case
@@ -51,3 +56,18 @@ def no_slots(batch) -> torch.Tensor:
     """A bucket-shaped slot mapping of padding only, for tests that do not look at KV slots."""
     rows = pcp_fn.protocol.batch.token_rows(batch.config, batch.bucket)
     return torch.full((rows,), batch.config.pad_slot_id, dtype=torch.int32)
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def load_example(name: str) -> types.ModuleType:
+    """``examples/<name>.py`` as the module ``<name>``, loaded once: importable by name, since
+    Dynamo reads a layout's source through its module."""
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module

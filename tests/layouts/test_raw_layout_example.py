@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import load_example
 
 import pcp_fn
 from pcp_fn.testing import check_layout
@@ -18,13 +18,7 @@ PATH = ROOT / "examples" / "contiguous_layout.py"
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("contiguous_layout", PATH)
-    module = sys.modules.get(spec.name)
-    if module is None:  # importable by name: Dynamo reads the layout's source through its module
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_example("contiguous_layout")
 
 
 def _expected_rows(P, sched, decodes):

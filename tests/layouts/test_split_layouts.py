@@ -3,7 +3,6 @@ captured, simulated; and examples/cost_balanced_layout.py, which shows the latte
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from helpers import load_example
 
 import pcp_fn
 from pcp_fn.testing import check_layout
@@ -20,13 +20,7 @@ PATH = ROOT / "examples" / "cost_balanced_layout.py"
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("cost_balanced_layout", PATH)
-    module = sys.modules.get(spec.name)
-    if module is None:  # importable by name: Dynamo reads the layout's source through its module
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-    return module
+    return load_example("cost_balanced_layout")
 
 
 def _balanced_runs(n, k, P):
@@ -101,7 +95,7 @@ def test_the_example_runs_as_a_script():
 
 
 def test_a_bad_split_is_named_at_the_config():
-    with pytest.raises(ValueError, match="split must be a pcp_fn.mrv2.PrefillSplit, got str"):
+    with pytest.raises(ValueError, match=r"split must be a pcp_fn\.mrv2\.PrefillSplit, got str"):
         pcp_fn.MRV2Config(2, 0, 4, 64, split="round-robin")
     with pytest.raises(ValueError, match="split 'cost-balanced' requires dcp_size == 1, got dcp_size=2"):
         pcp_fn.MRV2Config(2, 0, 4, 64, dcp_size=2, split=pcp_fn.mrv2.COST_BALANCED)
