@@ -184,7 +184,7 @@ def test_files_that_cannot_be_read_or_written_are_named(tmp_path):
 def test_a_trace_whose_layout_is_not_registered_is_one_line(tmp_path):
     lines = BUNDLED.read_text().splitlines()
     header = json.loads(lines[0])
-    header["config"]["layout"] = "cost-balanced"  # registered by examples/cost_balanced_layout.py
+    header["config"]["layout"] = "no-such-layout"  # a layout no one registered
     (tmp_path / "t.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
     for command in ("replay", "compare"):
         _one_line_error([command, str(tmp_path / "t.jsonl")], "line 1: field 'config': unknown layout")

@@ -165,10 +165,18 @@ def test_a_layout_that_refuses_the_config_is_said_not_costed(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     table = _table(out[1:])
     assert sorted(table) == [(n, P) for n in ("dcs", "hybrid", "mrv2") for P in (2, 3)]  # no mrv2-sharded
-    assert out[-1] == (
+    refused = [line for line in out if line.startswith("not costed: ")]
+    assert refused[0] == (
         "not costed: mrv2-sharded at P = 2, 3: the 'mrv2-sharded' layout requires dcp_size == 1, got "
         "dcp_size=2: DCP needs every decode on every rank (vLLM's pcp_shard_decode_requests is False then)"
     )
+    # the other prefill splits: vLLM's DCP reads head and tail chunks
+    others = ("round-robin", "cost-balanced", "round-robin-sharded", "cost-balanced-sharded")
+    assert refused[1:] == [
+        f"not costed: {name} at P = 2, 3: the {name!r} layout requires dcp_size == 1, got dcp_size=2: "
+        "vLLM's DCP reads each rank's prefill rows as head and tail chunks"
+        for name in others
+    ]
     for P in (2, 3):  # MRV2 under DCP keeps a short prefill whole: the trace's dcp_size is used
         cost = compare.config_cost(dataclasses.replace(cfg, pcp_size=P, layout="mrv2"), STEPS)
         assert table["mrv2", P] == [
@@ -448,10 +456,9 @@ def test_compare_writes_the_table_as_csv_and_json(tmp_path, capsys):
         ranks = j["per_rank"]
         assert len(ranks["tokens"]) == j["pcp_size"] and max(ranks["tokens"]) == j["tokens_max"]
         assert min(ranks["work"]) == j["work_min"] and sum(ranks["padding"]) == j["padding"]
-    assert [(x["layout"], x["pcp_size"]) for x in doc["not_costed"]] == [
-        ("mrv2-sharded", 2),
-        ("mrv2-sharded", 3),
-    ]
+    refused = ("mrv2-sharded", "round-robin", "cost-balanced", "round-robin-sharded", "cost-balanced-sharded")
+    expected = [(n, P) for n in refused for P in (2, 3)]
+    assert [(x["layout"], x["pcp_size"]) for x in doc["not_costed"]] == expected
     assert doc["not_costed"][0]["reason"].startswith("the 'mrv2-sharded' layout requires dcp_size == 1")
 
 

@@ -126,7 +126,7 @@ def test_show_names_a_bad_batch_or_layout(tmp_path):
         (["--scheduled", "5,1", "--computed", "0,3", "--prompt", "5,3"], "decodes must come first"),
         (["--scheduled", "4097"], "must be <= 4096 (the limit of --scheduled)"),
         (["--scheduled", "4000,97"], "--scheduled sums to 4097 tokens; show draws at most 4096"),
-        (["--layout", "nope"], "--layout 'nope': unknown layout; registered: ['dcs'"),
+        (["--layout", "nope"], "--layout 'nope': unknown layout; registered: ['cost-balanced', "),
         (["-P", "300"], "argument --pcp-size/-P: must be <= 256"),
         (["--layout", "mrv2-sharded", "--spec-tokens", "1"], "layout 'mrv2-sharded' at P=2: "),
         (["--plot", str(tmp_path / "no" / "x.png")], f"--plot {tmp_path / 'no' / 'x.png'}: No such file"),

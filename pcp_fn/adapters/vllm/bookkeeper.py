@@ -84,7 +84,7 @@ from .inputs import (
     resolve_device,
 )
 from .replace import dict_copy_ok, replace_fields
-from .served import served_split
+from .served import ServedLayout, served_split
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -247,14 +247,7 @@ class MRV2Bookkeeper:
         layout: str | None = None,
     ) -> None:
         check_flags(shard_decode_requests, moe_gathers_tokens)
-        self.served = served_split(
-            layout, shard_decode_requests=shard_decode_requests, dcp_size=dcp_world_size
-        )
-        if not self.serves_other_splits and not isinstance(self.served.split, HeadTail):
-            raise ValueError(
-                f"layout {self.served.name!r}: {manager_name} serves vLLM's own head and tail chunks "
-                "only ('mrv2'); its engine's attention backends are not checked against another split"
-            )
+        self.served = self._served(layout, bool(shard_decode_requests), dcp_world_size, manager_name)
         # a split that reads the contexts (cost-balanced) is keyed and cut by num_computed too
         self.reads_context = self.served.split.reads_context
         if moe_gathers_tokens and not engine.contract.moe_mask:
@@ -305,6 +298,17 @@ class MRV2Bookkeeper:
             self._allocate_block_tables(block_tables)
             self._build_graphs()
             self.recorder = self._recorder(record_path(record_schedule), manager_name)
+
+    def _served(self, layout: str | None, shard: bool, dcp_size: int, manager_name: str) -> ServedLayout:
+        """The layout to serve ([`served_split`][pcp_fn.adapters.vllm.served.served_split]), and
+        none but vLLM's own chunks when this class does not serve other splits."""
+        served = served_split(layout, shard_decode_requests=shard, dcp_size=dcp_size)
+        if not self.serves_other_splits and not isinstance(served.split, HeadTail):
+            raise ValueError(
+                f"layout {served.name!r}: {manager_name} serves vLLM's own head and tail chunks "
+                "only ('mrv2'); its engine's attention backends are not checked against another split"
+            )
+        return served
 
     def _recorder(self, path: str | None, manager_name: str) -> TraceRecorder | None:
         """The [`TraceRecorder`][pcp_fn.adapters.recording.TraceRecorder] of this process, when asked
