@@ -1,6 +1,8 @@
 import os
 import sys
 
+import pytest
+import torch
 from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -24,3 +26,11 @@ def pytest_collection_modifyitems(config, items):
         module = item.module.__name__ if item.module is not None else ""
         if module in VLLM_MODULES or any(f in getattr(item, "fixturenames", ()) for f in VLLM_FIXTURES):
             item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches emptied before and after the test (a compile counts its own graphs)."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

@@ -168,7 +168,7 @@ class CostBalanced(PrefillSplit):
     def runs(self, n: Any, k: Any, rank: Any, P: int) -> tuple[Any, Any]:
         if isinstance(rank, (torch.Tensor, np.ndarray)):  # both cuts in one pass: half the kernels
             xp = torch if isinstance(rank, torch.Tensor) else np
-            lead = (1,) * max(np.ndim(n) - rank.ndim, 0)  # [2, ...]: the pair apart from n's dims
+            lead = (1,) * max(getattr(n, "ndim", 0) - rank.ndim, 0)  # [2, ...]: the pair apart from n's dims
             both = xp.stack([rank, rank + 1]).reshape(2, *lead, *rank.shape)
             begin, end = balanced_bound(n, k, both, P)
         else:

@@ -131,6 +131,16 @@ def test_lockstep_standin_serves_another_layout_as_the_oracle_does(case):
     assert summary.full_mixed_vs_oracle == 0
 
 
+@pytest.mark.parametrize("layout", ["round-robin", "cost-balanced"])
+def test_another_layout_through_captured_graphs_is_the_oracles(layout):
+    """The layout option with the bookkeeping compiled (one torch.compile graph per bucket, the
+    device part under the host-sync detector): every step equal to the oracle's."""
+    captured = standin_manager(backend="eager", check_host_syncs=True)
+    case = Case(P=2, shard=True, max_steps=9, seed=7, layout=layout)
+    summary = run_lockstep(standin_backend(captured), case)
+    assert summary.modes["FULL"] and summary.mixed
+
+
 @pytest.mark.parametrize("case", TINY_CASES, ids=lambda c: f"decode_graphs{int(c.decode_graphs)}")
 def test_lockstep_tiny_max_num_seqs_with_spec_tokens_standin(case):
     _check_tiny_summary(run_lockstep(standin_backend(), case), case)

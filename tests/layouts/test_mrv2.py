@@ -566,13 +566,6 @@ def _step(state, batch, slots):
     return state, local, sm
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def test_every_op_traces_fullgraph_and_matches_eager(fresh_dynamo):
     for name in COMPOSITIONS:
         batch = _batch(name)

@@ -825,13 +825,6 @@ def _own_code(fn):
     )
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @ON_CONFIGS
 def test_every_spec_op_traces_fullgraph_and_matches_eager(fresh_dynamo, cfg):
     ops = {name: _spec_ops(name, cfg) for name in COMPOSITIONS}

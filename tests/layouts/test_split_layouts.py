@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import load_example
+from helpers import load_example, tree_equal
 
 import pcp_fn
 from pcp_fn.testing import check_layout
@@ -102,3 +102,22 @@ def test_a_bad_split_is_named_at_the_config():
     with pytest.raises(ValueError, match="the 'cost-balanced' split reads num_computed: pass it"):
         cfg = pcp_fn.MRV2Config(2, 0, 4, 64, split=pcp_fn.mrv2.COST_BALANCED)
         pcp_fn.mrv2.rank_counts(cfg, np.array([9]), np.array([True]))
+
+
+@pytest.mark.parametrize("split", [pcp_fn.mrv2.ROUND_ROBIN, pcp_fn.mrv2.COST_BALANCED], ids=lambda s: s.name)
+def test_the_mrv2_layout_of_a_split_traces_fullgraph_and_matches_eager(split, fresh_dynamo):
+    """`pcp_fn.mrv2.partition_batch` with another split under torch.compile(fullgraph=True), rank as
+    data: what the vLLM drop-in's graphs run; equal to the eager call for another composition."""
+    from pcp_fn import mrv2
+
+    cfg = mrv2.MRV2Config(4, 0, 8, 256, split=split)
+    compiled = torch.compile(mrv2.partition_batch, fullgraph=True, dynamic=False, backend="eager")
+    bucket = pcp_fn.Bucket(16, 128)
+    for sched, comp, plen in (
+        ([3, 100, 40], [7, 0, 500], [5, 100, 600]),
+        ([1, 1, 90], [9, 4, 30], [2, 2, 200]),
+    ):
+        batch = mrv2.make_batch(cfg, sched, comp, plen, bucket=bucket)
+        for rank in range(4):
+            state = mrv2.init_state(cfg, rank=rank)
+            assert tree_equal(compiled(state, batch)[1], mrv2.partition_batch(state, batch)[1])
