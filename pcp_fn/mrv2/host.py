@@ -393,9 +393,7 @@ def _local_runs(
     P = config.pcp_size
     n = np.asarray(num_scheduled, dtype=np.int64)
     k = _context(config.split, num_computed, n.size)
-    live = n > 0
-    split = np.logical_and(live, is_prefilling).nonzero()[0]
-    rep = np.logical_and(live, np.logical_not(is_prefilling)).nonzero()[0]
+    split, rep = _split_and_replicated(n, is_prefilling)
     tokens, rows, request = _replicated_counts(config, n, rep, rank)
     offset, length = np.zeros(request.size, np.int64), n[request]
     if split.size:
@@ -415,9 +413,15 @@ def _widest_without_context(
 ) -> tuple[int, int]:
     """`(tokens, rows)` no rank exceeds whatever the contexts (module docstring of `largest_rank`)."""
     n = np.asarray(num_scheduled, dtype=np.int64)
-    live = n > 0
-    split = np.logical_and(live, is_prefilling)
-    rep = np.logical_and(live, np.logical_not(is_prefilling)).nonzero()[0]
+    split, rep = _split_and_replicated(n, is_prefilling)
     tokens, rows, _ = _replicated_counts(config, n, rep, 0)
     widest = config.split.widest_without_context(n[split], config.pcp_size)
-    return int(tokens.max() + widest.sum()), int(rows.max() + 2 * np.count_nonzero(split))
+    return int(tokens.max() + widest.sum()), int(rows.max() + 2 * split.size)
+
+
+def _split_and_replicated(n: np.ndarray, is_prefilling: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The non-empty prefills (split: no DCP here) and the non-empty others (replicated or
+    dealt), as row indices in order."""
+    live = n > 0
+    split = np.logical_and(live, is_prefilling).nonzero()[0]
+    return split, np.logical_and(live, np.logical_not(is_prefilling)).nonzero()[0]

@@ -74,10 +74,11 @@ class PrefillSplit:
     def widest_without_context(self, n: np.ndarray, P: int) -> np.ndarray:
         """`[S]` the most tokens any rank can hold of each prefill `n [S]`, whatever its context.
 
-        A split that reads no context: its fullest rank at `k = 0`. Override for one that does.
+        Read only for a split that [`reads_context`][pcp_fn.mrv2.splits.PrefillSplit] (the others
+        are counted exactly). By default the whole prefill, a bound for every split; a split
+        that reads the context overrides it with a tighter one (the padding it saves).
         """
-        q = np.arange(P, dtype=np.int64)[:, None]
-        return self.runs(n, np.zeros_like(n), q, P)[1].sum(-1).max(0)
+        return np.asarray(n, dtype=np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
