@@ -131,6 +131,13 @@ class OracleManager:
             ranks = rank_pieces(self.P, sched, pf, *split)
             counts = [sum(len(p.tokens) for p in ps) for ps in ranks]
             is_padding = [l >= counts[q] for q in range(self.P) for l in range(Lp)]
+        graph_fields = {}  # vLLM 0.32+'s batch (0.30's has none of these)
+        if any(f.name == "decode_graph_eligible" for f in dataclasses.fields(g)):
+            graph_fields = dict(
+                max_seq_len_np=None,
+                decode_graph_eligible=not bool(prefilling.any()),
+                prefill_runs_as_decode_np=None,
+            )
         self.local = dataclasses.replace(
             g,
             req_ids=[g.req_ids[r] for r in o.global_batch_req_idx[:n]],
@@ -155,10 +162,8 @@ class OracleManager:
             prefill_len_np=np.array(o.prefill_len[:n], dtype=g.prefill_len_np.dtype),
             num_computed_prefill_tokens_np=np.array(o.num_computed_prefill_tokens[:n], dtype=np.int32),
             is_prefilling_np=prefilling,
-            max_seq_len_np=None,
             has_prefill=bool(prefilling.any()),
-            decode_graph_eligible=not bool(prefilling.any()),
-            prefill_runs_as_decode_np=None,
+            **graph_fields,
             input_ids=torch.tensor(o.input_ids, dtype=i32, device=dev),
             positions=torch.tensor(o.positions, dtype=i64, device=dev),
             is_padding=self._masked(torch.tensor(is_padding, dtype=torch.bool, device=dev)),

@@ -386,8 +386,12 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         late = backend.contract.moe_mask  # vLLM 0.33+: the runner's order
         if late:
             kw.update(block_tables=None, moe_gathers_tokens=case.moe)
-        refs.append(backend.make_reference(**kw))
-        ads.append(backend.make_adapter(**kw))
+        made = dict(kw)
+        if not backend.contract.shards_decodes:  # vLLM 0.30: every decode replicated, no such argument
+            assert not case.shard, "vLLM 0.30 replicates every decode"
+            del made["shard_decode_requests"]
+        refs.append(backend.make_reference(**made))
+        ads.append(backend.make_adapter(**made))
         if late:
             refs[-1].set_block_tables(bt)
             ads[-1].set_block_tables(bt)
@@ -441,8 +445,8 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         summary.mixed += has_prefill
         summary.decode_only += not has_prefill
 
-        ref_local = [reference[q].partition_batch(global_batch, ref_desc) for q in range(P)]
-        ad_local = [ads[q].partition_batch(global_batch, desc) for q in range(P)]
+        ref_local = [partition(reference[q], global_batch, ref_desc) for q in range(P)]
+        ad_local = [partition(ads[q], global_batch, desc) for q in range(P)]
         if unrestored:  # partition_batch leaves an unrestored draft prefill prepared, like vLLM's
             for q in range(P):
                 assert ads[q].draft_prefill_batch is unrestored[q], f"step {i} rank {q}: draft prefill reset"
@@ -473,8 +477,8 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
         group.stage(aux_hidden)
         expected = _encode(global_batch)[: global_batch.num_tokens]
         for q in range(P):
-            r_h, r_aux, r_g = reference[q].restore_for_sampling(local_hidden[q], [aux_hidden[q]])
-            a_h, a_aux, a_g = ads[q].restore_for_sampling(local_hidden[q], [aux_hidden[q]])
+            r_h, r_aux, r_g = restore_for_sampling(reference[q], local_hidden[q], [aux_hidden[q]])
+            a_h, a_aux, a_g = restore_for_sampling(ads[q], local_hidden[q], [aux_hidden[q]])
             assert_same(f"step {i} rank {q} restored", r_h, a_h)
             assert_same(f"step {i} rank {q} restored aux", r_aux, a_aux)
             assert r_g is global_batch and a_g is global_batch
@@ -544,14 +548,22 @@ def run_lockstep(backend: Backend, case: Case, device: torch.device | None = Non
             bound = None  # a piecewise capture, or a dummy run
             if case.decode_graphs and num_tokens <= case.R * (case.spec + 1):  # a decode graph's capture
                 num_reqs, bound = min(num_tokens, case.R), case.spec + 1
+            # vLLM 0.30 stages a FULL graph's capture (and its dummy runs) without a query bound: a
+            # mixed graph's (cudagraph_mode=FULL), which the adapter stages at the rows its steps
+            # pad to, where vLLM's stays at the descriptor's requests (FULL mixed steps: the oracle's)
+            ref_reqs = num_reqs
+            if bound is None and not backend.contract.capture_bounds_queries and not case.decode_graphs:
+                ref_reqs = full_graph_rows(
+                    Desc(cg_mode=Mode.FULL, num_tokens=num_tokens, num_reqs=num_reqs), case.R
+                )
             for q in range(P):
                 outs = []
-                for m in (reference[q], ads[q]):
+                for m, reqs in ((reference[q], ref_reqs), (ads[q], num_reqs)):
                     buffers = ads[q].input_buffers
-                    dummy = api.InputBatch.make_dummy(num_reqs, num_tokens, buffers, max_query_len=bound)
+                    dummy = api.InputBatch.make_dummy(reqs, num_tokens, buffers, max_query_len=bound)
                     staged = stage_capture(m, dummy)
                     outs.append(
-                        (staged, m.get_dummy_block_tables(num_reqs), m.get_dummy_slot_mappings(num_tokens))
+                        (staged, m.get_dummy_block_tables(reqs), m.get_dummy_slot_mappings(num_tokens))
                     )
                 (rs, rb, rsl), (ds, db, dsl) = outs
                 for f in ("input_ids", "positions", "is_padding", "query_start_loc", "seq_lens"):
@@ -574,6 +586,27 @@ def _dispatcher(backend: Backend, case: Case, caps: list[int]) -> Callable[[int,
     make_full = backend.make_dispatcher or (lambda R, sizes: full_dispatcher(api, R, sizes))
     full = make_full(case.R, caps)
     return lambda num_reqs, num_tokens, max_query_len: full(num_reqs, num_tokens)
+
+
+def partition(manager: Any, batch: Any, desc: Any) -> Any:
+    """``manager.partition_batch`` of ``batch`` for the runner's descriptor ``desc``, in the
+    manager's form: vLLM 0.32+ take the descriptor, vLLM 0.30 the padded sizes its
+    ``maybe_partition_pcp_batch`` makes of it (tokens unless ``NONE``, requests for ``FULL``)."""
+    if "padded_num_tokens" not in inspect.signature(manager.partition_batch).parameters:
+        return manager.partition_batch(batch, desc)
+    mode = desc.cg_mode.name
+    tokens = None if mode == "NONE" else desc.num_tokens
+    reqs = desc.num_reqs if mode == "FULL" else None
+    return manager.partition_batch(batch, padded_num_tokens=tokens, padded_num_reqs=reqs)
+
+
+def restore_for_sampling(manager: Any, hidden: Any, aux: list[Any] | None) -> tuple[Any, Any, Any]:
+    """``manager.restore_for_sampling`` in the 0.32+ form ``(hidden, aux, batch)``: vLLM 0.30's
+    takes no auxiliary states (its runner restores them one by one, with ``restore_hidden_states``)."""
+    if len(inspect.signature(manager.restore_for_sampling).parameters) == 2:
+        return manager.restore_for_sampling(hidden, aux)
+    restored, batch = manager.restore_for_sampling(hidden)
+    return restored, None if aux is None else [manager.restore_hidden_states(a) for a in aux], batch
 
 
 def draft_inputs(manager: Any, buffers: Any, num_tokens: int, reference: Any = None) -> Any:

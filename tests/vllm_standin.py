@@ -135,7 +135,7 @@ class InputBatch:
         input_buffers.is_padding[:num_tokens].fill_(True)
         qsl = input_buffers.query_start_loc[: num_reqs + 1]
         idx = torch.arange(num_reqs, dtype=torch.int64, device=device)
-        return cls(
+        values = dict(
             req_ids=[f"dummy_{i}" for i in range(num_reqs)],
             num_reqs=num_reqs,
             num_reqs_after_padding=num_reqs,
@@ -169,6 +169,19 @@ class InputBatch:
             prompt_lens=None,
             max_query_len=max_query_len,
         )
+        names = {f.name for f in dataclasses.fields(cls)}  # (InputBatch030 has fewer fields)
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+#: vLLM 0.32+'s fields of ``InputBatch`` that vLLM 0.30's lacks (``pcp``: 0.33+)
+_FIELDS_SINCE_032 = ("decode_graph_eligible", "max_seq_len_np", "prefill_runs_as_decode_np", "pcp")
+
+InputBatch030 = dataclasses.make_dataclass(
+    "InputBatch030",
+    [(f.name, f.type, f) for f in dataclasses.fields(InputBatch) if f.name not in _FIELDS_SINCE_032],
+    namespace={"make_dummy": InputBatch.__dict__["make_dummy"]},
+)
+InputBatch030.__doc__ = "vLLM 0.30's ``InputBatch``: 0.32's without its graph fields (and the 0.33+ ``pcp``)."
 
 
 class HostMirrored:
@@ -341,6 +354,15 @@ class PCPManager:
         PCPManager.validated.append((vllm_config, supports_mm_inputs))
 
 
+class PCPManager030(PCPManager):
+    """vLLM 0.30's ``partition_batch`` form (the padded sizes; no logic: the drop-in overrides it)."""
+
+    def partition_batch(
+        self, input_batch: Any, padded_num_tokens: Any = None, padded_num_reqs: Any = None
+    ) -> Any:
+        raise NotImplementedError("a stand-in: the drop-in's own partition_batch serves")
+
+
 class PCPManager033(PCPManager):
     """vLLM 0.33's constructor: ``moe_gathers_tokens``, and the block tables attached through
     ``set_block_tables`` (which vLLM's constructor calls too)."""
@@ -371,6 +393,7 @@ class PCPBatchMetadata:
 
 #: release -> (its PCPManager stand-in, whether its module has PCPBatchMetadata)
 _RELEASES = {
+    "0.30": (PCPManager030, False),
     "0.32": (PCPManager, False),
     "0.33-dev": (PCPManager033, False),
     "0.33": (PCPManager033, True),
@@ -380,7 +403,7 @@ _RELEASES = {
 
 def release(name: str) -> tuple[type, Any]:
     """The stand-in ``PCPManager`` class and ``pcp_manager`` module (its names only) of vLLM release
-    ``name`` (``"0.32"``, ``"0.33-dev"``, ``"0.33"``, ``"0.34"``), for
+    ``name`` (``"0.30"``, ``"0.32"``, ``"0.33-dev"``, ``"0.33"``, ``"0.34"``), for
     ``pcp_fn.adapters.vllm.contract.detect``."""
     cls, has_metadata = _RELEASES[name]
     module = types.SimpleNamespace(PCPManager=cls)
@@ -515,6 +538,30 @@ class SignaturesPCPManager032:
     def restore_for_sampling(self, hidden_states: Any, aux_hidden_states: Any) -> Any: ...
 
 
+class SignaturesPCPManager030(SignaturesPCPManager032):
+    """vLLM 0.30.0's: no decode sharding, the padded sizes, no auxiliary restores, no ``global_batch``."""
+
+    global_batch = None  # type: ignore[assignment]  (0.32's addition)
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: Any,
+        max_num_reqs: int | None = None,
+        max_num_tokens: int | None = None,
+        block_tables: Any = None,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+    ) -> None: ...
+
+    def partition_batch(
+        self, input_batch: Any, padded_num_tokens: Any = None, padded_num_reqs: Any = None
+    ) -> Any: ...
+    def restore_for_sampling(self, hidden_states: Any) -> Any: ...  # type: ignore[override]
+
+
 class SignaturesPCPManager034(SignaturesPCPManager032):
     """vLLM 0.34.0's: the MoE flag, late block tables, the 0.33 capture and draft names, ``sync_drafts``."""
 
@@ -540,6 +587,23 @@ class SignaturesPCPManager034(SignaturesPCPManager032):
     def moe_is_padding(self, is_padding: Any) -> Any: ...
     def get_draft_input_buffers(self, input_buffers: Any, num_tokens: int) -> Any: ...
     def sync_drafts(self, draft_tokens: Any, idx_mapping: Any, draft_logits: Any) -> None: ...
+
+
+def maybe_build_pcp_manager_030(
+    vllm_config: Any, device: Any, supports_mm_inputs: bool, block_tables: Any, cls: type = PCPManager
+) -> Any:
+    """vLLM 0.30.0's ``maybe_build_pcp_manager``: no ``shard_decode_requests``."""
+    return cls(
+        pcp_world_size=2,
+        pcp_rank=0,
+        device=device,
+        max_num_reqs=1,
+        max_num_tokens=1,
+        block_tables=block_tables,
+        dcp_world_size=1,
+        dcp_rank=0,
+        cp_interleave=1,
+    )
 
 
 def maybe_build_pcp_manager_032(

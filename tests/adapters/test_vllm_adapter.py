@@ -22,7 +22,15 @@ import pytest
 import torch
 import vllm_standin as standin
 from oracle_vllm import OracleManager
-from vllm_lockstep import Backend, Case, draft_inputs, make_global_batch, run_lockstep, scheduler_steps
+from vllm_lockstep import (
+    Backend,
+    Case,
+    draft_inputs,
+    make_global_batch,
+    partition,
+    run_lockstep,
+    scheduler_steps,
+)
 
 import pcp_fn
 from pcp_fn.adapters.vllm import VllmApi, make_functional_manager
@@ -760,9 +768,10 @@ def vllm_backend(monkeypatch):
         name="vllm",
         api=api,
         block_tables_cls=standin.BlockTables,  # vLLM's are Triton kernels: no CPU backend
-        make_reference=lambda **kw: vllm_pcp.PCPManager(**kw),
-        make_adapter=lambda **kw: Adapter(**kw),
-        make_oracle=lambda **kw: OracleManager(api, **kw),
+        make_reference=lambda **kw: vllm_pcp.PCPManager(**_for_installed(kw)),
+        make_adapter=lambda **kw: Adapter(**_for_installed(kw)),
+        # (vLLM 0.30 replicates every decode: so does its oracle)
+        make_oracle=lambda **kw: OracleManager(api, **_replicated_unless_sharding(kw)),
         reference_takes_full_mixed=False,
         group=group,
         make_dispatcher=lambda R, sizes: vllm_full_dispatcher(monkeypatch, R, sizes),
@@ -771,11 +780,16 @@ def vllm_backend(monkeypatch):
     )
 
 
+def _in_contract(backend: Backend, case: Case) -> Case:
+    """``case`` as the installed vLLM can run it: vLLM 0.30 replicates every decode (no sharding)."""
+    return case if backend.contract.shards_decodes else dataclasses.replace(case, shard=False)
+
+
 @pytest.mark.parametrize(
     "case", CASES, ids=lambda c: f"P{c.P}-shard{int(c.shard)}-dcp{c.dcp}-spec{c.spec}-moe{int(c.moe)}"
 )
 def test_lockstep_against_real_vllm(vllm_backend, case):
-    summary = run_lockstep(vllm_backend, case)
+    summary = run_lockstep(vllm_backend, _in_contract(vllm_backend, case))
     _check_summary(summary, case)
     print(
         f"\nvLLM lockstep P={case.P} shard={case.shard} dcp={case.dcp} spec={case.spec}: "
@@ -794,7 +808,7 @@ def test_lockstep_tiny_max_num_seqs_with_spec_tokens_real_vllm(vllm_backend, cas
     """vLLM's own dispatcher and manager at max_num_seqs=3 with 3 speculative tokens: a decode
     graph (a varlen one: FULL_AND_PIECEWISE) gets exactly vLLM's request rows at capture and replay;
     FULL's mixed graphs hold the split prefills' rows (vLLM's manager refuses those batches)."""
-    _check_tiny_summary(run_lockstep(vllm_backend, case), case)
+    _check_tiny_summary(run_lockstep(vllm_backend, _in_contract(vllm_backend, case)), case)
 
 
 def test_the_engines_cudagraph_mode_comes_from_its_config(vllm_backend, monkeypatch):
@@ -815,9 +829,13 @@ def test_the_engines_cudagraph_mode_comes_from_its_config(vllm_backend, monkeypa
     assert ours.bookkeeper.compilation_config is config.compilation_config
     config.compilation_config.cudagraph_mode = CUDAGraphMode.FULL_AND_PIECEWISE  # resolved later
     api = vllm_backend.api
-    desc = api.BatchExecutionDescriptor(cg_mode=CUDAGraphMode.FULL, num_tokens=4, num_reqs=3, max_query_len=4)
+    # sharded: a rank holds one decode of 4 tokens; replicated (vLLM 0.30): all three, 12 tokens
+    tokens = 4 if vllm_backend.contract.shards_decodes else 12
+    desc = api.BatchExecutionDescriptor(
+        cg_mode=CUDAGraphMode.FULL, num_tokens=tokens, num_reqs=3, max_query_len=4
+    )
     g = make_global_batch(api, _step([4, 4, 4], [9, 9, 9], [5, 5, 5]), desc, [0, 1, 2], torch.device("cpu"))
-    local, want = ours.partition_batch(g, desc), PCPManager(**kw).partition_batch(g, desc)
+    local, want = partition(ours, g, desc), partition(PCPManager(**_for_installed(kw)), g, desc)
     assert local.num_reqs_after_padding == want.num_reqs_after_padding == 3
     for f in dataclasses.fields(want):
         a, b = getattr(local, f.name), getattr(want, f.name)
@@ -850,12 +868,12 @@ def test_real_subclass_and_full_mixed_refusal(vllm_backend):
     desc = Desc(cg_mode=Mode.FULL, num_tokens=8, num_reqs=4)
     g = make_global_batch(api, step, desc, [0, 1], torch.device("cpu"))
     with pytest.raises(RuntimeError, match="PCP FULL graphs require a decode-only batch"):
-        PCPManager(**kw).partition_batch(g, desc)
-    local = vllm_backend.make_adapter(**kw).partition_batch(g, desc)
+        partition(PCPManager(**_for_installed(kw)), g, desc)
+    local = partition(vllm_backend.make_adapter(**kw), g, desc)
     # a mixed FULL graph capped at max_num_reqs = 4 holds min(8, 2 * 4) local rows
     assert local.num_reqs == 3 and local.num_reqs_after_padding == 8 and local.has_prefill
     below_cap = Desc(cg_mode=Mode.FULL, num_tokens=8, num_reqs=3)  # vLLM's count below the cap
-    assert vllm_backend.make_adapter(**kw).partition_batch(g, below_cap).num_reqs_after_padding == 3
+    assert partition(vllm_backend.make_adapter(**kw), g, below_cap).num_reqs_after_padding == 3
 
 
 def test_validate_config_real(vllm_backend, monkeypatch):
@@ -867,7 +885,10 @@ def test_validate_config_real(vllm_backend, monkeypatch):
     def config(mode):
         return SimpleNamespace(
             parallel_config=SimpleNamespace(
-                prefill_context_parallel_size=2, decode_context_parallel_size=1, dcp_comm_backend="ag_rs"
+                prefill_context_parallel_size=2,
+                decode_context_parallel_size=1,
+                dcp_comm_backend="ag_rs",
+                pipeline_parallel_size=1,  # (vLLM 0.30 refuses PP)
             ),
             model_config=SimpleNamespace(
                 use_mla=True, is_encoder_decoder=False, hf_text_config=SimpleNamespace()
@@ -955,15 +976,37 @@ def test_constructor_without_capacities_real(vllm_backend):
     rng = np.random.default_rng(11)
     for P, shard, dcp in [(2, True, 1), (4, False, 2), (3, True, 1)]:
         kw = dict(pcp_world_size=P, pcp_rank=1, device=torch.device("cpu"), shard_decode_requests=shard)
-        ours, theirs = FunctionalPCPManager(**kw, dcp_world_size=dcp), PCPManager(**kw, dcp_world_size=dcp)
+        kw = _for_installed(dict(kw, dcp_world_size=dcp))
+        ours, theirs = FunctionalPCPManager(**_for_installed(kw)), PCPManager(**_for_installed(kw))
         for _ in range(20):
             n = int(rng.integers(1, 12))
             sched = rng.integers(0, 40, n).astype(np.int32)
             pf = rng.random(n) < 0.5
             want = theirs.get_num_tokens_for_dispatch(sched, pf)
             assert ours.get_num_tokens_for_dispatch(sched, pf) == want
-    m = FunctionalPCPManager(pcp_world_size=2, pcp_rank=0, device="cpu", shard_decode_requests=True)
+    m = FunctionalPCPManager(
+        **_for_installed(dict(pcp_world_size=2, pcp_rank=0, device="cpu", shard_decode_requests=True))
+    )
+    # rank 0: the decode's 3 tokens (sharded: its own; replicated: every rank's) and 2 + 2 of the prefill
     assert m.get_num_tokens_for_dispatch(np.array([3, 8]), np.array([False, True])) == 7
+
+
+def _for_installed(kw: dict) -> dict:
+    """Constructor keywords for the installed vLLM's ``PCPManager`` (and the drop-in over it): vLLM
+    0.30's constructor has no ``shard_decode_requests`` (every decode replicated)."""
+    from pcp_fn.adapters.vllm import VLLM_API
+
+    if VLLM_API.contract.shards_decodes:
+        return kw
+    return {k: v for k, v in kw.items() if k != "shard_decode_requests"}
+
+
+def _replicated_unless_sharding(kw: dict) -> dict:
+    """The oracle's keywords for the installed vLLM: decodes replicated where it cannot shard them."""
+    from pcp_fn.adapters.vllm import VLLM_API
+
+    shard = kw.get("shard_decode_requests", False) and VLLM_API.contract.shards_decodes
+    return {**kw, "shard_decode_requests": shard}
 
 
 def _vllm_kw(R: int = 4, T: int = 32, shard: bool = True):
@@ -1021,19 +1064,19 @@ def test_vllms_manager_raises_where_the_drop_in_refuses(vllm_backend):
     for change, error, match in VLLM_RAISES:
         bad = dataclasses.replace(good, **{k: v(good) if callable(v) else v for k, v in change.items()})
         with pytest.raises(error, match=match):
-            vllm_backend.make_adapter(**kw).partition_batch(bad, desc)
+            partition(vllm_backend.make_adapter(**kw), bad, desc)
         with pytest.raises((RuntimeError, IndexError, TypeError, ValueError)):
-            PCPManager(**kw).partition_batch(bad, desc)
-    theirs = PCPManager(**kw)
-    local = theirs.partition_batch(dataclasses.replace(good, num_tokens=13), desc)
+            partition(PCPManager(**_for_installed(kw)), bad, desc)
+    theirs = PCPManager(**_for_installed(kw))
+    local = partition(theirs, dataclasses.replace(good, num_tokens=13), desc)
     group = vllm_backend.group
     group.clear()
     hidden = torch.zeros(local.num_tokens_after_padding, 2)
     group.stage([hidden, torch.zeros_like(hidden)])
     assert theirs.restore_hidden_states(hidden).shape[0] == 11  # the scheduled count, not num_tokens
     with pytest.raises(ValueError, match="num_tokens=13 disagrees"):
-        vllm_backend.make_adapter(**kw).partition_batch(dataclasses.replace(good, num_tokens=13), desc)
-    theirs.partition_batch(good, desc)  # vLLM's draft gather: its dtype and its rows
+        partition(vllm_backend.make_adapter(**kw), dataclasses.replace(good, num_tokens=13), desc)
+    partition(theirs, good, desc)  # vLLM's draft gather: its dtype and its rows
     for ids in (good.input_ids.float(), good.input_ids[:3]):
         with pytest.raises((RuntimeError, IndexError)):
             theirs.prepare_draft_prefill(good, ids)
@@ -1047,7 +1090,10 @@ def test_attribute_names_do_not_collide_with_vllms(vllm_backend):
 
     kw = _vllm_kw()
     ours = vllm_backend.make_adapter(**kw)
-    theirs, bare = PCPManager(**kw), PCPManager(**{**kw, "max_num_reqs": None, "max_num_tokens": None})
+    theirs, bare = (
+        PCPManager(**_for_installed(kw)),
+        PCPManager(**_for_installed({**kw, "max_num_reqs": None, "max_num_tokens": None})),
+    )
     vllms = set(vars(theirs))
     assert not [n for n in vllms if not hasattr(ours, n)]
     own = set(vars(ours)) - vllms
@@ -1082,11 +1128,11 @@ def test_vllm_private_helpers_leave_the_drop_in_buffers_alone(vllm_backend, monk
         ),
     )
     kw = _vllm_kw()
-    ours, theirs = vllm_backend.make_adapter(**kw), vllm_pcp.PCPManager(**kw)
+    ours, theirs = vllm_backend.make_adapter(**kw), vllm_pcp.PCPManager(**_for_installed(kw))
     api = vllm_backend.api
     desc = api.BatchExecutionDescriptor(cg_mode=api.CUDAGraphMode.NONE, num_tokens=0, num_reqs=None)
     g = make_global_batch(api, _step([1, 9, 2], [5, 0, 0], [5, 9, 2]), desc, [0, 1, 2], torch.device("cpu"))
-    local = ours.partition_batch(g, desc)
+    local = partition(ours, g, desc)
     _, slots = ours.prepare_attn(local)
     before = {k: (v.data_ptr(), v.clone()) for k, v in ours.persistent_buffers().items()}
     slots_before = slots.clone()
@@ -1131,25 +1177,28 @@ def test_unrestored_draft_prefill_stays_prepared_like_vllm(vllm_backend):
     from vllm.v1.worker.gpu.pcp_manager import PCPManager
 
     kw = _vllm_kw()
-    ours, theirs = vllm_backend.make_adapter(**kw), PCPManager(**kw)
+    ours, theirs = vllm_backend.make_adapter(**kw), PCPManager(**_for_installed(kw))
     api = vllm_backend.api
     desc = api.BatchExecutionDescriptor(cg_mode=api.CUDAGraphMode.NONE, num_tokens=0, num_reqs=None)
     g1 = make_global_batch(api, _step([1, 9], [5, 0], [5, 9]), desc, [0, 1], torch.device("cpu"))
     g2 = make_global_batch(api, _step([1, 1], [6, 9], [5, 9]), desc, [0, 1], torch.device("cpu"))
     prepared = []
     for m in (ours, theirs):
-        m.partition_batch(g1, desc)
+        partition(m, g1, desc)
         m.prepare_draft_prefill(g1, g1.input_ids + 1000)
         prepared.append(m.draft_prefill_batch)
-        m.partition_batch(g2, desc)
+        partition(m, g2, desc)
     assert theirs.draft_prefill_batch is prepared[1]  # vLLM: still the step before's local batch
     assert ours.draft_prefill_batch is prepared[0]
     sentinel = object()
     assert draft_inputs(ours, sentinel, 4) is prepared[0]
     assert draft_inputs(theirs, sentinel, 4) is prepared[1]
-    for m in (ours, theirs):  # the next prepare starts afresh
+    from pcp_fn.adapters.vllm import VLLM_API
+
+    for m, kept in zip((ours, theirs), prepared):  # a prepare of another batch than the last partitioned
         m.prepare_draft_prefill(g1, g1.input_ids)
-        assert m.draft_prefill_batch is None
+        # vLLM 0.32+ start afresh (nothing prepared); vLLM 0.30 keeps the prepared draft
+        assert m.draft_prefill_batch is (None if VLLM_API.contract.shards_decodes else kept)
 
 
 def _fresh_prompts(num: int, length: int):
@@ -1218,8 +1267,8 @@ def test_full_graphs_never_raise_on_vllms_dispatcher(vllm_backend, monkeypatch):
         ref_desc = dataclasses.replace(desc, num_reqs=rows)
         most = 0
         for q in range(P):
-            local = ads[q].partition_batch(g, desc)
-            expected = oracles[q].partition_batch(g, ref_desc)
+            local = partition(ads[q], g, desc)
+            expected = partition(oracles[q], g, ref_desc)
             assert local.num_reqs_after_padding == rows
             for f in dataclasses.fields(local):
                 a, b = getattr(local, f.name), getattr(expected, f.name)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 import vllm_standin as standin
-from test_vllm_adapter import _check_summary, standin_backend
-from vllm_lockstep import Case, run_lockstep
+from oracle_vllm import OracleManager
+from test_vllm_adapter import STANDIN_API, _check_summary, standin_backend
+from vllm_lockstep import Backend, Case, run_lockstep
 
 from pcp_fn.adapters.vllm import VllmApi, make_functional_manager
 from pcp_fn.adapters.vllm import contract as vc
@@ -45,6 +46,7 @@ _Metadata = standin.PCPBatchMetadata
 
 def test_detect_reads_what_the_release_provides():
     bare, with_meta = types.SimpleNamespace(), types.SimpleNamespace(PCPBatchMetadata=_Metadata)
+    assert vc.detect(standin.PCPManager030, bare) is vc.VLLM_0_30
     assert vc.detect(_Base032, bare) is vc.VLLM_0_32
     dev = vc.detect(_Base033, bare)
     assert (dev.name, dev.moe_mask, dev.batch_metadata) == ("0.33-dev", True, None)
@@ -178,6 +180,102 @@ def test_set_block_tables_follows_their_cp_interleave():
     assert torch.equal(late.prepare_attn(a)[1], direct.prepare_attn(b)[1])
 
 
+# --------------------------------------------------------------------------- vLLM 0.30
+
+
+def _manager_030(backend: str | None = None) -> type:
+    """The drop-in over the stand-in of vLLM 0.30's base (decodes replicated, padded sizes)."""
+    base = standin.PCPManager030
+    contract = vc.detect(base, types.SimpleNamespace())
+    api = VllmApi(**standin.vllm_api_fields(PCPManager=base, contract=contract))
+    cls = make_functional_manager(api)
+    return type("Manager030", (cls,), {"graph_backend": backend, "check_host_syncs": backend is None})
+
+
+API_030 = types.SimpleNamespace(**{**vars(STANDIN_API), "InputBatch": standin.InputBatch030})
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(P=2, shard=False, spec=1),
+        Case(P=4, shard=False, dcp=4, interleave=2, seed=3),
+        Case(P=8, shard=False, seed=6, T=64),
+    ],
+    ids=lambda c: f"P{c.P}-dcp{c.dcp}",
+)
+def test_vllm_030_contract_in_lockstep_with_the_oracle(case):
+    """vLLM 0.30's form (no decode sharding, ``partition_batch`` of the padded sizes, a 2-tuple
+    ``restore_for_sampling``, a batch without the 0.32 graph fields, unbounded FULL captures) over
+    the oracle, every mode, every rank."""
+    adapter = _manager_030()
+    oracle = lambda **kw: OracleManager(API_030, shard_decode_requests=False, **kw)  # noqa: E731
+    backend = Backend(
+        name="standin-0.30",
+        api=API_030,
+        block_tables_cls=standin.BlockTables,
+        make_reference=oracle,
+        make_adapter=lambda **kw: adapter(**kw),
+        make_oracle=oracle,
+        reference_takes_full_mixed=True,
+        group=standin.PCP_GROUP,
+        contract=adapter.vllm_api.contract,
+    )
+    summary = run_lockstep(backend, case)
+    _check_summary(summary, case)
+    assert "decode_graph_eligible" not in summary.fields and "max_seq_len_np" not in summary.fields
+
+
+def test_vllm_030_form_of_the_methods():
+    """The signatures vLLM 0.30's runner calls, its padded sizes checked by name, and a prepared draft
+    kept by a prepare of another batch (vLLM 0.30's ``prepare_draft_prefill`` returns early)."""
+    adapter = _manager_030()
+    m = adapter(2, 0, "cpu", 4, 32, standin.BlockTables([4], 4, 32, [8], torch.device("cpu")))
+    assert not hasattr(m, "shard_decode_requests")
+    with pytest.raises(TypeError):
+        adapter(2, 0, "cpu", shard_decode_requests=False)  # vLLM 0.30's constructor has no such argument
+    sched = np.array([1, 7], np.int32)
+    g = standin.InputBatch030.make_dummy(2, 8, m.input_buffers)
+    g = dataclasses.replace(
+        g,
+        num_scheduled_tokens=sched,
+        num_computed_tokens_np=np.array([9, 0], np.int32),
+        prefill_len_np=np.array([4, 7], np.int32),
+        is_prefilling_np=np.array([False, True]),
+        idx_mapping_np=np.arange(2, dtype=np.int64),
+        num_tokens=8,
+    )
+    for bad, match in (
+        (dict(padded_num_tokens=8.0), "padded_num_tokens must be an int"),
+        (dict(padded_num_tokens=-1), "padded_num_tokens"),
+        (dict(padded_num_tokens=8, padded_num_reqs=0), "padded_num_reqs"),
+        (dict(padded_num_reqs=4), "padded_num_reqs needs padded_num_tokens"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=match):
+            m.partition_batch(g, **bad)
+    # the 7-token prefill's 2P chunks [2, 2, 2, 1]: rank 0 holds 1 + 2 + 1 tokens, rank 1 1 + 2 + 2 (the
+    # decode replicated), so rank 0's 4 padded to the largest rank's 5
+    local = m.partition_batch(g)
+    assert (local.num_tokens, local.num_tokens_after_padding, local.num_reqs) == (4, 5, 3)
+    assert m.partition_batch(g, padded_num_tokens=8).num_tokens_after_padding == 8
+    full = m.partition_batch(g, padded_num_tokens=8, padded_num_reqs=3)
+    assert (full.num_reqs, full.num_reqs_after_padding) == (3, 3)
+    # a mixed FULL graph capped at max_num_reqs = 4 holds a rank's split-prefill rows, min(8, 2 * 4)
+    assert m.partition_batch(g, padded_num_tokens=8, padded_num_reqs=4).num_reqs_after_padding == 8
+    assert m.partition_batch(g, 8) is not full  # the same sizes, one descriptor object: a new batch
+    group = standin.PCP_GROUP
+    group.clear()
+    hidden = [torch.zeros(8, 2) for _ in range(2)]
+    group.stage(hidden)
+    restored, batch = m.restore_for_sampling(hidden[0])
+    assert batch is g and restored.shape == (8, 2)
+    m.prepare_draft_prefill(g, g.input_ids + 1)
+    prepared = m.draft_prefill_batch
+    assert prepared is not None
+    m.prepare_draft_prefill(dataclasses.replace(g), g.input_ids)  # another batch: kept (vLLM 0.30)
+    assert m.draft_prefill_batch is prepared
+
+
 # --------------------------------------------------------------------------- the contract canary
 
 _Sig032, _Sig034 = standin.SignaturesPCPManager032, standin.SignaturesPCPManager034
@@ -219,6 +317,7 @@ class _Drifted(_Sig034):
 @pytest.mark.parametrize(
     ("version", "cls", "build"),
     [
+        ("0.30.0", standin.SignaturesPCPManager030, standin.maybe_build_pcp_manager_030),
         ("0.32.0+cpu", _Sig032, _build032),
         ("0.33.0", _Sig033, _build034),
         ("0.34.0", _Sig034, _build034),
@@ -249,7 +348,9 @@ def test_canary_refuses_a_drifted_build_naming_each_difference():
     assert "PCPManager.set_block_tables (self, block_tables): a public method vLLM 0.32.0" in message
     assert "maybe_build_pcp_manager is (vllm_config, device, supports_mm_inputs, block_tables=None" in message
     # an unsupported series: the version policy's message
-    assert "supports vLLM 0.32.x" in vc.check_installed("0.35.0", _Sig034, _build034, environ={})
+    assert "supports vLLM 0.30.x, 0.32.x, 0.33.x, 0.34.x" in vc.check_installed(
+        "0.35.0", _Sig034, _build034, environ={}
+    )
 
 
 def test_canary_opt_in_serves_with_a_logged_warning(caplog):

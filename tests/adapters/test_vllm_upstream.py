@@ -60,14 +60,17 @@ FILES = [
     "tests/v1/cudagraph/__init__.py",
     "tests/v1/worker/test_gpu_pcp_manager.py",
     "tests/v1/cudagraph/test_cudagraph_manager.py",
-    # the draft model's PCP cases (0.33+: the MoE mask of a draft run, partitioned or not)
-    "tests/v1/worker/test_gpu_target_dependent_ar_speculator.py",
     # batch-sharded sampling (0.34: the draft-logits cache stays replicated under PCP)
     "tests/v1/worker/test_gpu_batch_shard.py",
 ]
-#: Helpers the test files of some releases import (0.34: ``tests/v1/spec_decode/utils.py``).
-OPTIONAL_FILES = ["tests/v1/spec_decode/__init__.py", "tests/v1/spec_decode/utils.py"]
-TEST_FILES = [f for f in FILES if Path(f).name.startswith("test_")]
+#: Files some releases have: the draft model's PCP cases (0.32+; 0.33+: the MoE mask of a draft run,
+#: partitioned or not) and the helpers the test files of some releases import (0.34:
+#: ``tests/v1/spec_decode/utils.py``).
+OPTIONAL_FILES = [
+    "tests/v1/worker/test_gpu_target_dependent_ar_speculator.py",
+    "tests/v1/spec_decode/__init__.py",
+    "tests/v1/spec_decode/utils.py",
+]
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO = Path(pcp_fn.__file__).resolve().parent.parent
 
@@ -127,13 +130,25 @@ def upstream_root() -> Path:
     return root
 
 
+def _test_files(root: Path) -> list[str]:
+    """The test files of :data:`FILES` and :data:`OPTIONAL_FILES` this release has."""
+    return [f for f in FILES + OPTIONAL_FILES if Path(f).name.startswith("test_") and (root / f).is_file()]
+
+
 def _run(root: Path, manager: str) -> dict[str, str]:
-    """Outcome (passed / failed / skipped) of every test of :data:`TEST_FILES`, by test id."""
+    """Outcome (passed / failed / skipped) of every test of the release's test files, by test id."""
     report = root / f"report-{manager}-{os.getpid()}.xml"
     env = dict(os.environ, PCP_FN_UPSTREAM_MANAGER=manager)
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), str(REPO), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest"]
-    cmd += ["-p", "vllm_upstream_plugin", f"--junitxml={report}", "-o", "junit_family=xunit1", *TEST_FILES]
+    cmd += [
+        "-p",
+        "vllm_upstream_plugin",
+        f"--junitxml={report}",
+        "-o",
+        "junit_family=xunit1",
+        *_test_files(root),
+    ]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1200)
     if not report.is_file():
         raise AssertionError(
@@ -179,7 +194,8 @@ def test_upstream_tests_pass_with_vllms_class(outcomes):
     print(f"\nvLLM {VERSION}'s tests with vLLM's PCPManager: {_counts(theirs)}")
     failed = [t for t, o in theirs.items() if o == "failed" and not _is_environment_failure(t)]
     assert not failed, failed
-    assert sum(o == "passed" for o in theirs.values()) >= 100  # the files ran, not just collected
+    # the files ran, not just collected (vLLM 0.30's files hold fewer PCP tests)
+    assert sum(o == "passed" for o in theirs.values()) >= (85 if VERSION == "0.30.0" else 100)
 
 
 def test_upstream_tests_pass_with_the_drop_in(outcomes):

@@ -308,6 +308,11 @@ def descriptor(names: VllmNames, s: TraceStep) -> Any:
     return names.BatchExecutionDescriptor(**{k: v for k, v in values.items() if k in accepted})
 
 
+def _has_field(cls: type, name: str) -> bool:
+    """Whether the dataclass `cls` has a field `name`."""
+    return any(f.name == name for f in dataclasses.fields(cls))
+
+
 def global_batch(
     input_batch_cls: type,
     s: TraceStep,
@@ -349,6 +354,12 @@ def global_batch(
     drafts = [0] * n if num_drafts is None else list(num_drafts)
     t: Callable[[np.ndarray], torch.Tensor] = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
     idx = torch.from_numpy(states.astype(np.int64)).to(device)
+    # vLLM 0.32+'s batch says whether a decode graph may run it (0.30's has no such field)
+    graph = (
+        {"decode_graph_eligible": not bool(prefilling.any())}
+        if _has_field(input_batch_cls, "decode_graph_eligible")
+        else {}
+    )
     return input_batch_cls(
         req_ids=[f"req-{k}" for k in (states.tolist() if req_ids is None else req_ids)],
         num_reqs=n,
@@ -372,7 +383,7 @@ def global_batch(
         num_computed_prefill_tokens_np=np.minimum(computed, prompt),
         is_prefilling_np=prefilling,
         has_prefill=bool(prefilling.any()),
-        decode_graph_eligible=not bool(prefilling.any()),
+        **graph,
         input_ids=t(ids),
         positions=t(positions),
         is_padding=t(np.arange(padded) >= total),

@@ -247,6 +247,7 @@ class MRV2Bookkeeper:
         layout: str | None = None,
     ) -> None:
         check_flags(shard_decode_requests, moe_gathers_tokens)
+        self._layout, self._manager_name = layout, manager_name  # (set_shard_decode_requests serves again)
         self.served = self._served(layout, bool(shard_decode_requests), dcp_world_size, manager_name)
         # a split that reads the contexts (cost-balanced) is keyed and cut by num_computed too
         self.reads_context = self.served.split.reads_context
@@ -280,6 +281,7 @@ class MRV2Bookkeeper:
         make_config = engine.compilation_config
         self.compilation_config = None if make_config is None else make_config()
         self._metadata_reads_upper = engine.contract.batch_metadata is not None
+        self._graph_fields = engine.contract.graph_fields
         self._init_cache()
         # (rows asked, rows staged) of the last capture batch: get_dummy_block_tables follows it
         self._capture_rows = (0, 0)
@@ -465,6 +467,39 @@ class MRV2Bookkeeper:
             self._build_graphs()
         else:
             self.graphs.set_slot_mappings(self.global_slot_mappings, self.gathered_slot_mappings)
+
+    def set_shard_decode_requests(self, shard_decode_requests: bool) -> None:
+        """Place the decodes of every later step sharded (one rank each, round-robin) or replicated:
+        for an engine that decides after building its manager (vllm-ascend 0.30's runner sets the
+        manager's `vllm_config`, which decides, after its KV-cache init). A change serves the layout
+        again (`mrv2` or `mrv2-sharded`), rebuilds the host twin and the graphs (start-up work) and
+        starts a recording afresh, which must not have recorded a step yet.
+
+        Raises:
+            TypeError: `shard_decode_requests` is not a bool.
+            ValueError: sharded decodes with `dcp_world_size > 1`, or a layout that cannot serve
+                this placement ([`served_split`][pcp_fn.adapters.vllm.served.served_split]).
+            RuntimeError: the recording already holds steps of the other placement.
+        """
+        check_flags(shard_decode_requests, self.moe is not None)
+        if shard_decode_requests == self.shard_decode_requests:
+            return
+        recorder = self.recorder
+        if recorder is not None and recorder.stats.steps_recorded:
+            raise RuntimeError(
+                f"shard_decode_requests={shard_decode_requests}: the decode placement changed after "
+                f"{recorder.stats.steps_recorded} steps were recorded to {recorder.path}"
+            )
+        served = self._served(self._layout, shard_decode_requests, self.dcp_world_size, self._manager_name)
+        self.served, self.shard_decode_requests = served, shard_decode_requests
+        self.host = self._host_segments()
+        self.schedule_cache.clear()  # the plans and segments are the other placement's
+        if self.graphs is not None:
+            self._build_graphs()
+        if recorder is not None:  # its header names the layout served: one of this placement
+            recorder.close()
+            os.unlink(recorder.path)
+            self.recorder = self._recorder(recorder.path, self._manager_name)
 
     def full_rows(self, num_reqs: int, num_tokens: int, max_query_len: int | None) -> int:
         """The local request rows of the FULL graph of `num_tokens` tokens that vLLM sizes for
@@ -809,10 +844,10 @@ class MRV2Bookkeeper:
             num_draft_tokens=0,
             num_draft_tokens_per_req=None,
             dcp_local_seq_lens=None,
-            max_seq_len_np=None,
-            prefill_runs_as_decode_np=None,
             prompt_lens=None,
         )
+        if self.engine.contract.graph_fields:  # vLLM 0.32+'s InputBatch
+            fixed.update(max_seq_len_np=None, prefill_runs_as_decode_np=None)
         shifted = bool(np.count_nonzero(offset))
         decode_only = not np.count_nonzero(is_prefilling)
         return StepShape(
@@ -857,7 +892,7 @@ class MRV2Bookkeeper:
             dcp_upper[:n] = torch.from_numpy(self.graphs.dcp_rank0_seq_lens(whole).astype(np.int32))
         req_ids = global_batch.req_ids
         self.local_rows = rows  # each local row's global request (host)
-        return dict(
+        fields = dict(
             req_ids=[req_ids[i] for i in shape.row_list],
             idx_mapping_np=idx_mapping[rows],
             num_scheduled_tokens=local_scheduled.copy(),
@@ -869,9 +904,11 @@ class MRV2Bookkeeper:
             num_computed_prefill_tokens_np=computed_prefill,
             is_prefilling_np=is_prefilling,
             has_prefill=has_prefill,
-            decode_graph_eligible=not has_prefill,
             cu_num_logits_np=shape.cu_num_logits.copy(),
         )
+        if self._graph_fields:  # vLLM 0.32+'s InputBatch
+            fields["decode_graph_eligible"] = not has_prefill
+        return fields
 
     def local_batch(
         self, global_batch: InputBatch, fields: dict[str, Any], fixed: dict[str, Any]
@@ -971,6 +1008,10 @@ class MRV2Bookkeeper:
         ib = self.input_buffers
         r, t = check_capture(input_batch, 2 * self.max_num_reqs, self.max_num_tokens)
         bound = getattr(input_batch, "max_query_len", None)  # None: no FULL capture
+        if bound is None and not self.engine.contract.capture_bounds_queries:
+            # vLLM 0.30 stages every capture unbounded: under cudagraph_mode=FULL (full_rows reads
+            # the mode) that is a mixed graph's, which promises queries as long as the graph
+            bound = t
         rows = self.full_rows(r, t, bound)
         self._capture_rows = (r, rows)
         if rows > r:

@@ -1,23 +1,27 @@
 """What differs between the vLLM releases `FunctionalPCPManager` serves, in one place.
 
 vLLM's model-runner-V2 `PCPManager` (`vllm/v1/worker/gpu/pcp_manager.py`)
-changed its contract between 0.32.0 and 0.34.0:
+changed its contract between 0.30.0 and 0.34.0 (0.30 is the vLLM vllm-ascend 0.30 stands on):
 
-|                         | 0.32                                 | 0.33 / 0.34                             |
-|-------------------------|--------------------------------------|-----------------------------------------|
-| block tables            | constructor                          | constructor gets `None`; the runner     |
-|                         |                                      | calls `set_block_tables` after KV init  |
-| MoE routing mask        | (none)                               | `moe_gathers_tokens`: the local batch's |
-|                         |                                      | `is_padding` is the gathered            |
-|                         |                                      | `[P * Lp]` mask; `moe_is_padding`       |
-| capture / dummy staging | `prepare_inputs_to_capture`          | `prepare_inputs_for_capture_or_profile` |
-| draft inputs            | `get_draft_input_buffers(buffers)`   | `get_draft_input_buffers(buffers,       |
-|                         |                                      | num_tokens) -> (inputs, is_padding)`    |
-| per-step metadata       | `dcp_local_seq_lens_cpu_upper_bound` | `pcp: PCPBatchMetadata` (0.33+)         |
-| drafts after sampling   | (none)                               | `sync_drafts` (0.34; vLLM's, inherited) |
+| what | 0.30 | 0.32 | 0.33 / 0.34 |
+|---|---|---|---|
+| decodes | replicated | `shard_decode_requests` | as 0.32 |
+| `partition_batch` | `(batch, padded_num_tokens, padded_num_reqs)` | `(batch, batch_desc)` | as 0.32 |
+| `restore_for_sampling` | `(hidden) -> (hidden, batch)` | `(hidden, aux) -> (hidden, aux, batch)` | as 0.32 |
+| a draft of another batch | `prepare_draft_prefill` keeps the prepared one | resets it | as 0.32 |
+| the batch's graph fields | (none) | `max_seq_len_np`, `decode_graph_eligible`, ... | as 0.32 |
+| a FULL capture's batch | `max_query_len=None` | `max_query_len = num_tokens` | as 0.32 |
+| block tables | constructor | constructor | `set_block_tables` after KV init |
+| MoE routing mask | (none) | (none) | `moe_gathers_tokens`, `moe_is_padding` |
+| capture / dummy staging | `prepare_inputs_to_capture` | as 0.30 | `prepare_inputs_for_capture_or_profile` |
+| draft inputs | `get_draft_input_buffers(buffers)` | as 0.30 | `(buffers, num_tokens) -> (inputs, mask)` |
+| per-step metadata | `dcp_local_seq_lens_cpu_upper_bound` | as 0.30 | `pcp: PCPBatchMetadata` |
+| drafts after sampling | (none) | (none) | `sync_drafts` (0.34; vLLM's, inherited) |
 
-(vLLM main between 0.32 and 0.33 had the second column but the per-step
-metadata of the first.) [`detect`][pcp_fn.adapters.vllm.detect] reads which contract the installed vLLM
+With `moe_gathers_tokens` the local batch's `is_padding` is the gathered `[P * Lp]` mask. (vLLM main
+between 0.32 and 0.33 had the 0.33 methods but the per-step metadata of 0.32.)
+
+[`detect`][pcp_fn.adapters.vllm.detect] reads which contract the installed vLLM
 has from its `PCPManager` class and module, never from a user switch; the
 manager ([`pcp_fn.adapters.vllm.manager`][]) is one class over it: the
 public methods whose names or signatures differ are a mixin picked here, and
@@ -40,13 +44,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...core.checks import check_int
 from .engine_types import BlockTables, InputBatch, InputBuffers
 
 logger = logging.getLogger("pcp_fn.adapters.vllm")
 
-SUPPORTED_SERIES = ("0.32", "0.33", "0.34")
-"""The vLLM release series the drop-in is checked against (the current release and the two before it);
-development builds of a series (`0.33.1.dev4+g...`) count as that series."""
+SUPPORTED_SERIES = ("0.30", "0.32", "0.33", "0.34")
+"""The vLLM release series the drop-in is checked against: the current release and the two before it, and
+0.30 (the vLLM vllm-ascend 0.30 stands on); development builds of a series (`0.33.1.dev4+g...`) count as
+that series."""
 
 
 def vllm_series(version: str) -> str | None:
@@ -67,6 +73,110 @@ def unsupported_reason(version: str) -> str | None:
 
 
 # --------------------------------------------------------------------------- the public methods
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedSizes:
+    """vLLM 0.30's padded sizes as the descriptor the bookkeeper reads (what vLLM 0.30's
+    `maybe_partition_pcp_batch` made of the runner's `BatchExecutionDescriptor`, read back):
+    `NONE` without `padded_num_tokens`, `FULL` with `padded_num_reqs`, else `PIECEWISE`."""
+
+    cg_mode: Any
+    num_tokens: int
+    num_reqs: int | None
+
+
+def padded_sizes(
+    modes: Any,
+    cache: dict[tuple[Any, ...], PaddedSizes],
+    padded_num_tokens: int | None,
+    padded_num_reqs: int | None,
+) -> PaddedSizes:
+    """The [`PaddedSizes`][pcp_fn.adapters.vllm.contract.PaddedSizes] of vLLM 0.30's
+    `partition_batch(input_batch, padded_num_tokens, padded_num_reqs)`, one object per distinct
+    pair in `cache` (the bookkeeper recognises a repeated descriptor by identity); the sizes
+    checked as ints, naming the argument. `num_tokens` 0 without `padded_num_tokens` (vLLM pads to
+    the largest rank then)."""
+    # (the classes too: 8.0 == 8, and a float is checked, not matched)
+    key = (padded_num_tokens, padded_num_tokens.__class__, padded_num_reqs, padded_num_reqs.__class__)
+    found = cache.get(key)
+    if found is not None:
+        return found
+    if padded_num_tokens is not None:
+        check_int("padded_num_tokens", padded_num_tokens, 0)
+    if padded_num_reqs is not None:
+        check_int("padded_num_reqs", padded_num_reqs, 1)
+        if padded_num_tokens is None:
+            raise ValueError("padded_num_reqs needs padded_num_tokens (a FULL graph pads both)")
+    if padded_num_tokens is None:
+        sizes = PaddedSizes(modes.NONE, 0, None)
+    elif padded_num_reqs is None:
+        sizes = PaddedSizes(modes.PIECEWISE, padded_num_tokens, None)
+    else:
+        sizes = PaddedSizes(modes.FULL, padded_num_tokens, padded_num_reqs)
+    cache[key] = sizes
+    return sizes
+
+
+class _Methods030:
+    """vLLM 0.30's names: decodes replicated (the constructor has no `shard_decode_requests`),
+    `partition_batch` of padded sizes, a 2-tuple `restore_for_sampling`, block tables at
+    construction, no MoE mask; `prepare_draft_prefill` of another batch keeps a prepared draft."""
+
+    def __init__(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: torch.device,
+        max_num_reqs: int | None = None,
+        max_num_tokens: int | None = None,
+        block_tables: BlockTables | None = None,
+        dcp_world_size: int = 1,
+        dcp_rank: int = 0,
+        cp_interleave: int = 1,
+        *,
+        record_schedule: str | os.PathLike[str] | None = None,
+        layout: str | None = None,
+    ) -> None:
+        """vLLM 0.30's constructor: decodes replicated on every rank."""
+        super().__init__(  # type: ignore[call-arg]
+            pcp_world_size, pcp_rank, device, False, max_num_reqs, max_num_tokens, block_tables,
+            dcp_world_size, dcp_rank, cp_interleave, record_schedule=record_schedule, layout=layout,
+        )  # fmt: skip
+
+    def partition_batch(
+        self,
+        input_batch: InputBatch,
+        padded_num_tokens: int | None = None,
+        padded_num_reqs: int | None = None,
+    ) -> InputBatch:
+        """This rank's local `InputBatch` (vLLM 0.30): the local tokens padded to
+        `padded_num_tokens` (default: the largest rank's), the request rows to `padded_num_reqs`
+        (a FULL graph)."""
+        bookkeeper = self.bookkeeper  # type: ignore[attr-defined]
+        cache = bookkeeper.__dict__.setdefault("padded_sizes", {})
+        sizes = padded_sizes(self.vllm_api.CUDAGraphMode, cache, padded_num_tokens, padded_num_reqs)  # type: ignore[attr-defined]
+        return bookkeeper.partition_batch(input_batch, sizes)
+
+    def restore_for_sampling(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, InputBatch]:
+        """Restored hidden states with the global batch to sample with (vLLM 0.30)."""
+        hidden, _, batch = self.bookkeeper.restore_for_sampling(hidden_states, None)  # type: ignore[attr-defined]
+        return hidden, batch
+
+    def prepare_draft_prefill(self, input_batch: InputBatch, input_ids: torch.Tensor) -> None:
+        """Point the drafter at this rank's rows of `input_ids` when `input_batch` is the batch
+        last partitioned; another batch changes nothing (vLLM 0.30 keeps a prepared draft)."""
+        bookkeeper = self.bookkeeper  # type: ignore[attr-defined]
+        if input_batch is bookkeeper.last_global_batch and bookkeeper.last_local_batch is not None:
+            bookkeeper.prepare_draft_prefill(input_batch, input_ids)
+
+    def prepare_inputs_to_capture(self, input_batch: InputBatch) -> InputBatch:
+        """Stage a capture or dummy batch in the persistent local buffers (vLLM 0.30)."""
+        return self.bookkeeper.stage_capture(input_batch)  # type: ignore[attr-defined]
+
+    def get_draft_input_buffers(self, input_buffers: InputBuffers) -> InputBatch | InputBuffers:
+        """The local batch while a draft prefill is prepared, else `input_buffers` (vLLM 0.30)."""
+        return self.bookkeeper.draft_input_buffers(input_buffers)  # type: ignore[attr-defined]
 
 
 class _Methods032:
@@ -127,12 +237,22 @@ class VllmContract:
         moe_mask: the constructor takes `moe_gathers_tokens`.
         batch_metadata: `PCPBatchMetadata` (the local batch's `pcp` field), or
             `None` (its `dcp_local_seq_lens_cpu_upper_bound` field).
+        shards_decodes: the constructor takes `shard_decode_requests` (0.32+; 0.30 replicates
+            every decode).
+        graph_fields: the `InputBatch` has `max_seq_len_np`, `decode_graph_eligible` and
+            `prefill_runs_as_decode_np` (0.32+).
+        capture_bounds_queries: the capture of a FULL graph without a query bound stages a batch
+            promising queries as long as the graph (`max_query_len = num_tokens`, 0.32+); vLLM
+            0.30 stages `max_query_len=None`.
     """
 
     name: str
     methods: type
     moe_mask: bool
     batch_metadata: type | None = None
+    shards_decodes: bool = True
+    graph_fields: bool = True
+    capture_bounds_queries: bool = True
 
     def metadata_fields(
         self,
@@ -156,7 +276,35 @@ class VllmContract:
             )
         }
 
+    def base_init_keywords(
+        self,
+        pcp_world_size: int,
+        pcp_rank: int,
+        device: torch.device,
+        shard_decode_requests: bool,
+        dcp_world_size: int,
+        dcp_rank: int,
+        cp_interleave: int,
+    ) -> dict[str, Any]:
+        """The keywords the drop-in builds vLLM's base with: the ranks and sizes, no capacities (the
+        base allocates nothing), `shard_decode_requests` where the release's constructor takes it."""
+        kw: dict[str, Any] = dict(
+            pcp_world_size=pcp_world_size, pcp_rank=pcp_rank, device=device,
+            dcp_world_size=dcp_world_size, dcp_rank=dcp_rank, cp_interleave=cp_interleave,
+        )  # fmt: skip
+        if self.shards_decodes:
+            kw["shard_decode_requests"] = shard_decode_requests
+        return kw
 
+
+VLLM_0_30 = VllmContract(
+    "0.30",
+    _Methods030,
+    moe_mask=False,
+    shards_decodes=False,
+    graph_fields=False,
+    capture_bounds_queries=False,
+)
 VLLM_0_32 = VllmContract("0.32", _Methods032, moe_mask=False)
 
 
@@ -165,6 +313,9 @@ def detect(manager_cls: type, module: object) -> VllmContract:
     (`vllm.v1.worker.gpu.pcp_manager`; only its `PCPBatchMetadata` is read): read from what
     they provide."""
     if not hasattr(manager_cls, "set_block_tables"):
+        partition = getattr(manager_cls, "partition_batch", None)  # (0.30: of the padded sizes)
+        if partition is not None and "padded_num_tokens" in inspect.signature(partition).parameters:
+            return VLLM_0_30
         return VLLM_0_32
     params = inspect.signature(manager_cls.__init__).parameters
     if "moe_gathers_tokens" not in params:
@@ -303,7 +454,18 @@ class ReleaseApi:
     keywords: tuple[str, ...]
 
 
+_API_030 = {k: v for k, v in _API_032.items() if k != "global_batch"} | {
+    "__init__": _API_032["__init__"].replace(" shard_decode_requests,", ""),
+    "partition_batch": "(self, input_batch, padded_num_tokens=None, padded_num_reqs=None)",
+    "restore_for_sampling": "(self, hidden_states)",
+}
+
 RELEASE_APIS: dict[str, ReleaseApi] = {
+    "0.30": ReleaseApi(
+        _API_030,
+        "(vllm_config, device, supports_mm_inputs, block_tables, cls=PCPManager)",
+        tuple(k for k in _KEYWORDS_032 if k != "shard_decode_requests"),
+    ),
     "0.32": ReleaseApi(
         _API_032, "(vllm_config, device, supports_mm_inputs, block_tables, cls=PCPManager)", _KEYWORDS_032
     ),
@@ -313,8 +475,9 @@ RELEASE_APIS: dict[str, ReleaseApi] = {
         tuple(sorted((*_KEYWORDS_032, "moe_gathers_tokens"))),
     ),
 }
-"""The contract the drop-in was written for, by release series: 0.32.0, 0.33.0 and 0.34.0's sources (0.33 adds
-the MoE flag, the late block tables and the capture/draft names; 0.34 `sync_drafts`, vLLM's own, inherited).
+"""The contract the drop-in was written for, by release series: 0.30.0, 0.32.0, 0.33.0 and 0.34.0's sources
+(0.32 adds decode sharding, the batch descriptor and the auxiliary restores; 0.33 the MoE flag, the late
+block tables and the capture/draft names; 0.34 `sync_drafts`, vLLM's own, inherited).
 """
 RELEASE_APIS["0.34"] = dataclasses.replace(
     RELEASE_APIS["0.33"],

@@ -169,12 +169,21 @@ class FunctionalPCPManagerMixin:
         # attribute its inherited helpers (_build_batch_layout, ...) read or write exists as in
         # vLLM; the block tables are attached by the bookkeeper (vLLM 0.33+: by the runner, later)
         api.PCPManager.__init__(
-            self, pcp_world_size, pcp_rank, device, shard_decode_requests, None, None, None,
-            dcp_world_size, dcp_rank, cp_interleave,
-        )  # fmt: skip
+            self,
+            **api.contract.base_init_keywords(
+                pcp_world_size,
+                pcp_rank,
+                device,
+                shard_decode_requests,
+                dcp_world_size,
+                dcp_rank,
+                cp_interleave,
+            ),
+        )
         self.pcp_world_size, self.pcp_rank, self.device = pcp_world_size, pcp_rank, torch.device(device)
         self.dcp_world_size, self.dcp_rank = dcp_world_size, dcp_rank
-        self.shard_decode_requests = shard_decode_requests
+        if api.contract.shards_decodes:  # (vLLM 0.30's manager has no such attribute)
+            self.shard_decode_requests = shard_decode_requests
         self.max_num_reqs, self.max_num_tokens = max_num_reqs, max_num_tokens
         for name in _BOOKKEEPER_ATTRIBUTES:  # vLLM's constructor's values: the bookkeeper's from now on
             self.__dict__.pop(name, None)
