@@ -825,6 +825,155 @@ def test_bad_calls_and_constructor_fields_raise_value_errors():
         m.mask_spec_decode_restore_idx_for_graph(torch.zeros(10_000, dtype=torch.int64))
 
 
+def _placeholder_config(**fields):
+    """A ``MagicMock()`` vllm_config with only ``fields`` set (``"a.b"`` paths), as vllm-ascend's
+    unit tests build theirs."""
+    from unittest.mock import MagicMock
+
+    config = MagicMock()
+    for path, value in fields.items():
+        *parents, name = path.split(".")
+        obj = config
+        for parent in parents:
+            obj = getattr(obj, parent)
+        setattr(obj, name, value)
+    return config
+
+
+def test_placeholder_config_fields_read_as_vllm_ascend_reads_them():
+    """A ``unittest.mock`` attribute of the config is not a value: R and T come from the constructor's
+    arguments, ``max_model_len`` is vllm-ascend's buffer width for it (``operator.index``: 1), the
+    model type matches no hybrid model, a mock ``speculative_config`` is present; the calls that split
+    context lengths across CP ranks refuse a mock interleave size (naming it), the others run."""
+    config = _placeholder_config(**{"speculative_config.num_speculative_tokens": 1})
+    m = FunctionalDCSManager(2, 0, 1, 0, 32 + 2 * 2 * 4, 4, "cpu", config, False)
+    s = m.settings
+    assert (s.max_num_reqs, s.max_num_tokens, s.max_model_len) == (4, 48, 1)
+    assert not s.hybrid_attn and s.has_spec_config and m.decode_threshold == 2 and not s.interleave_set
+    sched = np.array([1, 5, 8], dtype=np.int32)
+    m.init_batch_info(sched, 3, np.array([3, 0, 0]), np.array([3, 5, 8]))
+    tokens, positions = m.update_tokens_for_pcp(sched.copy())
+    assert tokens.tolist() == [1, 4, 4] and positions.tolist() == [0, 0, 1, 6, 7, 0, 1, 6, 7]
+    batch = SimpleNamespace(num_computed_tokens_cpu=np.array([3, 0, 0]))
+    with pytest.raises(
+        ValueError, match=r"generate_pcp_metadata needs parallel_config\.cp_kv_cache_interleave"
+    ):
+        m.generate_pcp_metadata(9, torch.from_numpy(tokens), batch, sched, torch.zeros(3, 1), 3, 3)
+    with pytest.raises(ValueError, match="update_spec_decode_drafting_cp_metadata needs parallel_config"):
+        m.update_spec_decode_drafting_cp_metadata(None, None, torch.ones(1, dtype=torch.int64), 0)
+    # a real interleave: the metadata
+    config.parallel_config.cp_kv_cache_interleave_size = 1
+    m = FunctionalDCSManager(2, 0, 1, 0, 48, 4, "cpu", config, False)
+    m.init_batch_info(sched, 3, np.array([3, 0, 0]), np.array([3, 5, 8]))
+    m.update_tokens_for_pcp(sched.copy())
+    meta, _ = m.generate_pcp_metadata(9, torch.from_numpy(tokens), batch, sched, torch.zeros(3, 1), 3, 3)
+    assert meta.num_computed_tokens_of_pcp_dcp.tolist() == [[[2], [2]], [[0], [0]], [[0], [0]]]
+
+
+@pytest.mark.parametrize(
+    "path, value, match",
+    [
+        ("scheduler_config.max_num_seqs", "6", r"scheduler_config\.max_num_seqs must be an int >= 1"),
+        ("scheduler_config.max_num_seqs", 0, r"scheduler_config\.max_num_seqs must be an int >= 1"),
+        ("scheduler_config.max_num_batched_tokens", 64.0, r"max_num_batched_tokens must be an int >= 1"),
+        ("scheduler_config.max_num_batched_tokens", -1, r"max_num_batched_tokens must be an int >= 1"),
+        ("speculative_config", SimpleNamespace(num_speculative_tokens=1.5), "num_speculative_tokens must be"),
+        ("speculative_config", SimpleNamespace(num_speculative_tokens=-1), "num_speculative_tokens must be"),
+        (
+            "speculative_config",
+            SimpleNamespace(num_speculative_tokens=True),
+            "num_speculative_tokens must be",
+        ),
+        ("model_config.max_model_len", 0, r"model_config\.max_model_len must be an int >= 1"),
+        ("parallel_config.cp_kv_cache_interleave_size", 0, "cp_kv_cache_interleave_size must be an int >= 1"),
+        (
+            "parallel_config.cp_kv_cache_interleave_size",
+            "2",
+            "cp_kv_cache_interleave_size must be an int >= 1",
+        ),
+    ],
+)
+def test_bad_config_values_are_refused_naming_the_field(path, value, match):
+    """A real value that is not a count in range is refused, whatever placeholders the config holds."""
+    cfg = CONFIGS[0]
+    args = list(cfg.manager_args(0, 0))
+    config = args[7]
+    *parents, name = path.split(".")
+    obj = config
+    for parent in parents:
+        obj = getattr(obj, parent)
+    setattr(obj, name, value)
+    with pytest.raises(ValueError, match=match):
+        FunctionalDCSManager(*args)
+
+
+def test_placeholder_fields_that_vllm_ascend_cannot_read_are_refused():
+    """A ``Mock`` (no ``__index__``) as ``max_model_len``, or as the speculative token count: vllm-ascend
+    could not size its buffers with it either; refused naming the field."""
+    from unittest.mock import MagicMock, Mock
+
+    config = _placeholder_config(**{"speculative_config.num_speculative_tokens": 0})
+    config.model_config.max_model_len = Mock()
+    with pytest.raises(ValueError, match=r"model_config\.max_model_len must be an int >= 1"):
+        FunctionalDCSManager(2, 0, 1, 0, 48, 4, "cpu", config, False)
+    config = _placeholder_config(**{"speculative_config.num_speculative_tokens": MagicMock()})
+    with pytest.raises(ValueError, match=r"speculative_config\.num_speculative_tokens must be an int >= 0"):
+        FunctionalDCSManager(2, 0, 1, 0, 48, 4, "cpu", config, False)
+
+
+def test_generate_pcp_metadata_before_any_step_is_the_empty_steps():
+    """Before the first ``init_batch_info`` the manager's step is the empty one (vllm-ascend's counts
+    start at 0): its metadata has every field, every list and index empty (``query_lens`` past its
+    0 requests is not read); with ``pcp * dcp == 1`` there is none."""
+    m, _ = _manager(CONFIGS[0], 1, 0)
+    batch = SimpleNamespace(num_computed_tokens_cpu=np.array([5, 10, 0, 0]))
+    lens = torch.tensor([5, 10, 40, 60])
+    meta, _ = m.generate_pcp_metadata(100, lens, batch, np.array([0, 0, 40, 60]), torch.zeros(4, 1), 4, 4)
+    assert m.decode_req_mask is None and meta.num_actual_tokens_pcp_padded == 0
+    assert meta.num_computed_tokens_of_pcp_dcp.shape == (0, 2, 1) and meta.pcp_unpad_mask.numel() == 0
+    for field in REFERENCE_FIELDS.values():
+        assert getattr(meta, field).numel() == 0, field
+    assert meta.attn_mask_seqlens == [] and meta.tail_actual_seq_lengths_kv == []
+    assert meta.query_lens_pcp_full_cpu.tolist() == [0, 0, 0, 0] and meta.max_query_len_pcp_full == 0
+    one = FunctionalDCSManager(*SimConfig("P1", pcp=1, R=6, T=64).manager_args(0, 0))
+    assert one.generate_pcp_metadata(100, lens, batch, None, torch.zeros(4, 1), 4, 4)[0] is None
+
+
+def test_get_cp_local_seq_lens_is_vllm_ascends():
+    """vllm-ascend's ``_get_cp_local_seq_lens`` (the sizes its arguments, not the manager's): each CP
+    rank's KV tokens, in the input's dtype, against the round-robin oracle."""
+    from oracle import oracle_cp_local_seq_lens
+
+    m, _ = _manager(CONFIGS[0], 0, 0)
+    lens = [0, 1, 2, 127, 128, 129, 256, 257, 1000]
+    for P, D, I in ((1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (2, 1, 128), (2, 2, 128), (4, 2, 3)):
+        for dtype in (torch.int32, torch.int64):
+            got = m._get_cp_local_seq_lens(torch.tensor(lens, dtype=dtype), P, D, I)
+            assert got.dtype == dtype and got.tolist() == oracle_cp_local_seq_lens(lens, P, D, I)
+
+
+def test_dummy_run_index_tensors_are_views_of_the_persistent_buffers():
+    """A dummy batch's counts taken as local rows (vllm-ascend's), up to ``T`` of them in one prefill:
+    its index tensors are vllm-ascend's, in the step's persistent buffers (the local capacity holds
+    ``T`` rows), int32 like a real step's."""
+    cfg = SimConfig("dummy views", pcp=2, R=2, T=64)
+    for rank in range(2):
+        m, _ = _manager(cfg, rank, 0)
+        buffers = m.persistent_buffers()
+        batch = SimpleNamespace(num_computed_tokens_cpu=np.zeros(2, dtype=np.int32))
+        for sched in ([8, 8], [64], [7, 57], [1, 1]):
+            s = np.array(sched, dtype=np.int32)
+            m.init_batch_info(s, len(sched), np.zeros(2, dtype=np.int32), s)
+            total = int(s.sum())
+            meta, _ = m.generate_pcp_metadata(total, torch.from_numpy(s), batch, s, torch.zeros(2, 1), 2, 2)
+            want = oracle_dummy_metadata(sched, 0, 2, rank, total)
+            for name, field in REFERENCE_FIELDS.items():
+                got, buf = getattr(meta, field), buffers[name]
+                assert got.tolist() == want[field] and got.dtype == buf.dtype, (sched, field)
+                assert _same_storage(got, buf), (sched, field)
+            assert meta.tail_actual_seq_lengths_kv == want["tail_actual_seq_lengths_kv"]
+
+
 def test_import_pcp_fn_does_not_import_the_adapters_or_the_frameworks():
     code = (
         "import sys, pcp_fn; assert 'pcp_fn.adapters' not in sys.modules; "
@@ -884,26 +1033,111 @@ def _metadata_step(m, sched, comp, prompt, max_reqs, fixed=None):
     return meta
 
 
-def _same_fields(dummy: dict, real: dict, ctx: str) -> None:
-    """Capture-time metadata against a real step's, field by field: the same fields, types, shapes,
-    dtypes and values (the MTP mask: shape and dtype; its rows are the buffer's history)."""
+#: A dummy run's fields vllm-ascend derives from ``query_lens`` (the dummy batch's own counts, each
+#: request's local rows: ``_dummy_run`` runs the dummy batch through the model unsplit) and from
+#: the ``total`` the runner passes: checked against :func:`oracle_dummy_metadata`.
+DUMMY_QUERY_FIELDS = {
+    *REFERENCE_FIELDS.values(),
+    "attn_mask_seqlens",
+    "head_attn_nomask_seqlens",
+    "tail_attn_nomask_seqlens",
+    "head_actual_seq_lengths_kv",
+    "tail_actual_seq_lengths_kv",
+    "attn_chunk_seqlens",
+    "num_actual_tokens_pcp_padded",
+}
+#: Views of the step's buffers whose length follows ``num_actual_tokens_pcp_padded`` (vllm-ascend's
+#: hold what its last update left): their rows are the real step's of the dummy batch, as far as
+#: both have rows.
+DUMMY_PREFIX_FIELDS = {"pcp_allgather_restore_idx", "pcp_fa_query_idx", "pcp_fa_padding_restore_idx"}
+
+
+def oracle_dummy_metadata(counts, nd, P, rank, total):
+    """vllm-ascend 0.23 ``generate_pcp_metadata``'s index tensors and lists over ``query_lens = counts``
+    (plain Python, its per-request loop): the first ``nd`` requests (decodes) skipped, prefill ``i``
+    ``q = counts[i]`` local rows in chunks of ``q // 2``, its K/V ``P * q`` gathered rows."""
+    h, t = rank, 2 * P - 1 - rank
+    names = [f for k, f in REFERENCE_FIELDS.items() if k != "q_full_idx"]
+    idx = {name: [] for name in names}
+    chunks, seq = [], {k: [] for k in ("mask", "head_nomask", "tail_nomask", "head_kv", "tail_kv")}
+    q_off = kv_off = 0
+    for i, q in enumerate(counts):
+        if i < nd:
+            continue
+        c = q // 2
+        chunks.append(c)
+        proj_off = len(idx["kv_tail_proj_idx_tensor"])
+        idx["q_head_idx_tensor"] += range(q_off, q_off + c)
+        idx["q_tail_idx_tensor"] += range(q_off + c, q_off + 2 * c)
+        idx["kv_with_q_head_nomask_idx_tensor"] += range(kv_off, kv_off + c * h)
+        idx["kv_with_q_head_mask_idx_tensor"] += range(kv_off + c * h, kv_off + c * (h + 1))
+        idx["kv_with_q_tail_nomask_idx_tensor"] += range(kv_off, kv_off + c * t)
+        idx["kv_with_q_tail_mask_idx_tensor"] += range(kv_off + c * t, kv_off + c * (t + 1))
+        idx["kv_tail_proj_idx_tensor"] += range(kv_off, kv_off + c * (t + 1))
+        idx["kv_with_q_head_attn_idx_in_tail_tensor"] += range(proj_off, proj_off + c * (h + 1))
+        idx["kv_with_q_tail_attn_idx_in_tail_tensor"] += range(proj_off, proj_off + c * (t + 1))
+        for key, n in (("mask", c), ("head_nomask", c * h), ("tail_nomask", c * t)):
+            seq[key].append((seq[key][-1] if seq[key] else 0) + n)
+        seq["head_kv"].append(len(idx["kv_with_q_head_attn_idx_in_tail_tensor"]))
+        seq["tail_kv"].append(len(idx["kv_with_q_tail_attn_idx_in_tail_tensor"]))
+        q_off += q
+        kv_off += q * P
+    both = idx["q_head_idx_tensor"] + idx["q_tail_idx_tensor"]
+    idx["q_full_idx"] = sorted(range(len(both)), key=both.__getitem__)
+    return dict(
+        idx,
+        attn_mask_seqlens=seq["mask"],
+        head_attn_nomask_seqlens=seq["head_nomask"],
+        tail_attn_nomask_seqlens=seq["tail_nomask"],
+        head_actual_seq_lengths_kv=seq["head_kv"],
+        tail_actual_seq_lengths_kv=seq["tail_kv"],
+        attn_chunk_seqlens=chunks,
+        num_actual_tokens_pcp_padded=total * P,
+    )
+
+
+def _same_field(name: str, a, b, ctx: str, what: str = "a real step's") -> None:
+    """One metadata field against another: the same type, shape, dtype and values (the MTP mask:
+    shape and dtype; its rows are the buffer's history)."""
+    assert type(a) is type(b), f"{ctx}: {name} is {type(a).__name__}, {what} {type(b).__name__}"
+    if isinstance(a, (torch.Tensor, np.ndarray)):
+        assert (tuple(a.shape), a.dtype) == (tuple(b.shape), b.dtype), (
+            f"{ctx}: {name} {tuple(a.shape)} {a.dtype}, {what} {tuple(b.shape)} {b.dtype}"
+        )
+        if name != "dcp_mtp_attn_mask":
+            assert L(a) == L(b), f"{ctx}: {name}\n{L(a)}\n{L(b)}"
+    else:
+        assert a == b, f"{ctx}: {name} {a!r}, {what} {b!r}"
+
+
+def _same_fields(dummy: dict, real: dict, ctx: str, counts=None, nd=0, P=1, rank=0) -> None:
+    """A dummy run's metadata (``counts``: its batch, ``nd`` decodes first) against a real step's of
+    the same batch, field by field; with ``P > 1`` the :data:`DUMMY_QUERY_FIELDS` against
+    :func:`oracle_dummy_metadata` instead, the :data:`DUMMY_PREFIX_FIELDS` on the rows both have."""
     assert dummy.keys() == real.keys(), f"{ctx}: fields {dummy.keys() ^ real.keys()}"
+    want = {} if P == 1 else oracle_dummy_metadata(counts, nd, P, rank, sum(counts))
     for name, a in dummy.items():
         b = real[name]
-        assert type(a) is type(b), f"{ctx}: {name} is {type(a).__name__}, a real step's {type(b).__name__}"
-        if isinstance(a, (torch.Tensor, np.ndarray)):
-            assert (tuple(a.shape), a.dtype) == (tuple(b.shape), b.dtype), (
-                f"{ctx}: {name} {tuple(a.shape)} {a.dtype}, a real step's {tuple(b.shape)} {b.dtype}"
-            )
-            if name != "dcp_mtp_attn_mask":
-                assert L(a) == L(b), f"{ctx}: {name}\n{L(a)}\n{L(b)}"
+        if name in want:
+            got = L(a)
+            assert got == want[name], f"{ctx}: {name}\n{got}\n{want[name]} (vllm-ascend's)"
+            if isinstance(b, torch.Tensor):  # the real step's dtype and device
+                assert (a.dtype, a.device) == (b.dtype, b.device), f"{ctx}: {name} {a.dtype}, {b.dtype}"
+        elif P > 1 and name in DUMMY_PREFIX_FIELDS and (a is None) != (b is None):
+            # fa_padding_restore_idx: None where the FA rows fill num_actual_tokens_pcp_padded
+            enter = len(dummy["pcp_enter_fa_restore_idx"])
+            assert (a is None) == (enter >= dummy["num_actual_tokens_pcp_padded"]), f"{ctx}: {name}"
+        elif P > 1 and name in DUMMY_PREFIX_FIELDS and a is not None:
+            n = min(len(a), len(b))
+            assert a.dtype == b.dtype and L(a[:n]) == L(b[:n]), f"{ctx}: {name}\n{L(a)}\n{L(b)}"
         else:
-            assert a == b, f"{ctx}: {name} {a!r}, a real step's {b!r}"
+            _same_field(name, a, b, ctx)
 
 
 def check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr: Tracker, ctx: str) -> int:
     """A ``_dummy_run``'s metadata against the real step of the same batch (run on ``twin``, a manager
-    of the same rank), and its MTP mask against the modelled buffer; returns the checks made."""
+    of the same rank) and vllm-ascend's index lists over the dummy batch's counts
+    (:func:`_same_fields`), and its MTP mask against the modelled buffer; returns the checks made."""
     counts = obs["counts"].tolist()
     n = len(counts)
     comp, prompt = runner.num_computed[:n].tolist(), runner.num_prompt[:n].tolist()
@@ -912,7 +1146,7 @@ def check_dummy(cfg, obs, twin, runner, rank, dcp_rank, tr: Tracker, ctx: str) -
         assert obs["metadata"] is None, ctx
         return 1
     real = {k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in vars(real).items()}
-    _same_fields(obs["metadata"], real, ctx)
+    _same_fields(obs["metadata"], real, ctx, counts, obs["num_decode_reqs"], cfg.pcp, rank)
     if cfg.spec:
         nd = obs["num_decode_reqs"]
         fixed = obs["fixed"]
@@ -1023,11 +1257,13 @@ def test_async_mtp_device_rebuild_keeps_the_main_models_slots(async_stand_in):
     ],
     ids=["dcs", "hybrid"],
 )
-def test_dummy_run_metadata_is_the_real_steps_field_by_field(cfg, async_stand_in):
+def test_dummy_run_metadata_is_vllm_ascends_over_its_counts(cfg, async_stand_in):
     """``_dummy_run`` (graph capture at start-up, and between steps): ``init_batch_info`` without
-    ``update_tokens_for_pcp``, ``generate_pcp_metadata`` with the dummy batch's counts. Its metadata
-    has the fields, shapes, dtypes (and values) of the real step of that batch; with hybrid
-    attention the hybrid index fields are there from the first capture on."""
+    ``update_tokens_for_pcp``, ``generate_pcp_metadata`` with the dummy batch's counts, which the
+    runner's forward then runs unsplit. As vllm-ascend's, the index tensors and lists take those
+    counts as each request's local rows and ``num_actual_tokens_pcp_padded`` is ``P`` times the
+    tokens passed; every other field has the fields, shapes, dtypes and values of the real step of
+    that batch; with hybrid attention the hybrid index fields are there from the first capture on."""
     hybrid_fields = {"pcp_enter_fa_restore_idx", "pcp_fa_query_idx", "pcp_exit_fa_scatter_idx"}
     for rank in range(cfg.pcp):
         m, runner = _manager(cfg, rank, 0)
@@ -1036,7 +1272,7 @@ def test_dummy_run_metadata_is_the_real_steps_field_by_field(cfg, async_stand_in
         for num_tokens, uniform in ((4, True), (6, False), (1, False), (8, True)):
             obs = runner.dummy_run(num_tokens, uniform, capturing=True)
             check_dummy(cfg, obs, twin, runner, rank, 0, tr, f"start-up dummy run {num_tokens}")
-            assert obs["metadata"]["num_actual_tokens_pcp_padded"] == 2 * m.record.host.num_tokens
+            assert obs["metadata"]["num_actual_tokens_pcp_padded"] == 2 * num_tokens
             if cfg.hybrid:
                 assert hybrid_fields <= obs["metadata"].keys()
         for st in schedule(cfg, 3, seed=5):
@@ -1061,7 +1297,10 @@ def test_generate_pcp_metadata_checks_query_lens():
     with pytest.raises(ValueError, match=r"query_lens must start with the dummy batch's scheduled tokens"):
         m.generate_pcp_metadata(14, torch.from_numpy(local), batch, sched, torch.zeros(3, 1), 3, 3)
     meta, _ = m.generate_pcp_metadata(14, torch.from_numpy(sched), batch, sched, torch.zeros(3, 1), 3, 3)
-    assert meta.num_actual_tokens_pcp_padded == 18  # the real step's (P * 9), not 14 * P
+    # vllm-ascend's: the dummy forward runs the 14 tokens unsplit, the prefills' counts as local rows
+    assert meta.num_actual_tokens_pcp_padded == 28
+    assert meta.q_head_idx_tensor.tolist() == [0, 1, 5, 6, 7, 8] and meta.attn_mask_seqlens == [2, 6]
+    assert meta.kv_tail_proj_idx_tensor.tolist() == [*range(0, 8), *range(10, 26)]  # chunks 2, 4; t = 3
 
 
 def test_hybrid_capture_in_dummy_runs_serves_the_real_steps(async_stand_in):

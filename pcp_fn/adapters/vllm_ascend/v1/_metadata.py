@@ -74,34 +74,48 @@ class MetadataBuilder:
         self.records, self.views = parts.records, parts.views
         self.metadata_cls: Any = None
         self.empty_indices: dict[str, torch.Tensor] | None = None
+        self.empty_step: dcs_host.HostLayout | None = None  # the step before the first init_batch_info
 
     def generate(
         self, total: int, query_lens: torch.Tensor | npt.ArrayLike, input_batch: NPUInputBatch,
         num_scheduled: np.ndarray | None,
         num_reqs_padded: int, num_reqs: int, fixed_decode: np.ndarray | None,
     ) -> Any:  # fmt: skip
-        """`generate_pcp_metadata`'s metadata (`None` when `pcp * dcp == 1`); recorded in the cell."""
-        s, h = self.settings, self.records.host()
+        """`generate_pcp_metadata`'s metadata (`None` when `pcp * dcp == 1`); recorded in the cell.
+
+        Before the first `init_batch_info` it describes the empty step (no request: vllm-ascend's
+        counts start at 0), its lists and index views empty whatever `query_lens` holds. In a
+        `_dummy_run` (no `update_tokens_for_pcp` since `init_batch_info`) the index tensors and
+        lists are vllm-ascend's over the dummy batch's counts taken as local rows (the runner runs
+        the dummy batch through the model unsplit), `num_actual_tokens_pcp_padded` is `P` times
+        the tokens passed; the other fields are the dummy batch's own step's.
+        """
+        s, h = self.settings, self.records.current.host
         P = s.pcp_size
-        # a _dummy_run: no update_tokens_for_pcp since init_batch_info; the step's layout is h
-        dummy = P > 1 and self.records.current.updated is not h
-        u = h if dummy else self.records.current.updated
+        if h is None:  # no step yet: the empty one (updated: its layout is its own)
+            h = u = self._empty_step()
+            dummy, total = False, 0
+        else:
+            # a _dummy_run: no update_tokens_for_pcp since init_batch_info; the step's layout is h
+            dummy = P > 1 and self.records.current.updated is not h
+            u = h if dummy else self.records.current.updated
         if P > 1:
             _check_query_lens(query_lens, h.num_scheduled if dummy else h.pcp_tokens, dummy)
-            if dummy:
-                total = h.num_tokens
+            if dummy and s.hybrid_attn:  # vllm-ascend's num_scheduled_tokens_padded: the dummy's counts
+                total = h.total_scheduled
             elif s.hybrid_attn:  # the FA query lengths (update_tokens_for_pcp's layout is h)
                 total = int(h.pcp_tokens.sum())
         num_actual = int(total) * P
         meta = None
         if s.cp_size > 1:
+            s.require_interleave("generate_pcp_metadata")  # the context lengths per CP rank
             if num_scheduled is None:
                 raise ValueError("num_scheduled_tokens is required when pcp * dcp > 1")
             computed_cpu = np.asarray(input_batch.num_computed_tokens_cpu)
             context = _context_lengths(h, computed_cpu, num_scheduled, fixed_decode)
             meta = self._metadata(self._fields(h, u, context, num_actual, num_reqs_padded))
             if P > 1:
-                self._attach_attention_indices(meta, h, u, num_actual)
+                self._attach_attention_indices(meta, h, u, num_actual, dummy)
             if s.has_spec_config:
                 meta.dcp_mtp_attn_mask = self._mtp_attention_mask(
                     h, computed_cpu, np.asarray(num_scheduled), fixed_decode, num_reqs
@@ -110,6 +124,14 @@ class MetadataBuilder:
                 meta.dcp_mtp_attn_mask = None
         self.records.set(num_actual_tokens_pcp_padded=num_actual, long_seq_metadata=meta)
         return meta
+
+    def _empty_step(self) -> dcs_host.HostLayout:
+        """The host twin of a step of no request (made once)."""
+        if self.empty_step is None:
+            none = np.zeros(0, dtype=np.int32)
+            twin = HybridHostLayout if self.settings.hybrid_attn else dcs_host.HostLayout
+            self.empty_step = dcs_host.host_layout(self.settings, none, none, none, None, twin)
+        return self.empty_step
 
     def _fields(
         self, h: dcs_host.HostLayout, u: HybridHostLayout | None, context: np.ndarray, num_actual: int,
@@ -142,9 +164,13 @@ class MetadataBuilder:
         h: dcs_host.HostLayout,
         u: HybridHostLayout | None,
         num_actual: int,
+        dummy: bool = False,
     ) -> None:
         step = self.buffers.step
-        if h.num_prefill_reqs == 0:  # a decode-only step: every index empty, every list too
+        if dummy and h.num_prefill_reqs > 0:
+            # a _dummy_run's forward runs the dummy batch unsplit: its counts are the local rows
+            _attach_local_count_indices(meta, step, h, self.graphs)
+        elif h.num_prefill_reqs == 0:  # a decode-only step: every index empty, every list too
             views = self.empty_indices
             if views is None:  # made once (a view costs microseconds; ten of them, every step)
                 views = self.empty_indices = {f: step[k][:0] for k, f in _ops.ATTENTION_INDEX_FIELDS.items()}
@@ -211,6 +237,71 @@ class MetadataBuilder:
                         self.buffers.computed_in[:Rb].copy_(torch.from_numpy(host), non_blocking=True)
                 self.graphs.mtp_mask(corrected)  # rows [:nd], at the step's bucket
         return buf.gpu[: nd if nd > 0 else num_reqs]
+
+
+def local_count_indices(
+    local: np.ndarray, nd: int, P: int, rank: int
+) -> tuple[dict[str, np.ndarray], dict[str, list[int]], np.ndarray]:
+    """vllm-ascend's attention index tensors and lists for the prefills `local[nd:]` taken as the
+    local rows per request (its `generate_pcp_metadata` over `query_lens`), on the host.
+
+    Prefill `j` has `q` local rows, chunks of `c = q // 2` (head rows `[0, c)`, tail rows
+    `[c, 2c)` from its first row; the rows start where the last prefill's `q` end), its K/V
+    `P * q` rows of the gathered buffer. Returns the index arrays by their pcp_fn names (int64),
+    the five cumulative lists, and the int32 chunk lengths.
+    """
+    h, t = rank, 2 * P - 1 - rank
+    q = np.asarray(local[nd:], dtype=np.int64)
+    c = q // 2
+    q_off = np.cumsum(q) - q  # exclusive
+    kv_off = P * q_off
+    proj = c * (t + 1)
+    proj_off = np.cumsum(proj) - proj
+    head, tail = dcs_host.runs(q_off, c), dcs_host.runs(q_off + c, c)
+    both = np.concatenate([head, tail])  # distinct rows: vllm-ascend's argsort of them is this one
+    arrays = {
+        "q_head_idx": head,
+        "q_tail_idx": tail,
+        "kv_with_q_head_nomask_idx": dcs_host.runs(kv_off, c * h),
+        "kv_with_q_head_mask_idx": dcs_host.runs(kv_off + c * h, c),
+        "kv_with_q_tail_nomask_idx": dcs_host.runs(kv_off, c * t),
+        "kv_with_q_tail_mask_idx": dcs_host.runs(kv_off + c * t, c),
+        "kv_tail_proj_idx": dcs_host.runs(kv_off, proj),
+        "kv_with_q_head_attn_idx_in_tail": dcs_host.runs(proj_off, c * (h + 1)),
+        "kv_with_q_tail_attn_idx_in_tail": dcs_host.runs(proj_off, proj),
+        "q_full_idx": np.argsort(both, kind="stable"),
+    }
+    lists = {
+        "attn_mask_seqlens": np.cumsum(c).tolist(),
+        "head_attn_nomask_seqlens": np.cumsum(c * h).tolist(),
+        "tail_attn_nomask_seqlens": np.cumsum(c * t).tolist(),
+        "head_actual_seq_lengths_kv": np.cumsum(c * (h + 1)).tolist(),
+        "tail_actual_seq_lengths_kv": np.cumsum(proj).tolist(),
+    }
+    return arrays, lists, c.astype(np.int32)
+
+
+def _attach_local_count_indices(
+    meta: Any, step: dict[str, torch.Tensor], h: dcs_host.HostLayout, graphs: _ops.DeviceGraphs
+) -> None:
+    """A `_dummy_run`'s index fields: `local_count_indices` of its scheduled counts (what the
+    runner passes as `query_lens`, checked), written into the step's persistent buffers (the next
+    `init_batch_info` rewrites them). They fit: the counts sum to at most `T`, and the local
+    capacity `L` holds `T` rows (a batch of `T` decode tokens)."""
+    arrays, lists, chunks = local_count_indices(h.num_scheduled, h.num_decode_reqs, h.pcp_size, h.pcp_rank)
+    fields = {}
+    with graphs.guard():
+        for name, field in _ops.ATTENTION_INDEX_FIELDS.items():
+            buf, host = step[name], torch.from_numpy(arrays[name])
+            if host.shape[0] > buf.shape[0]:  # (never: see above)
+                raise ValueError(
+                    f"{field}: {host.shape[0]} rows for the dummy batch, {buf.shape[0]} in the buffer"
+                )
+            fields[field] = buf[: host.shape[0]]
+            fields[field].copy_(host, non_blocking=True)
+    meta.__dict__.update(fields)
+    meta.__dict__.update(lists)
+    meta.attn_chunk_seqlens = torch.from_numpy(chunks)
 
 
 def _context_lengths(

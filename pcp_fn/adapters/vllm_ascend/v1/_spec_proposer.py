@@ -209,6 +209,7 @@ class Proposer:
         draft_index: int, seq_lens_cpu: torch.Tensor | None, attn_metadata_builder: object | None,
     ) -> None:  # fmt: skip
         """`update_spec_decode_drafting_cp_metadata`."""
+        self.settings.require_interleave("update_spec_decode_drafting_cp_metadata")
         is_mla = _isinstance_of(
             kv_cache_spec, "vllm_ascend.core.kv_cache_interface", "AscendMLAAttentionSpec"
         )

@@ -56,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from ....core.checks import INT32_MAX, host_row, same_ints
+from ....core.seqlens import cp_local_seq_lens
 from ....dcs import host as dcs_host
 from ....hybrid.host import HybridHostLayout
 from ....protocol.batch import classify_decodes
@@ -163,7 +164,11 @@ class FunctionalDCSManager:
         device: where the buffers and the graphs live (an NPU, a CUDA device or the CPU).
         vllm_config: vLLM's `VllmConfig`, or any object with the attributes it reads:
             the speculative config, `T` and `R` from the scheduler config, the model type
-            (hybrid attention) and `max_model_len`, the KV interleave size.
+            (hybrid attention) and `max_model_len`, the KV interleave size. A `unittest.mock`
+            attribute (vllm-ascend's unit tests build configs from `MagicMock()`) is read as
+            vllm-ascend's class reads it (`pcp_fn.adapters.vllm_ascend.v1._settings`): `R` and `T`
+            from `max_num_reqs` and `max_buffer_num_tokens`, the calls that need the interleave
+            size refuse a mock one; a real value out of range is a `ValueError` naming the field.
         use_async_scheduling: the runner schedules asynchronously (the spec-decode positions
             are rebuilt on the device).
         pin_memory: pin the host staging buffers (on a graph device).
@@ -625,6 +630,19 @@ class FunctionalDCSManager:
         index = self.pcp_enter_fa_restore_idx[: gathered.shape[0] - u.total_padding_tokens_fla]
         return torch.index_select(gathered, 0, index)
 
+    def _get_cp_local_seq_lens(
+        self,
+        seq_lens: torch.Tensor,
+        pcp_world_size: int = 1,
+        dcp_world_size: int = 1,
+        cp_kv_cache_interleave_size: int = 1,
+    ) -> torch.Tensor:
+        """vllm-ascend's `_get_cp_local_seq_lens`: `[n] -> [n, pcp_world_size, dcp_world_size]`, the
+        KV tokens of each sequence each CP rank holds, in `seq_lens`' dtype and device
+        ([`pcp_fn.cp_local_seq_lens`][]; the sizes are the arguments, not the manager's)."""
+        lens = cp_local_seq_lens(seq_lens, pcp_world_size, dcp_world_size, cp_kv_cache_interleave_size)
+        return lens.reshape(-1, pcp_world_size, dcp_world_size)
+
     # ---------------------------------------------------------------- attention metadata (MetadataBuilder)
     def generate_pcp_metadata(
         self,
@@ -647,10 +665,14 @@ class FunctionalDCSManager:
         (`update_tokens_for_pcp`'s, or `num_scheduled_tokens_padded` with hybrid
         attention), as the runner passes them. In a `_dummy_run`
         (`init_batch_info` without `update_tokens_for_pcp`; the runner then passes
-        the dummy batch's own counts, checked against them) the metadata is the
-        one the real step of the dummy batch gets: every field, the hybrid index
-        fields included, shaped as that step's (a graph captured in a dummy run
-        sees what a real step of that batch sees).
+        the dummy batch's own counts, checked against them, and runs that batch
+        through the model unsplit) the index tensors and lists are vllm-ascend's
+        over those counts taken as each request's local rows (a graph captured
+        there sees what a real step with that many local rows sees), and
+        `num_actual_tokens_pcp_padded` is `P * total_num_scheduled_tokens`; the
+        unpad mask, restore index and hybrid index fields are views of the dummy
+        batch's own step. Before the first `init_batch_info`: the empty step's
+        metadata (no request).
 
         Raises:
             ValueError: `query_lens` (or `num_scheduled_tokens`) missing, or not those counts.
