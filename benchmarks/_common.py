@@ -213,7 +213,7 @@ class Tables:
     def __init__(self, markdown: str | None, versions: dict[str, str] | None = None) -> None:
         self.path = markdown
         self.versions = dict(versions or {})
-        self.started = datetime.datetime.now(datetime.UTC)
+        self.started = datetime.datetime.now(datetime.timezone.utc)
         self.load_start = os.getloadavg()[0]
         self.command = command_line()  # now: a benchmark may rewrite sys.argv for a tool it imports
         self.blocks: list[str] = []

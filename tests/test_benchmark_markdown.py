@@ -73,7 +73,7 @@ def check_heading(text: str, command: str) -> dict[str, str]:
     fields = heading(text)
     assert {"date", "machine", "load average", "torch", "command"} <= set(fields), fields
     when = datetime.datetime.strptime(fields["date"], "%Y-%m-%d %H:%M UTC")
-    now = datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
+    now = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
     assert abs((now - when).total_seconds()) < 3600, fields["date"]
     assert re.search(r", \d+ cores", fields["machine"]), fields["machine"]
     assert re.fullmatch(r"\d+\.\d\d at the start, \d+\.\d\d at the end", fields["load average"])

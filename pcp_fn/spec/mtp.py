@@ -331,8 +331,9 @@ def attention_mask(
     col, end, row_start, num_rows = _blocked_intervals(state, view, num_computed, num_cols)
     size = Rb * T * num_cols
     cell = (row_start + col).masked_fill(col >= end[:, :, None], size)
-    flat = torch.zeros(size + 1, dtype=torch.int8, device=col.device).index_fill(0, cell.view(-1), 1)
-    mask = flat[:size].view(torch.bool).reshape(Rb, T, num_cols)
+    # a bool buffer filled directly (no int8 -> bool view: torch 2.10's vmap has no rule for it)
+    flat = torch.zeros(size + 1, dtype=torch.bool, device=col.device).index_fill(0, cell.view(-1), True)
+    mask = flat[:size].reshape(Rb, T, num_cols)
     return MTPAttentionMask(mask=mask, num_rows=num_rows)
 
 
