@@ -83,7 +83,7 @@ LAZY_OK = {
 }
 # pcp_fn modules that import an engine at module level (the drop-in over the installed vLLM):
 # the adapter packages import them lazily, so importing an adapter package imports no engine
-ENGINE_MODULES = {"pcp_fn.adapters.vllm.installed"}
+ENGINE_MODULES = {"pcp_fn.adapters.vllm.installed", "pcp_fn.adapters.vllm_ascend.v2.installed"}
 
 
 def _module_name(path: pathlib.Path) -> str:

@@ -14,7 +14,7 @@ methods that need them import them when called.
 
 from __future__ import annotations
 
-import dataclasses
+import importlib
 
 from .v1 import (
     FunctionalDCSManager,
@@ -39,31 +39,11 @@ __all__ = [
 
 
 def __getattr__(name: str) -> type:
-    """`FunctionalAscendPCPManager`: built on first access over vLLM and vllm-ascend main (imports
-    both), `FunctionalAscendPCPManagerMixin` over the vLLM drop-in and vLLM's MRV2 `PCPManager`."""
+    """`FunctionalAscendPCPManager`: built on first access over the installed vLLM and vllm-ascend
+    ([`pcp_fn.adapters.vllm_ascend.v2.installed`][]: imports both; an unknown vllm-ascend is refused
+    unless `PCP_FN_ALLOW_UNKNOWN_VLLM_ASCEND=1`)."""
     if name != "FunctionalAscendPCPManager":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vllm.distributed import parallel_state
-    from vllm_ascend.worker.v2.attn_utils import build_attn_state
-    from vllm_ascend.worker.v2.input_batch import AscendInputBuffers
-
-    from ..vllm.installed import vllm_api
-
-    try:  # the attention builders' own record type, where this vllm-ascend has it
-        from vllm_ascend.worker.v2.pcp_manager import AscendPCPAttentionContext as context
-    except ImportError:
-        context = PCPAttentionContext
-
-    cls = make_functional_ascend_manager(
-        # vLLM's names; the ladder follows vllm-ascend's padded sizes, not vLLM's capture sizes
-        dataclasses.replace(vllm_api(), capture_sizes=None),
-        AscendApi(
-            AscendInputBuffers=AscendInputBuffers,
-            build_attn_state=build_attn_state,
-            get_pp_group=lambda: parallel_state.get_pp_group(),
-            AttentionContext=context,
-        ),
-    )
-    cls.__module__ = __name__
+    cls = importlib.import_module(f"{__name__}.v2.installed").FunctionalAscendPCPManager
     globals()[name] = cls
     return cls

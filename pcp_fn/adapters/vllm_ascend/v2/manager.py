@@ -47,6 +47,7 @@ so the default suite builds it over a stand-in.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +60,10 @@ from ...vllm.bookkeeper import MRV2Bookkeeper
 from ...vllm.engine_types import BlockTables, CUDAGraphMode, GroupCoordinator, SpeculativeConfig, VllmConfig
 from ...vllm.manager import FunctionalPCPManagerMixin, VllmApi, class_namespace
 from ...vllm.replace import replace_fields
+from .ascend_030 import AscendMethods030
+from .contract import ASCEND_MAIN, AscendContract
 from .engine_types import AscendInputBatch, AscendInputBuffers, AscendInputBuffersFactory
+from .graph_padding import decode_graph_fields, rank_by_rank_slots, zero_padding_rows
 
 SPEC_METHODS = ("mtp", "eagle3", "dspark")
 """The speculative methods vllm-ascend's MRV2 PCP accepts."""
@@ -104,13 +108,24 @@ class AscendApi:
         AttentionContext: `vllm_ascend.worker.v2.pcp_manager.AscendPCPAttentionContext`
             (keyword constructor with
             [`PCPAttentionContext`][pcp_fn.adapters.vllm_ascend.PCPAttentionContext]'s fields).
+        AscendPCPManager: vllm-ascend's `AscendPCPManager`, the base of the drop-in of a line that
+            subclasses it ([`AscendContract`][pcp_fn.adapters.vllm_ascend.v2.contract.AscendContract]'s
+            `subclasses_ascend`).
+        decode_sharding: vllm-ascend's decode placement rule of a config
+            (`is_pcp_decode_sharding_enabled`; vllm-ascend 0.30).
+        current_vllm_config: the config the manager is built under (`None` outside one): its first
+            guess of the decode placement, until the runner sets `vllm_config`.
     """
 
     AscendInputBuffers: AscendInputBuffersFactory
-    # -> vllm-ascend's AscendAttentionState (the local batch's attn_state, not read here)
-    build_attn_state: Callable[[VllmConfig | None, np.ndarray, int, np.ndarray, np.ndarray], object]
+    # -> vllm-ascend's AscendAttentionState (the local batch's attn_state, not read here); vllm-ascend
+    # 0.30's also takes kv_cache_config=
+    build_attn_state: Callable[..., object]
     get_pp_group: Callable[[], GroupCoordinator]
     AttentionContext: type = PCPAttentionContext
+    AscendPCPManager: type | None = None
+    decode_sharding: Callable[[Any], bool] | None = None
+    current_vllm_config: Callable[[], Any] = lambda: None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,17 +135,6 @@ class _Desc:
     cg_mode: CUDAGraphMode
     num_tokens: int
     num_reqs: int | None
-
-
-def _zero_padding_rows(restored: torch.Tensor, num_tokens: int, rows: int) -> torch.Tensor:
-    """`[rows, ...]`: the first `num_tokens < rows` rows of `restored`, zeros after (in
-    place when `restored` already has `rows` rows)."""
-    if restored.shape[0] == rows:
-        restored[num_tokens:rows].zero_()
-        return restored
-    out = restored.new_zeros((rows, *restored.shape[1:]))
-    out[:num_tokens].copy_(restored[:num_tokens])
-    return out
 
 
 class AscendBookkeeper(MRV2Bookkeeper):
@@ -441,7 +445,7 @@ class FunctionalAscendPCPManagerMixin:
         )
         graph_reqs = graph_tokens if token_sized else global_batch.num_reqs_after_padding
         if graph_tokens > local.num_tokens_after_padding or graph_reqs > local.num_reqs_after_padding:
-            return self._pad_to_graph(global_batch, local, graph_tokens, graph_reqs)
+            return decode_graph_fields(self.bookkeeper, global_batch, local, graph_tokens, graph_reqs)
         return {}
 
     def _attention_fields(self, local: AscendInputBatch, changes: dict[str, Any]) -> dict[str, Any]:
@@ -464,61 +468,6 @@ class FunctionalAscendPCPManagerMixin:
         )
         return dict(seq_lens_np=seq_lens_np, attn_state=state)
 
-    def _check_graph_size(self, global_batch: AscendInputBatch, tokens: int, reqs: int) -> np.ndarray:
-        """A decode graph's sizes checked against the buffers; its global `query_start_loc_np`."""
-        bookkeeper = self.bookkeeper
-        if tokens > bookkeeper.max_num_tokens:
-            raise ValueError(
-                f"input_batch.num_tokens_after_padding={tokens} (the decode graph's tokens) exceeds "
-                f"max_num_tokens={bookkeeper.max_num_tokens}"
-            )
-        if reqs > 2 * bookkeeper.max_num_reqs:
-            raise ValueError(
-                f"the decode graph's {reqs} request rows exceed the local request capacity "
-                f"2 * max_num_reqs = {2 * bookkeeper.max_num_reqs}"
-            )
-        qsl_np = global_batch.query_start_loc_np[: reqs + 1]
-        if qsl_np.shape[0] != reqs + 1:
-            raise ValueError(
-                f"input_batch.query_start_loc_np has {global_batch.query_start_loc_np.shape[0]} entries; the "
-                f"decode graph's {reqs} request rows need {reqs + 1}"
-            )
-        return qsl_np
-
-    def _pad_to_graph(
-        self, global_batch: AscendInputBatch, local: AscendInputBatch, tokens: int, reqs: int
-    ) -> dict[str, Any]:
-        """The local batch's fields padded to a decode-only graph of `tokens` tokens and
-        `reqs` request rows (decodes are replicated: the global query layout is the local one).
-        """
-        qsl_np = self._check_graph_size(global_batch, tokens, reqs)
-        ib = self.bookkeeper.input_buffers
-        num_local, n = local.num_tokens, local.num_reqs
-        qsl = ib.query_start_loc[: reqs + 1]
-        with self.bookkeeper.guard():  # fixed-shape device writes only
-            ib.input_ids[num_local:tokens].zero_()
-            ib.positions[num_local:tokens].zero_()
-            ib.is_padding[num_local:tokens].fill_(True)
-            ib.seq_lens[n:reqs].zero_()
-            if global_batch.query_start_loc.shape[0] > reqs:  # the device twin of query_start_loc_np
-                qsl.copy_(global_batch.query_start_loc[: reqs + 1])
-        if global_batch.query_start_loc.shape[0] <= reqs:
-            qsl.copy_(torch.from_numpy(qsl_np), non_blocking=True)
-        upper = torch.zeros(reqs, dtype=local.seq_lens_cpu_upper_bound.dtype)
-        upper[:n] = local.seq_lens_cpu_upper_bound[:n]
-        return dict(
-            num_reqs_after_padding=reqs,
-            num_tokens_after_padding=tokens,
-            query_start_loc=qsl,
-            query_start_loc_np=qsl_np,
-            seq_lens=ib.seq_lens[:reqs],
-            seq_lens_cpu_upper_bound=upper,
-            dcp_local_seq_lens=None,
-            input_ids=ib.input_ids[:tokens],
-            positions=ib.positions[:tokens],
-            is_padding=ib.is_padding[:tokens],
-        )
-
     # ------------------------------------------------------------ attention
 
     def prepare_slot_mappings(self) -> torch.Tensor:
@@ -531,22 +480,7 @@ class FunctionalAscendPCPManagerMixin:
         graph = global_batch.num_tokens_after_padding
         if not bookkeeper.decode_only or graph <= global_batch.num_tokens:
             return slots
-        P, K = bookkeeper.pcp_world_size, slots.shape[0]
-        width = slots.shape[1] // P  # the layout's local tokens
-        out = bookkeeper.gathered_slot_mappings[:, : P * graph]
-        if width == graph:
-            return out
-        if width > graph:
-            raise ValueError(
-                f"the layout's {width} local tokens exceed the decode graph's "
-                f"input_batch.num_tokens_after_padding={graph}"
-            )
-        with bookkeeper.guard():
-            compact = slots.view(K, P, width).clone()  # the source overlaps the destination
-            grid = out.view(K, P, graph)
-            grid[:, :, width:].fill_(self.vllm_api.PAD_SLOT_ID)
-            grid[:, :, :width].copy_(compact)
-        return out
+        return rank_by_rank_slots(bookkeeper, slots, graph, self.vllm_api.PAD_SLOT_ID)
 
     def get_dummy_block_tables(self, num_reqs: int) -> tuple[torch.Tensor, ...]:
         """Zeroed views of the persistent local block tables (capture and dummy runs)."""
@@ -673,7 +607,7 @@ class FunctionalAscendPCPManagerMixin:
         if n == rows:
             return restored
         with self.bookkeeper.guard():
-            return _zero_padding_rows(restored, n, rows)
+            return zero_padding_rows(restored, n, rows)
 
     def _layout_rows(self, gathered: torch.Tensor) -> torch.Tensor:
         """`gathered` at the layout's `P * Lp` rows: a decode graph padded past the layout
@@ -782,12 +716,46 @@ def _checked_drafts(global_batch: AscendInputBatch) -> np.ndarray | None:
 
 
 def make_functional_ascend_manager(
-    vllm_api: VllmApi, ascend_api: AscendApi, name: str = "FunctionalAscendPCPManager"
+    vllm_api: VllmApi,
+    ascend_api: AscendApi,
+    name: str = "FunctionalAscendPCPManager",
+    contract: AscendContract = ASCEND_MAIN,
 ) -> type:
-    """`class name(FunctionalAscendPCPManagerMixin, contract.methods, FunctionalPCPManagerMixin,
-    vllm_api.PCPManager)`: vllm-ascend's `AscendPCPManager` constructor and additions over the
-    vLLM drop-in, with vllm-ascend's input buffers."""
+    """The drop-in class of vllm-ascend's line `contract` over the engine's names.
+
+    vllm-ascend 0.30 ([`ASCEND_0_30`][pcp_fn.adapters.vllm_ascend.v2.contract.ASCEND_0_30]):
+    `class name(AscendMethods030, vllm 0.30's methods, FunctionalPCPManagerMixin, AscendPCPManager)`,
+    vllm-ascend's own members in its namespace where the contract inherits them. Main at 01af1b74:
+    `class name(FunctionalAscendPCPManagerMixin, contract.methods, FunctionalPCPManagerMixin,
+    vllm_api.PCPManager)`. Either with vllm-ascend's input buffers.
+
+    Raises:
+        ValueError: the line does not stand on the vLLM contract of `vllm_api`, or (0.30) no
+            `ascend_api.AscendPCPManager` to subclass.
+    """
+    if vllm_api.contract.name not in contract.vllm:
+        raise ValueError(
+            f"vllm-ascend {contract.name}'s AscendPCPManager stands on vLLM {' / '.join(contract.vllm)}; "
+            f"the vLLM contract given is {vllm_api.contract.name}"
+        )
     api = dataclasses.replace(vllm_api, InputBuffers=ascend_input_buffers(ascend_api))
-    bases = (FunctionalAscendPCPManagerMixin, api.contract.methods, FunctionalPCPManagerMixin, api.PCPManager)
-    namespace = class_namespace(name, FunctionalAscendPCPManagerMixin, vllm_api=api, ascend_api=ascend_api)
-    return type(name, bases, namespace)
+    if not contract.subclasses_ascend:
+        bases = (
+            FunctionalAscendPCPManagerMixin,
+            api.contract.methods,
+            FunctionalPCPManagerMixin,
+            api.PCPManager,
+        )
+        namespace = class_namespace(
+            name, FunctionalAscendPCPManagerMixin, vllm_api=api, ascend_api=ascend_api
+        )
+        return type(name, bases, {**namespace, "ascend_contract": contract})
+    base = ascend_api.AscendPCPManager
+    if base is None:
+        raise ValueError(f"vllm-ascend {contract.name}'s drop-in subclasses its AscendPCPManager: none given")
+    api = dataclasses.replace(api, PCPManager=base)
+    namespace = class_namespace(name, AscendMethods030, vllm_api=api, ascend_api=ascend_api)
+    namespace["ascend_contract"] = contract
+    for member in contract.inherited:  # vllm-ascend's own, as they are
+        namespace[member] = inspect.getattr_static(base, member)
+    return type(name, (AscendMethods030, api.contract.methods, FunctionalPCPManagerMixin, base), namespace)
