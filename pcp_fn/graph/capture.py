@@ -170,8 +170,25 @@ def _scalar_isa_note(record: logging.LogRecord) -> bool:
     return not (len(args) == 3 and args[0] == "AOTI_CPU_ISA" and args[2] == "INVALID_VEC_ISA")
 
 
+def _compile_backend(backend: str | None) -> Any:
+    """`backend`, or for `None` torch.compile's default backend, as torch 2.13+ reads
+    `backend=None` (`torch._dynamo.backends.registry.get_default_backend()`: `"inductor"` unless
+    `set_default_backend` chose another). torch 2.10's `torch.compile` has no such default: it takes
+    `None` for a compiler function and fails at the first compile (`'NoneType' object is not
+    callable`); there the default is `"inductor"`."""
+    if backend is not None:
+        return backend
+    from torch._dynamo.backends import registry
+
+    get_default = getattr(registry, "get_default_backend", None)  # absent in torch 2.10
+    return "inductor" if get_default is None else get_default()
+
+
 class _CompiledGraph:
-    def __init__(self, fn: Callable[..., Any], backend: str, args: tuple[Any, ...], options: dict) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], backend: str | None, args: tuple[Any, ...], options: dict
+    ) -> None:
+        backend = _compile_backend(backend)
         extra = {"options": options} if options and backend == "inductor" else {}
         self._fn = torch.compile(_fresh_code(fn), fullgraph=True, dynamic=False, backend=backend, **extra)
         self._fn(*args)  # compile now: capture up front means no compile later
@@ -381,7 +398,7 @@ class Captured:
         fn: Callable[..., Any],
         *,
         grow: bool = True,
-        backend: str = "inductor",
+        backend: str | None = "inductor",
         warmup: int = 2,
         compile_only: bool = False,
         package_dir: str | None = None,
@@ -543,7 +560,7 @@ def capture(
     fn: Callable[..., Any],
     *example_args: Any,
     grow: bool = True,
-    backend: str = "inductor",
+    backend: str | None = "inductor",
     warmup: int = 2,
     package_dir: str | None = None,
     package_path: str | None = None,
@@ -556,7 +573,8 @@ def capture(
         grow: capture new buckets on first use (default) or raise
             [`CaptureError`][pcp_fn.graph.CaptureError] for anything not captured up front.
         backend: `"aoti"` (AOTInductor, one package per signature), or the
-            `torch.compile` backend of the compile path (CPU).
+            `torch.compile` backend of the compile path (CPU; `None`: torch.compile's
+            default backend, `"inductor"` unless set otherwise, on every torch release).
         warmup: eager runs before a CUDA/NPU capture.
         package_dir: where `backend="aoti"` writes its `.pt2` packages
             (default: a new temporary directory).

@@ -483,6 +483,17 @@ def test_inductor_options_scalar_code_for_index_maps_vectorised_for_hidden_rows(
     assert tree_equal(restore(updated, gathered), pcp_fn.restore_hidden_states(updated, gathered))
 
 
+def test_capture_with_backend_none_compiles_with_torch_compile_s_default():
+    # backend=None is torch.compile's default backend (inductor); torch 2.10's torch.compile took the
+    # None for a compiler function and failed at the first compile ('NoneType' object is not callable)
+    state, batch = init_state(CFG), _batch("mixed")
+    updated, _ = pcp_fn.update_tokens(state, batch)
+    gathered = torch.randn(CFG.pcp_size * batch.bucket.num_tokens, 8)
+    restore = graph.capture(pcp_fn.restore_hidden_states, updated, gathered, backend=None)
+    assert restore.kind == "compile" and len(restore) == 1
+    assert tree_equal(restore(updated, gathered), pcp_fn.restore_hidden_states(updated, gathered))
+
+
 def test_aoti_packages_are_scalar_for_index_maps_and_vectorised_for_hidden_rows(tmp_path):
     # the package records the vector ISA it was built for: none for the scalar bookkeeping graph
     from torch._C._aoti import AOTIModelPackageLoader
