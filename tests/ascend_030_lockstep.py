@@ -214,10 +214,13 @@ def dummy_batch(names: Ascend030, manager: Any, num_reqs: int, num_tokens: int, 
 
 
 def run_030_lockstep(
-    names: Ascend030, case: Case, graphs: str, device: torch.device | None = None
+    names: Ascend030, case: Case, graphs: str, device: torch.device | None = None, record: str | None = None
 ) -> Summary:
     """Drive ``case``'s workload under ``graphs`` (``FULL_DECODE_ONLY``, ``PIECEWISE`` or ``NONE``)
-    through vllm-ascend 0.30.0rc2's manager and the drop-in on every rank (module docstring)."""
+    through vllm-ascend 0.30.0rc2's manager and the drop-in on every rank (module docstring).
+
+    ``record``: rank 0's drop-in records the schedule to this trace file (``summary.served``: what
+    its ``partition_batch`` served each step, ``(num_reqs, idx_mapping, query starts, positions)``)."""
     device = device or torch.device("cpu")
     P, group, pp = case.P, names.group, names.pp
     summary = Summary(
@@ -253,7 +256,8 @@ def run_030_lockstep(
             cp_interleave=case.interleave,
         )
         for cls, out in ((names.AscendPCPManager, refs), (names.drop_in, ads)):
-            m = cls(**kw)
+            extra = {"record_schedule": record if q == 0 else ""} if cls is names.drop_in and record else {}
+            m = cls(**kw, **extra)
             m.vllm_config, m.kv_cache_config, m.global_input_buffers = config, None, global_buffers
             out.append(m)
         assert isinstance(ads[q], names.AscendPCPManager)
@@ -272,6 +276,7 @@ def run_030_lockstep(
         "counts", {"empty_ranks": 0, "sharded_graphs": 0, "captures": 0, "sharded_captures": 0}
     )
 
+    served = summary.__dict__.setdefault("served", [])
     for rs in runner_steps(case, tables, rng, summary):
         i, sched, prefilling = rs.index, rs.sched, rs.prefilling
         widest = refs[0].get_num_tokens_for_dispatch(sched, prefilling)
@@ -304,6 +309,15 @@ def run_030_lockstep(
             summary.rank_steps += 1
             counts["empty_ranks"] += ad_local[q].num_tokens == 0
         summary.graph_padded += decode_only and ad_local[0].num_tokens_after_padding > ad_local[0].num_tokens
+        local = ad_local[0]
+        served.append(
+            (
+                local.num_reqs,
+                local.idx_mapping[: local.num_reqs].tolist(),
+                local.query_start_loc_np[: local.num_reqs + 1].tolist(),
+                local.positions[: local.num_tokens].tolist(),
+            )
+        )
 
         for q in range(P):
             r_bt, r_sl = refs[q].prepare_attn(ref_local[q])
@@ -328,6 +342,8 @@ def run_030_lockstep(
             summary.dummies += 1
     group.clear()
     pp.is_last_rank = True
+    if record:
+        ads[0].bookkeeper.recorder.close()
     return summary
 
 

@@ -41,6 +41,7 @@ from .. import (
     step,
 )
 from ..adapters.vllm.against import SPLIT_FIELDS, compare_with_vllm
+from ..adapters.vllm_ascend.v2.against import compare_with_vllm_ascend
 from . import compare, show
 from .compare import LayoutFailed, compare_config, describe, format_refusals, format_table
 from .engine import Runner, ScheduledStep, StepRecord, synthetic_requests
@@ -533,19 +534,31 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _replay_against(args: argparse.Namespace, ranks: list[int] | None) -> int:
-    """`--against vllm`: the trace's steps through vLLM's own `PCPManager` and the drop-in; the
-    first step, rank and field where they differ (exit status 1), or none."""
-    try:
-        found = compare_with_vllm(args.trace, ranks=ranks)
-    except ImportError as e:
-        raise ValueError(f"--against vllm needs vLLM 0.32, 0.33 or 0.34 importable: {e}") from None
-    where = f"{found.steps} steps x {len(found.ranks)} ranks, {len(found.fields)} fields of partition_batch"
-    if found.fields == SPLIT_FIELDS:  # another split: compared on what it must keep
-        where = f"{found.steps} steps x {len(found.ranks)} ranks, {', '.join(SPLIT_FIELDS[1:])}"
+    """`--against vllm` / `--against vllm-ascend`: the trace's steps through the engine's own manager
+    (vLLM's `PCPManager`, vllm-ascend's `AscendPCPManager`) and the drop-in; the first step, rank and
+    field where they differ (exit status 1), or none."""
+    if args.against == "vllm-ascend":
+        try:
+            found = compare_with_vllm_ascend(args.trace, ranks=ranks)
+        except ImportError as e:
+            raise ValueError(f"--against vllm-ascend needs vllm-ascend 0.30.0rc2 importable: {e}") from None
+        who = f"vllm-ascend {found.version}'s AscendPCPManager"
+        where = f"{found.steps} steps x {len(found.ranks)} ranks, {len(found.fields)} fields"
+    else:
+        try:
+            found = compare_with_vllm(args.trace, ranks=ranks)
+        except ImportError as e:
+            raise ValueError(f"--against vllm needs vLLM 0.32, 0.33 or 0.34 importable: {e}") from None
+        who = f"vLLM {found.version}'s PCPManager"
+        where = (
+            f"{found.steps} steps x {len(found.ranks)} ranks, {len(found.fields)} fields of partition_batch"
+        )
+        if found.fields == SPLIT_FIELDS:  # another split: compared on what it must keep
+            where = f"{found.steps} steps x {len(found.ranks)} ranks, {', '.join(SPLIT_FIELDS[1:])}"
     if found.difference is None:
-        print(f"against vLLM {found.version}'s PCPManager: no difference ({where})")
+        print(f"against {who}: no difference ({where})")
         return 0
-    print(f"pcp-fn replay: against vLLM {found.version}'s PCPManager: {found.difference}", file=sys.stderr)
+    print(f"pcp-fn replay: against {who}: {found.difference}", file=sys.stderr)
     return 1
 
 
@@ -802,10 +815,11 @@ def _add_replay(sub: argparse._SubParsersAction) -> None:
     )
     rep.add_argument(
         "--against",
-        choices=["vllm"],
+        choices=["vllm", "vllm-ascend"],
         default=None,
-        help="also run the installed vLLM's own PCPManager and the drop-in on a recorded vLLM trace's "
-        "steps, and name the first step and field where they differ (exit status 1) (default: not run)",
+        help="also run the installed engine's own manager (vLLM's PCPManager, vllm-ascend 0.30's "
+        "AscendPCPManager) and the drop-in on a recorded engine trace's steps, and name the first step "
+        "and field where they differ (exit status 1) (default: not run)",
     )
     rep.set_defaults(func=cmd_replay)
 

@@ -81,3 +81,64 @@ def test_validate_config_is_vllm_ascends_over_a_grid(names):
 
     count, deviations = compare_validate_config(names.AscendPCPManager, names.drop_in, names.CUDAGraphMode)
     assert count > 1000 and deviations == 0
+
+
+@pytest.mark.parametrize(
+    "case,graphs", [(Case(P=2, seed=1), "FULL_DECODE_ONLY"), (Case(P=3, spec=1, seed=2), "PIECEWISE")]
+)
+def test_a_recording_under_the_runner_replays_and_agrees_with_vllm_ascend(
+    names, case, graphs, tmp_path, capsys
+):
+    import numpy as np
+    from ascend_030_lockstep import run_030_lockstep
+
+    from pcp_fn.adapters.vllm_ascend.v2.against import compare_with_vllm_ascend
+    from pcp_fn.sim import trace as T
+    from pcp_fn.sim.cli import main
+
+    path = str(tmp_path / "served.jsonl")
+    summary = run_030_lockstep(names, case, graphs, record=path)
+    trace = T.read_trace(path)
+    assert trace.engine.manager == "FunctionalAscendPCPManager" and trace.engine.version == "0.30.0"
+    assert trace.config.layout == ("mrv2-sharded" if summary.sharded else "mrv2")
+    assert len(trace.steps) == len(summary.served) == summary.steps
+    replayed = T.replay(trace, ranks=[0])
+    for (n, idx, qsl, positions), out in zip(summary.served, replayed.outputs, strict=True):
+        _, local = out[0]
+        assert int(local.num_reqs) == n and local.idx_mapping[:n].tolist() == idx
+        assert local.positions[: int(local.num_tokens)].tolist() == positions
+        if positions:  # (an empty rank's placeholder gets the graph's query width in vllm-ascend)
+            assert np.diff(local.query_start_loc[: n + 1].tolist()).tolist() == np.diff(qsl).tolist()
+    assert T.replay_digest(path).digest == T.replay_digest(path).digest  # bit-identical
+
+    found = compare_with_vllm_ascend(path)
+    assert found.difference is None and found.steps == summary.steps and found.ranks == tuple(range(case.P))
+    assert main(["replay", path, "--against", "vllm-ascend"]) == 0
+    assert "against vllm-ascend 0.30.0rc2's AscendPCPManager: no difference" in capsys.readouterr().out
+
+
+def test_against_vllm_ascend_names_the_first_difference(names, tmp_path, capsys):
+    import dataclasses
+
+    from ascend_030_lockstep import run_030_lockstep
+
+    from pcp_fn.adapters.vllm_ascend.v2 import against
+    from pcp_fn.sim.cli import main
+
+    path = str(tmp_path / "served.jsonl")
+    run_030_lockstep(names, Case(P=2, seed=1), "FULL_DECODE_ONLY", record=path)
+
+    class Shifted(names.drop_in):  # a drop-in whose positions are one off from step 3 on
+        steps = 0
+
+        def partition_batch(self, input_batch, padded_num_tokens=None, padded_num_reqs=None):
+            local = super().partition_batch(input_batch, padded_num_tokens, padded_num_reqs)
+            Shifted.steps += 1
+            return dataclasses.replace(local, positions=local.positions + 1) if Shifted.steps > 3 else local
+
+    installed = against.installed_vllm_ascend()
+    found = against.compare_with_vllm_ascend(path, names=dataclasses.replace(installed, drop_in=Shifted))
+    d = found.difference
+    assert (d.step, d.rank, d.field) == (3, 0, "positions"), d
+    assert main(["replay", path, "--against", "vllm-ascend", "--rank", "1"]) == 0
+    capsys.readouterr()

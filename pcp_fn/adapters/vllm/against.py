@@ -206,21 +206,21 @@ def _split_difference(theirs: dict[int, Any], ours: dict[int, Any], ranks: tuple
                 return (
                     q,
                     "partition_batch",
-                    _short(a if isinstance(a, str) else "served"),
-                    _short(b if isinstance(b, str) else "served"),
+                    shorten(a if isinstance(a, str) else "served"),
+                    shorten(b if isinstance(b, str) else "served"),
                 )
             continue
         decodes_a = [row for row in a if not row[1] and row[2]]
         decodes_b = [row for row in b if not row[1] and row[2]]
         if decodes_a != decodes_b:
-            return q, "decode rows", _short(repr(decodes_a)), _short(repr(decodes_b))
+            return q, "decode rows", shorten(repr(decodes_a)), shorten(repr(decodes_b))
         for req, _, positions, seq_len in b:
             if positions and positions != list(range(seq_len - len(positions), seq_len)):
                 return (
                     q,
                     "row runs",
                     "one contiguous run a row",
-                    _short(f"{req}: {positions}, seq_len {seq_len}"),
+                    shorten(f"{req}: {positions}, seq_len {seq_len}"),
                 )
     covered: list[dict[str, list[int]]] = [{}, {}]
     for held, by_rank in zip(covered, (theirs, ours)):
@@ -233,7 +233,7 @@ def _split_difference(theirs: dict[int, Any], ours: dict[int, Any], ranks: tuple
     for req in sorted(set(covered[0]) | set(covered[1])):
         a, b = sorted(covered[0].get(req, [])), sorted(covered[1].get(req, []))
         if a != b:
-            return ranks[0], "prefill positions", _short(f"{req}: {a}"), _short(f"{req}: {b}")
+            return ranks[0], "prefill positions", shorten(f"{req}: {a}"), shorten(f"{req}: {b}")
     return None
 
 
@@ -249,18 +249,18 @@ def _step_difference(names: VllmNames, theirs: Any, ours: Any, s: TraceStep, dev
             results.append((False, f"raised {type(e).__name__}: {e}"))
     (ok_a, a), (ok_b, b) = results
     if not (ok_a and ok_b):
-        return None if not (ok_a or ok_b) else ("partition_batch", _short(a), _short(b))
-    return next(_differences(a, b), None)
+        return None if not (ok_a or ok_b) else ("partition_batch", shorten(a), shorten(b))
+    return next(differences(a, b), None)
 
 
-def _differences(a: Any, b: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+def differences(a: Any, b: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
     """Every field of two dataclass instances that differs: `(name, a's, b's)`."""
     for f in dataclasses.fields(a):
         x, y, name = getattr(a, f.name), getattr(b, f.name), prefix + f.name
         if dataclasses.is_dataclass(x) and not isinstance(x, type) and type(x) is type(y):
-            yield from _differences(x, y, name + ".")
+            yield from differences(x, y, name + ".")
         elif not _same(x, y):
-            yield name, _short(x), _short(y)
+            yield name, shorten(x), shorten(y)
 
 
 def _same(x: Any, y: Any) -> bool:
@@ -285,7 +285,7 @@ def _same(x: Any, y: Any) -> bool:
     return type(x) is type(y) and bool(x == y)
 
 
-def _short(value: Any, most: int = 160) -> str:
+def shorten(value: Any, most: int = 160) -> str:
     """A value for the report: a tensor or array as its dtype, shape and values, cut at `most`."""
     if isinstance(value, torch.Tensor):
         text = f"{value.dtype} {tuple(value.shape)} {value.tolist()}"

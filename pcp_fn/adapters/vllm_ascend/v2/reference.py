@@ -30,7 +30,7 @@ _CONFTEST = Path("tests") / "ut" / "conftest.py"
 _MODULE = "vllm_ascend.worker.v2.pcp_manager"
 
 
-def _has_torch_npu() -> bool:
+def has_torch_npu() -> bool:
     return "torch_npu" in sys.modules or importlib.util.find_spec("torch_npu") is not None
 
 
@@ -66,7 +66,7 @@ def install_cpu_standins() -> Path | None:
     loaded = sys.modules.get("tests.ut.conftest")
     if loaded is not None:
         return Path(loaded.__file__).resolve().parents[2]
-    if _has_torch_npu():
+    if has_torch_npu():
         return None
     root = _source_tree()
     other = sys.modules.get("tests")
